@@ -1,0 +1,103 @@
+package scheduler
+
+import "time"
+
+// Clock tells the scheduler what time it is. The HTTP router uses the wall
+// clock; the virtual-time simulation passes its own, so the same scheduling
+// code runs in both without sleeping.
+type Clock interface {
+	Now() time.Time
+}
+
+// WallClock is the Clock of the real world.
+type WallClock struct{}
+
+// Now returns time.Now().
+func (WallClock) Now() time.Time { return time.Now() }
+
+// Health is a worker's health as the fleet last judged it.
+type Health int
+
+const (
+	// HealthUnknown means no probe has answered yet. Such a worker is
+	// eligible: a freshly configured worker should take traffic before its
+	// first probe, and a failed request ejects it quickly if it is down.
+	HealthUnknown Health = iota
+	// HealthOK means the worker answered its health probe and is serving.
+	HealthOK
+	// HealthLoading means the worker is up but still loading its model.
+	HealthLoading
+	// HealthDown means the worker failed enough probes or requests in a row
+	// to be ejected.
+	HealthDown
+)
+
+// String returns the health as a lower-case word for records and APIs.
+func (h Health) String() string {
+	switch h {
+	case HealthOK:
+		return "ok"
+	case HealthLoading:
+		return "loading"
+	case HealthDown:
+		return "down"
+	default:
+		return "unknown"
+	}
+}
+
+// MarshalText makes Health appear as its word in JSON.
+func (h Health) MarshalText() ([]byte, error) { return []byte(h.String()), nil }
+
+// Reading is one telemetry value with its provenance: where it came from and
+// when it was read, so a decision record can say how old every input was.
+type Reading struct {
+	// Value is the reading itself (a count, or a fraction in 0..1).
+	Value float64 `json:"value"`
+	// Source names where the value came from, e.g.
+	// "llamacpp:/metrics llamacpp:kv_cache_usage_ratio"; empty when there
+	// is no source, in which case Value is 0.
+	Source string `json:"source,omitempty"`
+	// At is when the value was read; zero when never.
+	At time.Time `json:"at,omitzero"`
+}
+
+// Known reports whether the reading came from somewhere.
+func (r Reading) Known() bool { return !r.At.IsZero() }
+
+// Snapshot is everything the scheduler knows of a worker from outside
+// Sluice: health, loaded models and live telemetry. A Snapshot is
+// immutable once published; the fleet replaces it wholesale, so the
+// scheduler can read one without locks and never waits on a scrape.
+type Snapshot struct {
+	// Health is the worker's current health.
+	Health Health `json:"health"`
+	// HealthReason says why, e.g. the last probe error.
+	HealthReason string `json:"health_reason,omitempty"`
+	// Models lists the models the worker has loaded. Nil means "unknown";
+	// the scheduler then falls back to the models in the worker's config.
+	Models []string `json:"models"`
+	// Slots is the number of parallel slots the worker reports (llama.cpp
+	// /props total_slots); 0 when unknown. Used as max_concurrency when the
+	// config leaves it out.
+	Slots int `json:"slots,omitempty"`
+	// QueueLen is the number of requests waiting inside the worker itself.
+	QueueLen Reading `json:"queue_len"`
+	// KVPressure is the fraction of the worker's KV cache in use, 0..1.
+	KVPressure Reading `json:"kv_pressure"`
+	// GPUUtil is the GPU's utilisation, 0..1.
+	GPUUtil Reading `json:"gpu_util"`
+}
+
+// Source publishes the latest Snapshot of one worker. Snapshot must not
+// block: it is called on the routing hot path under the scheduler's lock.
+type Source interface {
+	Snapshot() *Snapshot
+}
+
+// StaticSource is a Source whose Snapshot never changes; used where no
+// telemetry is scraped (tests, the virtual-time simulation's defaults).
+type StaticSource struct{ S *Snapshot }
+
+// Snapshot returns the fixed snapshot.
+func (s StaticSource) Snapshot() *Snapshot { return s.S }
