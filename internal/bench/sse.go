@@ -1,0 +1,146 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// chunk is what one server-sent event of an OpenAI chat completion stream
+// told us.
+type chunk struct {
+	// Content is true when the event carried generated text (content or
+	// reasoning_content), i.e. at least one token.
+	Content bool
+	// Usage is the completion token count from a usage object, or -1.
+	Usage int
+	// Err is the message of an error event.
+	Err string
+	// Done marks the final "data: [DONE]".
+	Done bool
+}
+
+// completion is the subset of an OpenAI chat completion (streamed chunk or
+// whole response) the runner reads.
+type completion struct {
+	Choices []struct {
+		Delta struct {
+			Content          string `json:"content"`
+			ReasoningContent string `json:"reasoning_content"`
+		} `json:"delta"`
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+		Text string `json:"text"`
+	} `json:"choices"`
+	Usage *struct {
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+// errorMessage extracts a message from an OpenAI-shaped error value, which
+// is an object with "message" or (from some servers) a bare string.
+func errorMessage(raw json.RawMessage) string {
+	if len(raw) == 0 || string(raw) == "null" {
+		return ""
+	}
+	var obj struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(raw, &obj) == nil && obj.Message != "" {
+		return obj.Message
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil && s != "" {
+		return s
+	}
+	return truncate(string(raw), 200)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// decodeChunk interprets one event's data.
+func decodeChunk(data []byte) (chunk, error) {
+	data = bytes.TrimSpace(data)
+	if string(data) == "[DONE]" {
+		return chunk{Done: true, Usage: -1}, nil
+	}
+	var c completion
+	if err := json.Unmarshal(data, &c); err != nil {
+		return chunk{}, fmt.Errorf("stream chunk %q: %w", truncate(string(data), 80), err)
+	}
+	out := chunk{Usage: -1, Err: errorMessage(c.Error)}
+	for _, ch := range c.Choices {
+		if ch.Delta.Content != "" || ch.Delta.ReasoningContent != "" || ch.Text != "" || ch.Message.Content != "" {
+			out.Content = true
+		}
+	}
+	if c.Usage != nil {
+		out.Usage = c.Usage.CompletionTokens
+	}
+	return out, nil
+}
+
+// readSSE reads a text/event-stream body and calls fn with each data event
+// as it is dispatched (at the blank line that ends it, or at EOF), so the
+// caller can time the first token. It stops after [DONE], at EOF, or when
+// fn returns an error. Comments, ids and event names are ignored; several
+// data lines of one event are joined with newlines, as the SSE spec says.
+func readSSE(r io.Reader, fn func(chunk) error) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 16<<10), 4<<20)
+	var data []byte
+	have := false
+	dispatch := func() (bool, error) {
+		if !have {
+			return false, nil
+		}
+		c, err := decodeChunk(data)
+		data, have = data[:0], false
+		if err != nil {
+			return true, err
+		}
+		if err := fn(c); err != nil {
+			return true, err
+		}
+		return c.Done, nil
+	}
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			if stop, err := dispatch(); stop || err != nil {
+				return err
+			}
+			continue
+		}
+		field, value, _ := strings.Cut(line, ":")
+		if field != "data" {
+			continue // comment (":..."), event, id, retry
+		}
+		value = strings.TrimPrefix(value, " ")
+		if have {
+			data = append(data, '\n')
+		}
+		data = append(data, value...)
+		have = true
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("read stream: %w", err)
+	}
+	_, err := dispatch()
+	return err
+}
+
+// errStreamEnded is returned when a stream ends with neither [DONE] nor
+// any data.
+var errStreamEnded = errors.New("stream ended without data")
