@@ -266,10 +266,14 @@ func Run(ctx context.Context, cfg RunConfig, progress func(Progress)) ([]Result,
 		sent.Add(1)
 		inflight.Add(1)
 		wg.Add(1)
+		// The send time is taken here rather than in the goroutine, so
+		// that it is the dispatcher's view of the schedule (and so that a
+		// virtual clock cannot move on before the goroutine runs).
+		sendAt := clock.Now()
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			res := r.do(ctx, i, it, start)
+			res := r.do(ctx, i, it, start, sendAt)
 			results[i] = res
 			inflight.Add(-1)
 			if !res.OK() {
@@ -379,7 +383,7 @@ func (r *runner) body(i int, it Item) ([]byte, error) {
 }
 
 // do sends one request and measures it.
-func (r *runner) do(ctx context.Context, i int, it Item, start time.Time) Result {
+func (r *runner) do(ctx context.Context, i int, it Item, start, sendAt time.Time) Result {
 	res := Result{Index: i, Row: it.Row, Scheduled: it.At, PromptTokens: it.PromptTokens, MaxTokens: maxTokensFor(it), QueueMs: -1}
 	body, err := r.body(i, it)
 	if err != nil {
@@ -402,7 +406,6 @@ func (r *runner) do(ctx context.Context, i int, it Item, start time.Time) Result
 		req.Header.Set("Accept", "text/event-stream")
 	}
 
-	sendAt := r.clock.Now()
 	res.Start = sendAt.Sub(start)
 	res.Lateness = res.Start - it.At
 	fail := func(err error) Result {
