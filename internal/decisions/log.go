@@ -1,0 +1,112 @@
+package decisions
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+)
+
+// Log keeps the most recent records in a ring buffer and, optionally,
+// appends every record to a JSONL file.
+type Log struct {
+	mu   sync.Mutex
+	ring []*Record
+	next int            // index the next record goes to
+	n    int            // records held, up to len(ring)
+	byID map[string]int // ID -> ring index
+
+	file *os.File
+	w    *bufio.Writer
+	werr error // first write error, reported by Close
+}
+
+// NewLog returns a Log that keeps size records (size must be positive) and
+// appends to the JSONL file at path when path is not empty.
+func NewLog(size int, path string) (*Log, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("decisions: ring size %d must be positive", size)
+	}
+	l := &Log{ring: make([]*Record, size), byID: make(map[string]int, size)}
+	if path != "" {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("decisions: open %s: %w", path, err)
+		}
+		l.file, l.w = f, bufio.NewWriter(f)
+	}
+	return l, nil
+}
+
+// Add stores r. The record must not be changed afterwards.
+func (l *Log) Add(r *Record) {
+	var line []byte
+	if l.w != nil {
+		line, _ = json.Marshal(r) // a Record always marshals
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if old := l.ring[l.next]; old != nil {
+		delete(l.byID, old.ID)
+	}
+	l.ring[l.next] = r
+	l.byID[r.ID] = l.next
+	l.next = (l.next + 1) % len(l.ring)
+	if l.n < len(l.ring) {
+		l.n++
+	}
+	if l.w != nil && l.werr == nil {
+		l.w.Write(line)
+		l.w.WriteByte('\n')
+		// Flush per record: a decision log that loses its last seconds
+		// on a crash loses exactly the decisions someone asks about.
+		l.werr = l.w.Flush()
+	}
+}
+
+// Get returns the record with id, if still held.
+func (l *Log) Get(id string) (*Record, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i, ok := l.byID[id]
+	if !ok {
+		return nil, false
+	}
+	return l.ring[i], true
+}
+
+// Recent returns up to limit records, newest first.
+func (l *Log) Recent(limit int) []*Record {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if limit <= 0 || limit > l.n {
+		limit = l.n
+	}
+	out := make([]*Record, 0, limit)
+	for i := 1; i <= limit; i++ {
+		out = append(out, l.ring[(l.next-i+len(l.ring))%len(l.ring)])
+	}
+	return out
+}
+
+// Close flushes and closes the JSONL file, reporting any write error.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.file == nil {
+		return nil
+	}
+	err := l.werr
+	if ferr := l.w.Flush(); err == nil {
+		err = ferr
+	}
+	if cerr := l.file.Close(); err == nil {
+		err = cerr
+	}
+	l.file = nil
+	if err != nil {
+		return fmt.Errorf("decisions: write log: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,125 @@
+// Package decisions holds the explanation of every routing decision: which
+// workers were considered, each score term raw, normalised and weighted,
+// which won and why the others were not eligible. Records are kept in a
+// bounded ring buffer for /debug/decisions and optionally appended to a
+// JSONL file, so "why was my request slow?" has an answer after the fact.
+//
+// # Concurrency Model
+//
+// A Record is built by the scheduler and never modified after it is handed
+// to a Log. Log is safe for concurrent use: one mutex guards the ring and
+// the file writer.
+package decisions
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+)
+
+// Record explains one routing decision.
+type Record struct {
+	// ID identifies the decision; responses carry it in X-Sluice-Decision.
+	ID string `json:"id"`
+	// Time is when the decision was made (the request was bound or refused).
+	Time time.Time `json:"time"`
+	// Model is the requested model.
+	Model string `json:"model"`
+	// Policy names the routing policy that decided ("sluice" or a baseline).
+	Policy string `json:"policy"`
+	// Attempt is 1 for the first placement, 2 and more for retries after a
+	// worker failed before sending anything.
+	Attempt int `json:"attempt"`
+	// PromptTokens is the estimated prompt size.
+	PromptTokens int `json:"prompt_tokens"`
+	// MaxTokens is the request's max_tokens, 0 when unset.
+	MaxTokens int `json:"max_tokens,omitempty"`
+	// QueueWaitMs is how long the request waited in Sluice's queue.
+	QueueWaitMs float64 `json:"queue_wait_ms"`
+	// QueueDepth is how many requests for the model were waiting when this
+	// one arrived (0 when placed at once).
+	QueueDepth int `json:"queue_depth"`
+	// Outcome is "bound" or the refusal reason (e.g. "queue_full").
+	Outcome string `json:"outcome"`
+	// Chosen is the worker the request was bound to; empty when refused.
+	Chosen string `json:"chosen,omitempty"`
+	// Reason says in words why Chosen won (or why nothing did).
+	Reason string `json:"reason"`
+	// Candidates lists every configured worker, eligible or not.
+	Candidates []Candidate `json:"candidates"`
+
+	// explain fills the Terms of the candidates. The score is computed on
+	// the hot path from plain numbers; the per-term breakdown is built
+	// from the same inputs only when someone reads the record.
+	once    sync.Once
+	explain func(*Record)
+}
+
+// SetExplain registers fn to fill the candidates' Terms the first time the
+// record is read (Explain or JSON). fn must compute from values captured
+// at decision time, never from live state.
+func (r *Record) SetExplain(fn func(*Record)) { r.explain = fn }
+
+// Explain fills in the per-term breakdown if it is not there yet and
+// returns r. It is safe to call concurrently and more than once.
+func (r *Record) Explain() *Record {
+	r.once.Do(func() {
+		if r.explain != nil {
+			r.explain(r)
+			r.explain = nil
+		}
+	})
+	return r
+}
+
+// MarshalJSON encodes the record with its full breakdown.
+func (r *Record) MarshalJSON() ([]byte, error) {
+	r.Explain()
+	type plain Record // without methods, so no recursion
+	return json.Marshal((*plain)(r))
+}
+
+// Candidate is one worker's part in a decision.
+type Candidate struct {
+	// Worker is the worker's name.
+	Worker string `json:"worker"`
+	// Eligible reports whether the worker could take the request.
+	Eligible bool `json:"eligible"`
+	// Why says why an ineligible worker was skipped.
+	Why string `json:"why,omitempty"`
+	// Active and Limit are Sluice's in-flight count and the worker's
+	// max_concurrency at decision time (before the reservation).
+	Active int `json:"active"`
+	Limit  int `json:"limit"`
+	// Terms is the score breakdown; empty for ineligible workers and for
+	// baseline policies that do not score.
+	Terms []Term `json:"terms,omitempty"`
+	// Total is the sum of the weighted terms; lowest wins.
+	Total float64 `json:"total"`
+	// Rank is the worker's place among eligible candidates (1 = chosen).
+	Rank int `json:"rank,omitempty"`
+}
+
+// Term is one score term of one candidate.
+type Term struct {
+	// Name is the term, e.g. "active_requests".
+	Name string `json:"name"`
+	// Raw is the measured value (a count, milliseconds, tokens/s, 0..1).
+	Raw float64 `json:"raw"`
+	// Norm is the value the weight multiplies (normalised where the term
+	// normalises, else equal to Raw).
+	Norm float64 `json:"norm"`
+	// Weight is the configured weight; negative for a reward.
+	Weight float64 `json:"weight"`
+	// Weighted is Weight*Norm, the term's contribution to the total.
+	Weighted float64 `json:"weighted"`
+	// Source says where Raw came from.
+	Source string `json:"source,omitempty"`
+	// AgeMs is how old Raw was at decision time; omitted for values Sluice
+	// computes itself at that moment.
+	AgeMs float64 `json:"age_ms,omitempty"`
+	// Stale marks telemetry older than the staleness bound.
+	Stale bool `json:"stale,omitempty"`
+	// Neutral marks a value given because the worker has no history yet.
+	Neutral bool `json:"neutral,omitempty"`
+}

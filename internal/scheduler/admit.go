@@ -1,0 +1,46 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Admit blocks until req is bound to a worker, and returns the lease, or
+// until it is refused: the queue is full, it waited QueueTimeout, ctx ended
+// (the client went away), no worker could ever take it. Every refusal is a
+// *Refusal wrapping one of the package's sentinel errors.
+func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
+	t := s.Submit(req, nil)
+	if t.Done() {
+		return t.Result()
+	}
+	timer := time.NewTimer(s.cfg.QueueTimeout)
+	defer timer.Stop()
+	var cause error
+	select {
+	case <-t.done:
+		return t.Result()
+	case <-ctx.Done():
+		cause = ErrClientGone
+	case <-timer.C:
+		cause = ErrQueueTimeout
+	}
+	if s.Cancel(t, cause) {
+		return t.Result()
+	}
+	// Bound at the same moment we gave up.
+	<-t.done
+	l, err := t.Result()
+	if err == nil && errors.Is(cause, ErrClientGone) {
+		l.Release()
+		return nil, t.refusalAfterBind(cause)
+	}
+	return l, err
+}
+
+// refusalAfterBind builds the refusal for a ticket that was bound just as
+// its client went away (the lease has been released).
+func (t *Ticket) refusalAfterBind(cause error) error {
+	return &Refusal{Err: cause, Reason: reasonOf(cause), DecisionID: t.rec.ID, QueueWait: time.Duration(t.rec.QueueWaitMs * float64(time.Millisecond))}
+}

@@ -1,0 +1,63 @@
+package scheduler
+
+import (
+	"errors"
+	"time"
+)
+
+// Outcomes of admission other than a lease. The HTTP layer maps each to a
+// status and reason code in one place.
+var (
+	// ErrQueueFull: the model's queue is at max_queue.
+	ErrQueueFull = errors.New("admission queue is full")
+	// ErrQueueTimeout: the request waited queue_timeout without a worker
+	// freeing up.
+	ErrQueueTimeout = errors.New("timed out waiting in the admission queue")
+	// ErrUnknownModel: no configured worker serves the model.
+	ErrUnknownModel = errors.New("no worker serves this model")
+	// ErrNoHealthyWorker: workers serve the model, but all are down (or
+	// have already failed this request), so waiting would not help.
+	ErrNoHealthyWorker = errors.New("no healthy worker serves this model")
+	// ErrClientGone: the client went away while the request was queued.
+	ErrClientGone = errors.New("client disconnected while queued")
+	// ErrClosed: the scheduler is shutting down.
+	ErrClosed = errors.New("scheduler is shutting down")
+)
+
+// Refusal is the error Admit returns when it gives no lease. It wraps one
+// of the sentinel errors above and carries what the client needs to act.
+type Refusal struct {
+	// Err is one of the sentinel errors.
+	Err error
+	// Reason is a stable machine-readable code, e.g. "queue_full".
+	Reason string
+	// RetryAfter is when trying again is likely to succeed, computed from
+	// the queue depth and the drain rate Sluice observes.
+	RetryAfter time.Duration
+	// DecisionID names the decision record of the refusal.
+	DecisionID string
+	// QueueWait is how long the request waited before being refused.
+	QueueWait time.Duration
+}
+
+func (r *Refusal) Error() string { return r.Err.Error() }
+func (r *Refusal) Unwrap() error { return r.Err }
+
+// reasonOf returns the stable code of a sentinel error.
+func reasonOf(err error) string {
+	switch {
+	case errors.Is(err, ErrQueueFull):
+		return "queue_full"
+	case errors.Is(err, ErrQueueTimeout):
+		return "queue_timeout"
+	case errors.Is(err, ErrUnknownModel):
+		return "model_not_found"
+	case errors.Is(err, ErrNoHealthyWorker):
+		return "no_healthy_worker"
+	case errors.Is(err, ErrClientGone):
+		return "client_gone"
+	case errors.Is(err, ErrClosed):
+		return "shutting_down"
+	}
+	return "internal"
+}

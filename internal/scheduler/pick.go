@@ -1,0 +1,145 @@
+package scheduler
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// pickLocked chooses the worker for req without reserving it, and returns
+// the decision record explaining the choice (or why nothing was chosen).
+func (s *Scheduler) pickLocked(req Request, now time.Time) (*worker, *decisions.Record) {
+	rec := s.newRecordLocked(req, now)
+	rec.Candidates = make([]decisions.Candidate, len(s.workers))
+	elig := s.eligBuf[:0]
+	cands := make([]Candidate, 0, len(s.workers)) // kept by the record
+	idx := s.idxBuf[:0]                           // record index of each eligible worker
+	baseline := s.cfg.Policy != PolicySluice
+	for i, w := range s.workers {
+		snap := w.snapshot()
+		limit := w.limit(snap)
+		c := &rec.Candidates[i]
+		c.Worker, c.Active, c.Limit = w.spec.Name, w.active, limit
+		switch {
+		case w.draining:
+			c.Why = "draining"
+		case snap.Health == HealthDown:
+			c.Why = "unhealthy: " + snap.HealthReason
+		case snap.Health == HealthLoading:
+			c.Why = "loading model"
+		case !w.serves(snap, req.Model):
+			c.Why = fmt.Sprintf("does not serve model %q", req.Model)
+		case slices.Contains(req.Exclude, w.spec.Name):
+			c.Why = "already failed this request"
+		case !baseline && w.active >= limit:
+			c.Why = fmt.Sprintf("at max_concurrency (%d/%d)", w.active, limit)
+		default:
+			c.Eligible = true
+			elig = append(elig, w)
+			idx = append(idx, i)
+			cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snap, Stats: s.statsOf(w)})
+		}
+	}
+	s.eligBuf, s.idxBuf = elig[:0], idx[:0]
+	if len(elig) == 0 {
+		rec.Reason = "no eligible worker"
+		return nil, rec
+	}
+	var best int
+	switch s.cfg.Policy {
+	case PolicySluice:
+		best = s.scoreLocked(rec, cands, idx, elig, now)
+	case PolicyRoundRobin:
+		best = int(s.rr % uint64(len(elig)))
+		s.rr++
+		rec.Reason = "round-robin"
+	case PolicyLeastConnections:
+		best = 0
+		for i, w := range elig {
+			if w.active < elig[best].active || (w.active == elig[best].active && w.lastPick < elig[best].lastPick) {
+				best = i
+			}
+		}
+		rec.Reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", elig[best].active)
+	case PolicyRandom:
+		best = s.rng.IntN(len(elig))
+		rec.Reason = "random"
+	case PolicyPowerOfTwo:
+		a, b := s.rng.IntN(len(elig)), s.rng.IntN(len(elig))
+		if len(elig) > 1 {
+			for b == a {
+				b = s.rng.IntN(len(elig))
+			}
+		}
+		best = a
+		if elig[b].active < elig[a].active {
+			best = b
+		}
+		rec.Reason = fmt.Sprintf("fewer active of two random (%s, %s)", elig[a].spec.Name, elig[b].spec.Name)
+	}
+	w := elig[best]
+	rec.Chosen = w.spec.Name
+	if baseline {
+		rec.Candidates[idx[best]].Rank = 1
+	}
+	return w, rec
+}
+
+// scoreLocked scores the eligible candidates, fills their records and
+// returns the index of the winner: lowest total, then least recently
+// picked, then first in configuration order. The per-term breakdown is
+// attached to the record to be computed when it is read.
+func (s *Scheduler) scoreLocked(rec *decisions.Record, cands []Candidate, idx []int, elig []*worker, now time.Time) int {
+	tot := totals(s.terms, cands, &s.scratch)
+	order := make([]int, len(cands))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		switch {
+		case tot[a] < tot[b]:
+			return -1
+		case tot[a] > tot[b]:
+			return 1
+		case elig[a].lastPick < elig[b].lastPick:
+			return -1
+		case elig[a].lastPick > elig[b].lastPick:
+			return 1
+		}
+		return elig[a].order - elig[b].order
+	})
+	for rank, i := range order {
+		c := &rec.Candidates[idx[i]]
+		c.Total, c.Rank = tot[i], rank+1
+		elig[i].last, elig[i].lastIdx = rec, idx[i]
+	}
+	// The breakdown is rebuilt from a private copy of the inputs.
+	frozen := cands // owned by this record from here on
+	at := slices.Clone(idx)
+	terms, stale := s.terms, s.cfg.StaleAfter
+	rec.SetExplain(func(r *decisions.Record) {
+		for i, ts := range explain(terms, frozen, now, stale) {
+			r.Candidates[at[i]].Terms = ts
+		}
+	})
+	best := order[0]
+	switch {
+	case len(order) == 1:
+		rec.Reason = fmt.Sprintf("only eligible worker (score %.2f)", tot[best])
+	case tot[order[1]] == tot[best]:
+		rec.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; least recently picked wins", tot[best], elig[order[1]].spec.Name)
+	default:
+		rec.Reason = fmt.Sprintf("lowest score %.2f (next %s at %.2f)", tot[best], elig[order[1]].spec.Name, tot[order[1]])
+	}
+	return best
+}
+
+func (s *Scheduler) statsOf(w *worker) (ws stats.WorkerStats) {
+	if s.cfg.Stats == nil {
+		return ws
+	}
+	return s.cfg.Stats.Get(w.spec.Name)
+}

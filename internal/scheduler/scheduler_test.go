@@ -1,0 +1,505 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// fakeStats is a StatsReader backed by a map.
+type fakeStats map[string]stats.WorkerStats
+
+func (f fakeStats) Get(w string) stats.WorkerStats { return f[w] }
+
+// mutableSource is a Source a test can change.
+type mutableSource struct{ p atomic.Pointer[Snapshot] }
+
+func newSource(s Snapshot) *mutableSource {
+	m := &mutableSource{}
+	m.p.Store(&s)
+	return m
+}
+func (m *mutableSource) Snapshot() *Snapshot { return m.p.Load() }
+func (m *mutableSource) Set(s Snapshot)      { m.p.Store(&s) }
+
+func workers(n, limit int, model string) []WorkerSpec {
+	out := make([]WorkerSpec, n)
+	for i := range out {
+		out[i] = WorkerSpec{Name: fmt.Sprintf("w%d", i), Models: []string{model}, MaxConcurrency: limit}
+	}
+	return out
+}
+
+func newSched(t testing.TB, cfg Config, ws ...WorkerSpec) *Scheduler {
+	t.Helper()
+	if cfg.Weights == (Weights{}) {
+		cfg.Weights = DefaultWeights()
+	}
+	if cfg.QueueTimeout == 0 {
+		cfg.QueueTimeout = time.Minute
+	}
+	if cfg.IDPrefix == "" {
+		cfg.IDPrefix = "t"
+	}
+	s, err := New(cfg, ws...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestScheduler_BurstLandsOnePerIdleWorker(t *testing.T) {
+	for _, limit := range []int{1, 4} {
+		t.Run(fmt.Sprintf("limit%d", limit), func(t *testing.T) {
+			for round := range 200 {
+				s := newSched(t, Config{MaxQueue: 10}, workers(4, limit, "m")...)
+				start := make(chan struct{})
+				var wg sync.WaitGroup
+				got := make([]string, 4)
+				for i := range 4 {
+					wg.Go(func() {
+						<-start
+						l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 10})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						got[i] = l.Worker
+					})
+				}
+				close(start)
+				wg.Wait()
+				slices.Sort(got)
+				if want := []string{"w0", "w1", "w2", "w3"}; !slices.Equal(got, want) {
+					t.Fatalf("round %d: workers %v, want one per worker %v", round, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestScheduler_QueueIsFIFOAndNeverOverloads(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 10}, workers(1, 1, "m")...)
+	var order []int
+	var mu sync.Mutex
+	tickets := make([]*Ticket, 6)
+	for i := range tickets {
+		tickets[i] = s.Submit(Request{Model: "m"}, func(t *Ticket) {
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+		})
+	}
+	if got, want := s.QueueDepth("m"), 5; got != want {
+		t.Fatalf("queue depth %d, want %d", got, want)
+	}
+	for i := range tickets {
+		l, err := tickets[i].Result()
+		if err != nil {
+			t.Fatalf("ticket %d: %v", i, err)
+		}
+		if got := s.Workers()[0].Active; got != 1 {
+			t.Fatalf("active %d with ticket %d bound, want exactly 1", got, i)
+		}
+		if i+1 < len(tickets) && tickets[i+1].Done() {
+			t.Fatalf("ticket %d bound before %d released", i+1, i)
+		}
+		l.Release()
+		l.Release() // idempotent
+	}
+	if want := []int{0, 1, 2, 3, 4, 5}; !slices.Equal(order, want) {
+		t.Fatalf("bind order %v, want %v", order, want)
+	}
+	if got := s.Workers()[0].Active; got != 0 {
+		t.Fatalf("active %d after all released", got)
+	}
+}
+
+func TestScheduler_LateBindingPicksWhicheverFreesFirst(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 10}, workers(3, 1, "m")...)
+	var leases []*Lease
+	for range 3 {
+		l, err := s.Admit(context.Background(), Request{Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	waiting := s.Submit(Request{Model: "m"}, nil)
+	if waiting.Done() {
+		t.Fatal("fourth request bound while every worker was full")
+	}
+	leases[2].Release() // w2 frees first
+	l, err := waiting.Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.Worker, "w2"; got != want {
+		t.Fatalf("bound to %s, want %s (the worker that freed)", got, want)
+	}
+}
+
+func TestScheduler_QueueFull(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 2}, workers(1, 1, "m")...)
+	for range 3 {
+		s.Submit(Request{Model: "m"}, nil)
+	}
+	_, err := s.Submit(Request{Model: "m"}, nil).Result()
+	var r *Refusal
+	if !errors.As(err, &r) || !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("err %v, want queue full refusal", err)
+	}
+	if r.Reason != "queue_full" || r.RetryAfter < time.Second || r.DecisionID == "" {
+		t.Fatalf("refusal %+v: want reason queue_full, retry-after >= 1s, a decision id", r)
+	}
+}
+
+func TestScheduler_RetryAfterFollowsDrainRate(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	s := newSched(t, Config{MaxQueue: 3, Clock: clock, QueueTimeout: time.Hour}, workers(1, 1, "m")...)
+	// Complete requests every 4 s to teach the drain rate.
+	for range 4 {
+		l, _ := s.Submit(Request{Model: "m"}, nil).Result()
+		clock.t = clock.t.Add(4 * time.Second)
+		l.Release()
+	}
+	s.Submit(Request{Model: "m"}, nil)
+	for range 3 {
+		s.Submit(Request{Model: "m"}, nil)
+	}
+	_, err := s.Submit(Request{Model: "m"}, nil).Result()
+	var r *Refusal
+	if !errors.As(err, &r) {
+		t.Fatalf("err %v, want refusal", err)
+	}
+	// 3 waiting + this one, 4 s apart.
+	if got, want := r.RetryAfter, 16*time.Second; got != want {
+		t.Fatalf("retry-after %v, want %v", got, want)
+	}
+}
+
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) Now() time.Time { return c.t }
+
+func TestScheduler_QueueTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newSched(t, Config{MaxQueue: 5, QueueTimeout: 30 * time.Second}, workers(1, 1, "m")...)
+		held, err := s.Admit(context.Background(), Request{Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err = s.Admit(context.Background(), Request{Model: "m"})
+		if !errors.Is(err, ErrQueueTimeout) {
+			t.Fatalf("err %v, want queue timeout", err)
+		}
+		if got := time.Since(start); got != 30*time.Second {
+			t.Fatalf("refused after %v, want 30s", got)
+		}
+		if got := s.QueueDepth("m"); got != 0 {
+			t.Fatalf("queue depth %d after timeout", got)
+		}
+		held.Release()
+	})
+}
+
+func TestScheduler_ClientGoneLeavesQueueAndFreesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newSched(t, Config{MaxQueue: 5}, workers(1, 1, "m")...)
+		held, _ := s.Admit(context.Background(), Request{Model: "m"})
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error)
+		go func() {
+			_, err := s.Admit(ctx, Request{Model: "m"})
+			errc <- err
+		}()
+		synctest.Wait()
+		if got := s.QueueDepth("m"); got != 1 {
+			t.Fatalf("queue depth %d, want 1", got)
+		}
+		cancel()
+		if err := <-errc; !errors.Is(err, ErrClientGone) {
+			t.Fatalf("err %v, want client gone", err)
+		}
+		if got := s.QueueDepth("m"); got != 0 {
+			t.Fatalf("queue depth %d after disconnect", got)
+		}
+		if got := s.Workers()[0].Active; got != 1 {
+			t.Fatalf("active %d, want 1: the disconnect must not free the held slot", got)
+		}
+		held.Release()
+	})
+}
+
+func TestScheduler_Refusals(t *testing.T) {
+	down := newSource(Snapshot{Health: HealthDown, HealthReason: "connection refused"})
+	loading := newSource(Snapshot{Health: HealthLoading})
+	tests := []struct {
+		name    string
+		workers []WorkerSpec
+		req     Request
+		want    error // nil: queued
+	}{
+		{"unknown model", workers(2, 1, "m"), Request{Model: "other"}, ErrUnknownModel},
+		{"all down", []WorkerSpec{{Name: "a", Models: []string{"m"}, Source: down}}, Request{Model: "m"}, ErrNoHealthyWorker},
+		{"all excluded", workers(1, 1, "m"), Request{Model: "m", Exclude: []string{"w0"}, Attempt: 2}, ErrNoHealthyWorker},
+		{"loading waits", []WorkerSpec{{Name: "a", Models: []string{"m"}, Source: loading}}, Request{Model: "m"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSched(t, Config{MaxQueue: 5}, tt.workers...)
+			tk := s.Submit(tt.req, nil)
+			if tt.want == nil {
+				if tk.Done() {
+					t.Fatalf("ticket ended: %v", tk.err)
+				}
+				return
+			}
+			if _, err := tk.Result(); !errors.Is(err, tt.want) {
+				t.Fatalf("err %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestScheduler_LoadedWorkerTakesQueuedRequestOnKick(t *testing.T) {
+	src := newSource(Snapshot{Health: HealthLoading})
+	s := newSched(t, Config{MaxQueue: 5}, WorkerSpec{Name: "a", Models: []string{"m"}, Source: src})
+	tk := s.Submit(Request{Model: "m"}, nil)
+	src.Set(Snapshot{Health: HealthOK})
+	s.Kick()
+	if l, err := tk.Result(); err != nil || l.Worker != "a" {
+		t.Fatalf("after load: lease %v err %v", l, err)
+	}
+}
+
+func TestScheduler_RetryExcludesFailedWorkerAndGoesFirst(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 5}, workers(2, 1, "m")...)
+	first, _ := s.Admit(context.Background(), Request{Model: "m"})  // w0
+	second, _ := s.Admit(context.Background(), Request{Model: "m"}) // w1
+	waiting := s.Submit(Request{Model: "m"}, nil)
+	// first fails on w0 before any byte: release and retry elsewhere.
+	retry := s.Submit(Request{Model: "m", Exclude: []string{first.Worker}, Attempt: 2}, nil)
+	first.Release() // w0 frees: waiting may take it, the retry may not.
+	if l, err := waiting.Result(); err != nil || l.Worker != "w0" {
+		t.Fatalf("waiting: %v %v, want w0", l, err)
+	}
+	if retry.Done() {
+		t.Fatal("retry bound to the worker that failed it")
+	}
+	second.Release()
+	if l, err := retry.Result(); err != nil || l.Worker != "w1" {
+		t.Fatalf("retry: %v %v, want w1", l, err)
+	}
+}
+
+func TestScheduler_ScoreTerms(t *testing.T) {
+	tests := []struct {
+		name  string
+		snaps map[string]Snapshot
+		stats fakeStats
+		want  string
+	}{
+		{"kv pressure", map[string]Snapshot{"w0": {KVPressure: Reading{Value: 0.9, At: time.Now()}}}, nil, "w1"},
+		{"gpu util", map[string]Snapshot{"w0": {GPUUtil: Reading{Value: 0.8, At: time.Now()}}}, nil, "w1"},
+		{"worker queue", map[string]Snapshot{"w0": {QueueLen: Reading{Value: 2, At: time.Now()}}}, nil, "w1"},
+		{"throughput reward", nil, fakeStats{"w0": {DecodeTPS: stats.EMA{Value: 40, N: 5}}, "w1": {DecodeTPS: stats.EMA{Value: 80, N: 5}}}, "w1"},
+		{"latency", nil, fakeStats{"w0": {TTFTMs: stats.EMA{Value: 900, N: 5}}, "w1": {TTFTMs: stats.EMA{Value: 100, N: 5}}}, "w1"},
+		{"tie goes to first listed", nil, nil, "w0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var ws []WorkerSpec
+			for _, n := range []string{"w0", "w1"} {
+				ws = append(ws, WorkerSpec{Name: n, Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(tt.snaps[n])})
+			}
+			s := newSched(t, Config{MaxQueue: 5, Stats: tt.stats}, ws...)
+			l, err := s.Admit(context.Background(), Request{Model: "m"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Worker != tt.want {
+				t.Fatalf("picked %s, want %s; reason %q", l.Worker, tt.want, l.Decision.Reason)
+			}
+		})
+	}
+}
+
+func TestScheduler_NeutralValueForNoHistory(t *testing.T) {
+	st := fakeStats{"w0": {DecodeTPS: stats.EMA{Value: 50, N: 3}}, "w1": {DecodeTPS: stats.EMA{Value: 100, N: 3}}}
+	s := newSched(t, Config{MaxQueue: 5, Stats: st}, workers(3, 1, "m")...)
+	l, _ := s.Admit(context.Background(), Request{Model: "m"})
+	norms := map[string]float64{}
+	for _, c := range l.Decision.Explain().Candidates {
+		for _, term := range c.Terms {
+			if term.Name == "throughput" {
+				norms[c.Worker] = term.Norm
+				if c.Worker == "w2" && !term.Neutral {
+					t.Error("w2 has no history but its term is not marked neutral")
+				}
+			}
+		}
+	}
+	if got, want := norms["w2"], 0.75; got != want {
+		t.Fatalf("no-history norm %v, want %v (mean of 0.5 and 1)", got, want)
+	}
+	if norms["w2"] <= norms["w0"] || norms["w2"] >= norms["w1"] {
+		t.Fatalf("no-history norm %v not between worst %v and best %v", norms["w2"], norms["w0"], norms["w1"])
+	}
+}
+
+func TestScheduler_DecisionRecordExplainsEveryWorker(t *testing.T) {
+	var recs []*decisions.Record
+	down := newSource(Snapshot{Health: HealthDown, HealthReason: "probe failed"})
+	ws := []WorkerSpec{
+		{Name: "a", Models: []string{"m"}, MaxConcurrency: 1},
+		{Name: "b", Models: []string{"m"}, Source: down},
+		{Name: "c", Models: []string{"x"}},
+	}
+	s := newSched(t, Config{MaxQueue: 5, Recorder: func(r *decisions.Record) { recs = append(recs, r) }}, ws...)
+	l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 100, MaxTokens: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0] != l.Decision {
+		t.Fatalf("recorded %d records; want the lease's decision once", len(recs))
+	}
+	r := recs[0].Explain()
+	if r.Chosen != "a" || r.Outcome != "bound" || len(r.Candidates) != 3 {
+		t.Fatalf("record %+v", r)
+	}
+	if got := r.Candidates[1].Why; got != "unhealthy: probe failed" {
+		t.Errorf("b why %q", got)
+	}
+	if got := r.Candidates[2].Why; got != `does not serve model "m"` {
+		t.Errorf("c why %q", got)
+	}
+	if n := len(r.Candidates[0].Terms); n != 7 {
+		t.Fatalf("chosen has %d terms, want 7", n)
+	}
+	sum := 0.0
+	for _, term := range r.Candidates[0].Terms {
+		if term.Weighted != term.Weight*term.Norm {
+			t.Errorf("term %s weighted %v != weight %v * norm %v", term.Name, term.Weighted, term.Weight, term.Norm)
+		}
+		sum += term.Weighted
+	}
+	if sum != r.Candidates[0].Total {
+		t.Errorf("terms sum %v != total %v", sum, r.Candidates[0].Total)
+	}
+	if got := s.Workers()[0].JobCost; got != 150 {
+		t.Errorf("job cost %v, want prompt 100 + min(max_tokens 50, default 256)", got)
+	}
+}
+
+func TestScheduler_StaleTelemetryIsMarked(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	src := newSource(Snapshot{KVPressure: Reading{Value: 0.5, Source: "test", At: clock.t.Add(-10 * time.Second)}})
+	s := newSched(t, Config{MaxQueue: 5, Clock: clock, StaleAfter: 3 * time.Second}, WorkerSpec{Name: "a", Models: []string{"m"}, Source: src})
+	l, _ := s.Admit(context.Background(), Request{Model: "m"})
+	for _, term := range l.Decision.Explain().Candidates[0].Terms {
+		if term.Name == "kv_pressure" {
+			if !term.Stale || term.AgeMs != 10000 {
+				t.Fatalf("kv term %+v, want stale with age 10000ms", term)
+			}
+			return
+		}
+	}
+	t.Fatal("no kv_pressure term")
+}
+
+func TestScheduler_DrainAndRemove(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 5}, workers(2, 1, "m")...)
+	if err := s.SetDraining("w0", true); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := s.Admit(context.Background(), Request{Model: "m"})
+	if l.Worker != "w1" {
+		t.Fatalf("picked %s while w0 drains", l.Worker)
+	}
+	if err := s.RemoveWorker("w1"); err != nil {
+		t.Fatal(err)
+	}
+	l.Release() // in-flight lease on a removed worker releases cleanly
+	if _, err := s.Submit(Request{Model: "m"}, nil).Result(); !errors.Is(err, ErrNoHealthyWorker) {
+		t.Fatalf("err %v, want no healthy worker (only a draining one left)", err)
+	}
+}
+
+func TestScheduler_BaselinePolicies(t *testing.T) {
+	pick := func(s *Scheduler) string {
+		l, err := s.Admit(context.Background(), Request{Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Worker
+	}
+	t.Run("round-robin ignores limits and cycles", func(t *testing.T) {
+		s := newSched(t, Config{Policy: PolicyRoundRobin}, workers(3, 1, "m")...)
+		var got []string
+		for range 6 {
+			got = append(got, pick(s))
+		}
+		if want := []string{"w0", "w1", "w2", "w0", "w1", "w2"}; !slices.Equal(got, want) {
+			t.Fatalf("got %v want %v", got, want)
+		}
+	})
+	t.Run("least-connections", func(t *testing.T) {
+		s := newSched(t, Config{Policy: PolicyLeastConnections}, workers(3, 1, "m")...)
+		a, b, c := pick(s), pick(s), pick(s)
+		if a == b || b == c || a == c {
+			t.Fatalf("three picks %s %s %s on three idle workers", a, b, c)
+		}
+		s.byName[b].active = 0 // simulate b finishing
+		if got := pick(s); got != b {
+			t.Fatalf("picked %s, want %s with fewest connections", got, b)
+		}
+	})
+	for _, p := range []Policy{PolicyRandom, PolicyPowerOfTwo} {
+		t.Run(string(p)+" is seeded", func(t *testing.T) {
+			run := func() []string {
+				s := newSched(t, Config{Policy: p, Seed: 7}, workers(4, 1, "m")...)
+				var out []string
+				for range 20 {
+					out = append(out, pick(s))
+				}
+				return out
+			}
+			if a, b := run(), run(); !slices.Equal(a, b) {
+				t.Fatalf("same seed gave %v and %v", a, b)
+			}
+		})
+	}
+}
+
+func BenchmarkPick(b *testing.B) {
+	for _, n := range []int{8, 64, 512} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			st := fakeStats{}
+			ws := workers(n, 1<<30, "m")
+			for i := range ws {
+				ws[i].Source = newSource(Snapshot{Health: HealthOK, KVPressure: Reading{Value: float64(i%10) / 10, At: time.Now()}})
+				st[ws[i].Name] = stats.WorkerStats{TTFTMs: stats.EMA{Value: float64(100 + i), N: 3}, DecodeTPS: stats.EMA{Value: float64(50 + i%7), N: 3}}
+			}
+			s := newSched(b, Config{MaxQueue: 5, Stats: st}, ws...)
+			b.ReportAllocs()
+			for b.Loop() {
+				l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 100})
+				if err != nil {
+					b.Fatal(err)
+				}
+				l.Release()
+			}
+		})
+	}
+}

@@ -1,0 +1,68 @@
+package scheduler
+
+import (
+	"slices"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+)
+
+// WorkerState is what the scheduler holds of a worker, for APIs and
+// dashboards.
+type WorkerState struct {
+	Name     string   `json:"name"`
+	Models   []string `json:"models"`
+	Health   Health   `json:"health"`
+	Reason   string   `json:"health_reason,omitempty"`
+	Draining bool     `json:"draining"`
+	Active   int      `json:"active"`
+	Limit    int      `json:"limit"`
+	// JobCost is the estimated outstanding tokens in flight.
+	JobCost float64 `json:"job_cost"`
+	// Snapshot is the telemetry the scheduler last saw.
+	Snapshot *Snapshot `json:"telemetry"`
+	// LastTerms is the worker's part in the latest decision that scored
+	// it, and LastScoredAt when that was.
+	LastTerms    *decisions.Candidate `json:"last_terms,omitempty"`
+	LastScoredAt time.Time            `json:"last_scored_at,omitzero"`
+}
+
+// Workers returns the state of every worker in configuration order.
+func (s *Scheduler) Workers() []WorkerState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]WorkerState, 0, len(s.workers))
+	for _, w := range s.workers {
+		snap := w.snapshot()
+		out = append(out, WorkerState{
+			Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Reason: snap.HealthReason,
+			Draining: w.draining, Active: w.active, Limit: w.limit(snap), JobCost: w.cost,
+			Snapshot: snap,
+		})
+		if w.last != nil {
+			c := w.last.Explain().Candidates[w.lastIdx]
+			out[len(out)-1].LastTerms, out[len(out)-1].LastScoredAt = &c, w.last.Time
+		}
+	}
+	return out
+}
+
+// Models returns the union of models served by workers that are not
+// draining, sorted.
+func (s *Scheduler) Models() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, w := range s.workers {
+		if w.draining {
+			continue
+		}
+		for _, m := range w.models(w.snapshot()) {
+			if !slices.Contains(out, m) {
+				out = append(out, m)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,320 @@
+package scheduler
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// Weights are the multipliers of the score terms. All are magnitudes (not
+// negative); the throughput term is a reward and is subtracted.
+type Weights struct {
+	ActiveRequests float64 `yaml:"active_requests" json:"active_requests"`
+	QueueLength    float64 `yaml:"queue_length" json:"queue_length"`
+	Latency        float64 `yaml:"latency" json:"latency"`
+	JobCost        float64 `yaml:"job_cost" json:"job_cost"`
+	Throughput     float64 `yaml:"throughput" json:"throughput"`
+	KVPressure     float64 `yaml:"kv_pressure" json:"kv_pressure"`
+	GPUUtil        float64 `yaml:"gpu_util" json:"gpu_util"`
+}
+
+// DefaultWeights returns the weights Sluice ships with: concurrency
+// dominates, throughput is a reward, memory pressure is visible.
+func DefaultWeights() Weights {
+	return Weights{ActiveRequests: 100, QueueLength: 10, Latency: 5, JobCost: 2, Throughput: 3, KVPressure: 15, GPUUtil: 15}
+}
+
+// Candidate is what a term sees of one eligible worker at decision time.
+type Candidate struct {
+	// Name is the worker's name.
+	Name string
+	// Active is Sluice's in-flight count on the worker.
+	Active int
+	// JobCost is the estimated outstanding work in tokens: for each
+	// request in flight, its prompt plus its expected output.
+	JobCost float64
+	// Snap is the worker's latest telemetry.
+	Snap *Snapshot
+	// Stats is what Sluice has measured of the worker.
+	Stats stats.WorkerStats
+}
+
+// Term is one part of the score. Score sees every eligible candidate at
+// once, so it can normalise across them, and writes raw[i] and norm[i] for
+// cands[i]; the weight multiplies norm. Score is on the hot path and
+// writes only numbers; Provenance says where a raw value came from, and is
+// called only when a decision record is read.
+type Term interface {
+	// Name identifies the term in records and config.
+	Name() string
+	// Reward reports whether the weighted term is subtracted.
+	Reward() bool
+	// Score computes the term for every candidate.
+	Score(cands []Candidate, raw, norm []float64)
+	// Provenance returns the source of c's raw value, when it was measured
+	// (zero: computed at decision time), and whether the value is a
+	// neutral stand-in for missing history.
+	Provenance(c *Candidate) (source string, at time.Time, neutral bool)
+}
+
+// activeRequests is the number of requests Sluice has in flight on the
+// worker, absolute: concurrency hurts most on a GPU, and "everyone has 3"
+// must not look like "everyone is idle".
+type activeRequests struct{}
+
+func (activeRequests) Name() string { return "active_requests" }
+func (activeRequests) Reward() bool { return false }
+func (activeRequests) Score(c []Candidate, raw, norm []float64) {
+	for i := range c {
+		raw[i] = float64(c[i].Active)
+		norm[i] = raw[i]
+	}
+}
+func (activeRequests) Provenance(*Candidate) (string, time.Time, bool) {
+	return "sluice in-flight count", time.Time{}, false
+}
+
+// queueLength is the worker's own waiting queue as its telemetry reports it
+// (llama.cpp requests_deferred, vLLM num_requests_waiting), absolute.
+type queueLength struct{}
+
+func (queueLength) Name() string { return "queue_length" }
+func (queueLength) Reward() bool { return false }
+func (queueLength) Score(c []Candidate, raw, norm []float64) {
+	for i := range c {
+		raw[i] = c[i].Snap.QueueLen.Value
+		norm[i] = max(raw[i], 0)
+	}
+}
+func (queueLength) Provenance(c *Candidate) (string, time.Time, bool) {
+	return readingProvenance(c.Snap.QueueLen)
+}
+
+// kvPressure is the fraction of the worker's KV cache in use, 0..1.
+type kvPressure struct{}
+
+func (kvPressure) Name() string { return "kv_pressure" }
+func (kvPressure) Reward() bool { return false }
+func (kvPressure) Score(c []Candidate, raw, norm []float64) {
+	for i := range c {
+		raw[i] = c[i].Snap.KVPressure.Value
+		norm[i] = clamp01(raw[i])
+	}
+}
+func (kvPressure) Provenance(c *Candidate) (string, time.Time, bool) {
+	return readingProvenance(c.Snap.KVPressure)
+}
+
+// gpuUtil is the GPU's utilisation, 0..1.
+type gpuUtil struct{}
+
+func (gpuUtil) Name() string { return "gpu_util" }
+func (gpuUtil) Reward() bool { return false }
+func (gpuUtil) Score(c []Candidate, raw, norm []float64) {
+	for i := range c {
+		raw[i] = c[i].Snap.GPUUtil.Value
+		norm[i] = clamp01(raw[i])
+	}
+}
+func (gpuUtil) Provenance(c *Candidate) (string, time.Time, bool) {
+	return readingProvenance(c.Snap.GPUUtil)
+}
+
+// latency is the worker's time-to-first-token EMA in milliseconds,
+// normalised by ratioToMax.
+type latency struct{}
+
+func (latency) Name() string { return "latency" }
+func (latency) Reward() bool { return false }
+func (latency) Score(c []Candidate, raw, norm []float64) {
+	ratioToMax(c, raw, norm, ttft)
+}
+func (latency) Provenance(c *Candidate) (string, time.Time, bool) {
+	return emaProvenance(c, ttft, "ema ttft_ms")
+}
+
+// throughput is the worker's per-stream decode tokens/s EMA, normalised by
+// ratioToMax. It is a reward: faster workers score lower.
+type throughput struct{}
+
+func (throughput) Name() string { return "throughput" }
+func (throughput) Reward() bool { return true }
+func (throughput) Score(c []Candidate, raw, norm []float64) {
+	ratioToMax(c, raw, norm, decodeTPS)
+}
+func (throughput) Provenance(c *Candidate) (string, time.Time, bool) {
+	return emaProvenance(c, decodeTPS, "ema decode_tps")
+}
+
+func ttft(s *stats.WorkerStats) stats.EMA      { return s.TTFTMs }
+func decodeTPS(s *stats.WorkerStats) stats.EMA { return s.DecodeTPS }
+
+// jobCost is the estimated outstanding tokens on the worker, normalised as
+// a fraction of the largest among candidates (0 when all are idle).
+type jobCost struct{}
+
+func (jobCost) Name() string { return "job_cost" }
+func (jobCost) Reward() bool { return false }
+func (jobCost) Score(c []Candidate, raw, norm []float64) {
+	maxv := 0.0
+	for i := range c {
+		raw[i] = c[i].JobCost
+		maxv = max(maxv, raw[i])
+	}
+	for i := range c {
+		norm[i] = 0
+		if maxv > 0 {
+			norm[i] = raw[i] / maxv
+		}
+	}
+}
+func (jobCost) Provenance(*Candidate) (string, time.Time, bool) {
+	return "sluice outstanding tokens (prompt + expected output)", time.Time{}, false
+}
+
+// ratioToMax normalises a measured average as value/max over the
+// candidates that have history, which keeps small differences small (min-max
+// scaling would turn 30.0 vs 30.1 tok/s into 0 vs 1). A candidate with no
+// history gets the mean of the others' normalised values — neither the best
+// nor the worst — or 0.5 when nobody has history.
+func ratioToMax(c []Candidate, raw, norm []float64, get func(*stats.WorkerStats) stats.EMA) {
+	maxv := 0.0
+	for i := range c {
+		if e := get(&c[i].Stats); e.Known() {
+			maxv = max(maxv, e.Value)
+		}
+	}
+	sum, n := 0.0, 0
+	for i := range c {
+		e := get(&c[i].Stats)
+		raw[i], norm[i] = e.Value, -1
+		if !e.Known() {
+			continue
+		}
+		norm[i] = 0
+		if maxv > 0 {
+			norm[i] = e.Value / maxv
+		}
+		sum += norm[i]
+		n++
+	}
+	neutral := 0.5
+	if n > 0 {
+		neutral = sum / float64(n)
+	}
+	for i := range c {
+		if norm[i] < 0 {
+			norm[i] = neutral
+		}
+	}
+}
+
+func readingProvenance(r Reading) (string, time.Time, bool) {
+	if r.Source == "" {
+		return "no telemetry", r.At, false
+	}
+	return r.Source, r.At, false
+}
+
+func emaProvenance(c *Candidate, get func(*stats.WorkerStats) stats.EMA, name string) (string, time.Time, bool) {
+	e := get(&c.Stats)
+	if !e.Known() {
+		return name + " (no history: neutral)", time.Time{}, true
+	}
+	return fmt.Sprintf("%s over %d requests", name, e.N), c.Stats.Updated, false
+}
+
+// DefaultTerms returns the terms of Sluice's score, in record order, with
+// their weights from w.
+func DefaultTerms(w Weights) []WeightedTerm {
+	return []WeightedTerm{
+		{activeRequests{}, w.ActiveRequests},
+		{queueLength{}, w.QueueLength},
+		{latency{}, w.Latency},
+		{jobCost{}, w.JobCost},
+		{throughput{}, w.Throughput},
+		{kvPressure{}, w.KVPressure},
+		{gpuUtil{}, w.GPUUtil},
+	}
+}
+
+// WeightedTerm pairs a term with its weight.
+type WeightedTerm struct {
+	Term   Term
+	Weight float64
+}
+
+// scratch is reusable space for scoring, owned by the scheduler's lock.
+type scratch struct{ raw, norm []float64 }
+
+func (sc *scratch) grow(n int) {
+	if cap(sc.raw) < n {
+		sc.raw, sc.norm = make([]float64, n), make([]float64, n)
+	}
+	sc.raw, sc.norm = sc.raw[:n], sc.norm[:n]
+}
+
+// totals runs every term over cands and returns each candidate's weighted
+// sum. It is the one place weights are applied, and the hot path: it
+// touches only numbers and builds no records.
+func totals(terms []WeightedTerm, cands []Candidate, sc *scratch) []float64 {
+	out := make([]float64, len(cands))
+	sc.grow(len(cands))
+	for _, wt := range terms {
+		wt.Term.Score(cands, sc.raw, sc.norm)
+		w := signedWeight(wt)
+		for i, n := range sc.norm {
+			out[i] += w * n
+		}
+	}
+	return out
+}
+
+// explain recomputes the terms from the same candidates (terms are pure,
+// so the numbers are identical to those totals summed) and returns each
+// candidate's breakdown for the decision record.
+func explain(terms []WeightedTerm, cands []Candidate, now time.Time, staleAfter time.Duration) [][]decisions.Term {
+	recs := make([][]decisions.Term, len(cands))
+	slab := make([]decisions.Term, len(cands)*len(terms))
+	for i := range recs {
+		recs[i] = slab[i*len(terms) : i*len(terms) : (i+1)*len(terms)]
+	}
+	var sc scratch
+	sc.grow(len(cands))
+	for _, wt := range terms {
+		wt.Term.Score(cands, sc.raw, sc.norm)
+		w := signedWeight(wt)
+		for i := range cands {
+			src, at, neutral := wt.Term.Provenance(&cands[i])
+			t := decisions.Term{Name: wt.Term.Name(), Raw: sc.raw[i], Norm: sc.norm[i], Weight: w, Weighted: w * sc.norm[i], Source: src, Neutral: neutral}
+			if !at.IsZero() {
+				t.AgeMs = float64(now.Sub(at)) / float64(time.Millisecond)
+				t.Stale = staleAfter > 0 && now.Sub(at) > staleAfter && isTelemetry(wt.Term)
+			}
+			recs[i] = append(recs[i], t)
+		}
+	}
+	return recs
+}
+
+// signedWeight is the weight as applied: negative for a reward.
+func signedWeight(wt WeightedTerm) float64 {
+	if wt.Term.Reward() {
+		return -wt.Weight
+	}
+	return wt.Weight
+}
+
+// isTelemetry reports whether a term reads scraped telemetry (as opposed to
+// Sluice's own counters and averages, which are never stale).
+func isTelemetry(t Term) bool {
+	switch t.(type) {
+	case queueLength, kvPressure, gpuUtil:
+		return true
+	}
+	return false
+}
+
+func clamp01(v float64) float64 { return min(max(v, 0), 1) }
