@@ -1,0 +1,308 @@
+// Package config defines Sluice's configuration file: its shape, its
+// defaults and its validation. Loading is DefaultConfig, then YAML decoded
+// over it with unknown keys rejected, then Validate, which reports every
+// problem with its key path at once.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-router/sluice/internal/scheduler"
+)
+
+// Config is the whole configuration of a router.
+type Config struct {
+	// Listen is the address the router serves on.
+	Listen string `yaml:"listen"`
+	// LogFormat is "text" or "json".
+	LogFormat string `yaml:"log_format"`
+	// Policy is the routing policy: "sluice" (default) or a baseline
+	// ("round-robin", "least-connections", "random", "p2c") for comparison.
+	Policy string `yaml:"policy"`
+	// Workers are the inference servers behind the router.
+	Workers []Worker `yaml:"workers"`
+	// Weights are the score weights; keys left out keep their defaults.
+	Weights scheduler.Weights `yaml:"weights"`
+	// Admission bounds Sluice's own queue.
+	Admission Admission `yaml:"admission"`
+	// Stats configures the measured moving averages and their store.
+	Stats Stats `yaml:"stats"`
+	// Decisions configures the decision log.
+	Decisions Decisions `yaml:"decisions"`
+	// Telemetry configures health probes and metric scrapes.
+	Telemetry Telemetry `yaml:"telemetry"`
+	// Proxy configures request handling.
+	Proxy Proxy `yaml:"proxy"`
+}
+
+// Worker is one inference server.
+type Worker struct {
+	// Name identifies the worker in headers, records and metrics.
+	Name string `yaml:"name"`
+	// URL is the worker's base URL, e.g. http://10.0.0.5:8080.
+	URL string `yaml:"url"`
+	// Kind is "llamacpp" (default), "vllm" or "openai"; it selects which
+	// health and metrics endpoints are read.
+	Kind string `yaml:"kind"`
+	// Models the worker serves. May be left out: models are discovered
+	// from /v1/models.
+	Models []string `yaml:"models"`
+	// MaxConcurrency caps Sluice's in-flight requests on the worker. 0
+	// (unset) takes the slot count the worker reports, else 1.
+	MaxConcurrency int `yaml:"max_concurrency"`
+	// GPUMetrics is an optional NVIDIA DCGM exporter /metrics URL.
+	GPUMetrics string `yaml:"gpu_metrics"`
+	// GPUSelector picks one GPU of an exporter serving several, by label,
+	// e.g. {gpu: "1"} or {UUID: "GPU-..."}.
+	GPUSelector map[string]string `yaml:"gpu_selector"`
+}
+
+// Admission bounds the queue.
+type Admission struct {
+	// MaxQueue is the most requests that may wait per model.
+	MaxQueue int `yaml:"max_queue"`
+	// QueueTimeout is the longest a request waits before a 503.
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
+}
+
+// Stats configures the moving averages.
+type Stats struct {
+	// Store is where averages persist: a file path (embedded bbolt
+	// store), or empty for memory only.
+	Store string `yaml:"store"`
+	// Alpha is the EMA smoothing factor in (0, 1]: the weight of the
+	// newest sample.
+	Alpha float64 `yaml:"alpha"`
+	// FlushInterval is how often changed averages are written.
+	FlushInterval time.Duration `yaml:"flush_interval"`
+}
+
+// Decisions configures the decision log.
+type Decisions struct {
+	// RingSize is how many recent records /debug/decisions keeps.
+	RingSize int `yaml:"ring_size"`
+	// File, when set, receives every record as one JSON line.
+	File string `yaml:"file"`
+}
+
+// Telemetry configures probing and scraping of workers.
+type Telemetry struct {
+	// Interval between scrapes of each worker.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout of each probe or scrape.
+	Timeout time.Duration `yaml:"timeout"`
+	// StaleAfter marks telemetry older than this as stale.
+	StaleAfter time.Duration `yaml:"stale_after"`
+	// FailThreshold is how many failed probes or requests in a row eject
+	// a worker.
+	FailThreshold int `yaml:"fail_threshold"`
+}
+
+// Proxy configures request handling.
+type Proxy struct {
+	// MaxBodyBytes bounds a request body; larger ones get 413.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxAttempts is how many workers a request may be tried on when
+	// they fail before sending anything.
+	MaxAttempts int `yaml:"max_attempts"`
+	// ResponseHeaderTimeout bounds the wait for a worker's response
+	// headers (which for a non-streaming request come with the answer).
+	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout"`
+}
+
+// Kinds are the worker kinds Sluice knows how to read.
+var Kinds = []string{"llamacpp", "vllm", "openai"}
+
+// DefaultConfig returns the configuration used for every key left out.
+func DefaultConfig() Config {
+	return Config{
+		Listen:    "127.0.0.1:8080",
+		LogFormat: "text",
+		Policy:    string(scheduler.PolicySluice),
+		Weights:   scheduler.DefaultWeights(),
+		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second},
+		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
+		Decisions: Decisions{RingSize: 1024},
+		Telemetry: Telemetry{Interval: time.Second, Timeout: 500 * time.Millisecond, StaleAfter: 3 * time.Second, FailThreshold: 3},
+		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute},
+	}
+}
+
+// Load reads, decodes and validates the file at path.
+func Load(path string) (Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	cfg, err := Parse(f)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse decodes YAML over DefaultConfig, rejecting unknown keys, and
+// validates the result.
+func Parse(r io.Reader) (Config, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return Config{}, err
+	}
+	cfg := DefaultConfig()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("decode: %w", err)
+	}
+	for i := range cfg.Workers {
+		if cfg.Workers[i].Kind == "" {
+			cfg.Workers[i].Kind = "llamacpp"
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// Validate reports every problem in cfg, each prefixed with its key path.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen", "%q is not host:port: %v", c.Listen, err)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		bad("log_format", "%q is not text or json", c.LogFormat)
+	}
+	if !slices.Contains(scheduler.Policies, scheduler.Policy(c.Policy)) {
+		bad("policy", "%q is not one of %v", c.Policy, scheduler.Policies)
+	}
+	if len(c.Workers) == 0 {
+		bad("workers", "at least one worker is needed")
+	}
+	seen := map[string]int{}
+	for i, w := range c.Workers {
+		key := fmt.Sprintf("workers[%d]", i)
+		errs = append(errs, w.validate(key)...)
+		if j, dup := seen[w.Name]; dup && w.Name != "" {
+			bad(key+".name", "duplicate worker name %q (also workers[%d])", w.Name, j)
+		}
+		seen[w.Name] = i
+	}
+	for name, v := range map[string]float64{
+		"active_requests": c.Weights.ActiveRequests, "queue_length": c.Weights.QueueLength,
+		"latency": c.Weights.Latency, "job_cost": c.Weights.JobCost, "throughput": c.Weights.Throughput,
+		"kv_pressure": c.Weights.KVPressure, "gpu_util": c.Weights.GPUUtil,
+	} {
+		if v < 0 {
+			bad("weights."+name, "negative weight %v (the throughput term is already a reward; use 0 to disable a term)", v)
+		}
+	}
+	if c.Admission.MaxQueue < 0 {
+		bad("admission.max_queue", "negative (%d)", c.Admission.MaxQueue)
+	}
+	if c.Admission.QueueTimeout <= 0 {
+		bad("admission.queue_timeout", "must be positive, got %v", c.Admission.QueueTimeout)
+	}
+	if c.Stats.Alpha <= 0 || c.Stats.Alpha > 1 {
+		bad("stats.alpha", "%v is outside (0, 1]", c.Stats.Alpha)
+	}
+	if c.Stats.FlushInterval <= 0 {
+		bad("stats.flush_interval", "must be positive, got %v", c.Stats.FlushInterval)
+	}
+	if strings.Contains(c.Stats.Store, "://") {
+		bad("stats.store", "%q: only a file path is supported", c.Stats.Store)
+	}
+	if c.Decisions.RingSize <= 0 {
+		bad("decisions.ring_size", "must be positive, got %d", c.Decisions.RingSize)
+	}
+	t := c.Telemetry
+	if t.Interval <= 0 {
+		bad("telemetry.interval", "must be positive, got %v", t.Interval)
+	}
+	if t.Timeout <= 0 {
+		bad("telemetry.timeout", "must be positive, got %v", t.Timeout)
+	}
+	if t.StaleAfter < t.Interval {
+		bad("telemetry.stale_after", "%v is shorter than telemetry.interval %v: every reading would be stale", t.StaleAfter, t.Interval)
+	}
+	if t.FailThreshold < 1 {
+		bad("telemetry.fail_threshold", "must be at least 1, got %d", t.FailThreshold)
+	}
+	if c.Proxy.MaxBodyBytes <= 0 {
+		bad("proxy.max_body_bytes", "must be positive, got %d", c.Proxy.MaxBodyBytes)
+	}
+	if c.Proxy.MaxAttempts < 1 {
+		bad("proxy.max_attempts", "must be at least 1, got %d", c.Proxy.MaxAttempts)
+	}
+	if c.Proxy.ResponseHeaderTimeout <= 0 {
+		bad("proxy.response_header_timeout", "must be positive, got %v", c.Proxy.ResponseHeaderTimeout)
+	}
+	return errors.Join(errs...)
+}
+
+func (w Worker) validate(key string) []error {
+	var errs []error
+	bad := func(k, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s.%s: %s", key, k, fmt.Sprintf(format, args...)))
+	}
+	if w.Name == "" {
+		bad("name", "missing")
+	} else if strings.ContainsAny(w.Name, " \t\n/\"") {
+		bad("name", "%q must not contain spaces, quotes or slashes", w.Name)
+	}
+	if err := checkURL(w.URL); err != nil {
+		bad("url", "%v", err)
+	}
+	if !slices.Contains(Kinds, w.Kind) {
+		bad("kind", "%q is not one of %v", w.Kind, Kinds)
+	}
+	for i, m := range w.Models {
+		if strings.TrimSpace(m) == "" {
+			bad(fmt.Sprintf("models[%d]", i), "empty model name")
+		}
+	}
+	if w.MaxConcurrency < 0 {
+		bad("max_concurrency", "negative (%d)", w.MaxConcurrency)
+	}
+	if w.GPUMetrics != "" {
+		if err := checkURL(w.GPUMetrics); err != nil {
+			bad("gpu_metrics", "%v", err)
+		}
+	} else if len(w.GPUSelector) > 0 {
+		bad("gpu_selector", "set without gpu_metrics")
+	}
+	return errs
+}
+
+func checkURL(s string) error {
+	if s == "" {
+		return errors.New("missing")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("%q: %v", s, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q: scheme must be http or https", s)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%q: no host", s)
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+const good = `
+listen: 127.0.0.1:9000
+workers:
+  - name: gpu0
+    url: http://127.0.0.1:8081
+    models: [llama]
+  - name: gpu1
+    url: http://127.0.0.1:8082
+    kind: vllm
+    max_concurrency: 4
+weights:
+  latency: 0
+admission:
+  queue_timeout: 5s
+`
+
+func TestParse_DefaultsFillWhatIsLeftOut(t *testing.T) {
+	cfg, err := Parse(strings.NewReader(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Workers[0].Kind, "llamacpp"; got != want {
+		t.Errorf("default kind %q, want %q", got, want)
+	}
+	if got := cfg.Weights.Latency; got != 0 {
+		t.Errorf("latency weight %v, want the explicit 0", got)
+	}
+	if got, want := cfg.Weights.ActiveRequests, 100.0; got != want {
+		t.Errorf("active weight %v, want default %v", got, want)
+	}
+	if got, want := cfg.Admission.QueueTimeout, 5*time.Second; got != want {
+		t.Errorf("queue timeout %v, want %v", got, want)
+	}
+	if got, want := cfg.Admission.MaxQueue, DefaultConfig().Admission.MaxQueue; got != want {
+		t.Errorf("max queue %v, want default %v", got, want)
+	}
+}
+
+func TestParse_BadConfigsNameTheKey(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		want       []string // substrings of the error
+	}{
+		{"unknown key", "listen: 127.0.0.1:1\nlisten_addr: x\nworkers: [{name: a, url: 'http://h:1'}]", []string{"listen_addr", "not found"}},
+		{"unknown worker key", "workers: [{name: a, url: 'http://h:1', modle: x}]", []string{"modle"}},
+		{"no workers", "listen: 127.0.0.1:1", []string{"workers: at least one worker"}},
+		{"bad url", "workers: [{name: a, url: 'ftp://h'}]", []string{"workers[0].url", "scheme"}},
+		{"missing url", "workers: [{name: a}]", []string{"workers[0].url: missing"}},
+		{"duplicate name", "workers: [{name: a, url: 'http://h:1'}, {name: a, url: 'http://h:2'}]", []string{"workers[1].name: duplicate worker name \"a\""}},
+		{"negative weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {kv_pressure: -1}", []string{"weights.kv_pressure: negative"}},
+		{"bad kind", "workers: [{name: a, url: 'http://h:1', kind: tgi}]", []string{"workers[0].kind", "tgi"}},
+		{"bad duration", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: soon}", []string{"line 2", "soon", "time.Duration"}},
+		{"zero timeout", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: 0s}", []string{"admission.queue_timeout: must be positive"}},
+		{"bad listen", "listen: nowhere\nworkers: [{name: a, url: 'http://h:1'}]", []string{"listen:"}},
+		{"bad policy", "policy: fastest\nworkers: [{name: a, url: 'http://h:1'}]", []string{"policy:", "fastest"}},
+		{"alpha", "workers: [{name: a, url: 'http://h:1'}]\nstats: {alpha: 2}", []string{"stats.alpha"}},
+		{"several at once", "workers: [{name: '', url: ''}]\nweights: {gpu_util: -2}", []string{"workers[0].name: missing", "workers[0].url: missing", "weights.gpu_util"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse(strings.NewReader(tt.yaml))
+			if err == nil {
+				t.Fatal("accepted a bad config")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLoad_ExampleConfigIsValid(t *testing.T) {
+	if _, err := Load("../../examples/sluice.yaml"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(good)
+	f.Add("workers: [{name: a, url: 'http://h:1'}]")
+	f.Fuzz(func(t *testing.T, s string) {
+		cfg, err := Parse(strings.NewReader(s))
+		if err == nil {
+			if verr := cfg.Validate(); verr != nil {
+				t.Fatalf("Parse accepted a config Validate rejects: %v", verr)
+			}
+		}
+	})
+}
