@@ -25,7 +25,7 @@ type Options struct {
 	// defaults to the model name.
 	Name string
 	// Hostname and GPUModelName label the DCGM gauge; they default to
-	// "sim-<Name>" and "NVIDIA A100-SXM4-40GB".
+	// Name and "NVIDIA A100-SXM4-40GB".
 	Hostname     string
 	GPUModelName string
 	// Logger receives request and lifecycle logs; nil discards them.
@@ -83,7 +83,7 @@ func NewServer(p Params, opts Options) (*Server, error) {
 		opts.Name = p.Model
 	}
 	if opts.Hostname == "" {
-		opts.Hostname = "sim-" + opts.Name
+		opts.Hostname = opts.Name
 	}
 	if opts.GPUModelName == "" {
 		opts.GPUModelName = "NVIDIA A100-SXM4-40GB"
