@@ -121,7 +121,7 @@ func TestWriteCSV_RoundTrip(t *testing.T) {
 	}
 	// Times survive at microsecond precision, rates at 3 decimals.
 	opt := cmp.Comparer(func(a, b float64) bool { return a-b < 1e-3 && b-a < 1e-3 })
-	dopt := cmp.Comparer(func(a, b time.Duration) bool { return (a-b).Abs() <= time.Microsecond })
+	dopt := cmp.Comparer(func(a, b time.Duration) bool { return (a - b).Abs() <= time.Microsecond })
 	if diff := cmp.Diff(want, got, opt, dopt); diff != "" {
 		t.Fatalf("round trip (-want +got):\n%s", diff)
 	}

@@ -188,12 +188,21 @@ type tableRow struct {
 func f1(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
 func f2(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
 
+// fms formats milliseconds with more decimals when small, so sub-ms TPOT
+// values stay readable.
+func fms(v float64) string {
+	if math.Abs(v) < 10 {
+		return strconv.FormatFloat(v, 'f', 3, 64)
+	}
+	return f1(v)
+}
+
 func distRows(name string, d func(Summary) Dist) []tableRow {
 	return []tableRow{
-		{name + " p50 (ms)", func(s Summary) string { return f1(d(s).P50) }},
-		{name + " p90 (ms)", func(s Summary) string { return f1(d(s).P90) }},
-		{name + " p99 (ms)", func(s Summary) string { return f1(d(s).P99) }},
-		{name + " max (ms)", func(s Summary) string { return f1(d(s).Max) }},
+		{name + " p50 (ms)", func(s Summary) string { return fms(d(s).P50) }},
+		{name + " p90 (ms)", func(s Summary) string { return fms(d(s).P90) }},
+		{name + " p99 (ms)", func(s Summary) string { return fms(d(s).P99) }},
+		{name + " max (ms)", func(s Summary) string { return fms(d(s).Max) }},
 		{name + " p99/p50", func(s Summary) string { return f2(d(s).TailRatio) }},
 	}
 }
