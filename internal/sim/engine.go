@@ -724,8 +724,11 @@ func (e *Engine) Metrics(now time.Time) Metrics {
 
 // SlotState describes one slot for llama-server's GET /slots.
 type SlotState struct {
-	ID           int
-	Busy         bool
+	// ID is the slot's index; Busy whether a sequence holds it.
+	ID   int
+	Busy bool
+	// SeqID, PromptTokens, Decoded and Remaining describe the occupant:
+	// its id, prompt length, tokens generated and tokens still to come.
 	SeqID        uint64
 	PromptTokens int
 	Decoded      int

@@ -31,8 +31,11 @@ type WorkerSpec struct {
 
 // Worker is one running member of a Fleet.
 type Worker struct {
-	Name   string
-	URL    string
+	// Name is the spec's name; URL the base URL it listens on
+	// ("http://127.0.0.1:8081").
+	Name string
+	URL  string
+	// Server is the simulated llama-server, for Ready, Metrics and Params.
 	Server *Server
 	http   *http.Server
 }
