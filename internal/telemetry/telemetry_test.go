@@ -22,7 +22,7 @@ func open(t *testing.T, name string) *os.File {
 }
 
 func present(metric string, v float64) Value { return Value{V: v, Present: true, Metric: metric} }
-func absent(metric string) Value          { return Value{Metric: metric} }
+func absent(metric string) Value             { return Value{Metric: metric} }
 
 // checkErr checks err against the expected kind: "" (nil), "missing",
 // "malformed" or "other", and that its text names every string in names.

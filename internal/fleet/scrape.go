@@ -1,0 +1,316 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/telemetry"
+)
+
+// maxBody caps what a probe reads; /props carries the chat template, a
+// dcgm-exporter with many GPUs and fields a few hundred KiB.
+const maxBody = 8 << 20
+
+// get fetches url with the probe timeout and returns status and body.
+func (w *Worker) get(ctx context.Context, url string) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, w.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	resp, err := w.opts.Client.Do(req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return resp.StatusCode, nil, fmt.Errorf("scrape %s: read body: %w", url, err)
+	}
+	return resp.StatusCode, body, nil
+}
+
+// getOK is get that also fails on a status other than 200.
+func (w *Worker) getOK(ctx context.Context, url string) ([]byte, error) {
+	status, body, err := w.get(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("scrape %s: HTTP %d: %s", url, status, snippet(body))
+	}
+	return body, nil
+}
+
+// snippet is the start of a body, for error messages.
+func snippet(b []byte) string {
+	b = bytes.TrimSpace(b)
+	if len(b) > 120 {
+		return string(b[:120]) + "..."
+	}
+	return string(b)
+}
+
+// scrape runs one probe round for the worker's kind.
+func (w *Worker) scrape(ctx context.Context) {
+	now := w.opts.Now()
+	w.mu.Lock()
+	w.st.lastScrape = now
+	wasOK := w.st.health == scheduler.HealthOK
+	w.mu.Unlock()
+
+	var err error
+	switch w.cfg.Kind {
+	case KindLlamaCPP:
+		err = w.scrapeLlamaCPP(ctx, now, wasOK)
+	case KindVLLM:
+		err = w.scrapeVLLM(ctx, now, wasOK)
+	case KindOpenAI:
+		err = w.scrapeOpenAI(ctx, now)
+	}
+	if ctx.Err() != nil {
+		return // stopping: the failure is ours, not the worker's
+	}
+	w.mu.Lock()
+	w.st.lastErr = ""
+	if err != nil {
+		w.st.lastErr = err.Error()
+	}
+	w.mu.Unlock()
+}
+
+// probeHealth fetches path and returns the outcome parse makes of it, or
+// a failure. A cancelled ctx returns ok false and records nothing.
+func (w *Worker) probeHealth(ctx context.Context, path string, parse func(int, []byte) (telemetry.HealthResult, error)) (telemetry.ServerState, error) {
+	url := w.base + path
+	status, body, err := w.get(ctx, url)
+	if err == nil {
+		var h telemetry.HealthResult
+		h, err = parse(status, body)
+		if err == nil {
+			switch h.State {
+			case telemetry.StateReady:
+				w.observe(outcome{kind: outcomePass})
+				return h.State, nil
+			case telemetry.StateLoading:
+				w.observe(outcome{kind: outcomeLoading, reason: "loading: " + h.Message})
+				return h.State, nil
+			default:
+				err = fmt.Errorf("scrape %s: %s", url, h.Message)
+			}
+		} else {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	if ctx.Err() != nil {
+		return telemetry.StateUnknown, err
+	}
+	w.observe(outcome{kind: outcomeFail, reason: err.Error()})
+	return telemetry.StateError, err
+}
+
+func (w *Worker) scrapeLlamaCPP(ctx context.Context, now time.Time, wasOK bool) error {
+	state, err := w.probeHealth(ctx, "/health", func(status int, body []byte) (telemetry.HealthResult, error) {
+		return telemetry.ParseLlamaCPPHealth(status, bytes.NewReader(body))
+	})
+	if state != telemetry.StateReady {
+		return err
+	}
+	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
+		return telemetry.ParseLlamaCPP(r)
+	})
+	if !wasOK || w.due(now, w.st.propsAt) {
+		w.scrapeProps(ctx, now)
+	}
+	if !wasOK || w.due(now, w.st.modelsAt) {
+		w.scrapeModels(ctx, now, telemetry.ParseLlamaCPPModels)
+	}
+	w.scrapeGPU(ctx, now)
+	return nil
+}
+
+func (w *Worker) scrapeVLLM(ctx context.Context, now time.Time, wasOK bool) error {
+	state, err := w.probeHealth(ctx, "/health", func(status int, _ []byte) (telemetry.HealthResult, error) {
+		return telemetry.ParseVLLMHealth(status), nil
+	})
+	if state != telemetry.StateReady {
+		return err
+	}
+	model := ""
+	if len(w.cfg.Models) == 1 {
+		model = w.cfg.Models[0]
+	}
+	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
+		return telemetry.ParseVLLM(r, model)
+	})
+	if !wasOK || w.due(now, w.st.modelsAt) {
+		w.scrapeModels(ctx, now, telemetry.ParseOpenAIModels)
+	}
+	w.scrapeGPU(ctx, now)
+	return nil
+}
+
+// scrapeOpenAI probes /v1/models: its answer is both health and models.
+func (w *Worker) scrapeOpenAI(ctx context.Context, now time.Time) error {
+	url := w.base + "/v1/models"
+	body, err := w.getOK(ctx, url)
+	var models []string
+	if err == nil {
+		models, err = telemetry.ParseOpenAIModels(bytes.NewReader(body))
+		if err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	if ctx.Err() != nil {
+		return err
+	}
+	if err != nil {
+		w.observe(outcome{kind: outcomeFail, reason: err.Error()})
+		return err
+	}
+	w.observe(outcome{kind: outcomePass})
+	w.setModels(now, models)
+	w.scrapeGPU(ctx, now)
+	return nil
+}
+
+// due reports whether a refresh last done at last is due; reads w.st
+// fields only written by the scraper itself, under the round lock.
+func (w *Worker) due(now, last time.Time) bool {
+	return last.IsZero() || now.Sub(last) >= w.opts.ModelRefresh
+}
+
+// scrapeMetrics reads a /metrics and updates the readings it carries.
+// Absent or unreadable metrics leave the old readings (and their times).
+func (w *Worker) scrapeMetrics(ctx context.Context, now time.Time, path string, parse func(io.Reader) (telemetry.Metrics, error)) {
+	url := w.base + path
+	body, err := w.getOK(ctx, url)
+	if ctx.Err() != nil {
+		return
+	}
+	var m telemetry.Metrics
+	if err == nil {
+		m, err = parse(bytes.NewReader(body))
+		if err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	src := w.cfg.Kind + " " + path + " "
+	w.mu.Lock()
+	update(&w.st.queue, m.QueueLen, src, now)
+	update(&w.st.running, m.Running, src, now)
+	update(&w.st.kv, m.KVUsage, src, now)
+	w.publishLocked()
+	w.mu.Unlock()
+	w.setTelemetryErr(&w.st.metricsErr, "metrics", url, err)
+}
+
+// update replaces r with v when v is present.
+func update(r *scheduler.Reading, v telemetry.Value, src string, now time.Time) {
+	if v.Present {
+		*r = scheduler.Reading{Value: v.V, Source: src + v.Metric, At: now}
+	}
+}
+
+// scrapeProps reads llama.cpp's /props for the slot count.
+func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
+	url := w.base + "/props"
+	body, err := w.getOK(ctx, url)
+	if ctx.Err() != nil {
+		return
+	}
+	var p telemetry.Props
+	if err == nil {
+		p, err = telemetry.ParseLlamaCPPProps(bytes.NewReader(body))
+		if err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	w.mu.Lock()
+	w.st.propsAt = now
+	changed := err == nil && p.TotalSlots != w.st.slots
+	if changed {
+		w.st.slots = p.TotalSlots
+		w.publishLocked()
+	}
+	w.mu.Unlock()
+	w.setTelemetryErr(&w.st.propsErr, "props", url, err)
+	if changed {
+		w.log.Info("worker slots changed", slog.Int(keySlots, p.TotalSlots))
+		w.notify()
+	}
+}
+
+// scrapeModels reads /v1/models and publishes the list when it changed.
+func (w *Worker) scrapeModels(ctx context.Context, now time.Time, parse func(io.Reader) ([]string, error)) {
+	url := w.base + "/v1/models"
+	body, err := w.getOK(ctx, url)
+	if ctx.Err() != nil {
+		return
+	}
+	var models []string
+	if err == nil {
+		models, err = parse(bytes.NewReader(body))
+		if err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
+	if err == nil {
+		w.setModels(now, models)
+	}
+}
+
+func (w *Worker) setModels(now time.Time, models []string) {
+	w.mu.Lock()
+	w.st.modelsAt = now
+	changed := w.st.models == nil || !slices.Equal(w.st.models, models)
+	if changed {
+		w.st.models = slices.Clone(models)
+		w.publishLocked()
+	}
+	w.mu.Unlock()
+	if changed {
+		w.log.Info("worker models changed", slog.Any(keyModels, models))
+		w.notify()
+	}
+}
+
+// scrapeGPU reads the worker's dcgm-exporter, when it has one.
+func (w *Worker) scrapeGPU(ctx context.Context, now time.Time) {
+	url := w.cfg.GPUMetrics
+	if url == "" {
+		return
+	}
+	body, err := w.getOK(ctx, url)
+	if ctx.Err() != nil {
+		return
+	}
+	sel := telemetry.Selector(w.cfg.GPUSelector)
+	var g telemetry.GPUMetrics
+	if err == nil {
+		g, err = telemetry.ParseDCGM(bytes.NewReader(body), sel)
+		if err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	w.mu.Lock()
+	if g.Util.Present {
+		src := "dcgm /metrics " + g.Util.Metric
+		if len(sel) > 0 {
+			src += sel.String()
+		}
+		w.st.gpu = scheduler.Reading{Value: g.Util.V, Source: src, At: now}
+	}
+	w.publishLocked()
+	w.mu.Unlock()
+	w.setTelemetryErr(&w.st.gpuErr, "gpu metrics", url, err)
+}

@@ -1,0 +1,328 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/telemetry"
+)
+
+// Log keys, constant so logs can be queried.
+const (
+	keyWorker = "worker"
+	keyURL    = "url"
+	keyHealth = "health"
+	keyFrom   = "from"
+	keyReason = "reason"
+	keyErr    = "err"
+	keyModels = "models"
+	keySlots  = "slots"
+)
+
+// Worker is one inference server as the fleet sees it. It is a
+// scheduler.Source: Snapshot returns its latest published snapshot.
+type Worker struct {
+	cfg  WorkerConfig
+	opts *Options
+	log  *slog.Logger
+	base string
+
+	snap atomic.Pointer[scheduler.Snapshot]
+
+	// round serialises probe rounds (the scraper's and ScrapeNow's).
+	round sync.Mutex
+
+	mu sync.Mutex
+	st workerState // guarded by mu
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// workerState is everything mutable about a worker. One owner: the
+// Worker's mutex; probes and request reports go through the same methods.
+type workerState struct {
+	health scheduler.Health
+	reason string
+	fails  int
+	passes int
+
+	lastScrape time.Time
+	lastErr    string // last probe round's failure; "" when it passed
+	metricsErr string // current /metrics problem; "" when none
+	gpuErr     string // current dcgm-exporter problem; "" when none
+	propsErr   string
+	modelsErr  string
+
+	models   []string // nil until /v1/models answered
+	modelsAt time.Time
+	slots    int
+	propsAt  time.Time
+
+	queue, running, kv, gpu scheduler.Reading
+}
+
+func newWorker(cfg WorkerConfig, opts *Options) *Worker {
+	w := &Worker{
+		cfg:  cfg,
+		opts: opts,
+		log:  opts.Logger.With(slog.String(keyWorker, cfg.Name)),
+		base: strings.TrimRight(cfg.URL, "/"),
+		done: make(chan struct{}),
+		stop: func() {},
+	}
+	w.snap.Store(w.buildLocked())
+	return w
+}
+
+// Snapshot returns the worker's latest snapshot. It never blocks and
+// never returns nil; the snapshot must not be modified.
+func (w *Worker) Snapshot() *scheduler.Snapshot { return w.snap.Load() }
+
+// Config returns the worker's configuration (a copy).
+func (w *Worker) Config() WorkerConfig { return w.cfg.clone() }
+
+// Name returns the worker's name.
+func (w *Worker) Name() string { return w.cfg.Name }
+
+// ReportRequest records the outcome of a request Sluice proxied to the
+// worker: nil is a pass, an error a failure, counted with failed probes
+// towards FailThreshold. A cancelled context (the client went away) says
+// nothing about the worker and is ignored.
+func (w *Worker) ReportRequest(err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	if err != nil {
+		w.observe(outcome{kind: outcomeFail, reason: "request: " + err.Error()})
+		return
+	}
+	w.observe(outcome{kind: outcomePass})
+}
+
+// ReportResult is ReportRequest for callers that judge the outcome
+// themselves (e.g. an HTTP 5xx is a failure, a 4xx is not): ok is a pass,
+// otherwise reason says what failed.
+func (w *Worker) ReportResult(ok bool, reason string) {
+	if ok {
+		w.observe(outcome{kind: outcomePass})
+		return
+	}
+	if reason == "" {
+		reason = "request failed"
+	}
+	w.observe(outcome{kind: outcomeFail, reason: "request: " + reason})
+}
+
+type outcomeKind int
+
+const (
+	outcomePass outcomeKind = iota
+	outcomeFail
+	outcomeLoading
+)
+
+type outcome struct {
+	kind   outcomeKind
+	reason string
+}
+
+// observe applies one health outcome, publishes the new snapshot, then
+// logs and notifies when the health changed.
+func (w *Worker) observe(o outcome) {
+	w.mu.Lock()
+	before, beforeReason := w.st.health, w.st.reason
+	st := &w.st
+	switch o.kind {
+	case outcomeLoading:
+		st.fails, st.passes = 0, 0
+		st.health, st.reason = scheduler.HealthLoading, o.reason
+	case outcomePass:
+		st.fails = 0
+		st.passes++
+		if st.health != scheduler.HealthDown || st.passes >= w.opts.RiseThreshold {
+			st.health, st.reason = scheduler.HealthOK, ""
+		}
+	case outcomeFail:
+		st.passes = 0
+		st.fails++
+		st.reason = o.reason
+		if st.fails >= w.opts.FailThreshold {
+			st.health = scheduler.HealthDown
+		}
+	}
+	after, fails := st.health, st.fails
+	w.publishLocked()
+	w.mu.Unlock()
+
+	if after == before {
+		if o.kind == outcomeFail && o.reason != beforeReason {
+			w.log.Warn("worker failing", slog.String(keyHealth, after.String()),
+				slog.Int("consecutive_failures", fails), slog.String(keyReason, o.reason))
+		}
+		return
+	}
+	level := slog.LevelInfo
+	if after == scheduler.HealthDown {
+		level = slog.LevelWarn
+	}
+	w.log.Log(context.Background(), level, "worker health changed",
+		slog.String(keyFrom, before.String()), slog.String(keyHealth, after.String()),
+		slog.String(keyReason, o.reason))
+	w.notify()
+}
+
+func (w *Worker) notify() {
+	if w.opts.OnChange != nil {
+		w.opts.OnChange(w.cfg.Name)
+	}
+}
+
+// publishLocked builds and stores a new snapshot; w.mu must be held.
+func (w *Worker) publishLocked() { w.snap.Store(w.buildLocked()) }
+
+func (w *Worker) buildLocked() *scheduler.Snapshot {
+	st := &w.st
+	return &scheduler.Snapshot{
+		Health:       st.health,
+		HealthReason: st.reason,
+		Models:       slices.Clone(st.models),
+		Slots:        st.slots,
+		QueueLen:     st.queue,
+		KVPressure:   st.kv,
+		GPUUtil:      st.gpu,
+	}
+}
+
+// State is a worker's condition for the admin API.
+type State struct {
+	Name   string           `json:"name"`
+	URL    string           `json:"url"`
+	Kind   string           `json:"kind"`
+	Health scheduler.Health `json:"health"`
+	// Reason says why the worker is not OK (last failure, loading).
+	Reason string `json:"reason,omitempty"`
+	// ConsecutiveFailures and ConsecutivePasses are the health counters.
+	ConsecutiveFailures int `json:"consecutive_failures"`
+	ConsecutivePasses   int `json:"consecutive_passes"`
+	// LastScrape is when the last probe round started; LastError is its
+	// failure, empty when it passed.
+	LastScrape time.Time `json:"last_scrape,omitzero"`
+	LastError  string    `json:"last_error,omitempty"`
+	// MetricsError, GPUError, PropsError and ModelsError are the current
+	// telemetry problems, empty when none.
+	MetricsError string `json:"metrics_error,omitempty"`
+	GPUError     string `json:"gpu_error,omitempty"`
+	PropsError   string `json:"props_error,omitempty"`
+	ModelsError  string `json:"models_error,omitempty"`
+	// Models are the discovered models; nil when not known yet.
+	Models []string `json:"models"`
+	// ConfigModels are the models of the config.
+	ConfigModels []string `json:"config_models,omitempty"`
+	// Slots is the reported slot count; 0 when unknown.
+	Slots int `json:"slots,omitempty"`
+	// The readings, with their sources and times. Running is not part of
+	// the scheduler's snapshot (Sluice counts its own in-flight requests)
+	// but shows what the worker itself says.
+	QueueLen   scheduler.Reading `json:"queue_len"`
+	Running    scheduler.Reading `json:"running"`
+	KVPressure scheduler.Reading `json:"kv_pressure"`
+	GPUUtil    scheduler.Reading `json:"gpu_util"`
+	// Stale lists the readings older than StaleAfter.
+	Stale []string `json:"stale,omitempty"`
+}
+
+// State returns the worker's current condition.
+func (w *Worker) State() State {
+	now := w.opts.Now()
+	w.mu.Lock()
+	st := w.st
+	w.mu.Unlock()
+	s := State{
+		Name: w.cfg.Name, URL: w.cfg.URL, Kind: w.cfg.Kind,
+		Health: st.health, Reason: st.reason,
+		ConsecutiveFailures: st.fails, ConsecutivePasses: st.passes,
+		LastScrape: st.lastScrape, LastError: st.lastErr,
+		MetricsError: st.metricsErr, GPUError: st.gpuErr, PropsError: st.propsErr, ModelsError: st.modelsErr,
+		Models: slices.Clone(st.models), ConfigModels: slices.Clone(w.cfg.Models), Slots: st.slots,
+		QueueLen: st.queue, Running: st.running, KVPressure: st.kv, GPUUtil: st.gpu,
+	}
+	for _, r := range []struct {
+		name string
+		r    scheduler.Reading
+	}{{"queue_len", st.queue}, {"running", st.running}, {"kv_pressure", st.kv}, {"gpu_util", st.gpu}} {
+		if r.r.Known() && now.Sub(r.r.At) > w.opts.StaleAfter {
+			s.Stale = append(s.Stale, r.name)
+		}
+	}
+	return s
+}
+
+// start launches the scraper goroutine.
+func (w *Worker) start(ctx context.Context) {
+	ctx, w.stop = context.WithCancel(ctx)
+	go w.run(ctx)
+}
+
+// halt stops the scraper and waits for it.
+func (w *Worker) halt() {
+	w.stop()
+	<-w.done
+}
+
+func (w *Worker) run(ctx context.Context) {
+	defer close(w.done)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.ScrapeNow(ctx)
+		t.Reset(w.opts.Interval)
+	}
+}
+
+// ScrapeNow runs one probe round in the caller's goroutine, after any
+// round in progress. A cancelled ctx ends the round without recording
+// anything about the worker.
+func (w *Worker) ScrapeNow(ctx context.Context) {
+	w.round.Lock()
+	defer w.round.Unlock()
+	w.scrape(ctx)
+	if w.opts.afterRound != nil {
+		w.opts.afterRound(w.cfg.Name)
+	}
+}
+
+// setTelemetryErr records the current problem of one telemetry source,
+// logging only when it changes (so a broken /metrics makes one line, not
+// one a second).
+func (w *Worker) setTelemetryErr(field *string, what, url string, err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	w.mu.Lock()
+	prev := *field
+	*field = msg
+	w.mu.Unlock()
+	switch {
+	case msg == prev:
+	case msg == "":
+		w.log.Info(what+" recovered", slog.String(keyURL, url))
+	case errors.Is(err, telemetry.ErrMissing):
+		w.log.Warn(what+" incomplete; absent readings will grow stale", slog.String(keyURL, url), slog.String(keyErr, msg))
+	default:
+		w.log.Warn(what+" unusable; readings will grow stale", slog.String(keyURL, url), slog.String(keyErr, msg))
+	}
+}
