@@ -1,5 +1,106 @@
 package main
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
-func runServe(args []string) error { return errors.New("not implemented yet") }
+	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/server"
+)
+
+// runServe runs the router: sluice serve --config sluice.yaml.
+func runServe(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	path := fs.String("config", "sluice.yaml", "configuration file")
+	listen := fs.String("listen", "", "listen address (overrides the config's listen)")
+	logFormat := fs.String("log-format", "", "text or json (overrides the config's log_format)")
+	grace := fs.Duration("grace", 30*time.Second, "how long requests in flight may finish on shutdown")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	load := func() (config.Config, error) {
+		cfg, err := config.Load(*path)
+		if err != nil {
+			return cfg, err
+		}
+		if *listen != "" {
+			cfg.Listen = *listen
+		}
+		if *logFormat != "" {
+			cfg.LogFormat = *logFormat
+		}
+		return cfg, cfg.Validate()
+	}
+	cfg, err := load()
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.LogFormat)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return serve(ctx, cfg, log, *grace, load)
+}
+
+// serve runs a router for cfg until ctx ends. reload, when not nil, is
+// called on SIGHUP to re-read the configuration.
+func serve(ctx context.Context, cfg config.Config, log *slog.Logger, grace time.Duration, reload func() (config.Config, error)) error {
+	srv, err := server.New(cfg, server.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := srv.Close(); err != nil {
+			log.Error("close", "err", err)
+		}
+	}()
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	log.Info("sluice listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers), "policy", cfg.Policy)
+	if reload != nil {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-hup:
+					next, err := reload()
+					if err != nil {
+						log.Error("reload refused: config is invalid; keeping the running one", "err", err)
+						continue
+					}
+					if err := srv.Reload(next); err != nil {
+						log.Error("reload applied with errors", "err", err)
+					}
+				}
+			}
+		}()
+	}
+	err = srv.Serve(ctx, ln, grace)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func newLogger(format string) *slog.Logger {
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, nil))
+}

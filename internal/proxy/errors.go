@@ -1,0 +1,90 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+
+	"github.com/sluice-router/sluice/internal/scheduler"
+)
+
+var jsonUnmarshal = json.Unmarshal
+
+// errorBody is the OpenAI error shape.
+type errorBody struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
+func errorJSON(code, typ, msg string) []byte {
+	var b errorBody
+	b.Error.Message, b.Error.Type, b.Error.Code = msg, typ, code
+	out, _ := json.Marshal(b)
+	return out
+}
+
+// WriteError writes an OpenAI-style error with status and a
+// machine-readable reason, in the body and in X-Sluice-Reason, and returns
+// both for the caller's accounting.
+func writeError(w http.ResponseWriter, status int, reason, msg string) (int, string) {
+	typ := "invalid_request_error"
+	if status >= 500 || status == http.StatusTooManyRequests {
+		typ = "server_error"
+	}
+	if status == http.StatusTooManyRequests {
+		typ = "rate_limit_error"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Sluice-Reason", reason)
+	w.WriteHeader(status)
+	w.Write(append(errorJSON(reason, typ, msg), '\n'))
+	return status, reason
+}
+
+// WriteError is writeError for other packages of Sluice that answer with
+// the same error shape.
+func WriteError(w http.ResponseWriter, status int, reason, msg string) {
+	writeError(w, status, reason, msg)
+}
+
+// statusOf maps an admission outcome to its HTTP status. It is the one
+// place this mapping lives.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, scheduler.ErrQueueFull):
+		return http.StatusTooManyRequests
+	case errors.Is(err, scheduler.ErrQueueTimeout), errors.Is(err, scheduler.ErrNoHealthyWorker), errors.Is(err, scheduler.ErrClosed):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, scheduler.ErrUnknownModel):
+		return http.StatusNotFound
+	case errors.Is(err, scheduler.ErrClientGone):
+		return 499 // nginx's "client closed request"; nobody reads it
+	}
+	return http.StatusInternalServerError
+}
+
+// writeRefusal answers a request the scheduler refused.
+func writeRefusal(w http.ResponseWriter, err error) (int, string) {
+	status := statusOf(err)
+	var ref *scheduler.Refusal
+	if !errors.As(err, &ref) {
+		return writeError(w, status, "internal", err.Error())
+	}
+	if ref.DecisionID != "" {
+		w.Header().Set("X-Sluice-Decision", ref.DecisionID)
+	}
+	w.Header().Set("X-Sluice-Queue-Ms", strconv.FormatInt(ref.QueueWait.Milliseconds(), 10))
+	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(ref.RetryAfter.Seconds()))))
+	}
+	msg := ref.Error()
+	if ref.Reason == "model_not_found" {
+		msg = "the model is not served by any worker"
+	}
+	return writeError(w, status, ref.Reason, msg)
+}

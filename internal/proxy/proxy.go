@@ -1,0 +1,375 @@
+// Package proxy is Sluice's request path: it reads just enough of an
+// OpenAI-style request to admit it, waits for the scheduler's lease, relays
+// the request to the chosen worker and its answer back — streaming SSE
+// event by event, flushed as it arrives — and measures what the worker
+// achieved (time to first token, end-to-end time, output tokens, decode
+// rate) for the moving averages.
+//
+// A worker that fails before any byte reached the client (connection
+// refused, 5xx) is reported to health tracking and the request is placed
+// again on another worker, ahead of newer requests. After the first byte
+// the response belongs to the client: a failure then ends the stream with
+// an error event.
+//
+// The relay is written by hand rather than with httputil.ReverseProxy
+// because Sluice must see every SSE event (to count tokens and catch a
+// worker's in-stream error events) and must be able to retry a request
+// whose first attempt failed before the response began.
+//
+// # Concurrency Model
+//
+// Handler is stateless apart from its collaborators, each safe for
+// concurrent use: the scheduler (admission), the stats tracker
+// (averages), the reporter (health) and the metrics. Each request runs in
+// its own handler goroutine and owns its lease until it releases it.
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// Reporter receives the outcome of each attempt on a worker, for passive
+// health checking: consecutive failures eject a worker.
+type Reporter interface {
+	ReportRequest(worker string, err error)
+}
+
+// Observer receives the measurements of each finished request: the stats
+// tracker for the averages, and metrics.
+type Observer interface {
+	Observe(worker string, o stats.Observation, now time.Time)
+}
+
+// Result is what the proxy tells its metrics hook about one request.
+type Result struct {
+	Worker    string // empty when never placed
+	Status    int
+	Reason    string // X-Sluice-Reason of a refusal or failure
+	Model     string
+	QueueWait time.Duration
+	TTFT      time.Duration // 0 when unknown (non-streaming)
+	E2E       time.Duration
+	Tokens    int
+	Attempts  int
+}
+
+// Options configures a Handler.
+type Options struct {
+	// Scheduler admits requests.
+	Scheduler *scheduler.Scheduler
+	// Resolve returns the base URL of a worker by name.
+	Resolve func(worker string) (*url.URL, bool)
+	// Observer receives per-request measurements; nil discards them.
+	Observer Observer
+	// Reporter receives per-attempt outcomes; nil discards them.
+	Reporter Reporter
+	// OnResult is called once per request when it ends; may be nil.
+	OnResult func(Result)
+	// Transport sends requests to workers; http.DefaultTransport if nil.
+	Transport http.RoundTripper
+	// MaxBodyBytes bounds a request body (413 beyond it).
+	MaxBodyBytes int64
+	// MaxAttempts bounds how many workers a request is tried on.
+	MaxAttempts int
+	// Logger logs failures; discarded if nil.
+	Logger *slog.Logger
+}
+
+// Handler proxies inference requests. Mount it on the inference paths.
+type Handler struct {
+	opt Options
+}
+
+// New returns a Handler.
+func New(opt Options) *Handler {
+	if opt.Transport == nil {
+		opt.Transport = http.DefaultTransport
+	}
+	if opt.MaxAttempts < 1 {
+		opt.MaxAttempts = 1
+	}
+	if opt.MaxBodyBytes <= 0 {
+		opt.MaxBodyBytes = 8 << 20
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Handler{opt: opt}
+}
+
+// hopHeaders are removed when forwarding, in both directions (RFC 9110
+// section 7.6.1), as net/http/httputil does.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// ServeHTTP handles one inference request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	res := Result{}
+	defer func() {
+		res.E2E = time.Since(start)
+		if h.opt.OnResult != nil {
+			h.opt.OnResult(res)
+		}
+	}()
+	if r.Method != http.MethodPost {
+		res.Status, res.Reason = writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s %s: use POST", r.Method, r.URL.Path))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			res.Status, res.Reason = writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
+		} else {
+			res.Status, res.Reason = writeError(w, http.StatusBadRequest, "bad_body", "reading request body: "+err.Error())
+		}
+		return
+	}
+	native := r.URL.Path == "/completion"
+	p, err := parseInference(body, !native)
+	if err != nil {
+		res.Status, res.Reason = writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	if p.model == "" { // native /completion: the model the fleet serves
+		models := h.opt.Scheduler.Models()
+		if len(models) != 1 {
+			res.Status, res.Reason = writeError(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("field \"model\" is required when the fleet serves %d models", len(models)))
+			return
+		}
+		p.model = models[0]
+	}
+	res.Model = p.model
+	h.serve(w, r, body, p, start, &res)
+}
+
+// serve places the request and relays it, retrying on another worker while
+// nothing has been written to the client.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
+	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, MaxTokens: p.maxTokens, Attempt: 1}
+	var lastErr error
+	for ; req.Attempt <= h.opt.MaxAttempts; req.Attempt++ {
+		lease, err := h.opt.Scheduler.Admit(r.Context(), req)
+		if err != nil {
+			if lastErr != nil && errors.Is(err, scheduler.ErrNoHealthyWorker) {
+				break // nobody left to retry on: report the worker failure
+			}
+			res.Status, res.Reason = writeRefusal(w, err)
+			return
+		}
+		res.Attempts = req.Attempt
+		res.Worker, res.QueueWait = lease.Worker, lease.QueueWait
+		sent, err := h.attempt(w, r, body, p, lease, start, res)
+		lease.Release()
+		if err == nil || sent {
+			return
+		}
+		if r.Context().Err() != nil { // the client left before an answer
+			res.Status, res.Reason = 499, "client_gone"
+			return
+		}
+		lastErr = err
+		req.Exclude = append(req.Exclude, lease.Worker)
+		h.opt.Logger.Warn("worker failed before responding", "worker", lease.Worker, "attempt", req.Attempt, "err", err)
+	}
+	res.Status, res.Reason = writeError(w, http.StatusBadGateway, "upstream_failed", fmt.Sprintf("every worker tried failed; last: %v", lastErr))
+}
+
+// attempt sends the request to the lease's worker and relays the answer.
+// It reports whether anything was written to the client; when nothing
+// was and err is not nil, the caller may retry elsewhere.
+func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result) (sent bool, err error) {
+	base, ok := h.opt.Resolve(lease.Worker)
+	if !ok {
+		return false, fmt.Errorf("worker %s has no address", lease.Worker)
+	}
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, base.JoinPath(r.URL.Path).String(), bytes.NewReader(body))
+	if err != nil {
+		return false, fmt.Errorf("build request for %s: %w", lease.Worker, err)
+	}
+	out.URL.RawQuery = r.URL.RawQuery
+	copyHeader(out.Header, r.Header)
+	out.ContentLength = int64(len(body))
+	attemptStart := time.Now()
+	resp, err := h.opt.Transport.RoundTrip(out)
+	if err != nil {
+		if r.Context().Err() == nil {
+			h.report(lease.Worker, err)
+		}
+		return false, fmt.Errorf("send to %s: %w", lease.Worker, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		err := fmt.Errorf("worker %s answered %s: %s", lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+		h.report(lease.Worker, err)
+		return false, err
+	}
+
+	hdr := w.Header()
+	copyHeader(hdr, resp.Header)
+	hdr.Del("Content-Length") // the relay may end a broken stream early
+	hdr.Set("X-Sluice-Worker", lease.Worker)
+	hdr.Set("X-Sluice-Decision", lease.Decision.ID)
+	hdr.Set("X-Sluice-Queue-Ms", strconv.FormatInt(lease.QueueWait.Milliseconds(), 10))
+	if req := lease.Decision.Attempt; req > 1 {
+		hdr.Set("X-Sluice-Attempt", strconv.Itoa(req))
+	}
+	w.WriteHeader(resp.StatusCode)
+	res.Status = resp.StatusCode
+
+	var m measured
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		m, err = relayStream(w, resp.Body, attemptStart)
+	} else {
+		m, err = relayWhole(w, resp.Body)
+	}
+	res.Tokens, res.TTFT = m.tokens, m.ttft
+	switch {
+	case r.Context().Err() != nil:
+		// The client left mid-answer; the worker did nothing wrong.
+		res.Status, res.Reason = 499, "client_gone"
+	case err != nil:
+		h.report(lease.Worker, err)
+		res.Reason = "upstream_failed"
+		h.opt.Logger.Warn("worker failed mid-response", "worker", lease.Worker, "err", err)
+	case resp.StatusCode < 300:
+		h.report(lease.Worker, nil)
+		h.observe(lease.Worker, m, time.Since(attemptStart))
+	}
+	return true, nil
+}
+
+func (h *Handler) report(worker string, err error) {
+	if h.opt.Reporter != nil {
+		h.opt.Reporter.ReportRequest(worker, err)
+	}
+}
+
+func (h *Handler) observe(worker string, m measured, e2e time.Duration) {
+	if h.opt.Observer == nil {
+		return
+	}
+	o := stats.Observation{TTFT: m.ttft, E2E: e2e, OutputTokens: m.tokens, DecodeTPS: m.decodeTPS}
+	if o.DecodeTPS == 0 && m.ttft > 0 && m.tokens > 1 && e2e > m.ttft {
+		o.DecodeTPS = float64(m.tokens-1) / (e2e - m.ttft).Seconds()
+	}
+	h.opt.Observer.Observe(worker, o, time.Now())
+}
+
+// measured is what a relay learned of an answer.
+type measured struct {
+	ttft      time.Duration
+	tokens    int
+	decodeTPS float64 // as reported by the worker, if it did
+}
+
+// relayStream copies an SSE stream line by line, flushing at the end of
+// every event, and follows it with a streamMeter. A worker's error event,
+// or a stream that ends without [DONE] and without a final event, is an
+// error; the client then gets an error event of Sluice's own.
+func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measured, error) {
+	rc := http.NewResponseController(w)
+	br := bufio.NewReaderSize(body, 32<<10)
+	var m streamMeter
+	var out measured
+	var readErr error
+	for {
+		line, err := br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			// An over-long line: pass it through in pieces, unmetered.
+			if _, werr := w.Write(line); werr != nil {
+				return out, nil // client gone; the caller checks its context
+			}
+			continue
+		}
+		if len(line) > 0 {
+			if m.line(bytes.TrimRight(line, "\r\n")) {
+				out.ttft = time.Since(start)
+			}
+			if _, werr := w.Write(line); werr != nil {
+				return out, nil
+			}
+			if len(bytes.TrimRight(line, "\r\n")) == 0 {
+				rc.Flush()
+			}
+		}
+		if err != nil {
+			if err != io.EOF {
+				readErr = err
+			}
+			break
+		}
+	}
+	rc.Flush()
+	out.tokens = m.tokens()
+	switch {
+	case m.failed:
+		return out, fmt.Errorf("worker sent an error event: %s", m.failure)
+	case readErr != nil:
+		writeStreamError(w, rc, "the worker's stream broke: "+readErr.Error())
+		return out, fmt.Errorf("read stream: %w", readErr)
+	}
+	return out, nil
+}
+
+// writeStreamError ends a stream whose worker failed with an OpenAI-style
+// error event, so the client knows the answer is incomplete.
+func writeStreamError(w io.Writer, rc *http.ResponseController, msg string) {
+	fmt.Fprintf(w, "data: %s\n\n", errorJSON("upstream_failed", "server_error", msg))
+	rc.Flush()
+}
+
+// relayWhole copies a non-streamed answer and reads its usage.
+func relayWhole(w http.ResponseWriter, body io.Reader) (measured, error) {
+	data, err := io.ReadAll(body)
+	if _, werr := w.Write(data); werr != nil {
+		return measured{}, nil
+	}
+	if err != nil {
+		return measured{}, fmt.Errorf("read answer: %w", err)
+	}
+	var c chunk
+	var out measured
+	if jsonErr := jsonUnmarshal(data, &c); jsonErr == nil {
+		out.tokens = c.reportedTokens()
+		if c.Timings != nil {
+			out.decodeTPS = c.Timings.PredictedPerSecond
+		}
+	}
+	return out, nil
+}
+
+func copyHeader(dst, src http.Header) {
+	for k, vv := range src {
+		dst[k] = append([]string(nil), vv...)
+	}
+	for _, h := range hopHeaders {
+		dst.Del(h)
+	}
+	// Headers named in Connection are hop-by-hop too.
+	for _, f := range src["Connection"] {
+		for _, name := range strings.Split(f, ",") {
+			dst.Del(strings.TrimSpace(name))
+		}
+	}
+}
+
+var _ = context.Background

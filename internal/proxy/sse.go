@@ -1,0 +1,115 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// chunk is what Sluice reads of one streamed event or a whole answer:
+// content to count tokens, usage when the worker reports it, and errors.
+type chunk struct {
+	Choices []struct {
+		Delta struct {
+			Content          *string `json:"content"`
+			ReasoningContent *string `json:"reasoning_content"`
+		} `json:"delta"`
+		Text *string `json:"text"`
+	} `json:"choices"`
+	Content *string `json:"content"` // llama.cpp native /completion
+	Usage   *struct {
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	TokensPredicted int `json:"tokens_predicted"` // llama.cpp native
+	Timings         *struct {
+		PredictedN         int     `json:"predicted_n"`
+		PredictedPerSecond float64 `json:"predicted_per_second"`
+	} `json:"timings"`
+	Error json.RawMessage `json:"error"`
+}
+
+// hasContent reports whether the chunk carries generated text.
+func (c *chunk) hasContent() bool {
+	if c.Content != nil && *c.Content != "" {
+		return true
+	}
+	for _, ch := range c.Choices {
+		for _, s := range []*string{ch.Delta.Content, ch.Delta.ReasoningContent, ch.Text} {
+			if s != nil && *s != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// reportedTokens returns the output token count the worker states, or 0.
+func (c *chunk) reportedTokens() int {
+	switch {
+	case c.Usage != nil && c.Usage.CompletionTokens > 0:
+		return c.Usage.CompletionTokens
+	case c.Timings != nil && c.Timings.PredictedN > 0:
+		return c.Timings.PredictedN
+	}
+	return c.TokensPredicted
+}
+
+// streamMeter follows an SSE stream event by event.
+type streamMeter struct {
+	events    int  // data events seen
+	content   int  // events that carried generated text
+	reported  int  // tokens the worker reported, if any
+	done      bool // saw data: [DONE]
+	failed    bool // the worker sent an error event
+	failure   string
+	eventName []byte
+}
+
+// line processes one line of the stream (without its line ending) and
+// reports whether it was the first content of the stream.
+func (m *streamMeter) line(l []byte) (first bool) {
+	switch {
+	case bytes.HasPrefix(l, []byte("event:")):
+		m.eventName = bytes.TrimSpace(l[len("event:"):])
+		if bytes.Equal(m.eventName, []byte("error")) {
+			m.failed = true
+		}
+	case bytes.HasPrefix(l, []byte("data:")):
+		data := bytes.TrimSpace(l[len("data:"):])
+		if bytes.Equal(data, []byte("[DONE]")) {
+			m.done = true
+			return false
+		}
+		m.events++
+		var c chunk
+		if json.Unmarshal(data, &c) != nil {
+			if m.failed && m.failure == "" {
+				m.failure = string(data)
+			}
+			return false
+		}
+		if len(c.Error) > 0 && !bytes.Equal(c.Error, []byte("null")) {
+			m.failed = true
+			m.failure = string(c.Error)
+			return false
+		}
+		if t := c.reportedTokens(); t > 0 {
+			m.reported = t
+		}
+		if c.hasContent() {
+			m.content++
+			return m.content == 1
+		}
+	case len(l) == 0:
+		m.eventName = nil
+	}
+	return false
+}
+
+// tokens is the output token count: what the worker reported, else the
+// number of content events (servers send one token per event).
+func (m *streamMeter) tokens() int {
+	if m.reported > 0 {
+		return m.reported
+	}
+	return m.content
+}

@@ -1,0 +1,161 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/proxy"
+	"github.com/sluice-router/sluice/internal/scheduler"
+)
+
+func (s *Server) routes() {
+	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/completion"} {
+		s.mux.Handle(p, s.proxy)
+	}
+	s.mux.HandleFunc("GET /v1/models", s.models)
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /readyz", s.ready)
+	s.mux.HandleFunc("GET /debug/decisions", s.listDecisions)
+	s.mux.HandleFunc("GET /debug/decisions/{id}", s.getDecision)
+	s.mux.HandleFunc("GET /api/workers", s.listWorkers)
+	s.mux.HandleFunc("POST /api/workers", s.postWorker)
+	s.mux.HandleFunc("POST /api/workers/{name}/drain", s.drainWorker(true))
+	s.mux.HandleFunc("POST /api/workers/{name}/undrain", s.drainWorker(false))
+	s.mux.HandleFunc("DELETE /api/workers/{name}", s.deleteWorker)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		proxy.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// models answers GET /v1/models with the union of models across workers.
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		OwnedBy string `json:"owned_by"`
+		Created int64  `json:"created"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, m := range s.sched.Models() {
+		out.Data = append(out.Data, model{ID: m, Object: "model", OwnedBy: "sluice"})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// ready is 200 when at least one worker could take a request.
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	n := 0
+	for _, ws := range s.sched.Workers() {
+		if !ws.Draining && (ws.Health == scheduler.HealthOK || ws.Health == scheduler.HealthUnknown) {
+			n++
+		}
+	}
+	if n == 0 {
+		proxy.WriteError(w, http.StatusServiceUnavailable, "no_healthy_worker", "no worker is healthy")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "eligible_workers": n})
+}
+
+func (s *Server) listDecisions(w http.ResponseWriter, r *http.Request) {
+	limit := 50
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			proxy.WriteError(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("limit %q: want a positive integer", v))
+			return
+		}
+		limit = n
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"decisions": s.dlog.Recent(limit)})
+}
+
+func (s *Server) getDecision(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	rec, ok := s.dlog.Get(id)
+	if !ok {
+		proxy.WriteError(w, http.StatusNotFound, "decision_not_found", fmt.Sprintf("decision %q is not in the ring buffer (it keeps the last %d)", id, s.cfg.Decisions.RingSize))
+		return
+	}
+	writeJSON(w, http.StatusOK, rec)
+}
+
+// workerView is one worker in GET /api/workers.
+type workerView struct {
+	scheduler.WorkerState
+	URL   string `json:"url"`
+	Kind  string `json:"kind"`
+	Stats any    `json:"stats"`
+	Fleet any    `json:"probe,omitempty"`
+}
+
+func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
+	var out []workerView
+	for _, ws := range s.sched.Workers() {
+		v := workerView{WorkerState: ws, Stats: s.tracker.Get(ws.Name)}
+		if u, ok := s.resolve(ws.Name); ok {
+			v.URL = u.String()
+		}
+		if fw := s.fleet.Get(ws.Name); fw != nil {
+			v.Kind = fw.Config().Kind
+			v.Fleet = fw.State()
+		}
+		out = append(out, v)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"workers": out})
+}
+
+func (s *Server) postWorker(w http.ResponseWriter, r *http.Request) {
+	var wc config.Worker
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&wc); err != nil {
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request", "worker JSON: "+err.Error())
+		return
+	}
+	if err := s.AddWorker(wc); err != nil {
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_worker", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]string{"added": wc.Name})
+}
+
+func (s *Server) drainWorker(drain bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		if err := s.sched.SetDraining(name, drain); err != nil {
+			proxy.WriteError(w, http.StatusNotFound, "worker_not_found", err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"worker": name, "draining": drain})
+	}
+}
+
+func (s *Server) deleteWorker(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := s.RemoveWorker(name); err != nil {
+		proxy.WriteError(w, http.StatusNotFound, "worker_not_found", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"removed": name})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}

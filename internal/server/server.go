@@ -1,0 +1,349 @@
+// Package server assembles a Sluice router from its parts — fleet,
+// scheduler, stats, decisions, proxy, metrics — and serves its HTTP API:
+// the OpenAI-compatible inference routes, /v1/models, the explanation
+// endpoints (/debug/decisions, /api/workers), /metrics, /healthz and
+// /readyz, and the admin API that adds, drains and removes workers at run
+// time.
+//
+// # Concurrency Model
+//
+// The Server itself holds only wiring; each part guards its own state.
+// Worker membership changes (admin API, config reload) are serialised by
+// one mutex, which keeps the fleet and the scheduler in step: a worker is
+// added to the fleet before the scheduler can pick it, and removed from
+// the scheduler before its scraper stops.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/fleet"
+	"github.com/sluice-router/sluice/internal/proxy"
+	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// Server is one Sluice router.
+type Server struct {
+	log     *slog.Logger
+	cfg     config.Config
+	sched   *scheduler.Scheduler
+	fleet   *fleet.Fleet
+	tracker *stats.Tracker
+	store   stats.Store
+	dlog    *decisions.Log
+	metrics *metrics
+	proxy   *proxy.Handler
+	mux     *http.ServeMux
+	stopBg  context.CancelFunc
+	bgDone  chan struct{}
+
+	memberMu sync.Mutex // serialises worker membership changes
+	urls     sync.Map   // worker name -> *url.URL
+}
+
+// Options are the parts a caller may supply instead of the defaults.
+type Options struct {
+	// Logger; slog.Default when nil.
+	Logger *slog.Logger
+	// Transport sends requests and probes to workers.
+	Transport http.RoundTripper
+}
+
+// New builds a router from cfg: it opens the stats store (loading the
+// averages it holds), the decision log, and starts probing every worker.
+func New(cfg config.Config, opt Options) (*Server, error) {
+	log := opt.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{log: log, cfg: cfg, mux: http.NewServeMux(), bgDone: make(chan struct{})}
+	var err error
+	if cfg.Stats.Store != "" {
+		if s.store, err = stats.OpenBolt(cfg.Stats.Store); err != nil {
+			return nil, err
+		}
+	}
+	if s.tracker, err = stats.NewTracker(context.Background(), cfg.Stats.Alpha, s.store, log); err != nil {
+		s.closeStore()
+		return nil, err
+	}
+	if s.dlog, err = decisions.NewLog(cfg.Decisions.RingSize, cfg.Decisions.File); err != nil {
+		s.closeStore()
+		return nil, err
+	}
+	s.sched, err = scheduler.New(scheduler.Config{
+		Weights:      cfg.Weights,
+		MaxQueue:     cfg.Admission.MaxQueue,
+		QueueTimeout: cfg.Admission.QueueTimeout,
+		StaleAfter:   cfg.Telemetry.StaleAfter,
+		Policy:       scheduler.Policy(cfg.Policy),
+		Stats:        s.tracker,
+		Recorder:     s.record,
+	})
+	if err != nil {
+		s.closeStore()
+		return nil, err
+	}
+	client := &http.Client{Transport: opt.Transport}
+	s.fleet = fleet.New(fleet.Options{
+		Client:        client,
+		Interval:      cfg.Telemetry.Interval,
+		Timeout:       cfg.Telemetry.Timeout,
+		StaleAfter:    cfg.Telemetry.StaleAfter,
+		FailThreshold: cfg.Telemetry.FailThreshold,
+		Logger:        log,
+		OnChange:      func(string) { s.sched.Kick() },
+	})
+	s.metrics = newMetrics(func() *scheduler.Scheduler { return s.sched }, s.tracker)
+	s.proxy = proxy.New(proxy.Options{
+		Scheduler:    s.sched,
+		Resolve:      s.resolve,
+		Observer:     s.tracker,
+		Reporter:     s,
+		OnResult:     s.metrics.observe,
+		Transport:    opt.Transport,
+		MaxBodyBytes: cfg.Proxy.MaxBodyBytes,
+		MaxAttempts:  cfg.Proxy.MaxAttempts,
+		Logger:       log,
+	})
+	for _, w := range cfg.Workers {
+		if err := s.addWorker(w); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	bg, stop := context.WithCancel(context.Background())
+	s.stopBg = stop
+	go func() {
+		defer close(s.bgDone)
+		s.tracker.Run(bg, cfg.Stats.FlushInterval)
+	}()
+	s.routes()
+	return s, nil
+}
+
+// Handler returns the router's HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Scheduler returns the router's scheduler (for demos and tests).
+func (s *Server) Scheduler() *scheduler.Scheduler { return s.sched }
+
+// Decisions returns the router's decision log.
+func (s *Server) Decisions() *decisions.Log { return s.dlog }
+
+// Serve serves on ln until ctx ends, then shuts down gracefully: it stops
+// accepting, refuses queued requests, lets requests in flight finish (up
+// to grace), and flushes the averages.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
+	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.log.Info("shutting down", "grace", grace)
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	s.sched.Close()
+	err := hs.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = hs.Close()
+	}
+	return err
+}
+
+// Close stops probes, flushes the averages and closes the stores.
+func (s *Server) Close() error {
+	s.sched.Close()
+	if s.fleet != nil {
+		s.fleet.Close()
+	}
+	if s.stopBg != nil {
+		s.stopBg()
+		<-s.bgDone // Run flushes once more on its way out
+	} else if err := s.tracker.Flush(context.Background()); err != nil {
+		s.log.Error("flush stats", "err", err)
+	}
+	err := s.dlog.Close()
+	return errors.Join(err, s.closeStore())
+}
+
+func (s *Server) closeStore() error {
+	if s.store == nil {
+		return nil
+	}
+	return s.store.Close()
+}
+
+// record is the scheduler's Recorder: ring buffer, file, one log line.
+func (s *Server) record(r *decisions.Record) {
+	s.dlog.Add(r)
+	attrs := []any{"id", r.ID, "model", r.Model, "outcome", r.Outcome, "queue_ms", r.QueueWaitMs, "attempt", r.Attempt}
+	if r.Chosen != "" {
+		for _, c := range r.Candidates {
+			if c.Worker == r.Chosen {
+				attrs = append(attrs, "worker", r.Chosen, "score", c.Total)
+			}
+		}
+	}
+	eligible := 0
+	for _, c := range r.Candidates {
+		if c.Eligible {
+			eligible++
+		}
+	}
+	attrs = append(attrs, "eligible", eligible, "candidates", len(r.Candidates), "reason", r.Reason)
+	s.log.Info("decision", attrs...)
+}
+
+// ReportRequest passes a request's outcome on a worker to its health.
+func (s *Server) ReportRequest(worker string, err error) {
+	if w := s.fleet.Get(worker); w != nil {
+		w.ReportRequest(err)
+	}
+}
+
+func (s *Server) resolve(worker string) (*url.URL, bool) {
+	u, ok := s.urls.Load(worker)
+	if !ok {
+		return nil, false
+	}
+	return u.(*url.URL), true
+}
+
+func toFleet(w config.Worker) fleet.WorkerConfig {
+	return fleet.WorkerConfig{Name: w.Name, URL: w.URL, Kind: w.Kind, Models: w.Models,
+		MaxConcurrency: w.MaxConcurrency, GPUMetrics: w.GPUMetrics, GPUSelector: w.GPUSelector}
+}
+
+// addWorker starts probing w and makes it schedulable.
+func (s *Server) addWorker(w config.Worker) error {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
+	return s.addWorkerLocked(w)
+}
+
+func (s *Server) addWorkerLocked(w config.Worker) error {
+	u, err := url.Parse(w.URL)
+	if err != nil {
+		return fmt.Errorf("worker %s: url: %w", w.Name, err)
+	}
+	fw, err := s.fleet.Add(context.Background(), toFleet(w))
+	if err != nil {
+		return err
+	}
+	s.urls.Store(w.Name, u)
+	err = s.sched.AddWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: w.MaxConcurrency, Source: fw})
+	if err != nil {
+		s.fleet.Remove(w.Name)
+		return err
+	}
+	return nil
+}
+
+// removeWorkerLocked stops scheduling to a worker and stops probing it.
+// Requests in flight on it finish normally.
+func (s *Server) removeWorkerLocked(name string) error {
+	if err := s.sched.RemoveWorker(name); err != nil {
+		return err
+	}
+	s.fleet.Remove(name)
+	s.metrics.forget(name)
+	// The URL stays resolvable for requests already bound to the worker.
+	return nil
+}
+
+// Reload applies a new config's worker list: workers that are new are
+// added, workers no longer listed are removed, workers whose settings
+// changed are replaced. Other settings need a restart, and Reload says so.
+func (s *Server) Reload(cfg config.Config) error {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
+	var errs []error
+	old := map[string]config.Worker{}
+	for _, w := range s.cfg.Workers {
+		old[w.Name] = w
+	}
+	next := map[string]bool{}
+	var kept []config.Worker
+	for _, w := range cfg.Workers {
+		next[w.Name] = true
+		if o, ok := old[w.Name]; ok && equalWorker(o, w) {
+			kept = append(kept, w)
+			continue
+		} else if ok {
+			if err := s.removeWorkerLocked(w.Name); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := s.addWorkerLocked(w); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		kept = append(kept, w)
+	}
+	for name := range old {
+		if !next[name] {
+			if err := s.removeWorkerLocked(name); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	s.cfg.Workers = kept
+	s.log.Info("config reloaded", "workers", len(kept), "errors", len(errs))
+	return errors.Join(errs...)
+}
+
+func equalWorker(a, b config.Worker) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+// AddWorker adds a worker at run time (admin API).
+func (s *Server) AddWorker(w config.Worker) error {
+	if w.Kind == "" {
+		w.Kind = "llamacpp"
+	}
+	c := s.cfg
+	c.Workers = []config.Worker{w}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
+	if slices.ContainsFunc(s.cfg.Workers, func(x config.Worker) bool { return x.Name == w.Name }) {
+		return fmt.Errorf("worker %q already exists", w.Name)
+	}
+	if err := s.addWorkerLocked(w); err != nil {
+		return err
+	}
+	s.cfg.Workers = append(s.cfg.Workers, w)
+	return nil
+}
+
+// RemoveWorker removes a worker at run time (admin API).
+func (s *Server) RemoveWorker(name string) error {
+	s.memberMu.Lock()
+	defer s.memberMu.Unlock()
+	if err := s.removeWorkerLocked(name); err != nil {
+		return err
+	}
+	s.cfg.Workers = slices.DeleteFunc(s.cfg.Workers, func(x config.Worker) bool { return x.Name == name })
+	return nil
+}
