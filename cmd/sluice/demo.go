@@ -1,5 +1,161 @@
 package main
 
-import "errors"
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
 
-func runDemo(args []string) error { return errors.New("not implemented yet") }
+	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/sim"
+)
+
+// runDemo starts the heterogeneous simulated fleet and a router in front
+// of it, prints where to look, and optionally drives load, until Ctrl-C.
+func runDemo(args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:8080", "router address")
+	firstPort := fs.Int("first-port", 0, "port of the first simulated worker, the others follow (0: pick free ports)")
+	load := fs.Bool("load", false, "drive a steady mix of short and long requests so decisions show at once")
+	rate := fs.Float64("rate", 2, "requests per second of --load")
+	scale := fs.Float64("time-scale", 1, "simulated seconds per real second (10 = ten times faster)")
+	duration := fs.Duration("duration", 0, "stop by itself after this long (0: run until Ctrl-C)")
+	state := fs.String("state", filepath.Join(os.TempDir(), "sluice-demo"), "directory for the demo's stats store and decision log")
+	logFormat := fs.String("log-format", "text", "text or json")
+	quiet := fs.Bool("quiet", false, "log warnings only (not every decision)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *rate <= 0 || *scale <= 0 {
+		return fmt.Errorf("--rate and --time-scale must be positive")
+	}
+	level := slog.LevelInfo
+	if *quiet {
+		level = slog.LevelWarn
+	}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})
+	if *logFormat == "json" {
+		h = slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})
+	}
+	log := slog.New(h)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *duration)
+		defer cancel()
+	}
+
+	specs := sim.DemoFleet()
+	for i := range specs {
+		specs[i].TimeScale = *scale
+	}
+	// The fleet outlives the router's shutdown so requests in flight can
+	// finish; the deferred Close stops it after the router is done.
+	fleet, err := sim.StartFleetLogged(context.WithoutCancel(ctx), specs, "127.0.0.1", *firstPort, nil)
+	if err != nil {
+		return err
+	}
+	defer fleet.Close()
+
+	if err := os.MkdirAll(*state, 0o755); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	cfg := config.DefaultConfig()
+	cfg.Listen, cfg.LogFormat = *listen, *logFormat
+	cfg.Stats.Store = filepath.Join(*state, "stats.db")
+	cfg.Decisions.File = filepath.Join(*state, "decisions.jsonl")
+	model := specs[0].Params.Model
+	for _, w := range fleet.Workers() {
+		cfg.Workers = append(cfg.Workers, config.Worker{
+			Name: w.Name, URL: w.URL, Kind: "llamacpp", Models: []string{model},
+			GPUMetrics: w.URL + "/dcgm/metrics",
+		})
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if _, _, err := net.SplitHostPort(*listen); err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+
+	base := "http://" + *listen
+	fmt.Fprintf(os.Stderr, `
+Sluice demo: 4 simulated GPUs (one slower card, one with a small KV cache) behind the router.
+
+  router       %[1]s   (OpenAI API: POST /v1/chat/completions, model %[2]q)
+  workers      %[1]s/api/workers
+  decisions    %[1]s/debug/decisions?limit=5
+  metrics      %[1]s/metrics
+  state        %[3]s (averages survive a restart)
+
+Try:
+  curl -s %[1]s/v1/chat/completions -d '{"model":%[2]q,"messages":[{"role":"user","content":"hi"}],"max_tokens":32}'
+
+Ctrl-C stops everything.
+
+`, base, model, *state)
+
+	var wg sync.WaitGroup
+	defer wg.Wait() // before fleet.Close: load requests end with ctx
+	if *load {
+		wg.Go(func() { driveLoad(ctx, base, model, *rate, log) })
+	}
+	return serve(ctx, cfg, log, 5*time.Second, nil)
+}
+
+// driveLoad sends an open-loop Poisson stream of requests, mostly short
+// with some long, until ctx ends: the mix that makes a naive balancer's
+// tail latency explode.
+func driveLoad(ctx context.Context, base, model string, rate float64, log *slog.Logger) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	client := &http.Client{}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	// Wait for the router to listen before the first request.
+	for i := 0; i < 100; i++ {
+		if resp, err := client.Get(base + "/healthz"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	for n := 0; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(rng.ExpFloat64() / rate * float64(time.Second))):
+		}
+		maxTokens := []int{16, 32, 64, 128, 256, 1024}[rng.IntN(6)]
+		prompt := 100 + rng.IntN(2000)
+		body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":%d,"ignore_eos":true,"sim_prompt_tokens":%d,"messages":[{"role":"user","content":"demo request %d"}]}`, model, maxTokens, prompt, n)
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader([]byte(body)))
+			resp, err := client.Do(req)
+			if err != nil {
+				if ctx.Err() == nil {
+					log.Warn("demo load request failed", "err", err)
+				}
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		})
+	}
+}

@@ -386,6 +386,12 @@ func (s *Server) handleDCGM(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	fmt.Fprintf(w, "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %%).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\nDCGM_FI_DEV_GPU_UTIL{%s} %d\n",
 		labels, int(math.Round(100*m.GPUUtilization)))
+	// Frame buffer of the reference A100 40GB: the FP16 weights of an 8B
+	// model (about 15 GiB) plus the KV cache in use, in MiB as DCGM reports.
+	const totalMiB, weightsMiB = 40960, 15360
+	used := weightsMiB + int(math.Round(float64(m.KVCacheTokens)*128/1024)) // 128 KiB per token
+	fmt.Fprintf(w, "# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).\n# TYPE DCGM_FI_DEV_FB_FREE gauge\nDCGM_FI_DEV_FB_FREE{%s} %d\n", labels, max(totalMiB-used, 0))
+	fmt.Fprintf(w, "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n# TYPE DCGM_FI_DEV_FB_USED gauge\nDCGM_FI_DEV_FB_USED{%s} %d\n", labels, used)
 }
 
 // ---- generation endpoints ----
