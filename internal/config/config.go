@@ -134,7 +134,7 @@ func DefaultConfig() Config {
 		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second},
 		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions: Decisions{RingSize: 1024},
-		Telemetry: Telemetry{Interval: time.Second, Timeout: 500 * time.Millisecond, StaleAfter: 3 * time.Second, FailThreshold: 3},
+		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
 		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute},
 	}
 }

@@ -97,6 +97,12 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		s.closeStore()
 		return nil, err
 	}
+	if opt.Transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.ResponseHeaderTimeout = cfg.Proxy.ResponseHeaderTimeout
+		t.MaxIdleConnsPerHost = 64 // one connection per concurrent request to a worker
+		opt.Transport = t
+	}
 	client := &http.Client{Transport: opt.Transport}
 	s.fleet = fleet.New(fleet.Options{
 		Client:        client,
