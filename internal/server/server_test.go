@@ -513,3 +513,7 @@ func TestRouter_ModelsMetricsAndHealth(t *testing.T) {
 		}
 	}
 }
+
+var discard = slog.New(slog.DiscardHandler)
+
+func newLoopbackServer(h http.Handler) *httptest.Server { return httptest.NewServer(h) }

@@ -1,0 +1,104 @@
+package proxy
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseInference(t *testing.T) {
+	tests := []struct {
+		name      string
+		body      string
+		needModel bool
+		want      parsed
+		err       string
+	}{
+		{"chat", `{"model":"m","messages":[{"role":"user","content":"hello world, how are you"}],"max_tokens":64,"stream":true}`, true, parsed{model: "m", stream: true, maxTokens: 64}, ""},
+		{"max_completion_tokens", `{"model":"m","prompt":"x","max_completion_tokens":9}`, true, parsed{model: "m", maxTokens: 9}, ""},
+		{"native n_predict", `{"prompt":"x","n_predict":12}`, false, parsed{maxTokens: 12}, ""},
+		{"missing model", `{"messages":[]}`, true, parsed{}, `missing required field "model"`},
+		{"malformed", `{"model":`, true, parsed{}, "not valid JSON"},
+		{"model not a string", `{"model":3}`, true, parsed{}, "not valid JSON"},
+		{"negative", `{"model":"m","max_tokens":-3}`, true, parsed{}, "must not be negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseInference([]byte(tt.body), tt.needModel)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.model != tt.want.model || got.stream != tt.want.stream || got.maxTokens != tt.want.maxTokens || got.promptTokens < 1 {
+				t.Fatalf("got %+v, want %+v with a positive prompt estimate", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestStreamMeter(t *testing.T) {
+	tests := []struct {
+		name       string
+		stream     string
+		tokens     int
+		failed     bool
+		firstAtEvt int // index of the line that is the first content, -1 none
+	}{
+		{"openai chunks counted", "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n", 2, false, 2},
+		{"usage wins over counting", "data: {\"choices\":[{\"delta\":{\"content\":\"ab\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":7}}\n\ndata: [DONE]\n", 7, false, 0},
+		{"native content", "data: {\"content\":\"x\",\"stop\":false}\n\ndata: {\"content\":\"\",\"stop\":true,\"timings\":{\"predicted_n\":3}}\n", 3, false, 0},
+		{"completions text", "data: {\"choices\":[{\"text\":\"x\"}]}\n\n", 1, false, 0},
+		{"error object in data", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"error\":{\"message\":\"kv cache full\"}}\n\n", 1, true, 0},
+		{"error event", "event: error\ndata: {\"message\":\"boom\"}\n\n", 0, true, -1},
+		{"null error is fine", "data: {\"error\":null,\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", 1, false, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var m streamMeter
+			first := -1
+			for i, l := range strings.Split(tt.stream, "\n") {
+				if m.line([]byte(l)) {
+					if first >= 0 {
+						t.Fatal("two first-content lines")
+					}
+					first = i
+				}
+			}
+			if m.tokens() != tt.tokens || m.failed != tt.failed || first != tt.firstAtEvt {
+				t.Fatalf("tokens %d failed %v first line %d; want %d %v %d", m.tokens(), m.failed, first, tt.tokens, tt.failed, tt.firstAtEvt)
+			}
+		})
+	}
+}
+
+func FuzzParseInference(f *testing.F) {
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`))
+	f.Add([]byte(`{"prompt":"x","n_predict":-1}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := parseInference(b, true)
+		if err == nil && (p.model == "" || p.maxTokens < 0 || p.promptTokens < 1) {
+			t.Fatalf("accepted %q as %+v", b, p)
+		}
+	})
+}
+
+func FuzzStreamMeter(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n"))
+	f.Add([]byte("event: error\ndata: x\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var m streamMeter
+		firsts := 0
+		for _, l := range strings.Split(string(b), "\n") {
+			if m.line([]byte(l)) {
+				firsts++
+			}
+		}
+		if firsts > 1 || m.tokens() < 0 {
+			t.Fatalf("%d first-content lines, %d tokens", firsts, m.tokens())
+		}
+	})
+}
