@@ -483,7 +483,9 @@ func TestRouter_BadRequests(t *testing.T) {
 			if resp.StatusCode != tt.status {
 				t.Fatalf("status %d, want %d; body %s", resp.StatusCode, tt.status, body)
 			}
-			var e struct{ Error struct{ Message, Type, Code string } }
+			var e struct {
+				Error struct{ Message, Type, Code string }
+			}
 			if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Code != tt.code || e.Error.Message == "" || e.Error.Type == "" {
 				t.Fatalf("body %s: want OpenAI error with code %q", body, tt.code)
 			}
@@ -498,11 +500,11 @@ func TestRouter_ModelsMetricsAndHealth(t *testing.T) {
 	r := startRouter(t, testConfig(t, []*fakeWorker{newFakeWorker(t, "gpu0")}, nil))
 	readAll(t, post(t, context.Background(), r.url, chat("x", true)))
 	for path, want := range map[string]string{
-		"/v1/models":  `"id": "m"`,
-		"/healthz":    "ok",
-		"/readyz":     "ready",
+		"/v1/models":   `"id": "m"`,
+		"/healthz":     "ok",
+		"/readyz":      "ready",
 		"/api/workers": `"name": "gpu0"`,
-		"/metrics":    `sluice_requests_total{reason="",status="200",worker="gpu0"} 1`,
+		"/metrics":     `sluice_requests_total{reason="",status="200",worker="gpu0"} 1`,
 	} {
 		resp, err := http.Get(r.url + path)
 		if err != nil {
