@@ -34,6 +34,7 @@ package scheduler
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -470,9 +471,12 @@ func (s *Scheduler) unplaceable(req Request) error {
 // (all down, draining or already failed it). Loading workers count as
 // coming: capacity is a model loaded on a card, and it is on its way.
 func (s *Scheduler) whyNotWaitLocked(req Request) error {
-	serves := false
+	serves, undiscovered := false, false
 	for _, w := range s.workers {
 		snap := w.snapshot()
+		if snap.Models == nil && len(w.spec.Models) == 0 && snap.Health != HealthDown {
+			undiscovered = true // its models are not known yet: it may serve this one
+		}
 		if !w.serves(snap, req.Model) {
 			continue
 		}
@@ -481,7 +485,10 @@ func (s *Scheduler) whyNotWaitLocked(req Request) error {
 			return nil
 		}
 	}
-	if !serves {
+	switch {
+	case undiscovered:
+		return nil
+	case !serves:
 		return ErrUnknownModel
 	}
 	return ErrNoHealthyWorker
@@ -567,9 +574,27 @@ func (s *Scheduler) dispatchLocked() []*Ticket {
 			}
 		}
 		if !bound {
-			return done
+			return s.sweepUnservedLocked(done)
 		}
 	}
+}
+
+// sweepUnservedLocked refuses the requests waiting for a model that, now
+// that every worker's models are known, nobody serves. They were queued
+// while some worker's models were still being discovered.
+func (s *Scheduler) sweepUnservedLocked(done []*Ticket) []*Ticket {
+	for model, q := range s.queues {
+		if len(q.tickets) == 0 || !errors.Is(s.whyNotWaitLocked(Request{Model: model}), ErrUnknownModel) {
+			continue
+		}
+		for _, t := range q.tickets {
+			_, rec := s.pickLocked(t.req, s.clock.Now())
+			s.refuseWithLocked(t, rec, ErrUnknownModel)
+			done = append(done, t)
+		}
+		q.tickets = nil
+	}
+	return done
 }
 
 // placeableLocked returns the oldest ticket of q that a worker can take

@@ -283,6 +283,24 @@ func TestScheduler_LoadedWorkerTakesQueuedRequestOnKick(t *testing.T) {
 	}
 }
 
+func TestScheduler_WaitsForModelDiscovery(t *testing.T) {
+	src := newSource(Snapshot{}) // models not discovered yet
+	s := newSched(t, Config{MaxQueue: 5}, WorkerSpec{Name: "a", Source: src})
+	served := s.Submit(Request{Model: "m"}, nil)
+	unserved := s.Submit(Request{Model: "other"}, nil)
+	if served.Done() || unserved.Done() {
+		t.Fatal("refused before the worker's models were known")
+	}
+	src.Set(Snapshot{Models: []string{"m"}})
+	s.Kick()
+	if l, err := served.Result(); err != nil || l.Worker != "a" {
+		t.Fatalf("served model: %v %v", l, err)
+	}
+	if _, err := unserved.Result(); !errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("unserved model: %v, want unknown model once models are known", err)
+	}
+}
+
 func TestScheduler_RetryExcludesFailedWorkerAndGoesFirst(t *testing.T) {
 	s := newSched(t, Config{MaxQueue: 5}, workers(2, 1, "m")...)
 	first, _ := s.Admit(context.Background(), Request{Model: "m"})  // w0
