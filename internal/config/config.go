@@ -49,23 +49,23 @@ type Config struct {
 // Worker is one inference server.
 type Worker struct {
 	// Name identifies the worker in headers, records and metrics.
-	Name string `yaml:"name"`
+	Name string `yaml:"name" json:"name,omitempty"`
 	// URL is the worker's base URL, e.g. http://10.0.0.5:8080.
-	URL string `yaml:"url"`
+	URL string `yaml:"url" json:"url,omitempty"`
 	// Kind is "llamacpp" (default), "vllm" or "openai"; it selects which
 	// health and metrics endpoints are read.
-	Kind string `yaml:"kind"`
+	Kind string `yaml:"kind" json:"kind,omitempty"`
 	// Models the worker serves. May be left out: models are discovered
 	// from /v1/models.
-	Models []string `yaml:"models"`
+	Models []string `yaml:"models" json:"models,omitempty"`
 	// MaxConcurrency caps Sluice's in-flight requests on the worker. 0
 	// (unset) takes the slot count the worker reports, else 1.
-	MaxConcurrency int `yaml:"max_concurrency"`
+	MaxConcurrency int `yaml:"max_concurrency" json:"max_concurrency,omitempty"`
 	// GPUMetrics is an optional NVIDIA DCGM exporter /metrics URL.
-	GPUMetrics string `yaml:"gpu_metrics"`
+	GPUMetrics string `yaml:"gpu_metrics" json:"gpu_metrics,omitempty"`
 	// GPUSelector picks one GPU of an exporter serving several, by label,
 	// e.g. {gpu: "1"} or {UUID: "GPU-..."}.
-	GPUSelector map[string]string `yaml:"gpu_selector"`
+	GPUSelector map[string]string `yaml:"gpu_selector" json:"gpu_selector,omitempty"`
 }
 
 // Admission bounds the queue.

@@ -147,6 +147,14 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // Scheduler returns the router's scheduler (for demos and tests).
 func (s *Server) Scheduler() *scheduler.Scheduler { return s.sched }
 
+// ScrapeNow runs one probe round of every worker and returns when all are
+// done, so what the workers report now is what the next decision sees.
+func (s *Server) ScrapeNow(ctx context.Context) {
+	for _, w := range s.fleet.List() {
+		w.ScrapeNow(ctx)
+	}
+}
+
 // Decisions returns the router's decision log.
 func (s *Server) Decisions() *decisions.Log { return s.dlog }
 

@@ -1,0 +1,132 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/sluice-router/sluice/internal/config"
+)
+
+// llamaWorker is a loopback server answering llama.cpp's probes, with a
+// KV-cache usage the test sets.
+type llamaWorker struct {
+	srv *httptest.Server
+	kv  atomic.Value // string, e.g. "0.5"
+}
+
+func newLlamaWorker(t *testing.T) *llamaWorker {
+	w := &llamaWorker{}
+	w.kv.Store("0")
+	w.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+			io.WriteString(rw, `{"status":"ok"}`)
+		case "/props":
+			io.WriteString(rw, `{"total_slots":4,"model_path":"m.gguf"}`)
+		case "/v1/models":
+			io.WriteString(rw, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+		case "/metrics":
+			fmt.Fprintf(rw, "# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.\n# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio %s\n# HELP llamacpp:requests_processing Number of requests processing.\n# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 0\n# HELP llamacpp:requests_deferred Number of requests deferred.\n# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 0\n", w.kv.Load())
+		case "/v1/chat/completions":
+			rw.Header().Set("Content-Type", "application/json")
+			io.WriteString(rw, `{"choices":[{"message":{"content":"hi"}}],"usage":{"completion_tokens":1}}`)
+		default:
+			http.NotFound(rw, r)
+		}
+	}))
+	t.Cleanup(w.srv.Close)
+	return w
+}
+
+func TestRouter_KVPressureChangeChangesThePick(t *testing.T) {
+	a, b := newLlamaWorker(t), newLlamaWorker(t)
+	cfg := config.DefaultConfig()
+	cfg.Telemetry.Interval = 1 << 40 // probe rounds only when the test asks
+	cfg.Telemetry.StaleAfter = 1 << 41
+	cfg.Workers = []config.Worker{{Name: "a", URL: a.srv.URL, Kind: "llamacpp"}, {Name: "b", URL: b.srv.URL, Kind: "llamacpp"}}
+	r := startRouter(t, cfg)
+	pick := func() string {
+		resp := post(t, context.Background(), r.url, chat("x", false))
+		readAll(t, resp)
+		return resp.Header.Get("X-Sluice-Worker")
+	}
+	a.kv.Store("0.9")
+	b.kv.Store("0.1")
+	r.srv.ScrapeNow(context.Background())
+	if got := pick(); got != "b" {
+		t.Fatalf("picked %s with a at 90%% KV and b at 10%%", got)
+	}
+	a.kv.Store("0.1")
+	b.kv.Store("0.9")
+	r.srv.ScrapeNow(context.Background())
+	if got := pick(); got != "a" {
+		t.Fatalf("picked %s after KV pressure moved to b", got)
+	}
+}
+
+func TestRouter_AdminAddDrainRemoveAndReload(t *testing.T) {
+	w0, w1 := newFakeWorker(t, "gpu0"), newFakeWorker(t, "gpu1")
+	cfg := testConfig(t, []*fakeWorker{w0}, nil)
+	r := startRouter(t, cfg)
+	do := func(method, path, body string) (int, string) {
+		req, _ := http.NewRequest(method, r.url+path, strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, readAll(t, resp)
+	}
+	served := func() string {
+		resp := post(t, context.Background(), r.url, chat("x", false))
+		readAll(t, resp)
+		return resp.Header.Get("X-Sluice-Worker")
+	}
+
+	if code, body := do("POST", "/api/workers", `{"name":"gpu1","url":"`+w1.srv.URL+`","kind":"openai","models":["m"],"max_concurrency":1}`); code != 201 {
+		t.Fatalf("add: %d %s", code, body)
+	}
+	if code, body := do("POST", "/api/workers", `{"name":"gpu1","url":"`+w1.srv.URL+`"}`); code != 400 || !strings.Contains(body, "already exists") {
+		t.Fatalf("duplicate add: %d %s", code, body)
+	}
+	if code, body := do("POST", "/api/workers", `{"name":"bad","url":"ftp://x"}`); code != 400 || !strings.Contains(body, "url") {
+		t.Fatalf("bad add: %d %s", code, body)
+	}
+	if code, _ := do("POST", "/api/workers/gpu0/drain", ""); code != 200 {
+		t.Fatalf("drain: %d", code)
+	}
+	for range 3 {
+		if got := served(); got != "gpu1" {
+			t.Fatalf("served by %s while gpu0 drains", got)
+		}
+	}
+	if code, _ := do("DELETE", "/api/workers/gpu1", ""); code != 200 {
+		t.Fatalf("delete: %d", code)
+	}
+	if code, body := do("DELETE", "/api/workers/gpu1", ""); code != 404 {
+		t.Fatalf("second delete: %d %s", code, body)
+	}
+	do("POST", "/api/workers/gpu0/undrain", "")
+	if got := served(); got != "gpu0" {
+		t.Fatalf("served by %s after undrain", got)
+	}
+
+	// Reload: gpu0 removed, gpu1 added.
+	next := testConfig(t, []*fakeWorker{w1}, nil)
+	if err := r.srv.Reload(next); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if got := served(); got != "gpu1" {
+			t.Fatalf("served by %s after reload to gpu1 only", got)
+		}
+	}
+	if ws := r.srv.Scheduler().Workers(); len(ws) != 1 || ws[0].Name != "gpu1" {
+		t.Fatalf("workers after reload: %+v", ws)
+	}
+}
