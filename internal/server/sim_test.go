@@ -52,7 +52,11 @@ func TestRouter_InFrontOfSimulatedFleet(t *testing.T) {
 			t.Fatalf("stream %d did not end with [DONE]: %q", i, text)
 		}
 		if !stream {
-			var ans struct{ Usage struct{ CompletionTokens int `json:"completion_tokens"` } }
+			var ans struct {
+				Usage struct {
+					CompletionTokens int `json:"completion_tokens"`
+				}
+			}
 			if err := json.Unmarshal([]byte(text), &ans); err != nil || ans.Usage.CompletionTokens != 20 {
 				t.Fatalf("answer %d: usage %+v err %v", i, ans.Usage, err)
 			}
