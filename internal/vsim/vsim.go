@@ -1,0 +1,638 @@
+package vsim
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/bench"
+	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/sim"
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// Epoch is the virtual time a simulation starts at when Config.Start is
+// zero: a fixed instant, so runs are reproducible to the nanosecond.
+var Epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Config describes one simulated router and its fleet.
+type Config struct {
+	// Workers are the simulated GPU workers; their TimeScale is ignored
+	// (virtual time has no scale).
+	Workers []sim.WorkerSpec
+	// Model is the model every request asks for; the first worker's
+	// model when empty.
+	Model string
+	// Policy is the routing policy; empty means Sluice's.
+	Policy scheduler.Policy
+	// Weights are the score weights; nil means scheduler.DefaultWeights.
+	Weights *scheduler.Weights
+	// MaxConcurrency caps Sluice's in-flight requests per worker, as the
+	// config's max_concurrency; 0 takes the worker's slot count.
+	MaxConcurrency int
+	// MaxQueue and QueueTimeout are the admission bounds.
+	MaxQueue     int
+	QueueTimeout time.Duration
+	// ScrapeInterval is the telemetry interval; 0 means 1s.
+	ScrapeInterval time.Duration
+	// StaleAfter marks telemetry older than this stale in records.
+	StaleAfter time.Duration
+	// Alpha is the EMA smoothing factor of the stats tracker; 0 means 0.2.
+	Alpha float64
+	// Seed seeds the random baselines.
+	Seed uint64
+	// Start is the virtual time the engines are created at; Epoch when
+	// zero. Requests arrive relative to the moment every worker has
+	// loaded its model (the HTTP benchmark also waits for a ready fleet).
+	Start time.Time
+	// Recorder, if set, receives every decision record, as the router's
+	// decision log would.
+	Recorder func(*decisions.Record)
+}
+
+// DefaultConfig returns a Config for workers with the router's default
+// admission, telemetry and stats settings (config.DefaultConfig).
+func DefaultConfig(workers []sim.WorkerSpec) Config {
+	return FromRouterConfig(config.DefaultConfig(), workers)
+}
+
+// FromRouterConfig returns the Config that simulates a router configured
+// by rc in front of workers: policy, weights, admission bounds, telemetry
+// interval, staleness and EMA alpha come from rc. The max_concurrency of
+// rc's first worker, if any, applies to every simulated worker.
+func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
+	w := rc.Weights
+	c := Config{
+		Workers:        workers,
+		Policy:         scheduler.Policy(rc.Policy),
+		Weights:        &w,
+		MaxQueue:       rc.Admission.MaxQueue,
+		QueueTimeout:   rc.Admission.QueueTimeout,
+		ScrapeInterval: rc.Telemetry.Interval,
+		StaleAfter:     rc.Telemetry.StaleAfter,
+		Alpha:          rc.Stats.Alpha,
+	}
+	if len(rc.Workers) > 0 {
+		c.MaxConcurrency = rc.Workers[0].MaxConcurrency
+	}
+	return c
+}
+
+// vclock is the scheduler's Clock: whatever the loop last set.
+type vclock struct{ now time.Time }
+
+func (c *vclock) Now() time.Time { return c.now }
+
+// source publishes a worker's latest snapshot; the loop replaces it at
+// every scrape, the scheduler reads it.
+type source struct {
+	p atomic.Pointer[scheduler.Snapshot]
+}
+
+func (s *source) Snapshot() *scheduler.Snapshot { return s.p.Load() }
+
+type vworker struct {
+	name    string
+	eng     *sim.Engine
+	src     source
+	version uint64 // of its entry in the engine heap
+	watched bool   // in the scrape set
+	touched bool   // anything happened since the last scrape
+}
+
+// request is one item's progress through the simulation.
+type request struct {
+	item    bench.Item
+	ticket  *scheduler.Ticket
+	lease   *scheduler.Lease
+	worker  int
+	bound   time.Time
+	first   time.Time
+	ended   bool
+	inQueue bool // counted in run.queued
+}
+
+// pending kinds.
+const (
+	pBound = iota
+	pRefused
+	pFirst
+	pDone
+)
+
+// pendingEvent is a scheduler or engine callback waiting for the loop.
+type pendingEvent struct {
+	at   time.Time
+	seq  uint64
+	kind int
+	req  int
+	res  sim.Result
+}
+
+type pendingHeap []pendingEvent
+
+func (h pendingHeap) Len() int { return len(h) }
+func (h pendingHeap) Less(i, j int) bool {
+	if !h[i].at.Equal(h[j].at) {
+		return h[i].at.Before(h[j].at)
+	}
+	return h[i].seq < h[j].seq
+}
+func (h pendingHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *pendingHeap) Push(x any)   { *h = append(*h, x.(pendingEvent)) }
+func (h *pendingHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// engineEntry says worker w's engine has its next event at t; it is stale
+// unless version matches the worker's.
+type engineEntry struct {
+	t       time.Time
+	w       int
+	version uint64
+}
+
+type engineHeap []engineEntry
+
+func (h engineHeap) Len() int { return len(h) }
+func (h engineHeap) Less(i, j int) bool {
+	if !h[i].t.Equal(h[j].t) {
+		return h[i].t.Before(h[j].t)
+	}
+	return h[i].w < h[j].w
+}
+func (h engineHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *engineHeap) Push(x any)   { *h = append(*h, x.(engineEntry)) }
+func (h *engineHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+type run struct {
+	cfg      Config
+	clock    *vclock
+	sched    *scheduler.Scheduler
+	tracker  *stats.Tracker
+	workers  []*vworker
+	byName   map[string]int
+	reqs     []request
+	results  []bench.Result
+	t0       time.Time
+	engines  engineHeap
+	pending  pendingHeap
+	pseq     uint64
+	timeouts []int // queued requests by arrival, i.e. by deadline
+	toHead   int
+	watch    []int // workers to scrape
+	queued   int   // tickets waiting in the scheduler's queue
+	events   int
+}
+
+// Stats describes the work a simulation did, for profiling and docs.
+type Stats struct {
+	// Events counts the loop's iterations: arrivals, scrapes, timeouts
+	// and engine wake-ups.
+	Events int
+	// VirtualSpan is the virtual time from the first arrival to the last
+	// event.
+	VirtualSpan time.Duration
+}
+
+// Run simulates items (arrival offsets from the moment the fleet is ready)
+// and returns one result per item, in item order.
+func Run(cfg Config, items []bench.Item) ([]bench.Result, error) {
+	res, _, err := RunStats(cfg, items)
+	return res, err
+}
+
+// RunStats is Run that also reports how much work the simulation did.
+func RunStats(cfg Config, items []bench.Item) ([]bench.Result, Stats, error) {
+	r, err := newRun(cfg, items)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	end := r.loop()
+	return r.results, Stats{Events: r.events, VirtualSpan: end.Sub(r.t0)}, nil
+}
+
+func newRun(cfg Config, items []bench.Item) (*run, error) {
+	if len(cfg.Workers) == 0 {
+		return nil, errors.New("vsim: no workers")
+	}
+	if cfg.Start.IsZero() {
+		cfg.Start = Epoch
+	}
+	if cfg.ScrapeInterval <= 0 {
+		cfg.ScrapeInterval = time.Second
+	}
+	if cfg.Alpha <= 0 {
+		cfg.Alpha = 0.2
+	}
+	if cfg.Model == "" {
+		cfg.Model = cfg.Workers[0].Params.Model
+	}
+	w := scheduler.DefaultWeights()
+	if cfg.Weights != nil {
+		w = *cfg.Weights
+	}
+	r := &run{cfg: cfg, clock: &vclock{now: cfg.Start}, byName: map[string]int{}}
+	var err error
+	if r.tracker, err = stats.NewTracker(context.Background(), cfg.Alpha, nil, nil); err != nil {
+		return nil, fmt.Errorf("vsim: stats: %w", err)
+	}
+	specs := make([]scheduler.WorkerSpec, len(cfg.Workers))
+	r.t0 = cfg.Start
+	for i, ws := range cfg.Workers {
+		if err := ws.Params.Validate(); err != nil {
+			return nil, fmt.Errorf("vsim: worker %q: %w", ws.Name, err)
+		}
+		if _, dup := r.byName[ws.Name]; dup {
+			return nil, fmt.Errorf("vsim: duplicate worker name %q", ws.Name)
+		}
+		vw := &vworker{name: ws.Name, eng: sim.NewEngine(ws.Params, cfg.Start)}
+		if ra := vw.eng.ReadyAt(); ra.After(r.t0) {
+			r.t0 = ra
+		}
+		r.workers = append(r.workers, vw)
+		r.byName[ws.Name] = i
+		specs[i] = scheduler.WorkerSpec{Name: ws.Name, Models: []string{ws.Params.Model}, MaxConcurrency: cfg.MaxConcurrency, Source: &vw.src}
+	}
+	// Telemetry before the first scrape: loading, as a fresh router that
+	// has probed once would see it. The first scrape is at t0.
+	for _, vw := range r.workers {
+		vw.src.p.Store(&scheduler.Snapshot{Health: scheduler.HealthLoading, Models: []string{vw.eng.Params().Model}, Slots: vw.eng.Params().Slots})
+	}
+	r.sched, err = scheduler.New(scheduler.Config{
+		Weights:      w,
+		MaxQueue:     cfg.MaxQueue,
+		QueueTimeout: cfg.QueueTimeout,
+		StaleAfter:   cfg.StaleAfter,
+		Policy:       cfg.Policy,
+		Seed:         cfg.Seed,
+		Clock:        r.clock,
+		Stats:        r.tracker,
+		Recorder:     cfg.Recorder,
+		IDPrefix:     "vsim",
+	}, specs...)
+	if err != nil {
+		return nil, fmt.Errorf("vsim: %w", err)
+	}
+	r.reqs = make([]request, len(items))
+	r.results = make([]bench.Result, len(items))
+	for i, it := range items {
+		r.reqs[i] = request{item: it, worker: -1}
+		r.results[i] = bench.Result{Index: i, Row: it.Row, Scheduled: it.At, Start: it.At, PromptTokens: it.PromptTokens, MaxTokens: max(1, it.OutputTokens), QueueMs: -1}
+	}
+	return r, nil
+}
+
+// loop runs every event and returns the virtual time of the last.
+func (r *run) loop() time.Time {
+	order := make([]int, len(r.reqs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmpDur(r.reqs[a].item.At, r.reqs[b].item.At) })
+	next := 0
+	nextScrape := r.t0
+	last := r.t0
+	for {
+		// The next global event: arrival, queue timeout or scrape.
+		g, kind := nextScrape, 0
+		if next < len(order) {
+			if at := r.t0.Add(r.reqs[order[next]].item.At); !at.After(g) {
+				g, kind = at, 1
+			}
+		}
+		if to, ok := r.nextTimeout(); ok && to.Before(g) {
+			g, kind = to, 2
+		}
+		// Engine events up to g come first.
+		r.runEnginesUntil(g)
+		if r.done(next, len(order)) {
+			break
+		}
+		r.events++
+		r.clock.now = g
+		last = g
+		switch kind {
+		case 0:
+			r.scrape(g)
+			nextScrape = g.Add(r.cfg.ScrapeInterval)
+		case 1:
+			r.arrive(order[next], g)
+			next++
+		case 2:
+			r.timeout(g)
+		}
+		r.drain()
+	}
+	for _, res := range r.results {
+		if end := r.t0.Add(res.Start + res.E2E); end.After(last) {
+			last = end
+		}
+	}
+	return last
+}
+
+// done reports whether every request has ended and nothing is left to run.
+func (r *run) done(next, n int) bool {
+	if next < n || r.queued > 0 {
+		return false
+	}
+	for _, e := range r.engines {
+		if e.version == r.workers[e.w].version {
+			return false
+		}
+	}
+	return true
+}
+
+// runEnginesUntil processes every engine event at or before g. While no
+// request waits in the scheduler's queue, a finishing request cannot bind
+// another before g, so each busy engine is advanced to g in one call and
+// its callbacks are then handled in time order; with a queue, engines are
+// stepped one event at a time, so a release binds the next request at the
+// exact moment a slot frees.
+func (r *run) runEnginesUntil(g time.Time) {
+	for len(r.engines) > 0 {
+		top := r.engines[0]
+		if top.t.After(g) {
+			return
+		}
+		heap.Pop(&r.engines)
+		w := r.workers[top.w]
+		if top.version != w.version {
+			continue
+		}
+		r.events++
+		if r.queued == 0 {
+			w.eng.AdvanceTo(g)
+		} else {
+			r.clock.now = top.t
+			w.eng.AdvanceTo(top.t)
+		}
+		r.touch(top.w)
+		r.drain()
+	}
+}
+
+// touch re-schedules worker w's engine after anything changed it.
+func (r *run) touch(w int) {
+	vw := r.workers[w]
+	vw.version++
+	vw.touched = true
+	if !vw.watched {
+		vw.watched = true
+		r.watch = append(r.watch, w)
+	}
+	if t, ok := vw.eng.NextEvent(); ok {
+		heap.Push(&r.engines, engineEntry{t: t, w: w, version: vw.version})
+	}
+}
+
+func (r *run) push(e pendingEvent) {
+	r.pseq++
+	e.seq = r.pseq
+	heap.Push(&r.pending, e)
+}
+
+// drain handles pending callbacks in time order; handling one may add more.
+func (r *run) drain() {
+	for len(r.pending) > 0 {
+		e := heap.Pop(&r.pending).(pendingEvent)
+		if e.at.After(r.clock.now) {
+			r.clock.now = e.at
+		}
+		switch e.kind {
+		case pBound:
+			r.bound(e.req)
+		case pRefused:
+			r.refused(e.req)
+		case pFirst:
+			r.reqs[e.req].first = e.at
+		case pDone:
+			r.finished(e.req, e.at, e.res)
+		}
+	}
+}
+
+func (r *run) arrive(i int, now time.Time) {
+	rq := &r.reqs[i]
+	req := scheduler.Request{Model: r.cfg.Model, PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), Attempt: 1}
+	t := r.sched.Submit(req, func(t *scheduler.Ticket) {
+		kind := pRefused
+		if l, _ := t.Result(); l != nil {
+			kind = pBound
+		}
+		r.push(pendingEvent{at: r.clock.now, kind: kind, req: i})
+	})
+	rq.ticket = t
+	if !t.Done() {
+		rq.inQueue = true
+		r.queued++
+		r.timeouts = append(r.timeouts, i)
+	}
+}
+
+func (r *run) nextTimeout() (time.Time, bool) {
+	for r.toHead < len(r.timeouts) {
+		rq := &r.reqs[r.timeouts[r.toHead]]
+		if rq.ticket.Done() {
+			r.toHead++
+			continue
+		}
+		return r.t0.Add(rq.item.At).Add(r.cfg.QueueTimeout), true
+	}
+	if r.toHead > 0 && r.toHead == len(r.timeouts) {
+		r.timeouts, r.toHead = r.timeouts[:0], 0
+	}
+	return time.Time{}, false
+}
+
+func (r *run) timeout(now time.Time) {
+	i := r.timeouts[r.toHead]
+	r.toHead++
+	r.sched.Cancel(r.reqs[i].ticket, scheduler.ErrQueueTimeout)
+}
+
+// bound submits a request to the engine its lease names.
+func (r *run) bound(i int) {
+	rq := &r.reqs[i]
+	r.leaveQueue(rq)
+	l, _ := rq.ticket.Result()
+	rq.lease = l
+	rq.bound = r.clock.now
+	w := r.byName[l.Worker]
+	rq.worker = w
+	res := &r.results[i]
+	res.Worker = l.Worker
+	res.QueueMs = float64(l.QueueWait) / float64(time.Millisecond)
+	vw := r.workers[w]
+	_, err := vw.eng.Submit(r.clock.now, sim.Request{PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), IgnoreEOS: true}, sim.Callbacks{
+		OnFirstToken: func(at time.Time) { r.push(pendingEvent{at: at, kind: pFirst, req: i}) },
+		OnDone:       func(at time.Time, res sim.Result) { r.push(pendingEvent{at: at, kind: pDone, req: i, res: res}) },
+	})
+	r.touch(w)
+	if err != nil {
+		// The simulated llama-server answers 400 exceed_context_size_error.
+		res.Status, res.Kind, res.Err = http.StatusBadRequest, bench.KindHTTP, fmt.Sprintf("worker %s: %v", l.Worker, err)
+		res.E2E = r.clock.now.Sub(r.t0.Add(rq.item.At))
+		res.TTFT = res.E2E
+		rq.ended = true
+		l.Release()
+	}
+}
+
+// leaveQueue uncounts a request that waited in the scheduler's queue.
+func (r *run) leaveQueue(rq *request) {
+	if rq.inQueue {
+		rq.inQueue = false
+		r.queued--
+	}
+}
+
+func (r *run) refused(i int) {
+	rq := &r.reqs[i]
+	_, err := rq.ticket.Result()
+	r.leaveQueue(rq)
+	res := &r.results[i]
+	var ref *scheduler.Refusal
+	if errors.As(err, &ref) {
+		res.Reason = ref.Reason
+		res.RetryAfter = strconv.Itoa(int((ref.RetryAfter + time.Second - 1) / time.Second))
+		res.QueueMs = float64(ref.QueueWait) / float64(time.Millisecond)
+	}
+	res.Status = statusOf(err)
+	res.Kind = bench.KindHTTP
+	if res.Status == http.StatusTooManyRequests || res.Status == http.StatusServiceUnavailable {
+		res.Kind = bench.KindRefused
+	}
+	res.Err = fmt.Sprintf("%d %s: %v", res.Status, http.StatusText(res.Status), err)
+	res.E2E = r.clock.now.Sub(r.t0.Add(rq.item.At))
+	res.TTFT = res.E2E
+	rq.ended = true
+}
+
+// statusOf maps a refusal to the status the proxy answers with.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, scheduler.ErrQueueFull):
+		return http.StatusTooManyRequests
+	case errors.Is(err, scheduler.ErrQueueTimeout), errors.Is(err, scheduler.ErrNoHealthyWorker), errors.Is(err, scheduler.ErrClosed):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, scheduler.ErrUnknownModel):
+		return http.StatusNotFound
+	}
+	return http.StatusInternalServerError
+}
+
+// finished records a request the engine completed and releases its lease.
+func (r *run) finished(i int, at time.Time, sr sim.Result) {
+	rq := &r.reqs[i]
+	arrival := r.t0.Add(rq.item.At)
+	res := &r.results[i]
+	res.Status = http.StatusOK
+	res.OutputTokens = sr.CompletionTokens
+	res.E2E = at.Sub(arrival)
+	first := rq.first
+	if first.IsZero() {
+		first = at
+	}
+	res.TTFT = first.Sub(arrival)
+	obs := stats.Observation{TTFT: first.Sub(rq.bound), E2E: at.Sub(rq.bound), OutputTokens: sr.CompletionTokens}
+	if res.OutputTokens >= 2 && res.E2E > res.TTFT {
+		decode := res.E2E - res.TTFT
+		res.TPOT = decode / time.Duration(res.OutputTokens-1)
+		res.DecodeRate = float64(res.OutputTokens-1) / decode.Seconds()
+		obs.DecodeTPS = res.DecodeRate
+	}
+	rq.ended = true
+	r.tracker.Observe(r.workers[rq.worker].name, obs, at)
+	r.clock.now = at
+	rq.lease.Release()
+}
+
+// scrape publishes fresh telemetry of every worker that may have changed.
+func (r *run) scrape(now time.Time) {
+	kick := false
+	keep := r.watch[:0]
+	for _, w := range r.watch {
+		vw := r.workers[w]
+		m := vw.eng.Metrics(now)
+		old := vw.src.Snapshot()
+		snap := snapshotOf(vw, m, now)
+		if old.Health != snap.Health {
+			kick = true
+		}
+		vw.src.p.Store(snap)
+		idle := m.RequestsProcessing == 0 && m.RequestsDeferred == 0 && m.GPUUtilization == 0 && m.Ready
+		if vw.touched || !idle {
+			keep = append(keep, w)
+		} else {
+			vw.watched = false
+		}
+		vw.touched = false
+	}
+	r.watch = keep
+	if now.Equal(r.t0) {
+		// The first round: every worker is scraped once.
+		for w, vw := range r.workers {
+			if !vw.watched {
+				m := vw.eng.Metrics(now)
+				vw.src.p.Store(snapshotOf(vw, m, now))
+				vw.watched, vw.touched = true, false
+				r.watch = append(r.watch, w)
+			}
+		}
+		kick = true
+	}
+	if kick {
+		r.sched.Kick()
+	}
+}
+
+const (
+	srcQueue = "llamacpp /metrics llamacpp:requests_deferred"
+	srcKV    = "llamacpp /metrics llamacpp:kv_cache_usage_ratio"
+	srcGPU   = "dcgm /metrics DCGM_FI_DEV_GPU_UTIL"
+)
+
+func snapshotOf(vw *vworker, m sim.Metrics, now time.Time) *scheduler.Snapshot {
+	h := scheduler.HealthOK
+	if !m.Ready {
+		h = scheduler.HealthLoading
+	}
+	p := vw.eng.Params()
+	return &scheduler.Snapshot{
+		Health:     h,
+		Models:     []string{p.Model},
+		Slots:      p.Slots,
+		QueueLen:   scheduler.Reading{Value: float64(m.RequestsDeferred), Source: srcQueue, At: now},
+		KVPressure: scheduler.Reading{Value: m.KVCacheUsageRatio, Source: srcKV, At: now},
+		GPUUtil:    scheduler.Reading{Value: m.GPUUtilization, Source: srcGPU, At: now},
+	}
+}
+
+func cmpDur(a, b time.Duration) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
