@@ -313,7 +313,7 @@ func (r *run) loop() time.Time {
 		// The next global event: arrival, queue timeout or scrape.
 		g, kind := nextScrape, 0
 		if next < len(order) {
-			if at := r.t0.Add(r.reqs[order[next]].item.At); !at.After(g) {
+			if at := r.t0.Add(r.reqs[order[next]].item.At); at.Before(g) {
 				g, kind = at, 1
 			}
 		}

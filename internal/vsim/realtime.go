@@ -1,0 +1,193 @@
+package vsim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/bench"
+	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/server"
+	"github.com/sluice-router/sluice/internal/sim"
+)
+
+// HTTPConfig runs a Config's scenario for real: a loopback sim fleet, the
+// real router (server.New) and the HTTP load generator (bench.Run).
+type HTTPConfig struct {
+	// Router is the scenario, exactly as for Run. Its durations (queue
+	// timeout, scrape interval, staleness) are model time and are divided
+	// by TimeScale for the router, which runs on the wall clock.
+	Router Config
+	// TimeScale is how many model seconds pass per wall second in the sim
+	// workers; 0 means 1. Arrivals are compressed by it and measured times
+	// multiplied back, so results are in model time like Run's.
+	TimeScale float64
+	// Timeout bounds each request, in model time; 0 means none.
+	Timeout time.Duration
+	// Logger receives the router's and workers' logs; nil discards them.
+	Logger *slog.Logger
+	// Progress, if set, is bench.Run's progress callback.
+	Progress func(bench.Progress)
+}
+
+// RouterConfig returns the router configuration RunHTTP uses for the
+// scenario c against workers at urls, with its durations divided by
+// scale: policy, weights, admission, telemetry interval and staleness,
+// alpha and max_concurrency from c, and each worker's DCGM exporter path
+// (the sim serves /dcgm/metrics) so the GPU term reads what Run's does.
+func RouterConfig(c Config, urls []string, scale float64) config.Config {
+	rc := config.DefaultConfig()
+	rc.Listen = "127.0.0.1:0"
+	rc.Policy = string(c.Policy)
+	if rc.Policy == "" {
+		rc.Policy = string(scheduler.PolicySluice)
+	}
+	if c.Weights != nil {
+		rc.Weights = *c.Weights
+	}
+	sd := func(d time.Duration) time.Duration { return max(time.Duration(float64(d)/scale), time.Millisecond) }
+	rc.Admission = config.Admission{MaxQueue: c.MaxQueue, QueueTimeout: sd(c.QueueTimeout)}
+	interval := c.ScrapeInterval
+	if interval <= 0 {
+		interval = time.Second
+	}
+	rc.Telemetry.Interval = sd(interval)
+	rc.Telemetry.Timeout = max(sd(interval), 200*time.Millisecond)
+	rc.Telemetry.StaleAfter = max(sd(c.StaleAfter), rc.Telemetry.Interval)
+	if c.Alpha > 0 {
+		rc.Stats.Alpha = c.Alpha
+	}
+	model := c.Model
+	for i, w := range c.Workers {
+		m := model
+		if m == "" {
+			m = w.Params.Model
+		}
+		rc.Workers = append(rc.Workers, config.Worker{Name: w.Name, URL: urls[i], Kind: "llamacpp", Models: []string{m},
+			MaxConcurrency: c.MaxConcurrency, GPUMetrics: urls[i] + "/dcgm/metrics"})
+	}
+	return rc
+}
+
+// RunHTTP runs items through a fresh fleet and router and returns the
+// results converted to model time (Scheduled, Start, TTFT, E2E, TPOT and
+// QueueMs multiplied by the time scale, DecodeRate divided by it). It
+// starts the load once the router has scraped every worker as healthy.
+func RunHTTP(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]bench.Result, error) {
+	c := hc.Router
+	if len(c.Workers) == 0 {
+		return nil, errors.New("vsim: http: no workers")
+	}
+	scale := hc.TimeScale
+	if scale <= 0 {
+		scale = 1
+	}
+	log := hc.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	specs := make([]sim.WorkerSpec, len(c.Workers))
+	for i, w := range c.Workers {
+		specs[i] = w
+		specs[i].TimeScale = scale
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	fl, err := sim.StartFleetLogged(ctx, specs, "127.0.0.1", 0, log)
+	if err != nil {
+		return nil, fmt.Errorf("vsim: http: start fleet: %w", err)
+	}
+	defer fl.Close()
+	for _, w := range fl.Workers() {
+		select {
+		case <-w.Server.Ready():
+		case <-ctx.Done():
+			return nil, fmt.Errorf("vsim: http: waiting for %s to load: %w", w.Name, ctx.Err())
+		}
+	}
+	rc := RouterConfig(c, fl.URLs(), scale)
+	if err := rc.Validate(); err != nil {
+		return nil, fmt.Errorf("vsim: http: router config: %w", err)
+	}
+	tr := &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	srv, err := server.New(rc, server.Options{Logger: log, Transport: tr})
+	if err != nil {
+		return nil, fmt.Errorf("vsim: http: router: %w", err)
+	}
+	defer srv.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("vsim: http: listen: %w", err)
+	}
+	serveCtx, stopServe := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(serveCtx, ln, time.Second) }()
+	defer func() { stopServe(); <-served }()
+	if err := waitHealthy(ctx, srv.Scheduler(), len(specs)); err != nil {
+		return nil, err
+	}
+
+	scaled := make([]bench.Item, len(items))
+	for i, it := range items {
+		scaled[i] = it
+		scaled[i].At = time.Duration(float64(it.At) / scale)
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	var timeout time.Duration
+	if hc.Timeout > 0 {
+		timeout = time.Duration(float64(hc.Timeout) / scale)
+	}
+	results, err := bench.Run(ctx, bench.RunConfig{Target: "http://" + ln.Addr().String(), Items: scaled, Model: rc.Workers[0].Models[0],
+		Stream: true, Timeout: timeout, Client: client}, hc.Progress)
+	if err != nil {
+		return results, fmt.Errorf("vsim: http: run: %w", err)
+	}
+	up := func(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
+	for i := range results {
+		r := &results[i]
+		r.Scheduled = items[r.Index].At
+		r.Start, r.Lateness = up(r.Start), up(r.Lateness)
+		r.TTFT, r.E2E, r.TPOT = up(r.TTFT), up(r.E2E), up(r.TPOT)
+		r.DecodeRate /= scale
+		if r.QueueMs > 0 {
+			r.QueueMs *= scale
+		}
+	}
+	return results, nil
+}
+
+// waitHealthy waits until the router has scraped n workers as healthy,
+// with their slot counts and GPU readings, as a benchmark against a warm
+// router would begin.
+func waitHealthy(ctx context.Context, s *scheduler.Scheduler, n int) error {
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	for {
+		ok := 0
+		for _, w := range s.Workers() {
+			if w.Health == scheduler.HealthOK && w.Snapshot != nil && w.Snapshot.Slots > 0 && w.Snapshot.GPUUtil.Known() {
+				ok++
+			}
+		}
+		if ok == n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("vsim: http: waiting for healthy workers: %w", ctx.Err())
+		case <-deadline.C:
+			return fmt.Errorf("vsim: http: only %d of %d workers healthy after 30s", ok, n)
+		case <-tick.C:
+		}
+	}
+}
