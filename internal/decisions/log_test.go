@@ -51,10 +51,10 @@ func TestLog_AppendsJSONLWithBreakdown(t *testing.T) {
 	f, _ := os.Open(path)
 	defer f.Close()
 	sc := bufio.NewScanner(f)
-	var got []Record
+	var got []*Record
 	for sc.Scan() {
-		var rec Record
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+		rec := new(Record)
+		if err := json.Unmarshal(sc.Bytes(), rec); err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, rec)

@@ -94,7 +94,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time) (*worker, *decisions.
 // attached to the record to be computed when it is read.
 func (s *Scheduler) scoreLocked(rec *decisions.Record, cands []Candidate, idx []int, elig []*worker, now time.Time) int {
 	tot := totals(s.terms, cands, &s.scratch)
-	order := make([]int, len(cands))
+	order := s.scratch.order
 	for i := range order {
 		order[i] = i
 	}
@@ -116,30 +116,40 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, cands []Candidate, idx []
 		c.Total, c.Rank = tot[i], rank+1
 		elig[i].last, elig[i].lastIdx = rec, idx[i]
 	}
-	// The breakdown is rebuilt from a private copy of the inputs.
-	frozen := cands // owned by this record from here on
-	at := slices.Clone(idx)
-	terms, stale := s.terms, s.cfg.StaleAfter
+	// The breakdown, and the reason in words, are built when the record is
+	// read, from inputs that from here on belong to the record.
+	best := order[0]
+	frozen, at := cands, slices.Clone(idx)
+	names := [2]string{elig[best].spec.Name}
+	scores := [2]float64{tot[best], tot[best]}
+	if len(order) > 1 {
+		names[1], scores[1] = elig[order[1]].spec.Name, tot[order[1]]
+	}
+	n, terms, stale := len(order), s.terms, s.cfg.StaleAfter
 	rec.SetExplain(func(r *decisions.Record) {
 		for i, ts := range explain(terms, frozen, now, stale) {
 			r.Candidates[at[i]].Terms = ts
 		}
+		switch {
+		case n == 1:
+			r.Reason = fmt.Sprintf("only eligible worker (score %.2f)", scores[0])
+		case scores[1] == scores[0]:
+			r.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; the least recently picked, then the first listed, wins", scores[0], names[1])
+		default:
+			r.Reason = fmt.Sprintf("lowest score %.2f (next: %s at %.2f)", scores[0], names[1], scores[1])
+		}
 	})
-	best := order[0]
-	switch {
-	case len(order) == 1:
-		rec.Reason = fmt.Sprintf("only eligible worker (score %.2f)", tot[best])
-	case tot[order[1]] == tot[best]:
-		rec.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; least recently picked wins", tot[best], elig[order[1]].spec.Name)
-	default:
-		rec.Reason = fmt.Sprintf("lowest score %.2f (next %s at %.2f)", tot[best], elig[order[1]].spec.Name, tot[order[1]])
-	}
 	return best
 }
 
-func (s *Scheduler) statsOf(w *worker) (ws stats.WorkerStats) {
-	if s.cfg.Stats == nil {
-		return ws
+// noStats stands in for a worker without measured history.
+var noStats stats.WorkerStats
+
+func (s *Scheduler) statsOf(w *worker) *stats.WorkerStats {
+	if s.cfg.Stats != nil {
+		if st := s.cfg.Stats.Stats(w.spec.Name); st != nil {
+			return st
+		}
 	}
-	return s.cfg.Stats.Get(w.spec.Name)
+	return &noStats
 }

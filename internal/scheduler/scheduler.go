@@ -66,9 +66,10 @@ const (
 // Policies lists every policy, Sluice's first.
 var Policies = []Policy{PolicySluice, PolicyRoundRobin, PolicyLeastConnections, PolicyRandom, PolicyPowerOfTwo}
 
-// StatsReader gives the measured averages of a worker.
+// StatsReader gives the measured averages of a worker: an immutable value,
+// or nil when there are none. *stats.Tracker is one.
 type StatsReader interface {
-	Get(worker string) stats.WorkerStats
+	Stats(worker string) *stats.WorkerStats
 }
 
 // Config configures a Scheduler.
@@ -631,8 +632,8 @@ func ticketOrder(a, b *Ticket) int {
 func (s *Scheduler) expectedCost(w *worker, req Request) float64 {
 	out := float64(s.cfg.DefaultOutputTokens)
 	if s.cfg.Stats != nil {
-		if e := s.cfg.Stats.Get(w.spec.Name).OutputTokens; e.Known() {
-			out = e.Value
+		if st := s.cfg.Stats.Stats(w.spec.Name); st != nil && st.OutputTokens.Known() {
+			out = st.OutputTokens.Value
 		}
 	}
 	if req.MaxTokens > 0 {

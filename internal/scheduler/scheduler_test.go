@@ -18,7 +18,12 @@ import (
 // fakeStats is a StatsReader backed by a map.
 type fakeStats map[string]stats.WorkerStats
 
-func (f fakeStats) Get(w string) stats.WorkerStats { return f[w] }
+func (f fakeStats) Stats(w string) *stats.WorkerStats {
+	if s, ok := f[w]; ok {
+		return &s
+	}
+	return nil
+}
 
 // mutableSource is a Source a test can change.
 type mutableSource struct{ p atomic.Pointer[Snapshot] }
@@ -503,11 +508,11 @@ func TestScheduler_BaselinePolicies(t *testing.T) {
 func BenchmarkPick(b *testing.B) {
 	for _, n := range []int{8, 64, 512} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
-			st := fakeStats{}
+			st, _ := stats.NewTracker(context.Background(), 0.2, nil, nil)
 			ws := workers(n, 1<<30, "m")
 			for i := range ws {
 				ws[i].Source = newSource(Snapshot{Health: HealthOK, KVPressure: Reading{Value: float64(i%10) / 10, At: time.Now()}})
-				st[ws[i].Name] = stats.WorkerStats{TTFTMs: stats.EMA{Value: float64(100 + i), N: 3}, DecodeTPS: stats.EMA{Value: float64(50 + i%7), N: 3}}
+				st.Observe(ws[i].Name, stats.Observation{TTFT: time.Duration(100+i) * time.Millisecond, OutputTokens: 100, DecodeTPS: float64(50 + i%7)}, time.Now())
 			}
 			s := newSched(b, Config{MaxQueue: 5, Stats: st}, ws...)
 			b.ReportAllocs()

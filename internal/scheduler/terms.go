@@ -38,7 +38,7 @@ type Candidate struct {
 	// Snap is the worker's latest telemetry.
 	Snap *Snapshot
 	// Stats is what Sluice has measured of the worker.
-	Stats stats.WorkerStats
+	Stats *stats.WorkerStats
 }
 
 // Term is one part of the score. Score sees every eligible candidate at
@@ -182,13 +182,13 @@ func (jobCost) Provenance(*Candidate) (string, time.Time, bool) {
 func ratioToMax(c []Candidate, raw, norm []float64, get func(*stats.WorkerStats) stats.EMA) {
 	maxv := 0.0
 	for i := range c {
-		if e := get(&c[i].Stats); e.Known() {
+		if e := get(c[i].Stats); e.Known() {
 			maxv = max(maxv, e.Value)
 		}
 	}
 	sum, n := 0.0, 0
 	for i := range c {
-		e := get(&c[i].Stats)
+		e := get(c[i].Stats)
 		raw[i], norm[i] = e.Value, -1
 		if !e.Known() {
 			continue
@@ -219,7 +219,7 @@ func readingProvenance(r Reading) (string, time.Time, bool) {
 }
 
 func emaProvenance(c *Candidate, get func(*stats.WorkerStats) stats.EMA, name string) (string, time.Time, bool) {
-	e := get(&c.Stats)
+	e := get(c.Stats)
 	if !e.Known() {
 		return name + " (no history: neutral)", time.Time{}, true
 	}
@@ -247,21 +247,25 @@ type WeightedTerm struct {
 }
 
 // scratch is reusable space for scoring, owned by the scheduler's lock.
-type scratch struct{ raw, norm []float64 }
+type scratch struct {
+	raw, norm, total []float64
+	order            []int
+}
 
 func (sc *scratch) grow(n int) {
 	if cap(sc.raw) < n {
-		sc.raw, sc.norm = make([]float64, n), make([]float64, n)
+		sc.raw, sc.norm, sc.total, sc.order = make([]float64, n), make([]float64, n), make([]float64, n), make([]int, n)
 	}
-	sc.raw, sc.norm = sc.raw[:n], sc.norm[:n]
+	sc.raw, sc.norm, sc.total, sc.order = sc.raw[:n], sc.norm[:n], sc.total[:n], sc.order[:n]
 }
 
 // totals runs every term over cands and returns each candidate's weighted
 // sum. It is the one place weights are applied, and the hot path: it
-// touches only numbers and builds no records.
+// touches only numbers and builds no records. The result lives in sc.
 func totals(terms []WeightedTerm, cands []Candidate, sc *scratch) []float64 {
-	out := make([]float64, len(cands))
 	sc.grow(len(cands))
+	out := sc.total
+	clear(out)
 	for _, wt := range terms {
 		wt.Term.Score(cands, sc.raw, sc.norm)
 		w := signedWeight(wt)

@@ -221,7 +221,10 @@ func (s *Server) record(r *decisions.Record) {
 			eligible++
 		}
 	}
-	attrs = append(attrs, "eligible", eligible, "candidates", len(r.Candidates), "reason", r.Reason)
+	attrs = append(attrs, "eligible", eligible, "candidates", len(r.Candidates))
+	if r.Reason != "" { // refusals; a binding's reason is built when its record is read
+		attrs = append(attrs, "reason", r.Reason)
+	}
 	s.log.Info("decision", attrs...)
 }
 

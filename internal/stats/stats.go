@@ -5,8 +5,9 @@
 //
 // # Concurrency Model
 //
-// A Tracker is the single owner of the averages: a mutex-guarded map that
-// the proxy writes (Observe) and the scheduler reads (Get). Persistence is
+// A Tracker is the single owner of the averages: the proxy writes them
+// (Observe, serialised by a mutex) and the scheduler reads them (Stats)
+// without a lock, from a copy-on-write map of immutable values. Persistence is
 // a separate, explicit step (Flush, or Run's ticker) that copies the dirty
 // entries under the lock and writes them to the Store outside it, so a slow
 // disk never stalls a routing decision.
@@ -18,6 +19,7 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -88,8 +90,11 @@ type Tracker struct {
 	store Store
 	log   *slog.Logger
 
-	mu    sync.Mutex
-	stats map[string]WorkerStats
+	mu sync.Mutex // serialises writers
+	// stats is a copy-on-write map of immutable values: Observe publishes
+	// a new map with the entry's new pointer, so the scheduler reads
+	// every worker's stats on each pick without taking a lock.
+	stats atomic.Pointer[map[string]*WorkerStats]
 	dirty map[string]bool
 }
 
@@ -102,13 +107,17 @@ func NewTracker(ctx context.Context, alpha float64, store Store, log *slog.Logge
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{alpha: alpha, store: store, log: log, stats: map[string]WorkerStats{}, dirty: map[string]bool{}}
+	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}}
+	m := map[string]*WorkerStats{}
+	t.stats.Store(&m)
 	if store != nil {
 		loaded, err := store.Load(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("stats: load: %w", err)
 		}
-		t.stats = loaded
+		for name, ws := range loaded {
+			m[name] = &ws
+		}
 	}
 	return t, nil
 }
@@ -117,7 +126,11 @@ func NewTracker(ctx context.Context, alpha float64, store Store, log *slog.Logge
 func (t *Tracker) Observe(worker string, o Observation, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := t.stats[worker]
+	var s WorkerStats
+	cur := *t.stats.Load()
+	if old := cur[worker]; old != nil {
+		s = *old
+	}
 	if o.TTFT > 0 {
 		s.TTFTMs = s.TTFTMs.Add(ms(o.TTFT), t.alpha)
 	}
@@ -131,22 +144,34 @@ func (t *Tracker) Observe(worker string, o Observation, now time.Time) {
 		s.DecodeTPS = s.DecodeTPS.Add(o.DecodeTPS, t.alpha)
 	}
 	s.Updated = now
-	t.stats[worker] = s
+	next := maps.Clone(cur)
+	next[worker] = &s
+	t.stats.Store(&next)
 	t.dirty[worker] = true
 }
 
 // Get returns worker's stats; the zero WorkerStats when none are known.
 func (t *Tracker) Get(worker string) WorkerStats {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.stats[worker]
+	if s := t.Stats(worker); s != nil {
+		return *s
+	}
+	return WorkerStats{}
+}
+
+// Stats returns worker's current stats without copying them, or nil. The
+// value is immutable: later observations replace it, never change it.
+func (t *Tracker) Stats(worker string) *WorkerStats {
+	return (*t.stats.Load())[worker]
 }
 
 // All returns a copy of every worker's stats.
 func (t *Tracker) All() map[string]WorkerStats {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return maps.Clone(t.stats)
+	cur := *t.stats.Load()
+	out := make(map[string]WorkerStats, len(cur))
+	for name, s := range cur {
+		out[name] = *s
+	}
+	return out
 }
 
 // Flush writes the entries changed since the last flush to the store. On
@@ -158,7 +183,7 @@ func (t *Tracker) Flush(ctx context.Context) error {
 	t.mu.Lock()
 	batch := make(map[string]WorkerStats, len(t.dirty))
 	for name := range t.dirty {
-		batch[name] = t.stats[name]
+		batch[name] = *(*t.stats.Load())[name]
 	}
 	clear(t.dirty)
 	t.mu.Unlock()
