@@ -156,6 +156,7 @@ type Scheduler struct {
 	idxBuf  []int
 	eligBuf []*worker
 	closed  bool
+	changed chan struct{} // closed at the next state change; nil when nobody waits
 }
 
 type worker struct {
@@ -261,6 +262,7 @@ func (s *Scheduler) AddWorker(spec WorkerSpec) error {
 	s.workers = append(s.workers, w)
 	s.byName[spec.Name] = w
 	done := s.dispatchLocked()
+	s.notifyLocked()
 	s.mu.Unlock()
 	s.finish(done)
 	return nil
@@ -281,6 +283,7 @@ func (s *Scheduler) RemoveWorker(name string) error {
 	for i, x := range s.workers {
 		x.order = i
 	}
+	s.notifyLocked()
 	return nil
 }
 
@@ -295,6 +298,7 @@ func (s *Scheduler) SetDraining(name string, draining bool) error {
 	}
 	w.draining = draining
 	done := s.dispatchLocked()
+	s.notifyLocked()
 	s.mu.Unlock()
 	s.finish(done)
 	return nil
@@ -306,6 +310,7 @@ func (s *Scheduler) SetDraining(name string, draining bool) error {
 func (s *Scheduler) Kick() {
 	s.mu.Lock()
 	done := s.dispatchLocked()
+	s.notifyLocked()
 	s.mu.Unlock()
 	s.finish(done)
 }
@@ -323,8 +328,28 @@ func (s *Scheduler) Close() {
 		}
 		q.tickets = nil
 	}
+	s.notifyLocked()
 	s.mu.Unlock()
 	s.finish(done)
+}
+
+// Changed returns a channel that is closed at the next change of admission
+// state: a request queued, bound, refused or released, a worker added,
+// drained or removed. Live views and tests wait on it instead of polling.
+func (s *Scheduler) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	return s.changed
+}
+
+func (s *Scheduler) notifyLocked() {
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
 }
 
 // Ticket is one request's place in admission. See the package doc.
@@ -396,6 +421,7 @@ func (l *Lease) Release() {
 	}
 	q.lastRelease = now
 	done := s.dispatchLocked()
+	s.notifyLocked()
 	s.mu.Unlock()
 	s.finish(done)
 }
@@ -414,6 +440,7 @@ func (s *Scheduler) Submit(req Request, notify func(*Ticket)) *Ticket {
 	s.seq++
 	t.seq = s.seq
 	done := s.submitLocked(t, now)
+	s.notifyLocked()
 	s.mu.Unlock()
 	s.finish(done)
 	return t
@@ -512,6 +539,7 @@ func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
 	// The head may have changed: a retry blocked by its exclusions can
 	// have been holding back requests that fit now.
 	done := append(s.dispatchLocked(), t)
+	s.notifyLocked()
 	s.mu.Unlock()
 	s.finish(done)
 	return true

@@ -526,3 +526,29 @@ func BenchmarkPick(b *testing.B) {
 		})
 	}
 }
+
+func TestScheduler_ChangedFiresOnEveryStateChange(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 5}, workers(1, 1, "m")...)
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	ch := s.Changed()
+	if closed(ch) {
+		t.Fatal("closed before any change")
+	}
+	tk := s.Submit(Request{Model: "m"}, nil)
+	if !closed(ch) {
+		t.Fatal("not closed after a bind")
+	}
+	ch = s.Changed()
+	l, _ := tk.Result()
+	l.Release()
+	if !closed(ch) {
+		t.Fatal("not closed after a release")
+	}
+}

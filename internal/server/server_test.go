@@ -236,7 +236,7 @@ func TestRouter_QueueWithLimitOneIsOldestFirst(t *testing.T) {
 		if i == 0 {
 			<-w.arrived
 		} else {
-			waitFor(t, func() bool { return r.srv.Scheduler().QueueDepth("m") == i })
+			waitFor(t, r, func() bool { return r.srv.Scheduler().QueueDepth("m") == i })
 		}
 	}
 	for range n {
@@ -260,16 +260,21 @@ func TestRouter_QueueWithLimitOneIsOldestFirst(t *testing.T) {
 	}
 }
 
-// waitFor polls cond: used only for state that has no event to wait on
-// (a request entering the router's queue), bounded by the test deadline.
-func waitFor(t *testing.T, cond func() bool) {
+// waitFor waits until cond holds, re-checking at every change of the
+// scheduler's admission state, for at most 10 seconds.
+func waitFor(t *testing.T, r *router, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
+	timeout := time.After(10 * time.Second)
+	for {
+		changed := r.srv.Scheduler().Changed() // before the check: no missed wake-up
+		if cond() {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout:
 			t.Fatal("condition not reached in 10s")
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -290,7 +295,7 @@ func TestRouter_QueueFullAndTimeout(t *testing.T) {
 
 	queued := make(chan *http.Response)
 	go func() { queued <- post(t, context.Background(), r.url, chat("queued", false)) }()
-	waitFor(t, func() bool { return r.srv.Scheduler().QueueDepth("m") == 1 })
+	waitFor(t, r, func() bool { return r.srv.Scheduler().QueueDepth("m") == 1 })
 
 	full := post(t, context.Background(), r.url, chat("full", false))
 	body := readAll(t, full)
@@ -342,10 +347,10 @@ func TestRouter_ClientDisconnectWhileQueuedAndMidStream(t *testing.T) {
 		_, err := http.DefaultClient.Do(req)
 		gone <- err
 	}()
-	waitFor(t, func() bool { return r.srv.Scheduler().QueueDepth("m") == 1 })
+	waitFor(t, r, func() bool { return r.srv.Scheduler().QueueDepth("m") == 1 })
 	cancel2()
 	<-gone
-	waitFor(t, func() bool { return r.srv.Scheduler().QueueDepth("m") == 0 })
+	waitFor(t, r, func() bool { return r.srv.Scheduler().QueueDepth("m") == 0 })
 	if got := r.srv.Scheduler().Workers()[0].Active; got != 1 {
 		t.Fatalf("active %d after a queued client left; the stream still holds its slot", got)
 	}
@@ -359,7 +364,7 @@ func TestRouter_ClientDisconnectWhileQueuedAndMidStream(t *testing.T) {
 	}
 	cancel1()
 	resp.Body.Close()
-	waitFor(t, func() bool { return r.srv.Scheduler().Workers()[0].Active == 0 })
+	waitFor(t, r, func() bool { return r.srv.Scheduler().Workers()[0].Active == 0 })
 
 	// And the worker serves the next request.
 	close(w.hold)
