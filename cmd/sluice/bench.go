@@ -25,9 +25,9 @@ func runBench(args []string) error {
 	case "run":
 		return benchRun(args[1:])
 	case "compare":
-		// benchCompare lives in bench_compare.go once the router core
-		// exists; until then say so plainly.
-		return errors.New("compare: not yet available")
+		return benchCompare(args[1:])
+	case "plan":
+		return benchPlan(args[1:])
 	case "-h", "--help", "help":
 		fmt.Fprintln(os.Stderr, "usage: sluice bench run|compare [flags]")
 		return flag.ErrHelp

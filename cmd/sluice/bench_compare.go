@@ -1,0 +1,388 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/sluice-router/sluice/internal/bench"
+	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/sim"
+	"github.com/sluice-router/sluice/internal/vsim"
+)
+
+// defaultTrace is the shared Azure conversation trace, used when present.
+const defaultTrace = "../shared/traces/AzureLLMInferenceTrace_conv.csv"
+
+// compareOpts are the flags of `sluice bench compare`.
+type compareOpts struct {
+	virtual        bool
+	trace          string
+	limit          int
+	offset         int
+	seed           uint64
+	loads          []float64
+	burst          bool
+	burstAt        time.Duration
+	burstFor       time.Duration
+	burstFactor    float64
+	policies       []scheduler.Policy
+	timeScale      float64
+	maxConcurrency int
+	fleetFile      string
+	out            string
+	timeout        time.Duration
+}
+
+// scenario is one load of a comparison: the same items for every policy.
+type scenario struct {
+	name  string // directory name, e.g. "load-80"
+	title string
+	items []bench.Item
+	rate  float64 // mean arrival rate, req/s
+}
+
+// benchCompare runs Sluice and the baseline policies against the same
+// simulated fleet with the same trace rows and seed, at several loads and
+// in a burst, and writes one report per load plus a summary.
+func benchCompare(args []string) error {
+	fs := flag.NewFlagSet("sluice bench compare", flag.ContinueOnError)
+	var o compareOpts
+	var loads, policies string
+	fs.BoolVar(&o.virtual, "virtual", false, "simulate in virtual time (internal/vsim) instead of real HTTP; fast")
+	fs.StringVar(&o.trace, "trace", "auto", "trace file; \"auto\" uses "+defaultTrace+" when present, \"synthetic\" a generated load")
+	fs.IntVar(&o.limit, "limit", 2000, "trace rows (or synthetic requests) per load")
+	fs.IntVar(&o.offset, "offset", 0, "skip this many trace rows")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed of synthetic loads and of the random baselines")
+	fs.StringVar(&loads, "loads", "50,80,95", "loads as percentages of the estimated fleet capacity")
+	fs.BoolVar(&o.burst, "burst", true, "also run a burst: 50% load with a spike of --burst-factor for --burst-for")
+	fs.DurationVar(&o.burstAt, "burst-at", 120*time.Second, "when the burst starts (model time)")
+	fs.DurationVar(&o.burstFor, "burst-for", 30*time.Second, "how long the burst lasts (model time)")
+	fs.Float64Var(&o.burstFactor, "burst-factor", 5, "arrival rate multiplier during the burst (5 × 50% = 250% of capacity)")
+	fs.StringVar(&policies, "policies", joinPolicies(scheduler.Policies), "comma-separated policies to compare")
+	fs.Float64Var(&o.timeScale, "time-scale", 10, "real HTTP only: model seconds per wall second of the sim fleet")
+	fs.IntVar(&o.maxConcurrency, "max-concurrency", 0, "Sluice's max_concurrency per worker; 0 takes each worker's slot count (baselines ignore it)")
+	fs.StringVar(&o.fleetFile, "fleet", "", "fleet file (sluice sim --fleet format); default the demo fleet")
+	fs.StringVar(&o.out, "out", "bench-compare", "output directory")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "real HTTP only: per-request timeout (model time)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var err error
+	if o.loads, err = parseLoads(loads); err != nil {
+		return err
+	}
+	if o.policies, err = parsePolicies(policies); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	return runCompare(ctx, o, os.Stderr)
+}
+
+func joinPolicies(ps []scheduler.Policy) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = string(p)
+	}
+	return strings.Join(s, ",")
+}
+
+func parseLoads(s string) ([]float64, error) {
+	var out []float64
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSuffix(f, "%"), 64)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("--loads: %q is not a positive percentage", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func parsePolicies(s string) ([]scheduler.Policy, error) {
+	var out []scheduler.Policy
+	for f := range strings.SplitSeq(s, ",") {
+		p := scheduler.Policy(strings.TrimSpace(f))
+		if p == "" {
+			continue
+		}
+		if !slices.Contains(scheduler.Policies, p) {
+			return nil, fmt.Errorf("--policies: unknown policy %q (want %s)", p, joinPolicies(scheduler.Policies))
+		}
+		if slices.Contains(out, p) {
+			return nil, fmt.Errorf("--policies: %q given twice", p)
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--policies: none given")
+	}
+	return out, nil
+}
+
+// baseItems reads the trace (or synthesises a load) that every scenario
+// rescales; it also says where the load came from.
+func baseItems(o compareOpts) ([]bench.Item, string, error) {
+	path := o.trace
+	if path == "auto" {
+		path = "synthetic"
+		if _, err := os.Stat(defaultTrace); err == nil {
+			path = defaultTrace
+		}
+	}
+	if path == "synthetic" {
+		items, err := bench.Synthesize(bench.Synthetic{Arrivals: bench.Arrivals{Rate: 1}, Count: o.limit, Seed: o.seed})
+		return items, fmt.Sprintf("synthetic Poisson, %d requests, default lengths, seed %d", o.limit, o.seed), err
+	}
+	items, err := vsim.ReadLoad(path, bench.TraceOptions{Offset: o.offset, Limit: o.limit, Seed: o.seed})
+	return items, fmt.Sprintf("%s, rows %d..%d", path, o.offset+1, o.offset+len(items)), err
+}
+
+// scenarios builds the loads from the base items and the fleet capacity.
+func scenarios(o compareOpts, items []bench.Item, capacity float64) ([]scenario, error) {
+	var out []scenario
+	for _, l := range o.loads {
+		rate := l / 100 * capacity
+		it, err := vsim.AtRate(items, rate)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, scenario{name: fmt.Sprintf("load-%g", l), title: fmt.Sprintf("%g%% of capacity (%.2f req/s)", l, rate), items: it, rate: rate})
+	}
+	if o.burst {
+		rate := 0.5 * capacity
+		it, err := vsim.AtRate(items, rate)
+		if err != nil {
+			return nil, err
+		}
+		it = vsim.Burst(it, o.burstAt, o.burstFor, o.burstFactor)
+		out = append(out, scenario{name: "burst", rate: rate, items: it,
+			title: fmt.Sprintf("burst: 50%% of capacity (%.2f req/s), ×%g for %v from %v (%.0f%% of capacity)", rate, o.burstFactor, o.burstFor, o.burstAt, 50*o.burstFactor)})
+	}
+	return out, nil
+}
+
+// runCompare runs every scenario under every policy and writes the
+// reports; progress goes to logw.
+func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
+	fleet := sim.DemoFleet()
+	fleetName := "sim.DemoFleet() (gpu-0, gpu-1 reference A100; gpu-2-slow speed 0.6; gpu-3-small-kv 8,192 KV tokens)"
+	if o.fleetFile != "" {
+		var err error
+		if fleet, err = sim.ParseFleetFile(o.fleetFile); err != nil {
+			return err
+		}
+		fleetName = o.fleetFile
+	}
+	items, load, err := baseItems(o)
+	if err != nil {
+		return err
+	}
+	if len(items) == 0 {
+		return errors.New("the load is empty")
+	}
+	capacity := vsim.Capacity(fleet, items)
+	scens, err := scenarios(o, items, capacity)
+	if err != nil {
+		return err
+	}
+	mode := fmt.Sprintf("real HTTP on loopback (sim fleet at time scale %g; times converted back to model time)", o.timeScale)
+	if o.virtual {
+		mode = "virtual time (internal/vsim)"
+	}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return fmt.Errorf("create output directory: %w", err)
+	}
+	var md bytes.Buffer
+	fmt.Fprintf(&md, "# Sluice policy comparison\n\n")
+	fmt.Fprintf(&md, "- Mode: %s\n- Fleet: %s\n- Load: %s\n- Seed: %d\n", mode, fleetName, load, o.seed)
+	fmt.Fprintf(&md, "- Estimated fleet capacity: %.2f req/s (vsim.Capacity: every slot busy, mean prompt and output of the rows, mean interference)\n", capacity)
+	mc := "each worker's slot count (/props total_slots)"
+	if o.maxConcurrency > 0 {
+		mc = strconv.Itoa(o.maxConcurrency)
+	}
+	fmt.Fprintf(&md, "- Sluice max_concurrency: %s; baselines ignore it. Queue: max_queue 256, queue_timeout 30s (defaults).\n\n", mc)
+
+	for _, sc := range scens {
+		var runs []bench.NamedRun
+		for _, p := range o.policies {
+			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, p, len(sc.items))
+			res, err := runPolicy(ctx, o, fleet, p, sc.items, logw)
+			if err != nil {
+				return fmt.Errorf("%s, policy %s: %w", sc.name, p, err)
+			}
+			runs = append(runs, bench.NamedRun{Name: string(p), Results: res})
+		}
+		dir := filepath.Join(o.out, sc.name)
+		if _, err := bench.WriteReport(dir, runs); err != nil {
+			return err
+		}
+		for _, r := range runs {
+			if err := writeFile(filepath.Join(dir, r.Name+".csv"), func(f *os.File) error { return bench.WriteCSV(f, r.Results) }); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(&md, "## %s\n\nReport: [%s/%s](%s/%s)\n\n```\n", sc.title, sc.name, bench.ReportFile, sc.name, bench.ReportFile)
+		if err := bench.WriteCompareTable(&md, runs); err != nil {
+			return err
+		}
+		fmt.Fprintf(&md, "```\n\n")
+		writeGoals(&md, sc, runs)
+	}
+	path := filepath.Join(o.out, "summary.md")
+	if err := os.WriteFile(path, md.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("write summary: %w", err)
+	}
+	os.Stdout.Write(md.Bytes())
+	fmt.Fprintf(logw, "wrote %s\n", path)
+	return nil
+}
+
+// runPolicy runs one scenario under one policy, with a fresh fleet.
+func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p scheduler.Policy, items []bench.Item, logw *os.File) ([]bench.Result, error) {
+	cfg := vsim.DefaultConfig(fleet)
+	cfg.Policy, cfg.Seed, cfg.MaxConcurrency = p, o.seed, o.maxConcurrency
+	if o.virtual {
+		return vsim.Run(cfg, items)
+	}
+	return vsim.RunHTTP(ctx, vsim.HTTPConfig{Router: cfg, TimeScale: o.timeScale, Timeout: o.timeout,
+		Progress: bench.ProgressBar(logw, term.IsTerminal(int(logw.Fd())))}, items)
+}
+
+// writeGoals states Sluice's goals against the measured numbers.
+func writeGoals(md *bytes.Buffer, sc scenario, runs []bench.NamedRun) {
+	sum := map[string]bench.Summary{}
+	var sluiceRes []bench.Result
+	for _, r := range runs {
+		sum[r.Name] = r.Summary()
+		if r.Name == string(scheduler.PolicySluice) {
+			sluiceRes = r.Results
+		}
+	}
+	s, ok := sum[string(scheduler.PolicySluice)]
+	if !ok {
+		return
+	}
+	verdict := func(met bool) string {
+		if met {
+			return "met"
+		}
+		return "**not met**"
+	}
+	fmt.Fprintf(md, "Goals for Sluice:\n\n")
+	if sc.name == "burst" {
+		other := 0
+		for k, n := range s.ErrorsByKind {
+			if k != "refused 429" && k != "refused 503" {
+				other += n
+			}
+		}
+		fmt.Fprintf(md, "- failures other than its own 429/503: %d (%v) — %s\n", other, s.ErrorsByKind, verdict(other == 0))
+		fmt.Fprintf(md, "- refusals by reason: %v\n", s.Refusals)
+		inv := vsim.FIFOInversions(sluiceRes, 2*time.Millisecond)
+		fmt.Fprintf(md, "- queued requests bound out of arrival order: %d — %s\n\n", inv, verdict(inv == 0))
+		return
+	}
+	fmt.Fprintf(md, "- p99/p50 of time per output token: %.2f (goal ≤ 1.5) — %s\n", s.TPOT.TailRatio, verdict(s.TPOT.TailRatio <= 1.5))
+	if lc, ok := sum[string(scheduler.PolicyLeastConnections)]; ok {
+		r := s.TTFT.P99 / lc.TTFT.P99
+		fmt.Fprintf(md, "- p99 TTFT %.0f ms vs least-connections %.0f ms: ratio %.2f (goal ≤ 0.5) — %s\n", s.TTFT.P99, lc.TTFT.P99, r, verdict(r <= 0.5))
+		d := s.DecodeRate.P1 / lc.DecodeRate.P1
+		fmt.Fprintf(md, "- p1 decode rate %.1f tok/s vs least-connections %.1f: ratio %.2f (goal ≥ 1.5) — %s\n", s.DecodeRate.P1, lc.DecodeRate.P1, d, verdict(d >= 1.5))
+	}
+	best, bestName := 0.0, ""
+	for name, b := range sum {
+		if name != string(scheduler.PolicySluice) && b.OutputTokensPerSec > best {
+			best, bestName = b.OutputTokensPerSec, name
+		}
+	}
+	if bestName != "" {
+		r := s.OutputTokensPerSec / best
+		fmt.Fprintf(md, "- throughput %.1f output tok/s vs best baseline %s %.1f: %.1f%% (goal ≥ 97%%) — %s\n", s.OutputTokensPerSec, bestName, best, 100*r, verdict(r >= 0.97))
+	}
+	fmt.Fprintf(md, "- errors: %d %v\n\n", s.Errors, s.ErrorsByKind)
+}
+
+// benchPlan finds the smallest fleet that meets a p99 TTFT goal on a load,
+// in virtual time.
+func benchPlan(args []string) error {
+	fs := flag.NewFlagSet("sluice bench plan", flag.ContinueOnError)
+	var (
+		trace     = fs.String("trace", "auto", "trace file or decision log; \"auto\" uses "+defaultTrace+" when present, \"synthetic\" a generated load")
+		limit     = fs.Int("limit", 0, "trace rows (0 = all; synthetic: 2000)")
+		offset    = fs.Int("offset", 0, "skip this many trace rows")
+		rate      = fs.Float64("rate", 0, "rescale arrivals to this mean rate in req/s (0 = as recorded)")
+		speeds    = fs.String("card-speeds", "1", "comma-separated card speeds, cycled over the workers (1 = A100, 2 ≈ H100)")
+		target    = fs.Duration("target-p99-ttft", 2*time.Second, "the goal: p99 time to first token, with no request refused")
+		maxW      = fs.Int("max-workers", 1000, "largest fleet to try")
+		seed      = fs.Uint64("seed", 1, "seed of synthetic loads")
+		policy    = fs.String("policy", string(scheduler.PolicySluice), "routing policy")
+		maxConcur = fs.Int("max-concurrency", 0, "Sluice's max_concurrency per worker; 0 = slot count")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var sp []float64
+	for f := range strings.SplitSeq(*speeds, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || v <= 0 {
+			return fmt.Errorf("--card-speeds: %q is not a positive number", f)
+		}
+		sp = append(sp, v)
+	}
+	n := *limit
+	if n == 0 && (*trace == "synthetic" || (*trace == "auto" && !exists(defaultTrace))) {
+		n = 2000
+	}
+	items, load, err := baseItems(compareOpts{trace: *trace, limit: n, offset: *offset, seed: *seed})
+	if err != nil {
+		return err
+	}
+	if *rate > 0 {
+		if items, err = vsim.AtRate(items, *rate); err != nil {
+			return err
+		}
+	}
+	cfg := vsim.DefaultConfig(nil)
+	cfg.Policy, cfg.MaxConcurrency, cfg.Seed = scheduler.Policy(*policy), *maxConcur, *seed
+	res, err := vsim.Plan(vsim.PlanConfig{Router: cfg, Card: sim.DefaultParams(), Speeds: sp, Items: items, TargetP99TTFT: *target, MaxWorkers: *maxW})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("load: %s (%d requests)\ngoal: p99 TTFT ≤ %v, nothing refused; cards: speeds %s cycled\n\n", load, len(items), *target, *speeds)
+	fmt.Printf("%8s  %10s  %10s  %8s  %s\n", "workers", "p50 TTFT", "p99 TTFT", "errors", "goal")
+	for _, s := range res.Steps {
+		fmt.Printf("%8d  %8.0fms  %8.0fms  %8d  %v\n", s.Workers, s.Summary.TTFT.P50, s.Summary.TTFT.P99, s.Summary.Errors, s.Met)
+	}
+	if res.Workers == 0 {
+		return fmt.Errorf("no fleet of up to %d workers meets the goal", *maxW)
+	}
+	fmt.Printf("\nsmallest fleet meeting the goal: %d workers\n", res.Workers)
+	return nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
