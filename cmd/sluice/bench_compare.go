@@ -17,6 +17,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/sluice-router/sluice/internal/bench"
+	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
 	"github.com/sluice-router/sluice/internal/vsim"
@@ -43,6 +44,9 @@ type compareOpts struct {
 	fleetFile      string
 	out            string
 	timeout        time.Duration
+	// router, when set, supplies weights, admission, telemetry and stats
+	// settings (and max_concurrency) instead of the defaults.
+	router *config.Config
 }
 
 // scenario is one load of a comparison: the same items for every policy.
@@ -76,8 +80,19 @@ func benchCompare(args []string) error {
 	fs.StringVar(&o.fleetFile, "fleet", "", "fleet file (sluice sim --fleet format); default the demo fleet")
 	fs.StringVar(&o.out, "out", "bench-compare", "output directory")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "real HTTP only: per-request timeout (model time)")
+	routerFile := fs.String("config", "", "router config (sluice serve format) whose weights, admission, telemetry and stats settings to use; its workers and policy are ignored")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *routerFile != "" {
+		rc, err := config.Load(*routerFile)
+		if err != nil {
+			return err
+		}
+		o.router = &rc
+		if o.maxConcurrency == 0 && len(rc.Workers) > 0 {
+			o.maxConcurrency = rc.Workers[0].MaxConcurrency
+		}
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -219,7 +234,11 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	if o.maxConcurrency > 0 {
 		mc = strconv.Itoa(o.maxConcurrency)
 	}
-	fmt.Fprintf(&md, "- Sluice max_concurrency: %s; baselines ignore it. Queue: max_queue 256, queue_timeout 30s (defaults).\n\n", mc)
+	admission := "max_queue 256, queue_timeout 30s, default weights (config defaults)"
+	if o.router != nil {
+		admission = fmt.Sprintf("max_queue %d, queue_timeout %v, weights %+v (from --config)", o.router.Admission.MaxQueue, o.router.Admission.QueueTimeout, o.router.Weights)
+	}
+	fmt.Fprintf(&md, "- Sluice max_concurrency: %s; baselines ignore it. Router: %s.\n\n", mc, admission)
 
 	for _, sc := range scens {
 		var runs []bench.NamedRun
@@ -259,6 +278,9 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 // runPolicy runs one scenario under one policy, with a fresh fleet.
 func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p scheduler.Policy, items []bench.Item, logw *os.File) ([]bench.Result, error) {
 	cfg := vsim.DefaultConfig(fleet)
+	if o.router != nil {
+		cfg = vsim.FromRouterConfig(*o.router, fleet)
+	}
 	cfg.Policy, cfg.Seed, cfg.MaxConcurrency = p, o.seed, o.maxConcurrency
 	if o.virtual {
 		return vsim.Run(cfg, items)
