@@ -109,17 +109,19 @@ func Burst(items []bench.Item, at, length time.Duration, factor float64) []bench
 	return out
 }
 
-// FIFOInversions counts pairs of consecutive (by arrival) requests that
-// waited in the queue and were bound out of arrival order: a later
-// arrival bound more than slack before an earlier one. Bind time is
-// Scheduled + QueueMs; requests without a queue wait are skipped. A
-// Sluice queue drains oldest first, so this is 0 up to measurement noise.
+// FIFOInversions counts requests that waited in the queue and were bound
+// more than slack before an earlier arrival that also waited: a Sluice
+// queue drains oldest first, so in virtual time this is 0. Arrival is the
+// result's Start (the send time), bind time Start + QueueMs; requests
+// without a queue wait are skipped. Over HTTP, slack should cover the
+// X-Sluice-Queue-Ms header's 1 ms resolution and the time between the
+// client's send and the router's admission, both times the time scale.
 func FIFOInversions(results []bench.Result, slack time.Duration) int {
 	type b struct{ arr, bind time.Duration }
 	var q []b
 	for _, r := range results {
 		if r.QueueMs > 0 && r.OK() {
-			q = append(q, b{r.Scheduled, r.Scheduled + time.Duration(r.QueueMs*float64(time.Millisecond))})
+			q = append(q, b{r.Start, r.Start + time.Duration(r.QueueMs*float64(time.Millisecond))})
 		}
 	}
 	slices.SortStableFunc(q, func(x, y b) int { return cmpDur(x.arr, y.arr) })
