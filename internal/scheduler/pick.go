@@ -10,43 +10,77 @@ import (
 )
 
 // pickLocked chooses the worker for req without reserving it, and returns
-// the decision record explaining the choice (or why nothing was chosen).
-func (s *Scheduler) pickLocked(req Request, now time.Time) (*worker, *decisions.Record) {
-	rec := s.newRecordLocked(req, now)
-	rec.Candidates = make([]decisions.Candidate, len(s.workers))
+// the decision record explaining the choice. When no worker is eligible it
+// returns no record unless always is set (a refusal needs one): under a
+// backlog every arrival and release asks, and most answers are "nobody",
+// which must cost no allocation.
+func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker, *decisions.Record) {
 	elig := s.eligBuf[:0]
-	cands := make([]Candidate, 0, len(s.workers)) // kept by the record
-	idx := s.idxBuf[:0]                           // record index of each eligible worker
+	idx := s.idxBuf[:0] // configuration index of each eligible worker
+	snaps := s.snapBuf[:0]
+	whys := s.whyBuf[:0]
 	baseline := s.cfg.Policy != PolicySluice
 	for i, w := range s.workers {
 		snap := w.snapshot()
-		limit := w.limit(snap)
-		c := &rec.Candidates[i]
-		c.Worker, c.Active, c.Limit = w.spec.Name, w.active, limit
+		why := whyEligible
 		switch {
 		case w.draining:
-			c.Why = "draining"
+			why = whyDraining
 		case snap.Health == HealthDown:
-			c.Why = "unhealthy: " + snap.HealthReason
+			why = whyDown
 		case snap.Health == HealthLoading:
-			c.Why = "loading model"
+			why = whyLoading
 		case !w.serves(snap, req.Model):
-			c.Why = fmt.Sprintf("does not serve model %q", req.Model)
+			why = whyModel
 		case slices.Contains(req.Exclude, w.spec.Name):
-			c.Why = "already failed this request"
-		case !baseline && w.active >= limit:
-			c.Why = fmt.Sprintf("at max_concurrency (%d/%d)", w.active, limit)
+			why = whyExcluded
+		case !baseline && w.active >= w.limit(snap):
+			why = whyFull
 		default:
-			c.Eligible = true
 			elig = append(elig, w)
 			idx = append(idx, i)
-			cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snap, Stats: s.statsOf(w)})
 		}
+		whys = append(whys, why)
+		snaps = append(snaps, snap)
 	}
-	s.eligBuf, s.idxBuf = elig[:0], idx[:0]
+	defer clear(snaps) // keep no snapshot alive through the scratch buffer
+	s.eligBuf, s.idxBuf, s.snapBuf, s.whyBuf = elig[:0], idx[:0], snaps[:0], whys[:0]
+	if len(elig) == 0 && !always {
+		return nil, nil
+	}
+	rec := s.newRecordLocked(req, now)
+	rec.Candidates = make([]decisions.Candidate, len(s.workers))
+	modelWhy := ""
+	for i, w := range s.workers {
+		snap := snaps[i]
+		c := &rec.Candidates[i]
+		c.Worker, c.Active, c.Limit, c.Eligible = w.spec.Name, w.active, w.limit(snap), whys[i] == whyEligible
+		switch whys[i] {
+		case whyDraining:
+			c.Why = "draining"
+		case whyDown:
+			c.Why = "unhealthy: " + snap.HealthReason
+		case whyLoading:
+			c.Why = "loading model"
+		case whyModel:
+			if modelWhy == "" {
+				modelWhy = fmt.Sprintf("does not serve model %q", req.Model)
+			}
+			c.Why = modelWhy
+		case whyExcluded:
+			c.Why = "already failed this request"
+		}
+		// whyFull is put in words from Active and Limit when the record
+		// is read (see explainFull).
+	}
 	if len(elig) == 0 {
 		rec.Reason = "no eligible worker"
+		rec.SetExplain(explainFull)
 		return nil, rec
+	}
+	cands := make([]Candidate, len(elig)) // the record's own, for explain
+	for i, w := range elig {
+		cands[i] = Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snaps[idx[i]], Stats: s.statsOf(w)}
 	}
 	var best int
 	switch s.cfg.Policy {
@@ -84,8 +118,31 @@ func (s *Scheduler) pickLocked(req Request, now time.Time) (*worker, *decisions.
 	rec.Chosen = w.spec.Name
 	if baseline {
 		rec.Candidates[idx[best]].Rank = 1
+		rec.SetExplain(explainFull)
 	}
 	return w, rec
+}
+
+// Why a worker was not eligible, as recorded during the pick; put in words
+// when a record is built.
+const (
+	whyEligible uint8 = iota
+	whyDraining
+	whyDown
+	whyLoading
+	whyModel
+	whyExcluded
+	whyFull
+)
+
+// explainFull fills in the reason of candidates skipped for being at their
+// concurrency limit: the only ineligible ones left without words.
+func explainFull(r *decisions.Record) {
+	for i := range r.Candidates {
+		if c := &r.Candidates[i]; !c.Eligible && c.Why == "" {
+			c.Why = fmt.Sprintf("at max_concurrency (%d/%d)", c.Active, c.Limit)
+		}
+	}
 }
 
 // scoreLocked scores the eligible candidates, fills their records and
@@ -127,6 +184,7 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, cands []Candidate, idx []
 	}
 	n, terms, stale := len(order), s.terms, s.cfg.StaleAfter
 	rec.SetExplain(func(r *decisions.Record) {
+		explainFull(r)
 		for i, ts := range explain(terms, frozen, now, stale) {
 			r.Candidates[at[i]].Terms = ts
 		}

@@ -154,6 +154,8 @@ type Scheduler struct {
 	rng     *rand.Rand
 	scratch scratch
 	idxBuf  []int
+	snapBuf []*Snapshot
+	whyBuf  []uint8
 	eligBuf []*worker
 	closed  bool
 	changed chan struct{} // closed at the next state change; nil when nobody waits
@@ -456,21 +458,22 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 	// Oldest first: a new request may only jump the queue when nobody of
 	// its model is waiting (a retry was accepted earlier and goes first).
 	if len(q.tickets) == 0 || t.front || s.cfg.Policy != PolicySluice {
-		if w, rec := s.pickLocked(t.req, now); w != nil {
+		if w, rec := s.pickLocked(t.req, now, false); w != nil {
 			s.bindLocked(t, w, rec, now)
 			return []*Ticket{t}
 		} else if s.cfg.Policy != PolicySluice {
+			_, rec = s.pickLocked(t.req, now, true)
 			s.refuseWithLocked(t, rec, s.unplaceable(t.req))
 			return []*Ticket{t}
 		}
 	}
 	switch why := s.whyNotWaitLocked(t.req); {
 	case why != nil:
-		_, rec := s.pickLocked(t.req, now)
+		_, rec := s.pickLocked(t.req, now, true)
 		s.refuseWithLocked(t, rec, why)
 		return []*Ticket{t}
 	case len(q.tickets) >= s.cfg.MaxQueue && !t.front:
-		_, rec := s.pickLocked(t.req, now)
+		_, rec := s.pickLocked(t.req, now, true)
 		s.refuseWithLocked(t, rec, ErrQueueFull)
 		return []*Ticket{t}
 	}
@@ -534,7 +537,7 @@ func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
 	}
 	q := s.queueLocked(t.req.Model)
 	q.tickets = slices.DeleteFunc(q.tickets, func(x *Ticket) bool { return x == t })
-	_, rec := s.pickLocked(t.req, now)
+	_, rec := s.pickLocked(t.req, now, true)
 	s.refuseWithLocked(t, rec, cause)
 	// The head may have changed: a retry blocked by its exclusions can
 	// have been holding back requests that fit now.
@@ -617,7 +620,7 @@ func (s *Scheduler) sweepUnservedLocked(done []*Ticket) []*Ticket {
 			continue
 		}
 		for _, t := range q.tickets {
-			_, rec := s.pickLocked(t.req, s.clock.Now())
+			_, rec := s.pickLocked(t.req, s.clock.Now(), true)
 			s.refuseWithLocked(t, rec, ErrUnknownModel)
 			done = append(done, t)
 		}
@@ -633,7 +636,7 @@ func (s *Scheduler) sweepUnservedLocked(done []*Ticket) []*Ticket {
 // cannot hold back the requests behind it.
 func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, *worker, *decisions.Record) {
 	for _, t := range q.tickets {
-		if w, rec := s.pickLocked(t.req, now); w != nil {
+		if w, rec := s.pickLocked(t.req, now, false); w != nil {
 			return t, w, rec
 		}
 		if len(t.req.Exclude) == 0 {

@@ -552,3 +552,23 @@ func TestScheduler_ChangedFiresOnEveryStateChange(t *testing.T) {
 		t.Fatal("not closed after a release")
 	}
 }
+
+// BenchmarkQueueWhileFull measures a request arriving when every worker is
+// busy: it must queue without building a decision record nobody reads.
+func BenchmarkQueueWhileFull(b *testing.B) {
+	for _, n := range []int{64, 1000} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			s := newSched(b, Config{MaxQueue: 1 << 20}, workers(n, 1, "m")...)
+			for range n {
+				s.Submit(Request{Model: "m"}, nil)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				t := s.Submit(Request{Model: "m"}, nil)
+				if t.Done() {
+					b.Fatal("bound while every worker is full")
+				}
+			}
+		})
+	}
+}
