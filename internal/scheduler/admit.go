@@ -42,5 +42,9 @@ func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 // refusalAfterBind builds the refusal for a ticket that was bound just as
 // its client went away (the lease has been released).
 func (t *Ticket) refusalAfterBind(cause error) error {
-	return &Refusal{Err: cause, Reason: reasonOf(cause), DecisionID: t.rec.ID, QueueWait: time.Duration(t.rec.QueueWaitMs * float64(time.Millisecond))}
+	ref := &Refusal{Err: cause, Reason: reasonOf(cause), QueueWait: t.lease.QueueWait}
+	if t.rec != nil {
+		ref.DecisionID = t.rec.ID
+	}
+	return ref
 }

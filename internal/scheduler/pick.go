@@ -45,8 +45,17 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	}
 	defer clear(snaps) // keep no snapshot alive through the scratch buffer
 	s.eligBuf, s.idxBuf, s.snapBuf, s.whyBuf = elig[:0], idx[:0], snaps[:0], whys[:0]
-	if len(elig) == 0 && !always {
+	if len(elig) == 0 && (!always || s.cfg.NoRecords) {
 		return nil, nil
+	}
+	if s.cfg.NoRecords {
+		cands := s.candBuf[:0]
+		for i, w := range elig {
+			cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snaps[idx[i]], Stats: s.statsOf(w)})
+		}
+		s.candBuf = cands[:0]
+		defer clear(cands)
+		return s.chooseLocked(nil, cands, idx, elig, now), nil
 	}
 	rec := s.newRecordLocked(req, now)
 	rec.Candidates = make([]decisions.Candidate, len(s.workers))
@@ -82,6 +91,13 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	for i, w := range elig {
 		cands[i] = Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snaps[idx[i]], Stats: s.statsOf(w)}
 	}
+	return s.chooseLocked(rec, cands, idx, elig, now), rec
+}
+
+// chooseLocked applies the policy to the eligible workers and returns the
+// chosen one, filling rec (when not nil) with the choice and its reason.
+func (s *Scheduler) chooseLocked(rec *decisions.Record, cands []Candidate, idx []int, elig []*worker, now time.Time) *worker {
+	var reason string
 	var best int
 	switch s.cfg.Policy {
 	case PolicySluice:
@@ -89,7 +105,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	case PolicyRoundRobin:
 		best = int(s.rr % uint64(len(elig)))
 		s.rr++
-		rec.Reason = "round-robin"
+		reason = "round-robin"
 	case PolicyLeastConnections:
 		best = 0
 		for i, w := range elig {
@@ -97,10 +113,12 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 				best = i
 			}
 		}
-		rec.Reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", elig[best].active)
+		if rec != nil {
+			reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", elig[best].active)
+		}
 	case PolicyRandom:
 		best = s.rng.IntN(len(elig))
-		rec.Reason = "random"
+		reason = "random"
 	case PolicyPowerOfTwo:
 		a, b := s.rng.IntN(len(elig)), s.rng.IntN(len(elig))
 		if len(elig) > 1 {
@@ -112,15 +130,21 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		if elig[b].active < elig[a].active {
 			best = b
 		}
-		rec.Reason = fmt.Sprintf("fewer active of two random (%s, %s)", elig[a].spec.Name, elig[b].spec.Name)
+		if rec != nil {
+			reason = fmt.Sprintf("fewer active of two random (%s, %s)", elig[a].spec.Name, elig[b].spec.Name)
+		}
 	}
 	w := elig[best]
+	if rec == nil {
+		return w
+	}
 	rec.Chosen = w.spec.Name
-	if baseline {
+	if s.cfg.Policy != PolicySluice {
+		rec.Reason = reason
 		rec.Candidates[idx[best]].Rank = 1
 		rec.SetExplain(explainFull)
 	}
-	return w, rec
+	return w
 }
 
 // Why a worker was not eligible, as recorded during the pick; put in words
@@ -168,6 +192,9 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, cands []Candidate, idx []
 		}
 		return elig[a].order - elig[b].order
 	})
+	if rec == nil {
+		return order[0]
+	}
 	for rank, i := range order {
 		c := &rec.Candidates[idx[i]]
 		c.Total, c.Rank = tot[i], rank+1

@@ -100,6 +100,11 @@ type Config struct {
 	Stats StatsReader
 	// Recorder receives every decision record, outside the lock.
 	Recorder func(*decisions.Record)
+	// NoRecords skips building decision records: for virtual-time runs
+	// over thousands of workers that nobody will ask "why" about. Leases
+	// then have no Decision and refusals no DecisionID. It cannot be
+	// combined with a Recorder.
+	NoRecords bool
 	// IDPrefix starts every decision ID; derived from the start time when
 	// empty so IDs stay unique across restarts.
 	IDPrefix string
@@ -155,6 +160,7 @@ type Scheduler struct {
 	scratch scratch
 	idxBuf  []int
 	snapBuf []*Snapshot
+	candBuf []Candidate
 	whyBuf  []uint8
 	eligBuf []*worker
 	closed  bool
@@ -220,6 +226,9 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	}
 	if !slices.Contains(Policies, cfg.Policy) {
 		return nil, fmt.Errorf("scheduler: unknown policy %q", cfg.Policy)
+	}
+	if cfg.NoRecords && cfg.Recorder != nil {
+		return nil, fmt.Errorf("scheduler: NoRecords with a Recorder: the recorder would receive nothing")
 	}
 	if cfg.DefaultOutputTokens <= 0 {
 		cfg.DefaultOutputTokens = 256
@@ -680,27 +689,37 @@ func (s *Scheduler) bindLocked(t *Ticket, w *worker, rec *decisions.Record, now 
 	s.picks++
 	w.lastPick = s.picks
 	wait := now.Sub(t.enq)
-	rec.Outcome = "bound"
-	rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
-	rec.QueueDepth = t.depth
+	if rec != nil {
+		rec.Outcome = "bound"
+		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
+		rec.QueueDepth = t.depth
+	}
 	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, Worker: w.spec.Name, Decision: rec, QueueWait: wait}
 	t.rec = rec
 	t.queued = false
 }
 
 func (s *Scheduler) refuseWithLocked(t *Ticket, rec *decisions.Record, cause error) {
-	rec.Outcome = reasonOf(cause)
-	rec.Reason = cause.Error()
-	rec.QueueWaitMs = float64(s.clock.Now().Sub(t.enq)) / float64(time.Millisecond)
-	rec.QueueDepth = t.depth
+	wait := s.clock.Now().Sub(t.enq)
+	ref := &Refusal{Err: cause, Reason: reasonOf(cause), RetryAfter: s.retryAfterLocked(t.req.Model), QueueWait: wait}
+	if rec != nil {
+		rec.Outcome = ref.Reason
+		rec.Reason = cause.Error()
+		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
+		rec.QueueDepth = t.depth
+		ref.DecisionID = rec.ID
+	}
 	t.rec = rec
-	t.err = &Refusal{Err: cause, Reason: reasonOf(cause), RetryAfter: s.retryAfterLocked(t.req.Model), DecisionID: rec.ID, QueueWait: s.clock.Now().Sub(t.enq)}
+	t.err = ref
 	t.queued = false
 }
 
 func (s *Scheduler) refuseLocked(t *Ticket, cause error, reason string) {
-	rec := s.newRecordLocked(t.req, s.clock.Now())
-	rec.Reason = reason
+	var rec *decisions.Record
+	if !s.cfg.NoRecords {
+		rec = s.newRecordLocked(t.req, s.clock.Now())
+		rec.Reason = reason
+	}
 	s.refuseWithLocked(t, rec, cause)
 }
 

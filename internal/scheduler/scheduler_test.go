@@ -572,3 +572,33 @@ func BenchmarkQueueWhileFull(b *testing.B) {
 		})
 	}
 }
+
+func TestScheduler_NoRecordsPicksTheSame(t *testing.T) {
+	run := func(noRecords bool) []string {
+		st := fakeStats{"w1": {DecodeTPS: stats.EMA{Value: 80, N: 3}}, "w2": {TTFTMs: stats.EMA{Value: 900, N: 3}}}
+		s := newSched(t, Config{MaxQueue: 100, Stats: st, NoRecords: noRecords}, workers(4, 2, "m")...)
+		var got []string
+		var held []*Lease
+		for i := range 20 {
+			tk := s.Submit(Request{Model: "m", PromptTokens: 10 * i}, nil)
+			if l, err := tk.Result(); err == nil && l != nil {
+				got = append(got, l.Worker)
+				held = append(held, l)
+				if (l.Decision == nil) != noRecords {
+					t.Fatalf("noRecords=%v but lease decision %v", noRecords, l.Decision)
+				}
+			}
+			if i%3 == 2 && len(held) > 0 {
+				held[0].Release()
+				held = held[1:]
+			}
+		}
+		return got
+	}
+	if a, b := run(false), run(true); !slices.Equal(a, b) {
+		t.Fatalf("with records %v, without %v", a, b)
+	}
+	if _, err := New(Config{NoRecords: true, Recorder: func(*decisions.Record) {}}); err == nil {
+		t.Fatal("NoRecords with a Recorder accepted")
+	}
+}

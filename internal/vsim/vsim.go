@@ -285,6 +285,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		Clock:        r.clock,
 		Stats:        r.tracker,
 		Recorder:     cfg.Recorder,
+		NoRecords:    cfg.Recorder == nil, // nobody would read them
 		IDPrefix:     "vsim",
 	}, specs...)
 	if err != nil {
