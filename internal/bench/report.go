@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -186,7 +187,7 @@ func concurrency(results []Result) []workerSeries {
 		// Ends before starts at the same instant, so back-to-back requests
 		// do not count as overlapping.
 		slices.SortFunc(ev, func(a, b event) int {
-			if c := cmpDuration(a.at, b.at); c != 0 {
+			if c := cmp.Compare(a.at, b.at); c != 0 {
 				return c
 			}
 			return a.delta - b.delta

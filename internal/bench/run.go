@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -206,7 +207,7 @@ func Run(ctx context.Context, cfg RunConfig, progress func(Progress)) ([]Result,
 		maxPrompt = max(maxPrompt, it.PromptTokens)
 	}
 	slices.SortStableFunc(order, func(a, b int) int {
-		return cmpDuration(cfg.Items[a].At, cfg.Items[b].At)
+		return cmp.Compare(cfg.Items[a].At, cfg.Items[b].At)
 	})
 	var span time.Duration
 	if len(order) > 0 {
@@ -294,16 +295,6 @@ func Run(ctx context.Context, cfg RunConfig, progress func(Progress)) ([]Result,
 		return results, fmt.Errorf("bench run: %w", runErr)
 	}
 	return results, nil
-}
-
-func cmpDuration(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func unsent(i int, it Item, k Kind, msg string) Result {

@@ -52,9 +52,10 @@ func WriteError(w http.ResponseWriter, status int, reason, msg string) {
 	writeError(w, status, reason, msg)
 }
 
-// statusOf maps an admission outcome to its HTTP status. It is the one
-// place this mapping lives.
-func statusOf(err error) int {
+// StatusOf maps an admission outcome to its HTTP status. It is the one
+// place this mapping lives; the virtual-time simulation reports refusals
+// with it too.
+func StatusOf(err error) int {
 	switch {
 	case errors.Is(err, scheduler.ErrQueueFull):
 		return http.StatusTooManyRequests
@@ -70,7 +71,7 @@ func statusOf(err error) int {
 
 // writeRefusal answers a request the scheduler refused.
 func writeRefusal(w http.ResponseWriter, err error) (int, string) {
-	status := statusOf(err)
+	status := StatusOf(err)
 	var ref *scheduler.Refusal
 	if !errors.As(err, &ref) {
 		return writeError(w, status, "internal", err.Error())

