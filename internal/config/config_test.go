@@ -79,9 +79,11 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 	}
 }
 
-func TestLoad_ExampleConfigIsValid(t *testing.T) {
-	if _, err := Load("../../examples/sluice.yaml"); err != nil {
-		t.Fatal(err)
+func TestLoad_ExampleConfigsAreValid(t *testing.T) {
+	for _, f := range []string{"sluice.yaml", "bench-demo-limits.yaml"} {
+		if _, err := Load("../../examples/" + f); err != nil {
+			t.Error(err)
+		}
 	}
 }
 

@@ -70,7 +70,7 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 			m = w.Params.Model
 		}
 		rc.Workers = append(rc.Workers, config.Worker{Name: w.Name, URL: urls[i], Kind: "llamacpp", Models: []string{m},
-			MaxConcurrency: c.MaxConcurrency, GPUMetrics: urls[i] + "/dcgm/metrics"})
+			MaxConcurrency: c.limitOf(w.Name), GPUMetrics: urls[i] + "/dcgm/metrics"})
 	}
 	return rc
 }

@@ -40,6 +40,9 @@ type Config struct {
 	// MaxConcurrency caps Sluice's in-flight requests per worker, as the
 	// config's max_concurrency; 0 takes the worker's slot count.
 	MaxConcurrency int
+	// Limits overrides MaxConcurrency per worker name, as a router config
+	// sets max_concurrency per worker (a slower card may take fewer).
+	Limits map[string]int
 	// MaxQueue and QueueTimeout are the admission bounds.
 	MaxQueue     int
 	QueueTimeout time.Duration
@@ -85,7 +88,23 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 	if len(rc.Workers) > 0 {
 		c.MaxConcurrency = rc.Workers[0].MaxConcurrency
 	}
+	for _, w := range rc.Workers {
+		if w.MaxConcurrency > 0 {
+			if c.Limits == nil {
+				c.Limits = map[string]int{}
+			}
+			c.Limits[w.Name] = w.MaxConcurrency
+		}
+	}
 	return c
+}
+
+// limitOf is the max_concurrency of the named worker.
+func (c Config) limitOf(name string) int {
+	if n, ok := c.Limits[name]; ok {
+		return n
+	}
+	return c.MaxConcurrency
 }
 
 // vclock is the scheduler's Clock: whatever the loop last set.
@@ -270,7 +289,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		}
 		r.workers = append(r.workers, vw)
 		r.byName[ws.Name] = i
-		specs[i] = scheduler.WorkerSpec{Name: ws.Name, Models: []string{ws.Params.Model}, MaxConcurrency: cfg.MaxConcurrency, Source: &vw.src}
+		specs[i] = scheduler.WorkerSpec{Name: ws.Name, Models: []string{ws.Params.Model}, MaxConcurrency: cfg.limitOf(ws.Name), Source: &vw.src}
 	}
 	// Telemetry before the first scrape: loading, as a fresh router that
 	// has probed once would see it. The first scrape is at t0.
