@@ -558,7 +558,7 @@ func TestScheduler_ChangedFiresOnEveryStateChange(t *testing.T) {
 func BenchmarkQueueWhileFull(b *testing.B) {
 	for _, n := range []int{64, 1000} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
-			s := newSched(b, Config{MaxQueue: 1 << 20}, workers(n, 1, "m")...)
+			s := newSched(b, Config{MaxQueue: 1 << 30}, workers(n, 1, "m")...) // never full: each iteration adds one
 			for range n {
 				s.Submit(Request{Model: "m"}, nil)
 			}
