@@ -10,8 +10,6 @@ import (
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
-var jsonUnmarshal = json.Unmarshal
-
 // errorBody is the OpenAI error shape.
 type errorBody struct {
 	Error struct {

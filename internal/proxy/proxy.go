@@ -27,7 +27,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
-	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -227,10 +227,12 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	copyHeader(hdr, resp.Header)
 	hdr.Del("Content-Length") // the relay may end a broken stream early
 	hdr.Set("X-Sluice-Worker", lease.Worker)
-	hdr.Set("X-Sluice-Decision", lease.Decision.ID)
 	hdr.Set("X-Sluice-Queue-Ms", strconv.FormatInt(lease.QueueWait.Milliseconds(), 10))
-	if req := lease.Decision.Attempt; req > 1 {
-		hdr.Set("X-Sluice-Attempt", strconv.Itoa(req))
+	if d := lease.Decision; d != nil {
+		hdr.Set("X-Sluice-Decision", d.ID)
+		if d.Attempt > 1 {
+			hdr.Set("X-Sluice-Attempt", strconv.Itoa(d.Attempt))
+		}
 	}
 	w.WriteHeader(resp.StatusCode)
 	res.Status = resp.StatusCode
@@ -348,7 +350,7 @@ func relayWhole(w http.ResponseWriter, body io.Reader) (measured, error) {
 	}
 	var c chunk
 	var out measured
-	if jsonErr := jsonUnmarshal(data, &c); jsonErr == nil {
+	if json.Unmarshal(data, &c) == nil {
 		out.tokens = c.reportedTokens()
 		if c.Timings != nil {
 			out.decodeTPS = c.Timings.PredictedPerSecond
@@ -371,5 +373,3 @@ func copyHeader(dst, src http.Header) {
 		}
 	}
 }
-
-var _ = context.Background
