@@ -175,56 +175,77 @@ func explainFull(r *decisions.Record) {
 // attached to the record to be computed when it is read.
 func (s *Scheduler) scoreLocked(rec *decisions.Record, cands []Candidate, idx []int, elig []*worker, now time.Time) int {
 	tot := totals(s.terms, cands, &s.scratch)
-	order := s.scratch.order
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortFunc(order, func(a, b int) int {
-		switch {
-		case tot[a] < tot[b]:
-			return -1
-		case tot[a] > tot[b]:
-			return 1
-		case elig[a].lastPick < elig[b].lastPick:
-			return -1
-		case elig[a].lastPick > elig[b].lastPick:
-			return 1
+	key := func(i int) rankKey { return rankKey{tot[i], elig[i].lastPick, elig[i].order} }
+	best := 0
+	for i := 1; i < len(cands); i++ { // one pass: only the winner is needed now
+		if key(i).less(key(best)) {
+			best = i
 		}
-		return elig[a].order - elig[b].order
-	})
-	if rec == nil {
-		return order[0]
 	}
-	for rank, i := range order {
-		c := &rec.Candidates[idx[i]]
-		c.Total, c.Rank = tot[i], rank+1
+	if rec == nil {
+		return best
+	}
+	// Ranks, the breakdown and the reason in words are built when the
+	// record is read, from values that from here on belong to the record.
+	keys := make([]rankKey, len(cands))
+	for i := range cands {
+		keys[i] = key(i)
+		rec.Candidates[idx[i]].Total = tot[i]
 		elig[i].last, elig[i].lastIdx = rec, idx[i]
 	}
-	// The breakdown, and the reason in words, are built when the record is
-	// read, from inputs that from here on belong to the record.
-	best := order[0]
 	frozen, at := cands, slices.Clone(idx)
-	names := [2]string{elig[best].spec.Name}
-	scores := [2]float64{tot[best], tot[best]}
-	if len(order) > 1 {
-		names[1], scores[1] = elig[order[1]].spec.Name, tot[order[1]]
-	}
-	n, terms, stale := len(order), s.terms, s.cfg.StaleAfter
+	terms, stale := s.terms, s.cfg.StaleAfter
 	rec.SetExplain(func(r *decisions.Record) {
 		explainFull(r)
 		for i, ts := range explain(terms, frozen, now, stale) {
 			r.Candidates[at[i]].Terms = ts
 		}
+		order := make([]int, len(keys))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortFunc(order, func(a, b int) int {
+			if keys[a].less(keys[b]) {
+				return -1
+			}
+			if keys[b].less(keys[a]) {
+				return 1
+			}
+			return 0
+		})
+		for rank, i := range order {
+			r.Candidates[at[i]].Rank = rank + 1
+		}
+		first := keys[order[0]].total
 		switch {
-		case n == 1:
-			r.Reason = fmt.Sprintf("only eligible worker (score %.2f)", scores[0])
-		case scores[1] == scores[0]:
-			r.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; the least recently picked, then the first listed, wins", scores[0], names[1])
+		case len(order) == 1:
+			r.Reason = fmt.Sprintf("only eligible worker (score %.2f)", first)
+		case keys[order[1]].total == first:
+			r.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; the least recently picked, then the first listed, wins", first, frozen[order[1]].Name)
 		default:
-			r.Reason = fmt.Sprintf("lowest score %.2f (next: %s at %.2f)", scores[0], names[1], scores[1])
+			r.Reason = fmt.Sprintf("lowest score %.2f (next: %s at %.2f)", first, frozen[order[1]].Name, keys[order[1]].total)
 		}
 	})
 	return best
+}
+
+// rankKey orders candidates: lowest total, then least recently picked,
+// then first in configuration order. No two workers share a key, so the
+// order is total and the pick deterministic.
+type rankKey struct {
+	total    float64
+	lastPick uint64
+	order    int
+}
+
+func (k rankKey) less(o rankKey) bool {
+	switch {
+	case k.total != o.total:
+		return k.total < o.total
+	case k.lastPick != o.lastPick:
+		return k.lastPick < o.lastPick
+	}
+	return k.order < o.order
 }
 
 // noStats stands in for a worker without measured history.
