@@ -130,3 +130,16 @@ func TestRouter_AdminAddDrainRemoveAndReload(t *testing.T) {
 		t.Fatalf("workers after reload: %+v", ws)
 	}
 }
+
+func TestChangedNonWorkerKeys(t *testing.T) {
+	a := config.DefaultConfig()
+	b := a
+	b.Admission.MaxQueue = 7
+	b.Workers = []config.Worker{{Name: "x"}}
+	if got := changedNonWorkerKeys(a, b); len(got) != 1 || got[0] != "admission" {
+		t.Fatalf("changed %v, want [admission]", got)
+	}
+	if got := changedNonWorkerKeys(a, a); len(got) != 0 {
+		t.Fatalf("changed %v for identical configs", got)
+	}
+}

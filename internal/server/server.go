@@ -27,6 +27,8 @@ import (
 	"sync"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/fleet"
@@ -322,8 +324,37 @@ func (s *Server) Reload(cfg config.Config) error {
 		}
 	}
 	s.cfg.Workers = kept
+	if ignored := changedNonWorkerKeys(s.cfg, cfg); len(ignored) > 0 {
+		s.log.Warn("config reload applies the worker list only; restart to apply the rest", "changed", ignored)
+	}
 	s.log.Info("config reloaded", "workers", len(kept), "errors", len(errs))
 	return errors.Join(errs...)
+}
+
+// changedNonWorkerKeys names the top-level settings that differ between
+// the running config and a reloaded one, other than the worker list.
+func changedNonWorkerKeys(running, next config.Config) []string {
+	running.Workers, next.Workers = nil, nil
+	section := func(c config.Config) map[string]string {
+		var m map[string]any
+		raw, _ := yaml.Marshal(c)
+		yaml.Unmarshal(raw, &m)
+		out := map[string]string{}
+		for k, v := range m {
+			b, _ := yaml.Marshal(v)
+			out[k] = string(b)
+		}
+		return out
+	}
+	a, b := section(running), section(next)
+	var out []string
+	for k := range a {
+		if a[k] != b[k] {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func equalWorker(a, b config.Worker) bool {
