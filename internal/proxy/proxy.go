@@ -206,6 +206,9 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	}
 	out.URL.RawQuery = r.URL.RawQuery
 	copyHeader(out.Header, r.Header)
+	// Sluice must read the answer to meter it: let the transport negotiate
+	// compression with the worker and decompress, and relay plain bytes.
+	out.Header.Del("Accept-Encoding")
 	out.ContentLength = int64(len(body))
 	attemptStart := time.Now()
 	resp, err := h.opt.Transport.RoundTrip(out)
