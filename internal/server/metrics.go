@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
@@ -46,7 +47,7 @@ func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metr
 		}, []string{"worker"}),
 	}
 	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.e2e, m.tokens,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{sched: sched, tracker: tracker})
 	return m
 }
