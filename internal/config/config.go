@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluice-router/sluice/internal/fleet"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
@@ -122,7 +123,7 @@ type Proxy struct {
 }
 
 // Kinds are the worker kinds Sluice knows how to read.
-var Kinds = []string{"llamacpp", "vllm", "openai"}
+var Kinds = []string{fleet.KindLlamaCPP, fleet.KindVLLM, fleet.KindOpenAI}
 
 // DefaultConfig returns the configuration used for every key left out.
 func DefaultConfig() Config {
@@ -168,7 +169,7 @@ func Parse(r io.Reader) (Config, error) {
 	}
 	for i := range cfg.Workers {
 		if cfg.Workers[i].Kind == "" {
-			cfg.Workers[i].Kind = "llamacpp"
+			cfg.Workers[i].Kind = fleet.KindLlamaCPP
 		}
 	}
 	if err := cfg.Validate(); err != nil {

@@ -366,7 +366,7 @@ func equalWorker(a, b config.Worker) bool {
 // AddWorker adds a worker at run time (admin API).
 func (s *Server) AddWorker(w config.Worker) error {
 	if w.Kind == "" {
-		w.Kind = "llamacpp"
+		w.Kind = fleet.KindLlamaCPP
 	}
 	c := s.cfg
 	c.Workers = []config.Worker{w}

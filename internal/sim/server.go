@@ -829,27 +829,9 @@ func (o *responder) chunk(n int) any {
 func (o *responder) lastChunk(n int, res Result) any {
 	switch o.g.kind {
 	case kindChat:
-		return map[string]any{
-			"choices":            []any{map[string]any{"finish_reason": finishReason(res), "index": 0, "delta": map[string]any{}}},
-			"created":            o.created,
-			"id":                 o.respID(),
-			"model":              o.s.p.Model,
-			"system_fingerprint": "sluice-sim",
-			"object":             "chat.completion.chunk",
-			"usage":              usage(res),
-			"timings":            timings(res),
-		}
+		return o.finished("chat.completion.chunk", map[string]any{"finish_reason": finishReason(res), "index": 0, "delta": map[string]any{}}, res)
 	case kindCompletions:
-		return map[string]any{
-			"choices":            []any{map[string]any{"finish_reason": finishReason(res), "index": 0, "text": "", "logprobs": nil}},
-			"created":            o.created,
-			"id":                 o.respID(),
-			"model":              o.s.p.Model,
-			"system_fingerprint": "sluice-sim",
-			"object":             "text_completion",
-			"usage":              usage(res),
-			"timings":            timings(res),
-		}
+		return o.finished("text_completion", map[string]any{"finish_reason": finishReason(res), "index": 0, "text": "", "logprobs": nil}, res)
 	default:
 		body := o.native(n, res)
 		body["content"] = ""
@@ -861,33 +843,30 @@ func (o *responder) lastChunk(n int, res Result) any {
 func (o *responder) final(n int, res Result) any {
 	switch o.g.kind {
 	case kindChat:
-		return map[string]any{
-			"choices": []any{map[string]any{
-				"finish_reason": finishReason(res),
-				"index":         0,
-				"message":       map[string]any{"role": "assistant", "content": o.text(n)},
-			}},
-			"created":            o.created,
-			"id":                 o.respID(),
-			"model":              o.s.p.Model,
-			"system_fingerprint": "sluice-sim",
-			"object":             "chat.completion",
-			"usage":              usage(res),
-			"timings":            timings(res),
-		}
+		return o.finished("chat.completion", map[string]any{
+			"finish_reason": finishReason(res),
+			"index":         0,
+			"message":       map[string]any{"role": "assistant", "content": o.text(n)},
+		}, res)
 	case kindCompletions:
-		return map[string]any{
-			"choices":            []any{map[string]any{"finish_reason": finishReason(res), "index": 0, "text": o.text(n), "logprobs": nil}},
-			"created":            o.created,
-			"id":                 o.respID(),
-			"model":              o.s.p.Model,
-			"system_fingerprint": "sluice-sim",
-			"object":             "text_completion",
-			"usage":              usage(res),
-			"timings":            timings(res),
-		}
+		return o.finished("text_completion", map[string]any{"finish_reason": finishReason(res), "index": 0, "text": o.text(n), "logprobs": nil}, res)
 	default:
 		return o.native(n, res)
+	}
+}
+
+// finished is the OpenAI envelope of an answer's last object: its one
+// choice, with usage and llama.cpp's timings.
+func (o *responder) finished(object string, choice map[string]any, res Result) map[string]any {
+	return map[string]any{
+		"choices":            []any{choice},
+		"created":            o.created,
+		"id":                 o.respID(),
+		"model":              o.s.p.Model,
+		"system_fingerprint": "sluice-sim",
+		"object":             object,
+		"usage":              usage(res),
+		"timings":            timings(res),
 	}
 }
 
