@@ -29,9 +29,13 @@ type WorkerState struct {
 
 // Workers returns the state of every worker in configuration order.
 func (s *Scheduler) Workers() []WorkerState {
+	type last struct {
+		rec *decisions.Record
+		idx int
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	out := make([]WorkerState, 0, len(s.workers))
+	lasts := make([]last, 0, len(s.workers))
 	for _, w := range s.workers {
 		snap := w.snapshot()
 		out = append(out, WorkerState{
@@ -39,9 +43,14 @@ func (s *Scheduler) Workers() []WorkerState {
 			Draining: w.draining, Active: w.active, Limit: w.limit(snap), JobCost: w.cost,
 			Snapshot: snap,
 		})
-		if w.last != nil {
-			c := w.last.Explain().Candidates[w.lastIdx]
-			out[len(out)-1].LastTerms, out[len(out)-1].LastScoredAt = &c, w.last.Time
+		lasts = append(lasts, last{w.last, w.lastIdx})
+	}
+	s.mu.Unlock()
+	// Explaining builds the breakdown: do it outside the routing lock.
+	for i, l := range lasts {
+		if l.rec != nil {
+			c := l.rec.Explain().Candidates[l.idx]
+			out[i].LastTerms, out[i].LastScoredAt = &c, l.rec.Time
 		}
 	}
 	return out
