@@ -138,6 +138,12 @@ type Request struct {
 	// Attempt is 1 for a new request; a retry passes the next number and
 	// goes to the front of the queue: it was accepted before the others.
 	Attempt int
+	// Tenant names who sent the request (from its API key); fair share is
+	// kept between tenants. Empty is the anonymous tenant.
+	Tenant string
+	// Class is the request's priority class (e.g. "interactive",
+	// "batch"); empty takes the default class.
+	Class string
 }
 
 // Scheduler admits requests to workers. See the package doc.
