@@ -272,18 +272,55 @@ func (h *Handler) observe(worker string, m measured, e2e time.Duration) {
 	if h.opt.Observer == nil {
 		return
 	}
+	h.opt.Observer.Observe(worker, observation(m, e2e), time.Now())
+}
+
+// observation turns what a relay measured of one answer into a sample for
+// the averages. A stream shows its first token; a whole answer does not,
+// so its time to first token and decode rate come from the worker's
+// reported timings when it gave them: the first token came when decoding
+// began, predicted_ms before the end (so worker-side queueing and the
+// network count, as they do for a stream), or else after prompt_ms of
+// prefill. Without timings a whole answer teaches end-to-end time and
+// output length only.
+func observation(m measured, e2e time.Duration) stats.Observation {
 	o := stats.Observation{TTFT: m.ttft, E2E: e2e, OutputTokens: m.tokens, DecodeTPS: m.decodeTPS}
+	if t := m.timings; t != nil {
+		if o.TTFT == 0 {
+			if d := msDuration(t.PredictedMs); d > 0 && d < e2e {
+				o.TTFT = e2e - d
+			} else if d := msDuration(t.PromptMs); d > 0 && d < e2e {
+				o.TTFT = d
+			}
+		}
+		if o.DecodeTPS == 0 {
+			if t.PredictedPerSecond > 0 {
+				o.DecodeTPS = t.PredictedPerSecond
+			} else if t.PredictedN > 0 && t.PredictedMs > 0 {
+				o.DecodeTPS = float64(t.PredictedN) / (t.PredictedMs / 1000)
+			}
+		}
+	}
 	if o.DecodeTPS == 0 && m.ttft > 0 && m.tokens > 1 && e2e > m.ttft {
 		o.DecodeTPS = float64(m.tokens-1) / (e2e - m.ttft).Seconds()
 	}
-	h.opt.Observer.Observe(worker, o, time.Now())
+	return o
+}
+
+// msDuration converts a worker's millisecond figure; garbage becomes 0.
+func msDuration(ms float64) time.Duration {
+	if !(ms > 0) || ms > float64(365*24*time.Hour/time.Millisecond) {
+		return 0
+	}
+	return time.Duration(ms * float64(time.Millisecond))
 }
 
 // measured is what a relay learned of an answer.
 type measured struct {
-	ttft      time.Duration
+	ttft      time.Duration // first content of a stream; 0 for a whole answer
 	tokens    int
-	decodeTPS float64 // as reported by the worker, if it did
+	decodeTPS float64  // as reported by the worker, if it did
+	timings   *timings // llama.cpp's timings of a whole answer, if given
 }
 
 // relayStream copies an SSE stream line by line, flushing at the end of
@@ -355,9 +392,7 @@ func relayWhole(w http.ResponseWriter, body io.Reader) (measured, error) {
 	var out measured
 	if json.Unmarshal(data, &c) == nil {
 		out.tokens = c.reportedTokens()
-		if c.Timings != nil {
-			out.decodeTPS = c.Timings.PredictedPerSecond
-		}
+		out.timings = c.Timings
 	}
 	return out, nil
 }

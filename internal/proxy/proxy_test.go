@@ -3,6 +3,11 @@ package proxy
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluice-router/sluice/internal/stats"
 )
 
 func TestParseInference(t *testing.T) {
@@ -101,4 +106,34 @@ func FuzzStreamMeter(f *testing.F) {
 			t.Fatalf("%d first-content lines, %d tokens", firsts, m.tokens())
 		}
 	})
+}
+
+func TestObservation_WholeAnswersTeachWhatTheyCan(t *testing.T) {
+	sec := time.Second
+	tests := []struct {
+		name string
+		m    measured
+		e2e  time.Duration
+		want stats.Observation
+	}{
+		{"stream: decode rate from the first token", measured{ttft: sec, tokens: 11}, 3 * sec,
+			stats.Observation{TTFT: sec, E2E: 3 * sec, OutputTokens: 11, DecodeTPS: 5}},
+		{"whole answer without timings: end-to-end and length", measured{tokens: 40}, 2 * sec,
+			stats.Observation{E2E: 2 * sec, OutputTokens: 40}},
+		{"whole llama.cpp answer: first token where decoding began", measured{tokens: 20, timings: &timings{PromptMs: 300, PredictedN: 20, PredictedMs: 1000, PredictedPerSecond: 20}}, 1500 * time.Millisecond,
+			stats.Observation{TTFT: 500 * time.Millisecond, E2E: 1500 * time.Millisecond, OutputTokens: 20, DecodeTPS: 20}},
+		{"rate from predicted_n and predicted_ms", measured{tokens: 10, timings: &timings{PredictedN: 10, PredictedMs: 500}}, sec,
+			stats.Observation{TTFT: 500 * time.Millisecond, E2E: sec, OutputTokens: 10, DecodeTPS: 20}},
+		{"prompt_ms alone", measured{tokens: 1, timings: &timings{PromptMs: 250}}, sec,
+			stats.Observation{TTFT: 250 * time.Millisecond, E2E: sec, OutputTokens: 1}},
+		{"timings longer than the request are not believed", measured{tokens: 5, timings: &timings{PromptMs: 5000, PredictedMs: 9000}}, sec,
+			stats.Observation{E2E: sec, OutputTokens: 5}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if diff := cmp.Diff(tt.want, observation(tt.m, tt.e2e)); diff != "" {
+				t.Fatalf("observation (-want +got):\n%s", diff)
+			}
+		})
+	}
 }

@@ -19,12 +19,19 @@ type chunk struct {
 	Usage   *struct {
 		CompletionTokens int `json:"completion_tokens"`
 	} `json:"usage"`
-	TokensPredicted int `json:"tokens_predicted"` // llama.cpp native
-	Timings         *struct {
-		PredictedN         int     `json:"predicted_n"`
-		PredictedPerSecond float64 `json:"predicted_per_second"`
-	} `json:"timings"`
-	Error json.RawMessage `json:"error"`
+	TokensPredicted int             `json:"tokens_predicted"` // llama.cpp native
+	Timings         *timings        `json:"timings"`
+	Error           json.RawMessage `json:"error"`
+}
+
+// timings is llama.cpp's per-request timing object, in milliseconds of
+// the worker's own clock: prompt_ms is prefill, predicted_ms the decode of
+// predicted_n tokens.
+type timings struct {
+	PromptMs           float64 `json:"prompt_ms"`
+	PredictedN         int     `json:"predicted_n"`
+	PredictedMs        float64 `json:"predicted_ms"`
+	PredictedPerSecond float64 `json:"predicted_per_second"`
 }
 
 // hasContent reports whether the chunk carries generated text.
