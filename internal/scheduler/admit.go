@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"time"
 )
 
 // Admit blocks until req is bound to a worker, and returns the lease, or
@@ -15,7 +14,7 @@ func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	if t.Done() {
 		return t.Result()
 	}
-	timer := time.NewTimer(s.cfg.QueueTimeout)
+	timer := s.clock.NewTimer(s.cfg.QueueTimeout)
 	defer timer.Stop()
 	var cause error
 	select {
@@ -23,7 +22,7 @@ func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 		return t.Result()
 	case <-ctx.Done():
 		cause = ErrClientGone
-	case <-timer.C:
+	case <-timer.C():
 		cause = ErrQueueTimeout
 	}
 	if s.Cancel(t, cause) {

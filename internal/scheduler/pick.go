@@ -55,7 +55,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		}
 		s.candBuf = cands[:0]
 		defer clear(cands)
-		return s.chooseLocked(nil, cands, idx, elig, now), nil
+		return s.chooseLocked(nil, &req, cands, idx, elig, now), nil
 	}
 	rec := s.newRecordLocked(req, now)
 	rec.Candidates = make([]decisions.Candidate, len(s.workers))
@@ -91,17 +91,17 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	for i, w := range elig {
 		cands[i] = Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snaps[idx[i]], Stats: s.statsOf(w)}
 	}
-	return s.chooseLocked(rec, cands, idx, elig, now), rec
+	return s.chooseLocked(rec, &req, cands, idx, elig, now), rec
 }
 
 // chooseLocked applies the policy to the eligible workers and returns the
 // chosen one, filling rec (when not nil) with the choice and its reason.
-func (s *Scheduler) chooseLocked(rec *decisions.Record, cands []Candidate, idx []int, elig []*worker, now time.Time) *worker {
+func (s *Scheduler) chooseLocked(rec *decisions.Record, req *Request, cands []Candidate, idx []int, elig []*worker, now time.Time) *worker {
 	var reason string
 	var best int
 	switch s.cfg.Policy {
 	case PolicySluice:
-		best = s.scoreLocked(rec, cands, idx, elig, now)
+		best = s.scoreLocked(rec, req, cands, idx, elig, now)
 	case PolicyRoundRobin:
 		best = int(s.rr % uint64(len(elig)))
 		s.rr++
@@ -173,8 +173,9 @@ func explainFull(r *decisions.Record) {
 // returns the index of the winner: lowest total, then least recently
 // picked, then first in configuration order. The per-term breakdown is
 // attached to the record to be computed when it is read.
-func (s *Scheduler) scoreLocked(rec *decisions.Record, cands []Candidate, idx []int, elig []*worker, now time.Time) int {
-	tot := totals(s.terms, cands, &s.scratch)
+func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Candidate, idx []int, elig []*worker, now time.Time) int {
+	env := Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: req}
+	tot := totals(s.terms, &env, cands, &s.scratch)
 	key := func(i int) rankKey { return rankKey{tot[i], elig[i].lastPick, elig[i].order} }
 	best := 0
 	for i := 1; i < len(cands); i++ { // one pass: only the winner is needed now
@@ -194,10 +195,12 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, cands []Candidate, idx []
 		elig[i].last, elig[i].lastIdx = rec, idx[i]
 	}
 	frozen, at := cands, slices.Clone(idx)
-	terms, stale := s.terms, s.cfg.StaleAfter
+	terms := s.terms
+	reqCopy := *req
+	env.Req = &reqCopy // the record must not see later changes to the request
 	rec.SetExplain(func(r *decisions.Record) {
 		explainFull(r)
-		for i, ts := range explain(terms, frozen, now, stale) {
+		for i, ts := range explain(terms, &env, frozen) {
 			r.Candidates[at[i]].Terms = ts
 		}
 		order := make([]int, len(keys))

@@ -194,7 +194,14 @@ func TestScheduler_RetryAfterFollowsDrainRate(t *testing.T) {
 
 type fakeClock struct{ t time.Time }
 
-func (c *fakeClock) Now() time.Time { return c.t }
+func (c *fakeClock) Now() time.Time               { return c.t }
+func (c *fakeClock) NewTimer(time.Duration) Timer { return WallClock{}.NewTimer(time.Hour) }
+
+// fixedClock is a Clock stopped at one instant.
+type fixedClock struct{ t time.Time }
+
+func (c fixedClock) Now() time.Time               { return c.t }
+func (c fixedClock) NewTimer(time.Duration) Timer { return WallClock{}.NewTimer(time.Hour) }
 
 func TestScheduler_QueueTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -333,9 +340,9 @@ func TestScheduler_ScoreTerms(t *testing.T) {
 		stats fakeStats
 		want  string
 	}{
-		{"kv pressure", map[string]Snapshot{"w0": {KVPressure: Reading{Value: 0.9, At: time.Now()}}}, nil, "w1"},
-		{"gpu util", map[string]Snapshot{"w0": {GPUUtil: Reading{Value: 0.8, At: time.Now()}}}, nil, "w1"},
-		{"worker queue", map[string]Snapshot{"w0": {QueueLen: Reading{Value: 2, At: time.Now()}}}, nil, "w1"},
+		{"kv pressure", map[string]Snapshot{"w0": {KVPressure: Reading{Value: 0.9, At: time.Now()}}, "w1": {KVPressure: Reading{Value: 0.2, At: time.Now()}}}, nil, "w1"},
+		{"gpu util", map[string]Snapshot{"w0": {GPUUtil: Reading{Value: 0.8, At: time.Now()}}, "w1": {GPUUtil: Reading{Value: 0.1, At: time.Now()}}}, nil, "w1"},
+		{"worker queue", map[string]Snapshot{"w0": {QueueLen: Reading{Value: 2, At: time.Now()}}, "w1": {QueueLen: Reading{Value: 0, At: time.Now()}}}, nil, "w1"},
 		{"throughput reward", nil, fakeStats{"w0": {DecodeTPS: stats.EMA{Value: 40, N: 5}}, "w1": {DecodeTPS: stats.EMA{Value: 80, N: 5}}}, "w1"},
 		{"latency", nil, fakeStats{"w0": {TTFTMs: stats.EMA{Value: 900, N: 5}}, "w1": {TTFTMs: stats.EMA{Value: 100, N: 5}}}, "w1"},
 		{"tie goes to first listed", nil, nil, "w0"},
@@ -579,5 +586,113 @@ func TestScheduler_NoRecordsPicksTheSame(t *testing.T) {
 	}
 	if _, err := New(Config{NoRecords: true, Recorder: func(*decisions.Record) {}}); err == nil {
 		t.Fatal("NoRecords with a Recorder accepted")
+	}
+}
+
+// A worker that reports no telemetry (an openai-kind worker, a broken
+// /metrics) must not look idle: it is neutral, between the best and the
+// worst of those that report.
+func TestScheduler_UnknownTelemetryIsNeutral(t *testing.T) {
+	now := time.Now()
+	for _, term := range []string{"kv_pressure", "gpu_util", "queue_length"} {
+		t.Run(term, func(t *testing.T) {
+			read := func(v float64) Snapshot {
+				r := Reading{Value: v, At: now, Source: "test"}
+				switch term {
+				case "kv_pressure":
+					return Snapshot{KVPressure: r}
+				case "gpu_util":
+					return Snapshot{GPUUtil: r}
+				}
+				r.Value *= 4
+				return Snapshot{QueueLen: r}
+			}
+			ws := []WorkerSpec{
+				{Name: "silent", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(Snapshot{})},
+				{Name: "busy", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(read(0.9))},
+				{Name: "quiet", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(read(0.1))},
+			}
+			s := newSched(t, Config{MaxQueue: 5, Clock: fixedClock{now}}, ws...)
+			l, err := s.Admit(context.Background(), Request{Model: "m"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Worker != "quiet" {
+				t.Fatalf("picked %s, want quiet (the silent worker must not win on missing data)", l.Worker)
+			}
+			rec := l.Decision.Explain()
+			ranks := map[string]int{}
+			for _, c := range rec.Candidates {
+				ranks[c.Worker] = c.Rank
+				for _, tm := range c.Terms {
+					if c.Worker == "silent" && tm.Name == term && !tm.Neutral {
+						t.Errorf("silent worker's %s term not marked neutral: %+v", term, tm)
+					}
+				}
+			}
+			if got, want := ranks["silent"], 2; got != want {
+				t.Fatalf("silent worker ranked %d, want %d (between quiet and busy): %v", got, want, ranks)
+			}
+		})
+	}
+}
+
+// A reading that stopped being refreshed fades to neutral: a worker whose
+// scrape broke while it looked idle must not keep winning on that reading.
+func TestScheduler_StaleTelemetryLosesWeight(t *testing.T) {
+	now := time.Now()
+	kv := func(v float64, age time.Duration) *mutableSource {
+		return newSource(Snapshot{KVPressure: Reading{Value: v, At: now.Add(-age), Source: "test"}})
+	}
+	tests := []struct {
+		age  time.Duration
+		want string
+	}{
+		{age: time.Second, want: "frozen"},     // fresh: its 0.0 wins
+		{age: 20 * time.Second, want: "fresh"}, // past 3x stale_after: neutral (0.4) loses to 0.3
+	}
+	for _, tt := range tests {
+		t.Run(tt.age.String(), func(t *testing.T) {
+			ws := []WorkerSpec{
+				{Name: "frozen", Models: []string{"m"}, MaxConcurrency: 4, Source: kv(0, tt.age)},
+				{Name: "fresh", Models: []string{"m"}, MaxConcurrency: 4, Source: kv(0.3, 0)},
+				{Name: "other", Models: []string{"m"}, MaxConcurrency: 4, Source: kv(0.5, 0)},
+			}
+			s := newSched(t, Config{MaxQueue: 5, StaleAfter: 3 * time.Second, Clock: fixedClock{now}}, ws...)
+			l, err := s.Admit(context.Background(), Request{Model: "m"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Worker != tt.want {
+				t.Fatalf("picked %s, want %s", l.Worker, tt.want)
+			}
+		})
+	}
+}
+
+// Admit's queue timeout runs on the injected clock, not the wall clock.
+func TestScheduler_AdmitTimesOutOnInjectedClock(t *testing.T) {
+	clk := NewManualClock(time.Unix(1000, 0))
+	s := newSched(t, Config{MaxQueue: 5, QueueTimeout: 30 * time.Second, Clock: clk}, workers(1, 1, "m")...)
+	held, err := s.Admit(context.Background(), Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Admit(context.Background(), Request{Model: "m"})
+		errc <- err
+	}()
+	clk.AwaitTimers(1) // the waiter is queued and has armed its timer
+	clk.Advance(29 * time.Second)
+	select {
+	case err := <-errc:
+		t.Fatalf("refused before the timeout: %v", err)
+	default:
+	}
+	clk.Advance(time.Second)
+	if err := <-errc; !errors.Is(err, ErrQueueTimeout) {
+		t.Fatalf("err %v, want queue timeout", err)
 	}
 }

@@ -2,19 +2,6 @@ package scheduler
 
 import "time"
 
-// Clock tells the scheduler what time it is. The HTTP router uses the wall
-// clock; the virtual-time simulation passes its own, so the same scheduling
-// code runs in both without sleeping.
-type Clock interface {
-	Now() time.Time
-}
-
-// WallClock is the Clock of the real world.
-type WallClock struct{}
-
-// Now returns time.Now().
-func (WallClock) Now() time.Time { return time.Now() }
-
 // Health is a worker's health as the fleet last judged it.
 type Health int
 

@@ -41,6 +41,18 @@ type Candidate struct {
 	Stats *stats.WorkerStats
 }
 
+// Env is what a term sees of the decision besides the candidates: the
+// time, how old telemetry may be before it loses weight, and the request.
+type Env struct {
+	// Now is the time of the decision.
+	Now time.Time
+	// StaleAfter is the age past which a telemetry reading starts to lose
+	// weight (see confidence); 0 means readings never go stale.
+	StaleAfter time.Duration
+	// Req is the request being placed.
+	Req *Request
+}
+
 // Term is one part of the score. Score sees every eligible candidate at
 // once, so it can normalise across them, and writes raw[i] and norm[i] for
 // cands[i]; the weight multiplies norm. Score is on the hot path and
@@ -52,11 +64,11 @@ type Term interface {
 	// Reward reports whether the weighted term is subtracted.
 	Reward() bool
 	// Score computes the term for every candidate.
-	Score(cands []Candidate, raw, norm []float64)
+	Score(env *Env, cands []Candidate, raw, norm []float64)
 	// Provenance returns the source of c's raw value, when it was measured
 	// (zero: computed at decision time), and whether the value is a
-	// neutral stand-in for missing history.
-	Provenance(c *Candidate) (source string, at time.Time, neutral bool)
+	// neutral stand-in for missing or stale data.
+	Provenance(env *Env, c *Candidate) (source string, at time.Time, neutral bool)
 }
 
 // activeRequests is the number of requests Sluice has in flight on the
@@ -66,60 +78,105 @@ type activeRequests struct{}
 
 func (activeRequests) Name() string { return "active_requests" }
 func (activeRequests) Reward() bool { return false }
-func (activeRequests) Score(c []Candidate, raw, norm []float64) {
+func (activeRequests) Score(_ *Env, c []Candidate, raw, norm []float64) {
 	for i := range c {
 		raw[i] = float64(c[i].Active)
 		norm[i] = raw[i]
 	}
 }
-func (activeRequests) Provenance(*Candidate) (string, time.Time, bool) {
+func (activeRequests) Provenance(*Env, *Candidate) (string, time.Time, bool) {
 	return "sluice in-flight count", time.Time{}, false
 }
 
 // queueLength is the worker's own waiting queue as its telemetry reports it
-// (llama.cpp requests_deferred, vLLM num_requests_waiting), absolute.
+// (llama.cpp requests_deferred, vLLM num_requests_waiting), absolute. A
+// worker that reports no queue gets the mean of those that do (0 when none
+// does), and a stale reading fades towards that mean (see telemetryTerm).
 type queueLength struct{}
 
 func (queueLength) Name() string { return "queue_length" }
 func (queueLength) Reward() bool { return false }
-func (queueLength) Score(c []Candidate, raw, norm []float64) {
-	for i := range c {
-		raw[i] = c[i].Snap.QueueLen.Value
-		norm[i] = max(raw[i], 0)
-	}
+func (queueLength) Score(env *Env, c []Candidate, raw, norm []float64) {
+	telemetryTerm(env, c, raw, norm, queueOf, func(v float64) float64 { return max(v, 0) }, 0)
 }
-func (queueLength) Provenance(c *Candidate) (string, time.Time, bool) {
-	return readingProvenance(c.Snap.QueueLen)
+func (queueLength) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
+	return readingProvenance(env, c.Snap.QueueLen)
 }
 
-// kvPressure is the fraction of the worker's KV cache in use, 0..1.
+// kvPressure is the fraction of the worker's KV cache in use, 0..1; a
+// worker that reports none is neutral (the mean of those that do, 0.5 when
+// none does), never the best.
 type kvPressure struct{}
 
 func (kvPressure) Name() string { return "kv_pressure" }
 func (kvPressure) Reward() bool { return false }
-func (kvPressure) Score(c []Candidate, raw, norm []float64) {
-	for i := range c {
-		raw[i] = c[i].Snap.KVPressure.Value
-		norm[i] = clamp01(raw[i])
-	}
+func (kvPressure) Score(env *Env, c []Candidate, raw, norm []float64) {
+	telemetryTerm(env, c, raw, norm, kvOf, clamp01, 0.5)
 }
-func (kvPressure) Provenance(c *Candidate) (string, time.Time, bool) {
-	return readingProvenance(c.Snap.KVPressure)
+func (kvPressure) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
+	return readingProvenance(env, c.Snap.KVPressure)
 }
 
-// gpuUtil is the GPU's utilisation, 0..1.
+// gpuUtil is the GPU's utilisation, 0..1; unknown is neutral as for
+// kvPressure.
 type gpuUtil struct{}
 
 func (gpuUtil) Name() string { return "gpu_util" }
 func (gpuUtil) Reward() bool { return false }
-func (gpuUtil) Score(c []Candidate, raw, norm []float64) {
-	for i := range c {
-		raw[i] = c[i].Snap.GPUUtil.Value
-		norm[i] = clamp01(raw[i])
-	}
+func (gpuUtil) Score(env *Env, c []Candidate, raw, norm []float64) {
+	telemetryTerm(env, c, raw, norm, gpuOf, clamp01, 0.5)
 }
-func (gpuUtil) Provenance(c *Candidate) (string, time.Time, bool) {
-	return readingProvenance(c.Snap.GPUUtil)
+func (gpuUtil) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
+	return readingProvenance(env, c.Snap.GPUUtil)
+}
+
+func queueOf(s *Snapshot) Reading { return s.QueueLen }
+func kvOf(s *Snapshot) Reading    { return s.KVPressure }
+func gpuOf(s *Snapshot) Reading   { return s.GPUUtil }
+
+// confidence is how much a telemetry reading is trusted: 1 while it is
+// fresher than StaleAfter, falling linearly to 0 at three times that age,
+// and 0 for a reading never made. A scrape that stopped answering thus
+// stops steering decisions within a few intervals, instead of its last
+// value winning (or losing) forever.
+func confidence(env *Env, r Reading) float64 {
+	if !r.Known() {
+		return 0
+	}
+	if env == nil || env.StaleAfter <= 0 {
+		return 1
+	}
+	age := env.Now.Sub(r.At)
+	if age <= env.StaleAfter {
+		return 1
+	}
+	return clamp01(float64(3*env.StaleAfter-age) / float64(2*env.StaleAfter))
+}
+
+// telemetryTerm scores a scraped reading: norm is the reading scaled by f,
+// blended with the neutral value by the reading's confidence. The neutral
+// value is the confidence-weighted mean of the candidates' scaled
+// readings, or fallback when no candidate has one: missing telemetry is
+// neither the best nor the worst.
+func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, get func(*Snapshot) Reading, f func(float64) float64, fallback float64) {
+	sum, wsum := 0.0, 0.0
+	for i := range c {
+		r := get(c[i].Snap)
+		raw[i] = r.Value
+		if w := confidence(env, r); w > 0 {
+			sum += w * f(r.Value)
+			wsum += w
+		}
+	}
+	neutral := fallback
+	if wsum > 0 {
+		neutral = sum / wsum
+	}
+	for i := range c {
+		r := get(c[i].Snap)
+		w := confidence(env, r)
+		norm[i] = w*f(r.Value) + (1-w)*neutral
+	}
 }
 
 // latency is the worker's time-to-first-token EMA in milliseconds,
@@ -128,10 +185,10 @@ type latency struct{}
 
 func (latency) Name() string { return "latency" }
 func (latency) Reward() bool { return false }
-func (latency) Score(c []Candidate, raw, norm []float64) {
+func (latency) Score(_ *Env, c []Candidate, raw, norm []float64) {
 	ratioToMax(c, raw, norm, ttft)
 }
-func (latency) Provenance(c *Candidate) (string, time.Time, bool) {
+func (latency) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
 	return emaProvenance(c, ttft, "ema ttft_ms")
 }
 
@@ -141,10 +198,10 @@ type throughput struct{}
 
 func (throughput) Name() string { return "throughput" }
 func (throughput) Reward() bool { return true }
-func (throughput) Score(c []Candidate, raw, norm []float64) {
+func (throughput) Score(_ *Env, c []Candidate, raw, norm []float64) {
 	ratioToMax(c, raw, norm, decodeTPS)
 }
-func (throughput) Provenance(c *Candidate) (string, time.Time, bool) {
+func (throughput) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
 	return emaProvenance(c, decodeTPS, "ema decode_tps")
 }
 
@@ -157,7 +214,7 @@ type jobCost struct{}
 
 func (jobCost) Name() string { return "job_cost" }
 func (jobCost) Reward() bool { return false }
-func (jobCost) Score(c []Candidate, raw, norm []float64) {
+func (jobCost) Score(_ *Env, c []Candidate, raw, norm []float64) {
 	maxv := 0.0
 	for i := range c {
 		raw[i] = c[i].JobCost
@@ -170,7 +227,7 @@ func (jobCost) Score(c []Candidate, raw, norm []float64) {
 		}
 	}
 }
-func (jobCost) Provenance(*Candidate) (string, time.Time, bool) {
+func (jobCost) Provenance(*Env, *Candidate) (string, time.Time, bool) {
 	return "sluice outstanding tokens (prompt + expected output)", time.Time{}, false
 }
 
@@ -211,9 +268,14 @@ func ratioToMax(c []Candidate, raw, norm []float64, get func(*stats.WorkerStats)
 	}
 }
 
-func readingProvenance(r Reading) (string, time.Time, bool) {
-	if r.Source == "" {
-		return "no telemetry", r.At, false
+func readingProvenance(env *Env, r Reading) (string, time.Time, bool) {
+	switch w := confidence(env, r); {
+	case !r.Known():
+		return "no telemetry (neutral)", r.At, true
+	case w == 0:
+		return r.Source + " (too old: neutral)", r.At, true
+	case w < 1:
+		return fmt.Sprintf("%s (stale: weight %.2f, rest neutral)", r.Source, w), r.At, false
 	}
 	return r.Source, r.At, false
 }
@@ -262,12 +324,12 @@ func (sc *scratch) grow(n int) {
 // totals runs every term over cands and returns each candidate's weighted
 // sum. It is the one place weights are applied, and the hot path: it
 // touches only numbers and builds no records. The result lives in sc.
-func totals(terms []WeightedTerm, cands []Candidate, sc *scratch) []float64 {
+func totals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []float64 {
 	sc.grow(len(cands))
 	out := sc.total
 	clear(out)
 	for _, wt := range terms {
-		wt.Term.Score(cands, sc.raw, sc.norm)
+		wt.Term.Score(env, cands, sc.raw, sc.norm)
 		w := signedWeight(wt)
 		for i, n := range sc.norm {
 			out[i] += w * n
@@ -279,7 +341,7 @@ func totals(terms []WeightedTerm, cands []Candidate, sc *scratch) []float64 {
 // explain recomputes the terms from the same candidates (terms are pure,
 // so the numbers are identical to those totals summed) and returns each
 // candidate's breakdown for the decision record.
-func explain(terms []WeightedTerm, cands []Candidate, now time.Time, staleAfter time.Duration) [][]decisions.Term {
+func explain(terms []WeightedTerm, env *Env, cands []Candidate) [][]decisions.Term {
 	recs := make([][]decisions.Term, len(cands))
 	slab := make([]decisions.Term, len(cands)*len(terms))
 	for i := range recs {
@@ -288,14 +350,15 @@ func explain(terms []WeightedTerm, cands []Candidate, now time.Time, staleAfter 
 	var sc scratch
 	sc.grow(len(cands))
 	for _, wt := range terms {
-		wt.Term.Score(cands, sc.raw, sc.norm)
+		wt.Term.Score(env, cands, sc.raw, sc.norm)
 		w := signedWeight(wt)
 		for i := range cands {
-			src, at, neutral := wt.Term.Provenance(&cands[i])
+			src, at, neutral := wt.Term.Provenance(env, &cands[i])
 			t := decisions.Term{Name: wt.Term.Name(), Raw: sc.raw[i], Norm: sc.norm[i], Weight: w, Weighted: w * sc.norm[i], Source: src, Neutral: neutral}
 			if !at.IsZero() {
-				t.AgeMs = float64(now.Sub(at)) / float64(time.Millisecond)
-				t.Stale = staleAfter > 0 && now.Sub(at) > staleAfter && isTelemetry(wt.Term)
+				age := env.Now.Sub(at)
+				t.AgeMs = float64(age) / float64(time.Millisecond)
+				t.Stale = env.StaleAfter > 0 && age > env.StaleAfter && isTelemetry(wt.Term)
 			}
 			recs[i] = append(recs[i], t)
 		}

@@ -112,6 +112,15 @@ type vclock struct{ now time.Time }
 
 func (c *vclock) Now() time.Time { return c.now }
 
+// NewTimer is never used by the simulation, which times queued requests
+// out itself (Cancel at the deadline); the timer never fires.
+func (c *vclock) NewTimer(time.Duration) scheduler.Timer { return idleTimer{} }
+
+type idleTimer struct{}
+
+func (idleTimer) C() <-chan time.Time { return nil }
+func (idleTimer) Stop() bool          { return true }
+
 // source publishes a worker's latest snapshot; the loop replaces it at
 // every scrape, the scheduler reads it.
 type source struct {
