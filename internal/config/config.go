@@ -120,6 +120,10 @@ type Proxy struct {
 	// ResponseHeaderTimeout bounds the wait for a worker's response
 	// headers (which for a non-streaming request come with the answer).
 	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout"`
+	// StreamIdleTimeout bounds the silence between two reads of a
+	// worker's answer once its headers came: a worker that stalls
+	// mid-answer is cut off, its slot freed and the failure counted.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 }
 
 // Kinds are the worker kinds Sluice knows how to read.
@@ -136,7 +140,7 @@ func DefaultConfig() Config {
 		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
-		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute},
+		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute},
 	}
 }
 
@@ -253,6 +257,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Proxy.ResponseHeaderTimeout <= 0 {
 		bad("proxy.response_header_timeout", "must be positive, got %v", c.Proxy.ResponseHeaderTimeout)
+	}
+	if c.Proxy.StreamIdleTimeout <= 0 {
+		bad("proxy.stream_idle_timeout", "must be positive, got %v", c.Proxy.StreamIdleTimeout)
 	}
 	return errors.Join(errs...)
 }

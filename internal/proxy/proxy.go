@@ -27,6 +27,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -85,6 +86,9 @@ type Options struct {
 	MaxBodyBytes int64
 	// MaxAttempts bounds how many workers a request is tried on.
 	MaxAttempts int
+	// IdleTimeout bounds the silence between reads of a worker's answer
+	// after its headers; 0 means one minute.
+	IdleTimeout time.Duration
 	// Logger logs failures; discarded if nil.
 	Logger *slog.Logger
 }
@@ -107,6 +111,9 @@ func New(opt Options) *Handler {
 	}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opt.IdleTimeout <= 0 {
+		opt.IdleTimeout = time.Minute
 	}
 	return &Handler{opt: opt}
 }
@@ -200,7 +207,11 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	if !ok {
 		return false, fmt.Errorf("worker %s has no address", lease.Worker)
 	}
-	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, base.JoinPath(r.URL.Path).String(), bytes.NewReader(body))
+	// The attempt's own context lets the idle timer cut a stalled answer
+	// off without touching the client's request.
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base.JoinPath(r.URL.Path).String(), bytes.NewReader(body))
 	if err != nil {
 		return false, fmt.Errorf("build request for %s: %w", lease.Worker, err)
 	}
@@ -241,10 +252,12 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	res.Status = resp.StatusCode
 
 	var m measured
+	answer := newIdleReader(resp.Body, h.opt.IdleTimeout, cancel)
+	defer answer.stop()
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		m, err = relayStream(w, resp.Body, attemptStart)
+		m, err = relayStream(w, answer, attemptStart)
 	} else {
-		m, err = relayWhole(w, resp.Body)
+		m, err = relayWhole(w, answer)
 	}
 	res.Tokens, res.TTFT = m.tokens, m.ttft
 	switch {
@@ -254,6 +267,9 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	case err != nil:
 		h.report(lease.Worker, err)
 		res.Reason = "upstream_failed"
+		if errors.Is(err, ErrStreamIdle) {
+			res.Reason = "stream_idle"
+		}
 		h.opt.Logger.Warn("worker failed mid-response", "worker", lease.Worker, "err", err)
 	case resp.StatusCode < 300:
 		h.report(lease.Worker, nil)
@@ -365,8 +381,11 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 	switch {
 	case m.failed:
 		return out, fmt.Errorf("worker sent an error event: %s", m.failure)
+	case errors.Is(readErr, ErrStreamIdle):
+		writeStreamError(w, rc, "stream_idle", readErr.Error())
+		return out, fmt.Errorf("read stream: %w", readErr)
 	case readErr != nil:
-		writeStreamError(w, rc, "the worker's stream broke: "+readErr.Error())
+		writeStreamError(w, rc, "upstream_failed", "the worker's stream broke: "+readErr.Error())
 		return out, fmt.Errorf("read stream: %w", readErr)
 	}
 	return out, nil
@@ -374,8 +393,8 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 
 // writeStreamError ends a stream whose worker failed with an OpenAI-style
 // error event, so the client knows the answer is incomplete.
-func writeStreamError(w io.Writer, rc *http.ResponseController, msg string) {
-	fmt.Fprintf(w, "data: %s\n\n", errorJSON("upstream_failed", "server_error", msg))
+func writeStreamError(w io.Writer, rc *http.ResponseController, code, msg string) {
+	fmt.Fprintf(w, "data: %s\n\n", errorJSON(code, "server_error", msg))
 	rc.Flush()
 }
 

@@ -125,6 +125,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Transport:    opt.Transport,
 		MaxBodyBytes: cfg.Proxy.MaxBodyBytes,
 		MaxAttempts:  cfg.Proxy.MaxAttempts,
+		IdleTimeout:  cfg.Proxy.StreamIdleTimeout,
 		Logger:       log,
 	})
 	for _, w := range cfg.Workers {

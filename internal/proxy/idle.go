@@ -1,0 +1,50 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+)
+
+// ErrStreamIdle is why an answer was cut off: the worker sent nothing for
+// longer than the idle timeout after its headers.
+var ErrStreamIdle = errors.New("worker answer idle")
+
+// idleReader reads a worker's answer and cancels the attempt's context
+// when no byte arrives for timeout: a worker that stalls after its headers
+// must not hold its slot forever. Every read that returns bytes rearms
+// the timer.
+type idleReader struct {
+	r       io.Reader
+	timeout time.Duration
+	timer   *time.Timer
+	fired   atomic.Bool
+}
+
+func newIdleReader(r io.Reader, timeout time.Duration, cancel context.CancelCauseFunc) *idleReader {
+	ir := &idleReader{r: r, timeout: timeout}
+	ir.timer = time.AfterFunc(timeout, func() {
+		ir.fired.Store(true)
+		cancel(ErrStreamIdle)
+	})
+	return ir
+}
+
+// Read reads from the answer; after the timer fired it fails with an error
+// wrapping ErrStreamIdle, whatever the transport made of the cancellation.
+func (ir *idleReader) Read(p []byte) (int, error) {
+	n, err := ir.r.Read(p)
+	if ir.fired.Load() {
+		return n, fmt.Errorf("the worker sent nothing for %v: %w", ir.timeout, ErrStreamIdle)
+	}
+	if n > 0 {
+		ir.timer.Reset(ir.timeout)
+	}
+	return n, err
+}
+
+// stop disarms the timer once the answer is relayed.
+func (ir *idleReader) stop() { ir.timer.Stop() }
