@@ -45,6 +45,14 @@ type Config struct {
 	Telemetry Telemetry `yaml:"telemetry"`
 	// Proxy configures request handling.
 	Proxy Proxy `yaml:"proxy"`
+	// Auth configures client API keys and the admin token.
+	Auth Auth `yaml:"auth"`
+	// Server bounds what one client connection may cost the router.
+	Server ServerLimits `yaml:"server"`
+	// Shutdown configures what happens on SIGTERM.
+	Shutdown Shutdown `yaml:"shutdown"`
+	// TLS, when its files are set, serves HTTPS on the listener.
+	TLS TLS `yaml:"tls"`
 }
 
 // Worker is one inference server.
@@ -67,6 +75,12 @@ type Worker struct {
 	// GPUSelector picks one GPU of an exporter serving several, by label,
 	// e.g. {gpu: "1"} or {UUID: "GPU-..."}.
 	GPUSelector map[string]string `yaml:"gpu_selector" json:"gpu_selector,omitempty"`
+	// TLSCAFile is a PEM file of CAs that sign an https worker's
+	// certificate, in place of the system roots.
+	TLSCAFile string `yaml:"tls_ca_file" json:"tls_ca_file,omitempty"`
+	// TLSInsecureSkipVerify turns off certificate checks for an https
+	// worker. Off by default; only for workers on a trusted network.
+	TLSInsecureSkipVerify bool `yaml:"tls_insecure_skip_verify" json:"tls_insecure_skip_verify,omitempty"`
 }
 
 // Admission bounds the queue.
@@ -126,6 +140,75 @@ type Proxy struct {
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 }
 
+// Auth configures who may call the router. With no keys the inference
+// routes are open; with no admin token the admin routes answer loopback
+// clients only.
+type Auth struct {
+	// Keys are the client API keys, sent as "Authorization: Bearer <key>".
+	Keys []APIKey `yaml:"keys"`
+	// AdminTokenSHA256 is the hex SHA-256 of the admin bearer token.
+	AdminTokenSHA256 string `yaml:"admin_token_sha256"`
+	// AdminTokenFile is a file holding the admin token itself (a mounted
+	// secret); it is hashed when read and the plain token dropped.
+	AdminTokenFile string `yaml:"admin_token_file"`
+}
+
+// APIKey is one client API key. Only its SHA-256 is kept in memory.
+type APIKey struct {
+	// KeySHA256 is the hex SHA-256 of the key (sha256sum of the key
+	// without a newline).
+	KeySHA256 string `yaml:"key_sha256"`
+	// KeyFile is a file holding the key itself; surrounding whitespace
+	// is ignored.
+	KeyFile string `yaml:"key_file"`
+	// Tenant names who the key belongs to; it goes into every request's
+	// scheduling and fair share.
+	Tenant string `yaml:"tenant"`
+	// Class is the key's priority class (e.g. interactive, batch); empty
+	// takes the default class.
+	Class string `yaml:"class"`
+	// Rate is the most requests per second the key may start; 0 is
+	// unlimited. Bursts of up to max(1, Rate) requests pass at once.
+	Rate float64 `yaml:"rate"`
+	// MaxConcurrent is the most requests the key may have open at once;
+	// 0 is unlimited.
+	MaxConcurrent int `yaml:"max_concurrent"`
+}
+
+// ServerLimits bound what one client or connection may cost.
+type ServerLimits struct {
+	// MaxHeaderBytes bounds a request's header block; larger ones get 431.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// ReadHeaderTimeout is how long a client may take to send its headers
+	// (slowloris protection); the connection is closed after it.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// IdleTimeout closes a keep-alive connection idle this long.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxConnections bounds the open client connections; 0 is unlimited.
+	// Connections beyond it wait in the kernel's accept backlog until one
+	// closes (and are refused by the kernel once the backlog is full).
+	MaxConnections int `yaml:"max_connections"`
+}
+
+// Shutdown configures the graceful stop on SIGTERM.
+type Shutdown struct {
+	// DrainDelay is how long /readyz answers 503 while Sluice still
+	// serves, so a load balancer takes it out of rotation first.
+	DrainDelay time.Duration `yaml:"drain_delay"`
+	// Grace is how long queued and in-flight requests may then finish;
+	// requests still queued at its end get 503 shutting_down.
+	Grace time.Duration `yaml:"grace"`
+}
+
+// TLS configures HTTPS on the listener. The files are re-read when they
+// change, so a renewed certificate needs no restart.
+type TLS struct {
+	// CertFile is the PEM certificate chain.
+	CertFile string `yaml:"cert_file"`
+	// KeyFile is the PEM private key.
+	KeyFile string `yaml:"key_file"`
+}
+
 // Kinds are the worker kinds Sluice knows how to read.
 var Kinds = []string{fleet.KindLlamaCPP, fleet.KindVLLM, fleet.KindOpenAI}
 
@@ -141,6 +224,8 @@ func DefaultConfig() Config {
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
 		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute},
+		Server:    ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
+		Shutdown:  Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
 	}
 }
 
@@ -261,6 +346,7 @@ func (c *Config) Validate() error {
 	if c.Proxy.StreamIdleTimeout <= 0 {
 		bad("proxy.stream_idle_timeout", "must be positive, got %v", c.Proxy.StreamIdleTimeout)
 	}
+	errs = append(errs, c.validateHardening()...)
 	return errors.Join(errs...)
 }
 

@@ -39,6 +39,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/auth"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -171,6 +172,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // nothing has been written to the client.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
 	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, MaxTokens: p.maxTokens, Attempt: 1}
+	if id, ok := auth.FromContext(r.Context()); ok {
+		req.Tenant, req.Class = id.Tenant, id.Class
+	}
 	var lastErr error
 	for ; req.Attempt <= h.opt.MaxAttempts; req.Attempt++ {
 		lease, err := h.opt.Scheduler.Admit(r.Context(), req)

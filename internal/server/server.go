@@ -25,10 +25,12 @@ import (
 	"net/url"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluice-router/sluice/internal/auth"
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/fleet"
@@ -49,6 +51,8 @@ type Server struct {
 	metrics *metrics
 	proxy   *proxy.Handler
 	mux     *http.ServeMux
+	handler http.Handler                 // mux behind auth and limits
+	keys    atomic.Pointer[auth.Keyring] // swapped whole on reload
 	stopBg  context.CancelFunc
 	bgDone  chan struct{}
 
@@ -72,6 +76,9 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		log = slog.Default()
 	}
 	s := &Server{log: log, cfg: cfg, mux: http.NewServeMux(), bgDone: make(chan struct{})}
+	if err := s.loadKeys(cfg.Auth); err != nil {
+		return nil, err
+	}
 	var err error
 	if cfg.Stats.Store != "" {
 		if s.store, err = stats.OpenBolt(cfg.Stats.Store); err != nil {
@@ -141,11 +148,14 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		s.tracker.Run(bg, cfg.Stats.FlushInterval)
 	}()
 	s.routes()
+	s.handler = s.guard(s.mux)
+	s.logAuthMode()
 	return s, nil
 }
 
-// Handler returns the router's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+// Handler returns the router's HTTP handler: the routes behind
+// authentication and per-key limits.
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Scheduler returns the router's scheduler (for demos and tests).
 func (s *Server) Scheduler() *scheduler.Scheduler { return s.sched }
@@ -165,7 +175,7 @@ func (s *Server) Decisions() *decisions.Log { return s.dlog }
 // accepting, refuses queued requests, lets requests in flight finish (up
 // to grace), and flushes the averages.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
-	hs := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -295,6 +305,11 @@ func (s *Server) Reload(cfg config.Config) error {
 	s.memberMu.Lock()
 	defer s.memberMu.Unlock()
 	var errs []error
+	if err := s.loadKeys(cfg.Auth); err != nil {
+		errs = append(errs, fmt.Errorf("%w (keeping the running keys)", err))
+	} else {
+		s.cfg.Auth = cfg.Auth
+	}
 	old := map[string]config.Worker{}
 	for _, w := range s.cfg.Workers {
 		old[w.Name] = w

@@ -1,0 +1,116 @@
+package server
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/auth"
+	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/proxy"
+)
+
+// routeClass says who may call a route.
+type routeClass int
+
+const (
+	// routePublic: probes and metrics, open to anyone who reaches the port.
+	routePublic routeClass = iota
+	// routeClient: the OpenAI-compatible API; needs a client key when
+	// keys are configured.
+	routeClient
+	// routeAdmin: everything else — the admin API, /debug, the dashboard
+	// and unknown paths — needs the admin token, or a loopback client when
+	// no token is configured. Unknown paths are admin so that a route
+	// added later is protected until someone decides otherwise.
+	routeAdmin
+)
+
+func classify(path string) routeClass {
+	switch {
+	case path == "/healthz", path == "/readyz", path == "/metrics":
+		return routePublic
+	case path == "/completion", strings.HasPrefix(path, "/v1/"):
+		return routeClient
+	}
+	return routeAdmin
+}
+
+// loadKeys builds the keyring for cfg, keeping the limiter state of
+// unchanged keys, and swaps it in.
+func (s *Server) loadKeys(cfg config.Auth) error {
+	kr, err := auth.Load(cfg, s.keys.Load(), nil)
+	if err != nil {
+		return fmt.Errorf("auth: %w", err)
+	}
+	s.keys.Store(kr)
+	return nil
+}
+
+// logAuthMode says at start who may call what.
+func (s *Server) logAuthMode() {
+	kr := s.keys.Load()
+	if kr.Enabled() {
+		s.log.Info("client API keys required on inference routes", "keys", kr.Len())
+	} else {
+		s.log.Warn("inference routes are open to any client: no auth.keys configured")
+	}
+	if !kr.HasAdminToken() {
+		s.log.Warn("admin routes answer loopback clients only: no auth.admin_token_sha256 or auth.admin_token_file configured")
+	}
+}
+
+// guard authenticates and limits every request before the mux sees it.
+func (s *Server) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		kr := s.keys.Load()
+		switch classify(r.URL.Path) {
+		case routePublic:
+			next.ServeHTTP(w, r)
+		case routeClient:
+			if !kr.Enabled() {
+				next.ServeHTTP(w, r)
+				return
+			}
+			key, err := kr.Check(auth.Bearer(r))
+			if err != nil {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
+				proxy.WriteError(w, http.StatusUnauthorized, "invalid_api_key", err.Error())
+				return
+			}
+			if ok, wait := key.Limiter.Allow(); !ok {
+				w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(wait, time.Second).Seconds()))))
+				proxy.WriteError(w, http.StatusTooManyRequests, "rate_limited",
+					fmt.Sprintf("API key of tenant %q is over its rate of %g requests/s", key.Identity.Tenant, key.Limiter.Rate()))
+				return
+			}
+			release, ok := key.Limiter.Acquire()
+			if !ok {
+				w.Header().Set("Retry-After", "1")
+				proxy.WriteError(w, http.StatusTooManyRequests, "too_many_concurrent",
+					fmt.Sprintf("API key of tenant %q already has %d requests open (its max_concurrent)", key.Identity.Tenant, key.Limiter.MaxConcurrent()))
+				return
+			}
+			defer release()
+			// The key is Sluice's, not the worker's: never forward it.
+			r.Header.Del("Authorization")
+			next.ServeHTTP(w, r.WithContext(auth.WithIdentity(r.Context(), key.Identity)))
+		case routeAdmin:
+			if kr.HasAdminToken() {
+				if !kr.CheckAdmin(auth.Bearer(r)) {
+					w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
+					proxy.WriteError(w, http.StatusUnauthorized, "invalid_admin_token", "admin routes need Authorization: Bearer <admin token>")
+					return
+				}
+			} else if !auth.IsLoopback(r.RemoteAddr) {
+				proxy.WriteError(w, http.StatusForbidden, "admin_loopback_only",
+					"admin routes answer loopback clients only until auth.admin_token_sha256 or auth.admin_token_file is set")
+				return
+			}
+			next.ServeHTTP(w, r)
+		}
+	})
+}
