@@ -58,9 +58,11 @@ type Observer interface {
 
 // Result is what the proxy tells its metrics hook about one request.
 type Result struct {
-	Worker    string // empty when never placed
-	Status    int
-	Reason    string // X-Sluice-Reason of a refusal or failure
+	Worker string // empty when never placed
+	Status int
+	Reason string // X-Sluice-Reason of a refusal or failure
+	// Model is the requested model when the fleet serves it, else empty:
+	// a client must not be able to mint metric label values.
 	Model     string
 	QueueWait time.Duration
 	TTFT      time.Duration // 0 when unknown (non-streaming)
@@ -164,7 +166,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		p.model = models[0]
 	}
-	res.Model = p.model
 	h.serve(w, r, body, p, start, &res)
 }
 
@@ -178,6 +179,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 	var lastErr error
 	for ; req.Attempt <= h.opt.MaxAttempts; req.Attempt++ {
 		lease, err := h.opt.Scheduler.Admit(r.Context(), req)
+		if !errors.Is(err, scheduler.ErrUnknownModel) {
+			res.Model = p.model // served by the fleet: safe as a label value
+		}
 		if err != nil {
 			if lastErr != nil && errors.Is(err, scheduler.ErrNoHealthyWorker) {
 				break // nobody left to retry on: report the worker failure
@@ -261,7 +265,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		m, err = relayStream(w, answer, attemptStart)
 	} else {
-		m, err = relayWhole(w, answer)
+		m, err = relayWhole(w, answer, maxParse)
 	}
 	res.Tokens, res.TTFT = m.tokens, m.ttft
 	switch {
@@ -402,22 +406,88 @@ func writeStreamError(w io.Writer, rc *http.ResponseController, code, msg string
 	rc.Flush()
 }
 
-// relayWhole copies a non-streamed answer and reads its usage.
-func relayWhole(w http.ResponseWriter, body io.Reader) (measured, error) {
-	data, err := io.ReadAll(body)
-	if _, werr := w.Write(data); werr != nil {
-		return measured{}, nil
+// maxParse bounds how much of a non-streamed answer is kept to read its
+// usage and timings. The answer itself is relayed whole, however large.
+const maxParse = 16 << 20
+
+// relayWhole relays a non-streamed answer as it arrives and reads its
+// usage and timings. It keeps at most limit bytes: the whole answer
+// when it fits, else its last limit/2 bytes, where OpenAI-style servers
+// put usage and llama.cpp its timings.
+func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, error) {
+	c := capture{limit: limit}
+	buf := make([]byte, 32<<10)
+	var readErr error
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			c.Write(buf[:n])
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return measured{}, nil // client gone; the caller checks its context
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			readErr = err
+			break
+		}
 	}
-	if err != nil {
-		return measured{}, fmt.Errorf("read answer: %w", err)
+	if readErr != nil {
+		return measured{}, fmt.Errorf("read answer: %w", readErr)
 	}
-	var c chunk
+	var ch chunk
 	var out measured
-	if json.Unmarshal(data, &c) == nil {
-		out.tokens = c.reportedTokens()
-		out.timings = c.Timings
+	if c.parse(&ch) {
+		out.tokens = ch.reportedTokens()
+		out.timings = ch.Timings
 	}
 	return out, nil
+}
+
+// capture keeps what relayWhole needs of an answer: all of it up to limit
+// bytes; past that, a tail of limit/2 bytes.
+type capture struct {
+	limit int
+	buf   []byte
+	cut   bool // buf is a tail, not the whole answer
+}
+
+func (c *capture) Write(p []byte) {
+	c.buf = append(c.buf, p...)
+	if len(c.buf) > c.limit {
+		keep := c.limit / 2
+		c.buf = append(c.buf[:0], c.buf[len(c.buf)-keep:]...)
+		c.cut = true
+	}
+}
+
+// parse fills ch from the answer: by decoding it when it was kept whole,
+// else by decoding the last "usage" and "timings" objects of its tail.
+func (c *capture) parse(ch *chunk) bool {
+	if !c.cut {
+		return json.Unmarshal(c.buf, ch) == nil
+	}
+	found := false
+	for _, key := range []string{`"usage"`, `"timings"`} {
+		i := bytes.LastIndex(c.buf, []byte(key))
+		if i < 0 {
+			continue
+		}
+		rest := bytes.TrimLeft(c.buf[i+len(key):], " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			continue
+		}
+		dec := json.NewDecoder(bytes.NewReader(rest[1:]))
+		switch key {
+		case `"usage"`:
+			found = dec.Decode(&ch.Usage) == nil || found
+		case `"timings"`:
+			found = dec.Decode(&ch.Timings) == nil || found
+		}
+	}
+	return found
 }
 
 func copyHeader(dst, src http.Header) {

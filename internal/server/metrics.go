@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -123,7 +124,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descTPS, prometheus.GaugeValue, st.DecodeTPS.Value, w.Name)
 		}
 	}
+	// Only models the fleet serves: a queue also exists for every model
+	// name a client ever asked for, and a client must not mint series.
+	served := s.Models()
 	for model, depth := range s.QueueDepths() {
-		ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(depth), model)
+		if slices.Contains(served, model) {
+			ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(depth), model)
+		}
 	}
 }

@@ -1,0 +1,107 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestRelayWhole_LargeAnswerRelayedWholeUsageFromTail(t *testing.T) {
+	// An embeddings-sized answer larger than what is kept for parsing,
+	// with usage at its end.
+	var b strings.Builder
+	b.WriteString(`{"object":"list","data":[`)
+	const limit = 64 << 10
+	for i := 0; b.Len() < 3*limit; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"object":"embedding","index":%d,"embedding":[0.125,0.25,0.5,1]}`, i)
+	}
+	b.WriteString(`],"usage":{"prompt_tokens":9,"completion_tokens":7},"timings":{"predicted_n":7,"predicted_ms":70}}`)
+	want := b.String()
+	rec := httptest.NewRecorder()
+	m, err := relayWhole(rec, strings.NewReader(want), limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.Body.String(); got != want {
+		t.Fatalf("client got %d bytes, want the worker's %d unchanged", len(got), len(want))
+	}
+	if m.tokens != 7 || m.timings == nil || m.timings.PredictedMs != 70 {
+		t.Fatalf("measured %+v (timings %+v): want 7 tokens and predicted_ms 70 from the tail", m, m.timings)
+	}
+}
+
+func TestCapture_KeepsAtMostItsLimit(t *testing.T) {
+	c := capture{limit: 1000}
+	piece := bytes.Repeat([]byte("x"), 97)
+	for range 100 {
+		c.Write(piece)
+		if len(c.buf) > c.limit {
+			t.Fatalf("kept %d bytes, limit %d", len(c.buf), c.limit)
+		}
+	}
+	c.Write([]byte(`"usage" : {"completion_tokens":3}}`))
+	var ch chunk
+	if !c.parse(&ch) || ch.reportedTokens() != 3 {
+		t.Fatalf("parse of the tail: %+v", ch.Usage)
+	}
+}
+
+// slowBody yields its first part, then waits for next before the rest.
+type slowBody struct {
+	first, rest []byte
+	next        chan struct{}
+}
+
+func (s *slowBody) Read(p []byte) (int, error) {
+	if len(s.first) > 0 {
+		n := copy(p, s.first)
+		s.first = s.first[n:]
+		return n, nil
+	}
+	if s.next != nil {
+		<-s.next
+		s.next = nil
+	}
+	if len(s.rest) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, s.rest)
+	s.rest = s.rest[n:]
+	return n, nil
+}
+
+// recorderWriter tells when the client has been sent its first bytes.
+type recorderWriter struct {
+	*httptest.ResponseRecorder
+	wrote chan struct{}
+}
+
+func (r *recorderWriter) Write(p []byte) (int, error) {
+	n, err := r.ResponseRecorder.Write(p)
+	select {
+	case r.wrote <- struct{}{}:
+	default:
+	}
+	return n, err
+}
+
+func TestRelayWhole_RelaysBeforeTheAnswerEnds(t *testing.T) {
+	body := &slowBody{first: []byte(`{"choices":[{"text":"` + strings.Repeat("a", 1000)), rest: []byte(`"}],"usage":{"completion_tokens":2}}`), next: make(chan struct{})}
+	w := &recorderWriter{ResponseRecorder: httptest.NewRecorder(), wrote: make(chan struct{}, 1)}
+	done := make(chan measured)
+	go func() {
+		m, _ := relayWhole(w, body, maxParse)
+		done <- m
+	}()
+	<-w.wrote // the client has bytes while the worker is still answering
+	close(body.next)
+	if m := <-done; m.tokens != 2 {
+		t.Fatalf("tokens %d, want 2", m.tokens)
+	}
+}
