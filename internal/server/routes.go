@@ -31,6 +31,9 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /api/workers/{name}/undrain", s.drainWorker(false))
 	s.mux.HandleFunc("DELETE /api/workers/{name}", s.deleteWorker)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
+	s.mux.HandleFunc("GET /{$}", s.dash.Index)
+	s.mux.Handle("GET /dashboard/", s.dash.Assets())
+	s.mux.HandleFunc("GET /api/overview", s.dash.ServeOverview)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		proxy.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})

@@ -1,8 +1,8 @@
 // Package server assembles a Sluice router from its parts — fleet,
 // scheduler, stats, decisions, proxy, metrics — and serves its HTTP API:
 // the OpenAI-compatible inference routes, /v1/models, the explanation
-// endpoints (/debug/decisions, /api/workers), /metrics, /healthz and
-// /readyz, and the admin API that adds, drains and removes workers at run
+// endpoints (/debug/decisions, /api/workers), the live dashboard at "/"
+// with its /api/overview, /metrics, /healthz and /readyz, and the admin API that adds, drains and removes workers at run
 // time.
 //
 // # Concurrency Model
@@ -32,6 +32,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/auth"
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/dashboard"
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/fleet"
 	"github.com/sluice-router/sluice/internal/proxy"
@@ -49,6 +50,7 @@ type Server struct {
 	store   stats.Store
 	dlog    *decisions.Log
 	metrics *metrics
+	dash    *dashboard.Dashboard
 	proxy   *proxy.Handler
 	mux     *http.ServeMux
 	handler http.Handler                 // mux behind auth and limits
@@ -123,12 +125,17 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		OnChange:      func(string) { s.sched.Kick() },
 	})
 	s.metrics = newMetrics(func() *scheduler.Scheduler { return s.sched }, s.tracker)
+	s.dash = dashboard.New(dashboard.Options{
+		Workers:     func() []scheduler.WorkerState { return s.sched.Workers() },
+		QueueDepths: func() map[string]int { return s.sched.QueueDepths() },
+		Stats:       s.tracker.Get,
+	})
 	s.proxy = proxy.New(proxy.Options{
 		Scheduler:    s.sched,
 		Resolve:      s.resolve,
 		Observer:     s.tracker,
 		Reporter:     s,
-		OnResult:     s.metrics.observe,
+		OnResult:     func(r proxy.Result) { s.metrics.observe(r); s.dash.Observe(r) },
 		Transport:    opt.Transport,
 		MaxBodyBytes: cfg.Proxy.MaxBodyBytes,
 		MaxAttempts:  cfg.Proxy.MaxAttempts,
@@ -145,7 +152,10 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	s.stopBg = stop
 	go func() {
 		defer close(s.bgDone)
+		var wg sync.WaitGroup
+		wg.Go(func() { s.dash.Run(bg) })
 		s.tracker.Run(bg, cfg.Stats.FlushInterval)
+		wg.Wait()
 	}()
 	s.routes()
 	s.handler = s.guard(s.mux)
@@ -220,6 +230,7 @@ func (s *Server) closeStore() error {
 // record is the scheduler's Recorder: ring buffer, file, one log line.
 func (s *Server) record(r *decisions.Record) {
 	s.dlog.Add(r)
+	s.dash.Decision(r)
 	attrs := []any{"id", r.ID, "model", r.Model, "outcome", r.Outcome, "queue_ms", r.QueueWaitMs, "attempt", r.Attempt}
 	if r.Chosen != "" {
 		for _, c := range r.Candidates {

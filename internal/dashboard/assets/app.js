@@ -1,0 +1,548 @@
+// Sluice dashboard: polls /api/overview every second and /debug/decisions
+// every two, and draws everything itself (inline SVG, no libraries).
+"use strict";
+
+const POLL_MS = 1000;
+const DECISIONS_MS = 2000;
+const DECISIONS_LIMIT = 40;
+const NS = "http://www.w3.org/2000/svg";
+
+// Score terms in the order the bars stack them, with their colours.
+const TERM_COLORS = {
+  active_requests: "#5aa9e6",
+  queue_length: "#f28e2b",
+  job_cost: "#76b7b2",
+  latency: "#e15759",
+  kv_pressure: "#edc948",
+  gpu_util: "#b07aa1",
+  throughput: "#59a14f",
+};
+const EXTRA_COLORS = ["#ff9da7", "#9c755f", "#bab0ac", "#86bcb6", "#d4a6c8"];
+const LINE_COLORS = ["#5aa9e6", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7"];
+
+const state = {
+  seq: 0,
+  samples: [],
+  window: 300,
+  intervalMs: 1000,
+  offset: 0,
+  limit: 24,
+  sort: "config",
+  q: "",
+  paused: false,
+  selected: "",
+  lastOK: 0,
+  token: "",
+  extraTerms: {},
+  busiest: [],
+  lastChosen: "",
+};
+
+// An admin token, when the router wants one, comes from #token=… or
+// ?token=… once and is kept for the tab, not in the address bar.
+(function takeToken() {
+  const h = new URLSearchParams(location.hash.slice(1));
+  const q = new URLSearchParams(location.search);
+  const t = h.get("token") || q.get("token");
+  if (t) {
+    sessionStorage.setItem("sluice-token", t);
+    history.replaceState(null, "", location.pathname);
+  }
+  state.token = sessionStorage.getItem("sluice-token") || "";
+})();
+
+const $ = (id) => document.getElementById(id);
+
+function esc(s) {
+  return String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+async function getJSON(url) {
+  const headers = {};
+  if (state.token) headers.Authorization = "Bearer " + state.token;
+  const r = await fetch(url, { headers, cache: "no-store" });
+  let body = null;
+  try { body = await r.json(); } catch (e) { /* not JSON */ }
+  if (!r.ok) {
+    const msg = body && body.error ? body.error.message : r.status + " " + r.statusText;
+    const err = new Error(msg);
+    err.status = r.status;
+    throw err;
+  }
+  return body;
+}
+
+function banner(msg) {
+  const b = $("banner");
+  if (!msg) { b.hidden = true; return; }
+  b.hidden = false;
+  b.textContent = msg;
+}
+
+// ---------- number formatting ----------
+
+function fmt(v, digits) {
+  if (v == null || Number.isNaN(v)) return "–";
+  const a = Math.abs(v);
+  if (digits == null) digits = a >= 100 ? 0 : a >= 10 ? 1 : 2;
+  return v.toFixed(digits);
+}
+function fmtMs(v) {
+  if (v == null) return "–";
+  if (v >= 10000) return (v / 1000).toFixed(1) + " s";
+  if (v >= 1000) return (v / 1000).toFixed(2) + " s";
+  return fmt(v) + " ms";
+}
+function fmtPct(v) { return v == null ? "–" : Math.round(v * 100) + "%"; }
+function fmtAge(ms) {
+  if (ms == null) return "";
+  if (ms < 1000) return Math.round(ms) + " ms";
+  if (ms < 120000) return (ms / 1000).toFixed(ms < 10000 ? 1 : 0) + " s";
+  return Math.round(ms / 60000) + " min";
+}
+function fmtTime(t) {
+  const d = new Date(t);
+  return d.toLocaleTimeString([], { hour12: false }) + "." + String(d.getMilliseconds()).padStart(3, "0");
+}
+function termColor(name) {
+  if (TERM_COLORS[name]) return TERM_COLORS[name];
+  if (!state.extraTerms[name]) {
+    state.extraTerms[name] = EXTRA_COLORS[Object.keys(state.extraTerms).length % EXTRA_COLORS.length];
+  }
+  return state.extraTerms[name];
+}
+
+// ---------- charts ----------
+
+function svg(tag, attrs) {
+  const e = document.createElementNS(NS, tag);
+  for (const k in attrs) e.setAttribute(k, attrs[k]);
+  return e;
+}
+
+function niceMax(v) {
+  if (!(v > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
+  return 10 * p;
+}
+
+// lineChart draws series (each {name, color, values: [number|null], fill,
+// dash}) over the times ts (Unix ms) into the svg el, and the latest value
+// of each into the legend.
+function lineChart(el, legend, ts, series, opts) {
+  opts = opts || {};
+  const W = Math.max(el.clientWidth, 200), H = el.clientHeight || 130;
+  const L = 38, R = 6, T = 6, B = 16;
+  el.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  el.replaceChildren();
+  const now = ts.length ? ts[ts.length - 1] : Date.now();
+  const span = state.window * state.intervalMs;
+  const t0 = now - span;
+  let ymax = opts.min || 0;
+  for (const s of series) for (const v of s.values) if (v != null && v > ymax) ymax = v;
+  ymax = niceMax(ymax * 1.05);
+  const x = (t) => L + ((t - t0) / span) * (W - L - R);
+  const y = (v) => T + (1 - v / ymax) * (H - T - B);
+  for (let i = 0; i <= 3; i++) {
+    const v = (ymax * i) / 3;
+    el.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" }));
+    const tx = svg("text", { x: L - 4, y: y(v) + 3, "text-anchor": "end" });
+    tx.textContent = opts.unit === "ms" ? fmtMsShort(v) : fmt(v, v >= 10 || v === 0 ? 0 : 1);
+    el.append(tx);
+  }
+  const minutes = Math.round(span / 60000);
+  for (let m = 0; m <= minutes; m++) {
+    const tx = svg("text", { x: x(now - m * 60000), y: H - 3, "text-anchor": m === 0 ? "end" : "middle" });
+    tx.textContent = m === 0 ? "now" : "−" + m + "m";
+    el.append(tx);
+  }
+  const parts = [];
+  for (const s of series) {
+    let d = "", open = false, first = null, last = null;
+    s.values.forEach((v, i) => {
+      if (v == null || ts[i] < t0) { open = false; return; }
+      const px = x(ts[i]).toFixed(1), py = y(v).toFixed(1);
+      d += (open ? "L" : "M") + px + " " + py;
+      if (first == null) first = px;
+      last = px;
+      open = true;
+    });
+    if (!d) continue;
+    if (s.fill) {
+      el.append(svg("path", { d: d + `L${last} ${y(0)}L${first} ${y(0)}Z`, fill: s.color, "fill-opacity": 0.18, stroke: "none" }));
+    }
+    const p = svg("path", { d, fill: "none", stroke: s.color, "stroke-width": s.width || 1.6, "stroke-linejoin": "round" });
+    if (s.dash) p.setAttribute("stroke-dasharray", s.dash);
+    parts.push(p);
+  }
+  el.append(...parts);
+  el.dataset.points = String(ts.length);
+  if (legend) {
+    legend.innerHTML = series.map((s) => {
+      let lastV = null;
+      for (let i = s.values.length - 1; i >= 0; i--) if (s.values[i] != null) { lastV = s.values[i]; break; }
+      const shown = opts.unit === "ms" ? fmtMs(lastV) : fmt(lastV, opts.digits);
+      return `<span><i style="background:${s.color}"></i>${esc(s.name)} <b>${shown}</b></span>`;
+    }).join("");
+  }
+}
+function fmtMsShort(v) {
+  if (v >= 1000) return fmt(v / 1000, v >= 10000 ? 0 : 1) + "s";
+  return fmt(v, 0);
+}
+
+function drawCharts(busiest) {
+  if (busiest) state.busiest = busiest;
+  busiest = state.busiest;
+  const S = state.samples;
+  const ts = S.map((s) => s.t);
+  const perSec = 1000 / state.intervalMs;
+  lineChart($("ch-queue"), $("lg-queue"), ts, [
+    { name: "queued", color: "#f28e2b", values: S.map((s) => s.queued), fill: true },
+  ], { digits: 0 });
+  lineChart($("ch-admit"), $("lg-admit"), ts, [
+    { name: "admitted/s", color: "#5aa9e6", values: S.map((s) => s.admitted * perSec), fill: true },
+    { name: "completed/s", color: "#59a14f", values: S.map((s) => s.ok * perSec) },
+  ], {});
+  lineChart($("ch-refuse"), $("lg-refuse"), ts, [
+    { name: "429/s", color: "#f0b429", values: S.map((s) => s.r429 * perSec), fill: true },
+    { name: "503/s", color: "#ef5a5a", values: S.map((s) => s.r503 * perSec), fill: true },
+    { name: "failed/s", color: "#9d8cf0", values: S.map((s) => s.failed * perSec) },
+  ], { min: 1 });
+  const pct = (key, p) => S.map((s) => (s[key] ? s[key][p] : null));
+  lineChart($("ch-ttft"), $("lg-ttft"), ts, [
+    { name: "p50", color: "#5aa9e6", values: pct("ttft_ms", "p50") },
+    { name: "p95", color: "#f28e2b", values: pct("ttft_ms", "p95") },
+    { name: "p99", color: "#ef5a5a", values: pct("ttft_ms", "p99") },
+  ], { unit: "ms" });
+  lineChart($("ch-tpot"), $("lg-tpot"), ts, [
+    { name: "p50", color: "#5aa9e6", values: pct("tpot_ms", "p50") },
+    { name: "p95", color: "#f28e2b", values: pct("tpot_ms", "p95") },
+    { name: "p99", color: "#ef5a5a", values: pct("tpot_ms", "p99") },
+  ], { unit: "ms" });
+  // Per-worker series end at the newest sample; align them to its times.
+  const conc = (busiest || []).map((w, i) => {
+    const vals = new Array(ts.length).fill(null);
+    const off = ts.length - w.active.length;
+    w.active.forEach((v, j) => { if (off + j >= 0 && v >= 0) vals[off + j] = v; });
+    return { name: w.name, color: LINE_COLORS[i % LINE_COLORS.length], values: vals };
+  });
+  lineChart($("ch-conc"), $("lg-conc"), ts, conc, { min: 1, digits: 0 });
+}
+
+// ---------- worker cards ----------
+
+function sparkline(values, limit) {
+  const W = 240, H = 26;
+  const n = values.length;
+  if (!n) return "";
+  const top = Math.max(limit || 1, ...values, 1);
+  let d = "", open = false;
+  values.forEach((v, i) => {
+    if (v < 0) { open = false; return; }
+    const px = ((i / Math.max(n - 1, 1)) * W).toFixed(1);
+    const py = (H - 1 - (v / top) * (H - 3)).toFixed(1);
+    d += (open ? "L" : "M") + px + " " + py;
+    open = true;
+  });
+  const ly = (H - 1 - ((limit || 0) / top) * (H - 3)).toFixed(1);
+  return `<svg class="spark" viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" aria-label="in flight, last ${n} samples">` +
+    (limit ? `<line x1="0" x2="${W}" y1="${ly}" y2="${ly}" stroke="#8a98a8" stroke-dasharray="3 3" stroke-width="1" vector-effect="non-scaling-stroke"/>` : "") +
+    `<path d="${d}" fill="none" stroke="#5aa9e6" stroke-width="1.5" vector-effect="non-scaling-stroke"/></svg>`;
+}
+
+// scoreBar draws a candidate's weighted terms stacked: costs right of the
+// zero line, rewards (negative weights) left of it, on a scale shared by
+// every bar drawn with the same extent so bars compare.
+function scoreBar(terms, extent) {
+  const neg = extent.neg, span = extent.neg + extent.pos || 1;
+  const zero = (neg / span) * 100;
+  let right = zero, left = zero, html = "";
+  for (const t of orderTerms(terms)) {
+    const w = (Math.abs(t.weighted) / span) * 100;
+    if (w <= 0) continue;
+    let at;
+    if (t.weighted >= 0) { at = right; right += w; } else { left -= w; at = left; }
+    const tip = `${t.name}: raw ${fmt(t.raw)} → norm ${fmt(t.norm)} × weight ${fmt(t.weight)} = ${fmt(t.weighted, 3)}` +
+      (t.source ? ` (${t.source})` : "") + (t.stale ? " STALE" : "") + (t.neutral ? " neutral: no history yet" : "");
+    html += `<span style="left:${at.toFixed(2)}%;width:${w.toFixed(2)}%;background:${termColor(t.name)}" title="${esc(tip)}"></span>`;
+  }
+  return `<div class="sbar" data-terms="${terms.length}">${html}<span class="zero" style="left:${zero.toFixed(2)}%"></span></div>`;
+}
+// termList names the largest contributions, so the bar's story reads
+// without hovering.
+function termList(terms) {
+  const top = [...terms].filter((t) => Math.abs(t.weighted) >= 0.005)
+    .sort((a, b) => Math.abs(b.weighted) - Math.abs(a.weighted)).slice(0, 4);
+  return `<div class="tlist">` + top.map((t) => `<span><i style="background:${termColor(t.name)}"></i>${esc(SHORT[t.name] || t.name)} <b>${t.weighted > 0 ? "+" : ""}${fmt(t.weighted)}</b></span>`).join("") + `</div>`;
+}
+const SHORT = { active_requests: "active", queue_length: "queue", job_cost: "job cost", kv_pressure: "KV", gpu_util: "GPU", throughput: "throughput", latency: "latency" };
+
+function orderTerms(terms) {
+  const order = Object.keys(TERM_COLORS);
+  return [...terms].sort((a, b) => {
+    const ia = order.indexOf(a.name), ib = order.indexOf(b.name);
+    return (ia < 0 ? 99 : ia) - (ib < 0 ? 99 : ib);
+  });
+}
+function extentOf(termLists) {
+  let pos = 0, neg = 0;
+  for (const terms of termLists) {
+    let p = 0, n = 0;
+    for (const t of terms || []) if (t.weighted >= 0) p += t.weighted; else n -= t.weighted;
+    pos = Math.max(pos, p); neg = Math.max(neg, n);
+  }
+  return { pos, neg };
+}
+
+function reading(r, f) {
+  if (!r) return { text: "–", cls: "", tip: "not reported" };
+  const stale = r.age_ms > 5000;
+  return { text: f(r.value), cls: stale ? "stale" : "", tip: `${r.source || ""}, read ${fmtAge(r.age_ms)} ago` };
+}
+
+function cardHTML(w, extent) {
+  const health = w.draining ? "draining" : w.health;
+  const lim = w.limit || 0;
+  const load = lim ? w.active / lim : 0;
+  const meterCls = load >= 1 ? "full" : load >= 0.8 ? "hot" : "";
+  const kv = reading(w.kv, fmtPct), gpu = reading(w.gpu, fmtPct), wq = reading(w.worker_queue, (v) => fmt(v, 0));
+  const a = w.averages || {};
+  const sc = w.score;
+  let limitNote = "";
+  if (w.limit_source || w.limit_reason) {
+    limitNote = `<div class="limitnote">limit <b>${esc(lim)}</b>` +
+      (w.limit_source ? ` · ${esc(w.limit_source)}` : "") +
+      (w.limit_reason ? ` — ${esc(w.limit_reason)}` : "") + `</div>`;
+  } else if (w.slots) {
+    limitNote = `<div class="limitnote">worker reports <b>${esc(w.slots)}</b> slots</div>`;
+  }
+  let scoreHTML = `<div class="score"><div class="line"><span>not scored yet</span></div></div>`;
+  if (sc) {
+    const rank = sc.eligible ? (sc.rank ? `rank ${sc.rank}` : "eligible") : "not eligible";
+    scoreHTML = `<div class="score"><div class="line"><span>score <b>${fmt(sc.total, 3)}</b> · ${esc(rank)}</span><span>${sc.age_ms != null ? fmtAge(sc.age_ms) + " ago" : ""}</span></div>` +
+      (sc.terms.length ? scoreBar(sc.terms, extent) + termList(sc.terms) : "") +
+      (sc.why ? `<div class="why">${esc(sc.why)}</div>` : "") + `</div>`;
+  }
+  const picked = w.name === state.lastChosen;
+  return `<header><span class="name" title="${esc(w.url || w.name)}">${esc(w.name)}</span><span class="badge ${esc(health)}">${esc(health)}</span>` +
+    (picked ? `<span class="badge rank" title="the newest request was bound here">last pick</span>` : "") + `</header>` +
+    `<div class="models" title="${esc((w.models || []).join(", "))}">${esc((w.models || []).join(", ") || "no models known")}</div>` +
+    (w.health_reason && w.health !== "ok" ? `<div class="reason">${esc(w.health_reason)}</div>` : "") +
+    `<div class="load"><span class="num" data-k="active">${esc(w.active)}<small>/${esc(lim)}</small></span><div class="meter ${meterCls}"><div style="width:${Math.min(load, 1) * 100}%"></div></div></div>` +
+    limitNote +
+    `<dl class="kv">` +
+    `<div title="requests for its models waiting in Sluice's queue"><dt>queued</dt><dd>${esc(w.sluice_queue ?? 0)}</dd></div>` +
+    `<div title="${esc(wq.tip)}"><dt>worker q</dt><dd class="${wq.cls}">${wq.text}</dd></div>` +
+    `<div title="${esc(kv.tip)}"><dt>KV cache</dt><dd class="${kv.cls}">${kv.text}</dd></div>` +
+    `<div title="${esc(gpu.tip)}"><dt>GPU</dt><dd class="${gpu.cls}">${gpu.text}</dd></div>` +
+    `<div title="moving average of time to first token"><dt>TTFT</dt><dd>${fmtMs(a.ttft_ms)}</dd></div>` +
+    `<div title="moving average of per-stream decode rate"><dt>decode</dt><dd>${a.decode_tps != null ? fmt(a.decode_tps, 0) + " t/s" : "–"}</dd></div>` +
+    `<div title="moving average of end-to-end time"><dt>e2e</dt><dd>${fmtMs(a.e2e_ms)}</dd></div>` +
+    `<div title="requests measured"><dt>measured</dt><dd>${a.n != null ? esc(a.n) : "–"}</dd></div>` +
+    `</dl>` + sparkline(w.spark || [], lim) + scoreHTML;
+}
+
+const cardEls = new Map();
+function drawCards(ov) {
+  const box = $("cards");
+  const extent = extentOf(ov.workers.map((w) => (w.score ? w.score.terms : [])));
+  const keep = new Set();
+  ov.workers.forEach((w, i) => {
+    keep.add(w.name);
+    let el = cardEls.get(w.name);
+    if (!el) {
+      el = document.createElement("article");
+      cardEls.set(w.name, el);
+    }
+    const health = w.draining ? "draining" : "h-" + w.health;
+    el.className = "card " + health + (w.name === state.lastChosen ? " winner" : "");
+    el.dataset.worker = w.name;
+    el.dataset.active = String(w.active);
+    el.dataset.health = w.health;
+    el.innerHTML = cardHTML(w, extent);
+    if (box.children[i] !== el) box.insertBefore(el, box.children[i] || null);
+  });
+  for (const [name, el] of cardEls) {
+    if (!keep.has(name)) { el.remove(); cardEls.delete(name); }
+  }
+  const p = ov.page;
+  const from = p.total ? p.offset + 1 : 0, to = Math.min(p.offset + p.limit, p.total);
+  $("page-info").textContent = `${from}–${to} of ${p.total}`;
+  $("prev").disabled = p.offset <= 0;
+  $("next").disabled = p.offset + p.limit >= p.total;
+  const seen = new Set();
+  for (const w of ov.workers) for (const t of (w.score ? w.score.terms : [])) seen.add(t.name);
+  const names = orderTerms([...seen].map((name) => ({ name })));
+  $("terms-legend").innerHTML = names.length
+    ? `<span>score terms (lowest total wins):</span>` + names.map((t) => `<span><i style="background:${termColor(t.name)}"></i>${esc(t.name)}</span>`).join("")
+    : "";
+}
+
+function drawSummary(ov) {
+  const f = ov.fleet;
+  $("sum-workers").textContent = f.workers;
+  $("sum-active").textContent = f.active;
+  $("sum-limit").textContent = f.limit;
+  $("sum-queued").textContent = f.queued;
+  $("sum-admitted").textContent = ov.totals.admitted;
+  $("sum-429").textContent = ov.totals.r429;
+  $("sum-503").textContent = ov.totals.r503;
+  const h = f.health || {};
+  const parts = [];
+  if (h.ok) parts.push(`<b style="color:var(--ok)">${h.ok}</b> ok`);
+  if (h.loading) parts.push(`<b style="color:var(--warn)">${h.loading}</b> loading`);
+  if (h.unknown) parts.push(`<b style="color:var(--warn)">${h.unknown}</b> unknown`);
+  if (h.down) parts.push(`<b style="color:var(--bad)">${h.down}</b> down`);
+  if (f.draining) parts.push(`<b style="color:var(--info)">${f.draining}</b> draining`);
+  $("chip-health").innerHTML = parts.join(" · ") || "–";
+  $("ttft-note").textContent = `ms, over the trailing ${ov.latency_window_s} s`;
+}
+
+// ---------- polling ----------
+
+async function pollOverview() {
+  if (!state.paused) {
+    try {
+      const qs = new URLSearchParams({ since: state.seq, offset: state.offset, limit: state.limit, sort: state.sort });
+      if (state.q) qs.set("q", state.q);
+      const ov = await getJSON("/api/overview?" + qs);
+      if (ov.seq < state.seq) state.samples = []; // the router restarted
+      state.intervalMs = ov.interval_ms || 1000;
+      state.window = ov.window || 300;
+      state.samples.push(...ov.samples);
+      if (state.samples.length > state.window) state.samples.splice(0, state.samples.length - state.window);
+      state.seq = ov.seq;
+      if (ov.page.offset >= ov.page.total && ov.page.total > 0 && state.offset > 0) {
+        state.offset = Math.max(0, Math.floor((ov.page.total - 1) / state.limit) * state.limit);
+      }
+      drawSummary(ov);
+      drawCharts(ov.busiest);
+      drawCards(ov);
+      state.lastOK = Date.now();
+      banner("");
+    } catch (e) {
+      if (e.status === 401 || e.status === 403) {
+        banner("This router wants its admin token: open this page as /#token=YOUR_TOKEN. (" + e.message + ")");
+      } else {
+        banner("Cannot reach the router: " + e.message);
+      }
+    }
+  }
+  updateLive();
+  setTimeout(pollOverview, POLL_MS);
+}
+
+function updateLive() {
+  const dot = $("live-dot"), txt = $("live-text");
+  if (state.paused) { dot.className = "dot"; txt.textContent = "paused"; return; }
+  const age = Date.now() - state.lastOK;
+  if (state.lastOK && age < 3 * POLL_MS) { dot.className = "dot on"; txt.textContent = "live"; }
+  else { dot.className = "dot off"; txt.textContent = state.lastOK ? "stale " + fmtAge(age) : "connecting…"; }
+}
+
+async function pollDecisions() {
+  if (!state.paused) {
+    try {
+      const d = await getJSON("/debug/decisions?limit=" + DECISIONS_LIMIT);
+      const list = d.decisions || [];
+      const newest = list.find((r) => r.chosen);
+      state.lastChosen = newest ? newest.chosen : "";
+      drawDecisionList(list);
+      // A fresh page explains the newest placement until one is picked.
+      if (!state.selected && newest) showDecision(newest.id);
+    } catch (e) { /* the overview poll reports reachability */ }
+  }
+  setTimeout(pollDecisions, DECISIONS_MS);
+}
+
+function chosenCand(r) { return (r.candidates || []).find((c) => c.worker === r.chosen); }
+
+function drawDecisionList(list) {
+  const rows = list.map((r) => {
+    const bound = r.outcome === "bound";
+    return `<tr data-id="${esc(r.id)}" class="${r.id === state.selected ? "sel" : ""}">` +
+      `<td>${esc(fmtTime(r.time))}</td><td class="id">${esc(r.id)}</td>` +
+      `<td class="${bound ? "out-bound" : "out-refused"}">${esc(r.outcome)}${r.attempt > 1 ? " (retry " + esc(r.attempt) + ")" : ""}</td>` +
+      `<td>${esc(r.chosen || "–")}</td><td class="num">${fmtMs(r.queue_wait_ms)}</td></tr>`;
+  });
+  $("dlist").innerHTML = rows.join("") || `<tr><td colspan="5" class="muted">no decisions yet: send a request</td></tr>`;
+}
+
+async function showDecision(id) {
+  id = id.trim();
+  if (!id) return;
+  state.selected = id;
+  for (const tr of $("dlist").querySelectorAll("tr")) tr.classList.toggle("sel", tr.dataset.id === id);
+  const box = $("detail");
+  try {
+    const r = await getJSON("/debug/decisions/" + encodeURIComponent(id));
+    box.innerHTML = detailHTML(r);
+  } catch (e) {
+    box.innerHTML = `<p class="reason">${esc(e.message)}</p>`;
+  }
+}
+
+function detailHTML(r) {
+  const cands = [...(r.candidates || [])].sort((a, b) => {
+    if (a.eligible !== b.eligible) return a.eligible ? -1 : 1;
+    return (a.rank || 1e9) - (b.rank || 1e9);
+  });
+  const extent = extentOf(cands.map((c) => c.terms));
+  const facts = [
+    ["time", fmtTime(r.time)], ["model", r.model], ["outcome", r.outcome], ["worker", r.chosen || "–"],
+    ["policy", r.policy], ["attempt", r.attempt], ["queue wait", fmtMs(r.queue_wait_ms)],
+    ["queue depth", r.queue_depth], ["prompt", (r.prompt_tokens ?? "–") + " tok"],
+  ];
+  if (r.max_tokens) facts.push(["max_tokens", r.max_tokens]);
+  let html = `<h3 data-decision="${esc(r.id)}">${esc(r.id)}</h3><div class="facts">` +
+    facts.map(([k, v]) => `<span>${esc(k)} <b>${esc(v)}</b></span>`).join("") + `</div>` +
+    `<div class="because">${esc(r.reason)}</div>`;
+  for (const c of cands) {
+    const cls = c.worker === r.chosen ? "chosen" : c.eligible ? "" : "inel";
+    html += `<div class="cand ${cls}" data-worker="${esc(c.worker)}"><div class="head"><span class="name">${esc(c.worker)}</span>` +
+      `<span>${c.eligible ? (c.rank ? "rank " + esc(c.rank) : "eligible") : "not eligible: " + esc(c.why || "")}</span>` +
+      `<span class="muted">active ${esc(c.active)}/${esc(c.limit)}</span>` +
+      (c.eligible ? `<span>total <b>${fmt(c.total, 3)}</b></span>` : "") + `</div>`;
+    if (c.terms && c.terms.length) {
+      html += scoreBar(c.terms, extent) +
+        `<table><thead><tr><th>term</th><th class="num">raw</th><th class="num">norm</th><th class="num">weight</th><th class="num">weighted</th><th>source</th><th class="num">age</th></tr></thead><tbody>` +
+        orderTerms(c.terms).map((t) => `<tr class="term"><td><i style="display:inline-block;width:8px;height:8px;border-radius:2px;margin-right:5px;background:${termColor(t.name)}"></i>${esc(t.name)}` +
+          (t.stale ? `<span class="flag">stale</span>` : "") + (t.neutral ? `<span class="flag">neutral</span>` : "") + `</td>` +
+          `<td class="num">${fmt(t.raw)}</td><td class="num">${fmt(t.norm, 3)}</td><td class="num">${fmt(t.weight)}</td><td class="num">${fmt(t.weighted, 3)}</td>` +
+          `<td class="src" title="${esc(t.source || "")}">${esc(t.source || "sluice")}</td><td class="num">${t.age_ms != null ? fmtAge(t.age_ms) : "now"}</td></tr>`).join("") +
+        `</tbody></table>`;
+    }
+    html += `</div>`;
+  }
+  return html;
+}
+
+// ---------- controls ----------
+
+$("dlist").addEventListener("click", (e) => {
+  const tr = e.target.closest("tr[data-id]");
+  if (tr) showDecision(tr.dataset.id);
+});
+$("search").addEventListener("submit", (e) => {
+  e.preventDefault();
+  showDecision($("search-id").value);
+});
+let filterTimer = 0;
+$("filter").addEventListener("input", () => {
+  clearTimeout(filterTimer);
+  filterTimer = setTimeout(() => { state.q = $("filter").value.trim(); state.offset = 0; }, 250);
+});
+$("sort").addEventListener("change", () => { state.sort = $("sort").value; state.offset = 0; });
+$("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); });
+$("next").addEventListener("click", () => { state.offset += state.limit; });
+$("pause").addEventListener("click", () => {
+  state.paused = !state.paused;
+  $("pause").textContent = state.paused ? "resume" : "pause";
+  updateLive();
+});
+window.addEventListener("resize", () => drawCharts(null));
+
+pollOverview();
+pollDecisions();
