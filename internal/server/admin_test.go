@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -142,4 +143,34 @@ func TestChangedNonWorkerKeys(t *testing.T) {
 	if got := changedNonWorkerKeys(a, a); len(got) != 0 {
 		t.Fatalf("changed %v for identical configs", got)
 	}
+}
+
+// TestRouter_AdminAddConcurrentWithReload runs the admin API's add and
+// config reloads at once; the race detector checks they share the config
+// safely, and every add either lands or is refused cleanly.
+func TestRouter_AdminAddConcurrentWithReload(t *testing.T) {
+	w0, w1 := newFakeWorker(t, "gpu0"), newFakeWorker(t, "gpu1")
+	r := startRouter(t, testConfig(t, []*fakeWorker{w0}, nil))
+	configs := []config.Config{testConfig(t, []*fakeWorker{w0}, nil), testConfig(t, []*fakeWorker{w1}, nil)}
+	const n = 20
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range n {
+			body := fmt.Sprintf(`{"name":"extra%d","url":%q,"kind":"openai","models":["m"]}`, i, w1.srv.URL)
+			resp, err := http.Post(r.url+"/api/workers", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if text := readAll(t, resp); resp.StatusCode != http.StatusCreated {
+				t.Errorf("add extra%d: %d %s", i, resp.StatusCode, text)
+			}
+		}
+	})
+	for i := range n {
+		if err := r.srv.Reload(configs[i%2]); err != nil {
+			t.Error(err)
+		}
+	}
+	wg.Wait()
 }

@@ -395,13 +395,13 @@ func (s *Server) AddWorker(w config.Worker) error {
 	if w.Kind == "" {
 		w.Kind = fleet.KindLlamaCPP
 	}
+	s.memberMu.Lock() // Reload writes s.cfg under it
+	defer s.memberMu.Unlock()
 	c := s.cfg
 	c.Workers = []config.Worker{w}
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	s.memberMu.Lock()
-	defer s.memberMu.Unlock()
 	if slices.ContainsFunc(s.cfg.Workers, func(x config.Worker) bool { return x.Name == w.Name }) {
 		return fmt.Errorf("worker %q already exists", w.Name)
 	}
