@@ -61,8 +61,9 @@ type Worker struct {
 	Name string `yaml:"name" json:"name,omitempty"`
 	// URL is the worker's base URL, e.g. http://10.0.0.5:8080.
 	URL string `yaml:"url" json:"url,omitempty"`
-	// Kind is "llamacpp" (default), "vllm" or "openai"; it selects which
-	// health and metrics endpoints are read.
+	// Kind is "llamacpp" (default), "vllm", "sglang", "tgi", "trtllm",
+	// "ollama" or "openai"; it selects which health and metrics endpoints
+	// are read.
 	Kind string `yaml:"kind" json:"kind,omitempty"`
 	// Models the worker serves. May be left out: models are discovered
 	// from /v1/models.
@@ -210,7 +211,7 @@ type TLS struct {
 }
 
 // Kinds are the worker kinds Sluice knows how to read.
-var Kinds = []string{fleet.KindLlamaCPP, fleet.KindVLLM, fleet.KindOpenAI}
+var Kinds = fleet.Kinds
 
 // DefaultConfig returns the configuration used for every key left out.
 func DefaultConfig() Config {

@@ -56,7 +56,7 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 		{"missing url", "workers: [{name: a}]", []string{"workers[0].url: missing"}},
 		{"duplicate name", "workers: [{name: a, url: 'http://h:1'}, {name: a, url: 'http://h:2'}]", []string{"workers[1].name: duplicate worker name \"a\""}},
 		{"negative weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {kv_pressure: -1}", []string{"weights.kv_pressure: negative"}},
-		{"bad kind", "workers: [{name: a, url: 'http://h:1', kind: tgi}]", []string{"workers[0].kind", "tgi"}},
+		{"bad kind", "workers: [{name: a, url: 'http://h:1', kind: triton}]", []string{"workers[0].kind", "triton"}},
 		{"bad duration", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: soon}", []string{"line 2", "soon", "time.Duration"}},
 		{"zero timeout", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: 0s}", []string{"admission.queue_timeout: must be positive"}},
 		{"bad listen", "listen: nowhere\nworkers: [{name: a, url: 'http://h:1'}]", []string{"listen:"}},

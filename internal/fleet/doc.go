@@ -7,9 +7,17 @@
 // What is probed depends on the worker's kind:
 //
 //   - llamacpp: GET /health (503 while the model loads: HealthLoading, not
-//     eligible), /metrics, /props (total_slots) and /v1/models.
+//     eligible), /metrics, /slots (busy slots, per-slot n_ctx), /props
+//     (total_slots) and /v1/models.
 //   - vllm: GET /health, /metrics (the series of the worker's model) and
-//     /v1/models.
+//     /v1/models (with max_model_len).
+//   - sglang: GET /health, /metrics (sglang: series) and /v1/models.
+//   - tgi: GET /health, /info (model, max_total_tokens, batch token
+//     budget) and /metrics (tgi_ series).
+//   - trtllm: GET /health, /metrics (trtllm-serve's iteration statistics,
+//     JSON) and /v1/models.
+//   - ollama: GET / ("Ollama is running") and /api/ps (loaded models,
+//     context_length); no load readings.
 //   - openai: GET /v1/models only; the worker is healthy when it answers,
 //     and has no telemetry readings.
 //

@@ -18,7 +18,19 @@ const (
 	KindLlamaCPP = "llamacpp"
 	KindVLLM     = "vllm"
 	KindOpenAI   = "openai"
+	// KindSGLang is an SGLang server (started with --enable-metrics).
+	KindSGLang = "sglang"
+	// KindOllama is an Ollama server; requests go to its OpenAI
+	// endpoints under /v1.
+	KindOllama = "ollama"
+	// KindTGI is Hugging Face text-generation-inference.
+	KindTGI = "tgi"
+	// KindTRTLLM is NVIDIA TensorRT-LLM's trtllm-serve.
+	KindTRTLLM = "trtllm"
 )
+
+// Kinds lists every worker kind, in the order documentation shows them.
+var Kinds = []string{KindLlamaCPP, KindVLLM, KindSGLang, KindTGI, KindTRTLLM, KindOllama, KindOpenAI}
 
 // WorkerConfig describes one worker.
 type WorkerConfig struct {
@@ -27,7 +39,7 @@ type WorkerConfig struct {
 	// URL is the server's root, e.g. http://10.0.0.5:8080, without /v1:
 	// probes append /health, /metrics, /props and /v1/models.
 	URL string `json:"url"`
-	// Kind is KindLlamaCPP, KindVLLM or KindOpenAI.
+	// Kind is one of Kinds (KindLlamaCPP, KindVLLM, ...).
 	Kind string `json:"kind"`
 	// Models are the models the worker serves according to the config;
 	// the scheduler uses them until /v1/models has answered. For vLLM a
@@ -55,10 +67,8 @@ func (c WorkerConfig) validate() error {
 	if err := checkURL(c.URL); err != nil {
 		errs = append(errs, fmt.Errorf("url: %w", err))
 	}
-	switch c.Kind {
-	case KindLlamaCPP, KindVLLM, KindOpenAI:
-	default:
-		errs = append(errs, fmt.Errorf("kind: %q is not %s, %s or %s", c.Kind, KindLlamaCPP, KindVLLM, KindOpenAI))
+	if !slices.Contains(Kinds, c.Kind) {
+		errs = append(errs, fmt.Errorf("kind: %q is not one of %s", c.Kind, strings.Join(Kinds, ", ")))
 	}
 	if c.MaxConcurrency < 0 {
 		errs = append(errs, fmt.Errorf("max_concurrency: %d is negative", c.MaxConcurrency))

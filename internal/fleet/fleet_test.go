@@ -25,11 +25,13 @@ func TestWorker_LlamaCPPSnapshot(t *testing.T) {
 
 	at := h.clock.Now()
 	want := &scheduler.Snapshot{
-		Health:     scheduler.HealthOK,
-		Models:     []string{"llama-3.1-8b-instruct"},
-		Slots:      4,
-		QueueLen:   scheduler.Reading{Value: 5, Source: "llamacpp /metrics llamacpp:requests_deferred", At: at},
-		KVPressure: scheduler.Reading{Value: 0.421875, Source: "llamacpp /metrics llamacpp:kv_cache_usage_ratio", At: at},
+		Health: scheduler.HealthOK,
+		Models: []string{"llama-3.1-8b-instruct"},
+		Slots:  4,
+		// No /slots here: the context comes from /props.
+		ContextTokens: 8192,
+		QueueLen:      scheduler.Reading{Value: 5, Source: "llamacpp /metrics llamacpp:requests_deferred", At: at},
+		KVPressure:    scheduler.Reading{Value: 0.421875, Source: "llamacpp /metrics llamacpp:kv_cache_usage_ratio", At: at},
 	}
 	if diff := cmp.Diff(want, w.Snapshot()); diff != "" {
 		t.Errorf("snapshot mismatch (-want +got):\n%s", diff)
@@ -271,10 +273,12 @@ func TestWorker_VLLMByModel(t *testing.T) {
 
 	at := h.clock.Now()
 	want := &scheduler.Snapshot{
-		Health:     scheduler.HealthOK,
-		Models:     []string{"meta-llama/Llama-3.1-8B-Instruct", "sql-lora"},
-		QueueLen:   scheduler.Reading{Value: 0, Source: "vllm /metrics vllm:num_requests_waiting", At: at},
-		KVPressure: scheduler.Reading{Value: 0.125, Source: "vllm /metrics vllm:kv_cache_usage_perc", At: at},
+		Health: scheduler.HealthOK,
+		Models: []string{"meta-llama/Llama-3.1-8B-Instruct", "sql-lora"},
+		// /v1/models max_model_len.
+		ContextTokens: 131072,
+		QueueLen:      scheduler.Reading{Value: 0, Source: "vllm /metrics vllm:num_requests_waiting", At: at},
+		KVPressure:    scheduler.Reading{Value: 0.125, Source: "vllm /metrics vllm:kv_cache_usage_perc", At: at},
 	}
 	if diff := cmp.Diff(want, w.Snapshot()); diff != "" {
 		t.Errorf("snapshot mismatch (-want +got):\n%s", diff)
@@ -347,7 +351,7 @@ func TestFleet_AddRemoveListValidate(t *testing.T) {
 	if _, err := h.f.Add(context.Background(), WorkerConfig{Name: "a", URL: srv.URL, Kind: KindLlamaCPP}); !errors.Is(err, ErrExists) {
 		t.Errorf("duplicate Add: err = %v, want ErrExists", err)
 	}
-	_, err := h.f.Add(context.Background(), WorkerConfig{Name: "", URL: "ftp://x", Kind: "tgi", MaxConcurrency: -1})
+	_, err := h.f.Add(context.Background(), WorkerConfig{Name: "", URL: "ftp://x", Kind: "triton", MaxConcurrency: -1})
 	for _, want := range []string{"name", "url", "kind", "max_concurrency"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("invalid config: err = %v, want it to name %s", err, want)

@@ -75,6 +75,14 @@ func (w *Worker) scrape(ctx context.Context) {
 		err = w.scrapeVLLM(ctx, now, wasOK)
 	case KindOpenAI:
 		err = w.scrapeOpenAI(ctx, now)
+	case KindSGLang:
+		err = w.scrapeSGLang(ctx, now, wasOK)
+	case KindTGI:
+		err = w.scrapeTGI(ctx, now, wasOK)
+	case KindTRTLLM:
+		err = w.scrapeTRTLLM(ctx, now, wasOK)
+	case KindOllama:
+		err = w.scrapeOllama(ctx, now)
 	}
 	if ctx.Err() != nil {
 		return // stopping: the failure is ours, not the worker's
@@ -127,6 +135,7 @@ func (w *Worker) scrapeLlamaCPP(ctx context.Context, now time.Time, wasOK bool) 
 	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
 		return telemetry.ParseLlamaCPP(r)
 	})
+	w.scrapeSlots(ctx, now)
 	if !wasOK || w.due(now, w.st.propsAt) {
 		w.scrapeProps(ctx, now)
 	}
@@ -152,7 +161,7 @@ func (w *Worker) scrapeVLLM(ctx context.Context, now time.Time, wasOK bool) erro
 		return telemetry.ParseVLLM(r, model)
 	})
 	if !wasOK || w.due(now, w.st.modelsAt) {
-		w.scrapeModels(ctx, now, telemetry.ParseOpenAIModels)
+		w.scrapeModelCards(ctx, now)
 	}
 	w.scrapeGPU(ctx, now)
 	return nil
@@ -240,6 +249,10 @@ func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
 	if changed {
 		w.st.slots = p.TotalSlots
 		w.publishLocked()
+	}
+	if err == nil && p.NCtx > 0 && w.st.slotsErr != "" {
+		// /slots is off (--no-slots): the defaults' n_ctx stands in.
+		w.setContextLocked(p.NCtx)
 	}
 	w.mu.Unlock()
 	w.setTelemetryErr(&w.st.propsErr, "props", url, err)

@@ -65,6 +65,10 @@ type workerState struct {
 	modelsAt time.Time
 	slots    int
 	propsAt  time.Time
+	context  int // ContextTokens; 0 when unknown
+	infoAt   time.Time
+	tgiBatch int // TGI /info max_batch_total_tokens; 0 when unknown
+	slotsErr string
 
 	queue, running, kv, gpu scheduler.Reading
 }
@@ -191,13 +195,14 @@ func (w *Worker) publishLocked() { w.snap.Store(w.buildLocked()) }
 func (w *Worker) buildLocked() *scheduler.Snapshot {
 	st := &w.st
 	return &scheduler.Snapshot{
-		Health:       st.health,
-		HealthReason: st.reason,
-		Models:       slices.Clone(st.models),
-		Slots:        st.slots,
-		QueueLen:     st.queue,
-		KVPressure:   st.kv,
-		GPUUtil:      st.gpu,
+		Health:        st.health,
+		HealthReason:  st.reason,
+		Models:        slices.Clone(st.models),
+		Slots:         st.slots,
+		ContextTokens: st.context,
+		QueueLen:      st.queue,
+		KVPressure:    st.kv,
+		GPUUtil:       st.gpu,
 	}
 }
 
@@ -228,6 +233,10 @@ type State struct {
 	ConfigModels []string `json:"config_models,omitempty"`
 	// Slots is the reported slot count; 0 when unknown.
 	Slots int `json:"slots,omitempty"`
+	// ContextTokens is the reported per-slot context size; 0 when unknown.
+	ContextTokens int `json:"context_tokens,omitempty"`
+	// SlotsError is the current llama.cpp /slots problem, empty when none.
+	SlotsError string `json:"slots_error,omitempty"`
 	// The readings, with their sources and times. Running is not part of
 	// the scheduler's snapshot (Sluice counts its own in-flight requests)
 	// but shows what the worker itself says.
@@ -252,6 +261,7 @@ func (w *Worker) State() State {
 		LastScrape: st.lastScrape, LastError: st.lastErr,
 		MetricsError: st.metricsErr, GPUError: st.gpuErr, PropsError: st.propsErr, ModelsError: st.modelsErr,
 		Models: slices.Clone(st.models), ConfigModels: slices.Clone(w.cfg.Models), Slots: st.slots,
+		ContextTokens: st.context, SlotsError: st.slotsErr,
 		QueueLen: st.queue, Running: st.running, KVPressure: st.kv, GPUUtil: st.gpu,
 	}
 	for _, r := range []struct {

@@ -68,6 +68,12 @@ type Snapshot struct {
 	// /props total_slots); 0 when unknown. Used as max_concurrency when the
 	// config leaves it out.
 	Slots int `json:"slots,omitempty"`
+	// ContextTokens is the longest request, prompt plus completion in
+	// tokens, the worker can hold in one slot (llama.cpp /slots n_ctx,
+	// vLLM and SGLang max_model_len, TGI max_total_tokens, Ollama
+	// context_length); 0 when unknown. A prompt longer than this cannot be
+	// served there.
+	ContextTokens int `json:"context_tokens,omitempty"`
 	// QueueLen is the number of requests waiting inside the worker itself.
 	QueueLen Reading `json:"queue_len"`
 	// KVPressure is the fraction of the worker's KV cache in use, 0..1.

@@ -1,7 +1,9 @@
 // Package telemetry parses what inference workers and GPU exporters say
-// about themselves: Prometheus text from llama.cpp, vLLM and NVIDIA's
-// dcgm-exporter, and the JSON of llama.cpp's /health, /props and
-// /v1/models, vLLM's /health and the OpenAI /v1/models list.
+// about themselves: Prometheus text from llama.cpp, vLLM, SGLang,
+// text-generation-inference and NVIDIA's dcgm-exporter; the JSON of
+// llama.cpp's /health, /props and /slots, TGI's /info, trtllm-serve's
+// iteration statistics, Ollama's /api/ps and the OpenAI /v1/models list
+// (with vLLM's and SGLang's max_model_len).
 //
 // The parsers are pure: they read an io.Reader (or a status code and a
 // body) and return values; they do no HTTP, keep no state and never log.

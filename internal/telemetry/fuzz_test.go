@@ -127,3 +127,74 @@ func FuzzParseModels(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseSGLang(f *testing.F) {
+	seed(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, model := range []string{"", "meta-llama/Llama-3.1-8B-Instruct"} {
+			m, err := ParseSGLang(bytes.NewReader(b), model)
+			checkMetrics(t, m, err)
+		}
+	})
+}
+
+func FuzzParseTGI(f *testing.F) {
+	seed(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, budget := range []int{0, 32000} {
+			m, err := ParseTGI(bytes.NewReader(b), budget)
+			checkMetrics(t, m, err)
+		}
+	})
+}
+
+func FuzzParseTRTLLMStats(f *testing.F) {
+	seed(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseTRTLLMStats(bytes.NewReader(b))
+		checkMetrics(t, m, err)
+	})
+}
+
+func FuzzParseEngineJSON(f *testing.F) {
+	seed(f)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if info, err := ParseTGIInfo(bytes.NewReader(b)); err == nil && info.ModelID == "" {
+			t.Fatal("nil error without model_id")
+		} else if info.MaxTotalTokens < 0 || info.MaxBatchTotalTokens < 0 {
+			t.Fatalf("negative limits: %+v", info)
+		}
+		if ms, err := ParseOllamaPS(bytes.NewReader(b)); err == nil && ms == nil {
+			t.Fatal("nil error with nil models")
+		} else {
+			for _, m := range ms {
+				if m.Name == "" || m.ContextLength < 0 || m.SizeVRAM < 0 {
+					t.Fatalf("bad entry %+v", m)
+				}
+			}
+		}
+		if cards, err := ParseModelCards(bytes.NewReader(b)); err == nil && cards == nil {
+			t.Fatal("nil error with nil cards")
+		} else {
+			for _, c := range cards {
+				if c.ID == "" || c.MaxModelLen < 0 {
+					t.Fatalf("bad card %+v", c)
+				}
+			}
+		}
+		if s, err := ParseLlamaCPPSlots(bytes.NewReader(b)); err == nil && (len(s.Slots) == 0 || s.NCtx <= 0) {
+			t.Fatalf("nil error with %+v", s)
+		} else if s.Busy > len(s.Slots) || s.Busy < 0 {
+			t.Fatalf("busy %d of %d slots", s.Busy, len(s.Slots))
+		}
+		for _, status := range []int{200, 503} {
+			h, err := ParseOllamaRoot(status, bytes.NewReader(b))
+			if err == nil && h.State == StateUnknown {
+				t.Fatal("nil error with unknown state")
+			}
+			if g := ParseTGIHealth(status, bytes.NewReader(b)); g.State == StateUnknown {
+				t.Fatal("tgi health unknown")
+			}
+		}
+	})
+}

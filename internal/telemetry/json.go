@@ -115,6 +115,9 @@ type Props struct {
 	ModelPath string `json:"model_path,omitempty"`
 	// IsSleeping reports the server sleeping on idle (newer builds).
 	IsSleeping bool `json:"is_sleeping,omitempty"`
+	// NCtx is the context size of one slot, from
+	// default_generation_settings.n_ctx; 0 when absent.
+	NCtx int `json:"n_ctx,omitempty"`
 }
 
 // ParseLlamaCPPProps reads llama.cpp's GET /props. A missing or
@@ -124,11 +127,14 @@ func ParseLlamaCPPProps(r io.Reader) (Props, error) {
 		TotalSlots *int   `json:"total_slots"`
 		ModelPath  string `json:"model_path"`
 		IsSleeping bool   `json:"is_sleeping"`
+		Defaults   struct {
+			NCtx int `json:"n_ctx"`
+		} `json:"default_generation_settings"`
 	}
 	if err := decodeJSON(r, &p); err != nil {
 		return Props{}, fmt.Errorf("parse llama.cpp props: %w", err)
 	}
-	out := Props{ModelPath: p.ModelPath, IsSleeping: p.IsSleeping}
+	out := Props{ModelPath: p.ModelPath, IsSleeping: p.IsSleeping, NCtx: max(p.Defaults.NCtx, 0)}
 	if p.TotalSlots == nil || *p.TotalSlots <= 0 {
 		return out, fmt.Errorf("parse llama.cpp props: %w", &MissingError{Metrics: []string{"total_slots"}})
 	}

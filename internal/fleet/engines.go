@@ -1,0 +1,232 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/telemetry"
+)
+
+// keyContext is the log key of a worker's context size.
+const keyContext = "context_tokens"
+
+// statusHealth parses a health endpoint that answers with its status.
+func statusHealth(status int, _ []byte) (telemetry.HealthResult, error) {
+	return telemetry.ParseHealthStatus(status), nil
+}
+
+// singleModel is the worker's one configured model, or "" when it has
+// none or several: the parsers then pick by what the payload names.
+func (w *Worker) singleModel() string {
+	if len(w.cfg.Models) == 1 {
+		return w.cfg.Models[0]
+	}
+	return ""
+}
+
+// scrapeSGLang probes an SGLang server: GET /health, /metrics (sglang:
+// series) and /v1/models with max_model_len.
+func (w *Worker) scrapeSGLang(ctx context.Context, now time.Time, wasOK bool) error {
+	state, err := w.probeHealth(ctx, "/health", statusHealth)
+	if state != telemetry.StateReady {
+		return err
+	}
+	model := w.singleModel()
+	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
+		return telemetry.ParseSGLang(r, model)
+	})
+	if !wasOK || w.due(now, w.st.modelsAt) {
+		w.scrapeModelCards(ctx, now)
+	}
+	w.scrapeGPU(ctx, now)
+	return nil
+}
+
+// scrapeTGI probes text-generation-inference: GET /health, /info (the
+// model, its context and the batch token budget) and /metrics (tgi_
+// series, read against that budget).
+func (w *Worker) scrapeTGI(ctx context.Context, now time.Time, wasOK bool) error {
+	state, err := w.probeHealth(ctx, "/health", func(status int, body []byte) (telemetry.HealthResult, error) {
+		return telemetry.ParseTGIHealth(status, bytes.NewReader(body)), nil
+	})
+	if state != telemetry.StateReady {
+		return err
+	}
+	if !wasOK || w.due(now, w.st.infoAt) {
+		w.scrapeTGIInfo(ctx, now)
+	}
+	w.mu.Lock()
+	budget := w.st.tgiBatch
+	w.mu.Unlock()
+	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
+		return telemetry.ParseTGI(r, budget)
+	})
+	w.scrapeGPU(ctx, now)
+	return nil
+}
+
+// scrapeTGIInfo reads TGI's /info: its model_id is the worker's model
+// list (TGI serves one model), max_total_tokens its context.
+func (w *Worker) scrapeTGIInfo(ctx context.Context, now time.Time) {
+	url := w.base + "/info"
+	body, err := w.getOK(ctx, url)
+	if ctx.Err() != nil {
+		return
+	}
+	var info telemetry.TGIInfo
+	if err == nil {
+		info, err = telemetry.ParseTGIInfo(bytes.NewReader(body))
+		if err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	w.setTelemetryErr(&w.st.modelsErr, "info", url, err)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	w.st.infoAt = now
+	w.st.tgiBatch = info.MaxBatchTotalTokens
+	w.setContextLocked(info.MaxTotalTokens)
+	w.mu.Unlock()
+	w.setModels(now, []string{info.ModelID})
+}
+
+// scrapeTRTLLM probes trtllm-serve: GET /health, /metrics (iteration
+// statistics as JSON) and /v1/models.
+func (w *Worker) scrapeTRTLLM(ctx context.Context, now time.Time, wasOK bool) error {
+	state, err := w.probeHealth(ctx, "/health", statusHealth)
+	if state != telemetry.StateReady {
+		return err
+	}
+	w.scrapeMetrics(ctx, now, "/metrics", telemetry.ParseTRTLLMStats)
+	if !wasOK || w.due(now, w.st.modelsAt) {
+		w.scrapeModelCards(ctx, now)
+	}
+	w.scrapeGPU(ctx, now)
+	return nil
+}
+
+// scrapeOllama probes Ollama: GET / for health and /api/ps, every round,
+// for the loaded models. Ollama loads a pulled model on its first
+// request, so the worker serves its configured models as well as the
+// loaded ones; with neither, its models stay unknown. Ollama has no load
+// metrics: the scheduler relies on Sluice's own in-flight count.
+func (w *Worker) scrapeOllama(ctx context.Context, now time.Time) error {
+	state, err := w.probeHealth(ctx, "/", func(status int, body []byte) (telemetry.HealthResult, error) {
+		return telemetry.ParseOllamaRoot(status, bytes.NewReader(body))
+	})
+	if state != telemetry.StateReady {
+		return err
+	}
+	url := w.base + "/api/ps"
+	body, err := w.getOK(ctx, url)
+	if ctx.Err() != nil {
+		return nil
+	}
+	var loaded []telemetry.OllamaModel
+	if err == nil {
+		loaded, err = telemetry.ParseOllamaPS(bytes.NewReader(body))
+		if err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
+	if err == nil {
+		models := slices.Clone(w.cfg.Models)
+		ctxTokens := 0
+		for _, m := range loaded {
+			if !slices.Contains(models, m.Name) {
+				models = append(models, m.Name)
+			}
+			// Several models may be loaded with different contexts; the
+			// largest is the most any of them can take.
+			ctxTokens = max(ctxTokens, m.ContextLength)
+		}
+		w.mu.Lock()
+		w.setContextLocked(ctxTokens)
+		w.mu.Unlock()
+		if len(models) > 0 {
+			w.setModels(now, models)
+		}
+	}
+	w.scrapeGPU(ctx, now)
+	return nil
+}
+
+// scrapeModelCards reads /v1/models with max_model_len (vLLM, SGLang,
+// trtllm-serve): the list is the worker's models, the largest
+// max_model_len its context (adapters report none and share the base
+// model's).
+func (w *Worker) scrapeModelCards(ctx context.Context, now time.Time) {
+	url := w.base + "/v1/models"
+	body, err := w.getOK(ctx, url)
+	if ctx.Err() != nil {
+		return
+	}
+	var cards []telemetry.ModelCard
+	if err == nil {
+		cards, err = telemetry.ParseModelCards(bytes.NewReader(body))
+		if err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
+	if err != nil {
+		return
+	}
+	ctxTokens := 0
+	for _, c := range cards {
+		ctxTokens = max(ctxTokens, c.MaxModelLen)
+	}
+	if ctxTokens > 0 {
+		w.mu.Lock()
+		w.setContextLocked(ctxTokens)
+		w.mu.Unlock()
+	}
+	w.setModels(now, telemetry.IDs(cards))
+}
+
+// scrapeSlots reads llama.cpp's /slots: the per-slot context size and,
+// when /metrics did not say this round, how many slots are busy.
+func (w *Worker) scrapeSlots(ctx context.Context, now time.Time) {
+	url := w.base + "/slots"
+	body, err := w.getOK(ctx, url)
+	if ctx.Err() != nil {
+		return
+	}
+	var s telemetry.Slots
+	if err == nil {
+		s, err = telemetry.ParseLlamaCPPSlots(bytes.NewReader(body))
+		if err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	w.mu.Lock()
+	if len(s.Slots) > 0 && w.st.running.At.Before(now) {
+		update(&w.st.running, telemetry.Value{V: float64(s.Busy), Present: true, Metric: "is_processing"}, KindLlamaCPP+" /slots ", now)
+	}
+	if s.NCtx > 0 {
+		w.setContextLocked(s.NCtx)
+	}
+	w.publishLocked()
+	w.mu.Unlock()
+	w.setTelemetryErr(&w.st.slotsErr, "slots", url, err)
+}
+
+// setContextLocked records a context size reported by the worker and
+// publishes it when it changed; 0 (not reported) keeps the last one.
+// w.mu must be held.
+func (w *Worker) setContextLocked(n int) {
+	if n <= 0 || n == w.st.context {
+		return
+	}
+	w.st.context = n
+	w.publishLocked()
+	w.log.Info("worker context size changed", slog.Int(keyContext, n))
+}
