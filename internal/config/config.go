@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-router/sluice/internal/fleet"
+	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
@@ -95,8 +96,13 @@ type Admission struct {
 // Stats configures the moving averages.
 type Stats struct {
 	// Store is where averages persist: a file path (embedded bbolt
-	// store), or empty for memory only.
+	// store, the default), a redis:// or rediss:// URL (shared by every
+	// replica pointing at it: redis://[:password@]host:port/db), or empty
+	// for memory only.
 	Store string `yaml:"store"`
+	// RedisPrefix starts every Redis key when Store is a Redis URL;
+	// overrides the URL's prefix parameter. Default "sluice:".
+	RedisPrefix string `yaml:"redis_prefix"`
 	// Alpha is the EMA smoothing factor in (0, 1]: the weight of the
 	// newest sample.
 	Alpha float64 `yaml:"alpha"`
@@ -316,8 +322,14 @@ func (c *Config) Validate() error {
 	if c.Stats.FlushInterval <= 0 {
 		bad("stats.flush_interval", "must be positive, got %v", c.Stats.FlushInterval)
 	}
-	if strings.Contains(c.Stats.Store, "://") {
-		bad("stats.store", "%q: only a file path is supported", c.Stats.Store)
+	if redisconn.IsURL(c.Stats.Store) {
+		if _, _, err := redisconn.Parse(c.Stats.Store, c.Stats.RedisPrefix); err != nil {
+			bad("stats.store", "%v", err)
+		}
+	} else if strings.Contains(c.Stats.Store, "://") {
+		bad("stats.store", "%q: a file path, or a redis:// or rediss:// URL", redisconn.Redact(c.Stats.Store))
+	} else if c.Stats.RedisPrefix != "" {
+		bad("stats.redis_prefix", "set but stats.store %q is not a Redis URL", c.Stats.Store)
 	}
 	if c.Decisions.RingSize <= 0 {
 		bad("decisions.ring_size", "must be positive, got %d", c.Decisions.RingSize)

@@ -62,6 +62,11 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 		{"bad listen", "listen: nowhere\nworkers: [{name: a, url: 'http://h:1'}]", []string{"listen:"}},
 		{"bad policy", "policy: fastest\nworkers: [{name: a, url: 'http://h:1'}]", []string{"policy:", "fastest"}},
 		{"alpha", "workers: [{name: a, url: 'http://h:1'}]\nstats: {alpha: 2}", []string{"stats.alpha"}},
+		{"store scheme", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: 'etcd://h:1'}", []string{"stats.store", "redis://"}},
+		{"redis db", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: 'redis://h:6379/x'}", []string{"stats.store", "invalid database"}},
+		{"redis option", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: 'redis://h:6379/0?pool=3'}", []string{"stats.store", "unexpected option: pool"}},
+		{"redis no host", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: 'redis:///0'}", []string{"stats.store", "no host"}},
+		{"prefix without redis", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: s.db, redis_prefix: x}", []string{"stats.redis_prefix", "not a Redis URL"}},
 		{"several at once", "workers: [{name: '', url: ''}]\nweights: {gpu_util: -2}", []string{"workers[0].name: missing", "workers[0].url: missing", "weights.gpu_util"}},
 	}
 	for _, tt := range tests {
@@ -76,6 +81,24 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestParse_RedisStatsStore(t *testing.T) {
+	for _, store := range []string{
+		"redis://127.0.0.1:6379/0",
+		"redis://:s3cret@redis.internal:6379/2?prefix=prod:",
+		"rediss://user:s3cret@redis.internal:6380/0?dial_timeout=2s",
+	} {
+		yml := "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: '" + store + "'}"
+		c, err := Parse(strings.NewReader(yml))
+		if err != nil {
+			t.Errorf("%s: %v", store, err)
+			continue
+		}
+		if c.Stats.Store != store {
+			t.Errorf("stats.store = %q, want %q", c.Stats.Store, store)
+		}
 	}
 }
 

@@ -36,6 +36,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/fleet"
 	"github.com/sluice-router/sluice/internal/proxy"
+	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -82,7 +83,11 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		return nil, err
 	}
 	var err error
-	if cfg.Stats.Store != "" {
+	if redisconn.IsURL(cfg.Stats.Store) {
+		if s.store, err = stats.OpenRedis(cfg.Stats.Store, cfg.Stats.RedisPrefix); err != nil {
+			return nil, err
+		}
+	} else if cfg.Stats.Store != "" {
 		if s.store, err = stats.OpenBolt(cfg.Stats.Store); err != nil {
 			return nil, err
 		}

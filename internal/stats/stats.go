@@ -11,6 +11,12 @@
 // a separate, explicit step (Flush, or Run's ticker) that copies the dirty
 // entries under the lock and writes them to the Store outside it, so a slow
 // disk never stalls a routing decision.
+//
+// A store that several router replicas share (RedisStore) is a Folder: the
+// Tracker sends it the observations themselves, which it folds in
+// atomically, and reloads it every flush interval, so each replica's
+// averages include every replica's samples, and an unreachable store only
+// delays that — the local averages keep every sample meanwhile.
 package stats
 
 import (
@@ -84,11 +90,39 @@ type Store interface {
 	Close() error
 }
 
+// Folder is a Store shared by several Trackers (one per router replica)
+// that folds observations into the stored averages itself, atomically, so
+// that concurrent replicas lose no sample. A Tracker whose store is a
+// Folder sends it the observations made since the last flush instead of
+// its own averages, adopts the averages Fold returns, and reloads the
+// store every flush interval to pick up the other replicas' samples.
+type Folder interface {
+	Store
+	// Fold folds each worker's observations, in order, into its stored
+	// averages with smoothing factor alpha and returns the new averages
+	// of every worker it folded. A worker absent from the result was not
+	// folded (the error says why); its observations are sent again.
+	Fold(ctx context.Context, alpha float64, batch map[string]FoldBatch) (map[string]WorkerStats, error)
+}
+
+// FoldBatch is one worker's observations since the last flush.
+type FoldBatch struct {
+	Obs []Observation
+	// Updated is when the latest of them was made.
+	Updated time.Time
+}
+
+// maxPending bounds the observations kept per worker while a Folder is
+// unreachable; older ones are dropped first (and counted) so a long outage
+// cannot exhaust memory. The local averages still include them.
+const maxPending = 4096
+
 // Tracker owns the moving averages of every worker.
 type Tracker struct {
-	alpha float64
-	store Store
-	log   *slog.Logger
+	alpha  float64
+	store  Store
+	folder Folder // store, when it folds; then pending replaces dirty
+	log    *slog.Logger
 
 	mu sync.Mutex // serialises writers
 	// stats is a copy-on-write map of immutable values: Observe publishes
@@ -96,6 +130,9 @@ type Tracker struct {
 	// every worker's stats on each pick without taking a lock.
 	stats atomic.Pointer[map[string]*WorkerStats]
 	dirty map[string]bool
+
+	pending map[string]*FoldBatch // observations not yet folded into folder
+	dropped int64                 // pending observations dropped since the last flush
 }
 
 // NewTracker returns a Tracker smoothing with alpha, persisting to store
@@ -107,11 +144,19 @@ func NewTracker(ctx context.Context, alpha float64, store Store, log *slog.Logge
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}}
+	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}, pending: map[string]*FoldBatch{}}
+	t.folder, _ = store.(Folder)
 	m := map[string]*WorkerStats{}
 	t.stats.Store(&m)
 	if store != nil {
 		loaded, err := store.Load(ctx)
+		if err != nil && t.folder != nil {
+			// A shared store that is down at start must not stop the
+			// router: start empty and adopt its averages on a later
+			// Refresh, sending it what is observed meanwhile.
+			log.Error("shared stats store unreachable at start; starting with no averages until it answers", "err", err)
+			return t, nil
+		}
 		if err != nil {
 			return nil, fmt.Errorf("stats: load: %w", err)
 		}
@@ -131,6 +176,29 @@ func (t *Tracker) Observe(worker string, o Observation, now time.Time) {
 	if old := cur[worker]; old != nil {
 		s = *old
 	}
+	s = t.fold(s, o, now)
+	next := maps.Clone(cur)
+	next[worker] = &s
+	t.stats.Store(&next)
+	if t.folder == nil {
+		t.dirty[worker] = true
+		return
+	}
+	p := t.pending[worker]
+	if p == nil {
+		p = &FoldBatch{}
+		t.pending[worker] = p
+	}
+	if len(p.Obs) >= maxPending {
+		p.Obs = p.Obs[1:]
+		t.dropped++
+	}
+	p.Obs = append(p.Obs, o)
+	p.Updated = now
+}
+
+// fold returns s with o folded in, as of now.
+func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats {
 	if o.TTFT > 0 {
 		s.TTFTMs = s.TTFTMs.Add(ms(o.TTFT), t.alpha)
 	}
@@ -144,10 +212,7 @@ func (t *Tracker) Observe(worker string, o Observation, now time.Time) {
 		s.DecodeTPS = s.DecodeTPS.Add(o.DecodeTPS, t.alpha)
 	}
 	s.Updated = now
-	next := maps.Clone(cur)
-	next[worker] = &s
-	t.stats.Store(&next)
-	t.dirty[worker] = true
+	return s
 }
 
 // Get returns worker's stats; the zero WorkerStats when none are known.
@@ -179,6 +244,9 @@ func (t *Tracker) All() map[string]WorkerStats {
 func (t *Tracker) Flush(ctx context.Context) error {
 	if t.store == nil {
 		return nil
+	}
+	if t.folder != nil {
+		return t.flushFolds(ctx)
 	}
 	t.mu.Lock()
 	batch := make(map[string]WorkerStats, len(t.dirty))
@@ -217,8 +285,94 @@ func (t *Tracker) Run(ctx context.Context, interval time.Duration) {
 			if err := t.Flush(ctx); err != nil {
 				t.log.Warn("stats flush failed", "err", err)
 			}
+			if t.folder != nil {
+				if err := t.Refresh(ctx); err != nil {
+					t.log.Warn("stats refresh from the shared store failed", "err", err)
+				}
+			}
 		}
 	}
+}
+
+// flushFolds sends the pending observations to the Folder and adopts the
+// shared averages it returns, with whatever was observed meanwhile folded
+// on top locally. Observations of a worker whose fold failed go back to
+// the front of its pending list.
+func (t *Tracker) flushFolds(ctx context.Context) error {
+	t.mu.Lock()
+	batch := make(map[string]FoldBatch, len(t.pending))
+	for name, p := range t.pending {
+		batch[name] = *p
+	}
+	clear(t.pending)
+	dropped := t.dropped
+	t.dropped = 0
+	t.mu.Unlock()
+	if dropped > 0 {
+		t.log.Error("shared stats store unreachable for long: dropped observations it will never see", "dropped", dropped)
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	folded, err := t.folder.Fold(ctx, t.alpha, batch)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cur := *t.stats.Load()
+	next := maps.Clone(cur)
+	for name, b := range batch {
+		later := t.pending[name] // observed while Fold ran
+		ws, ok := folded[name]
+		if !ok {
+			merged := &FoldBatch{Obs: b.Obs, Updated: b.Updated}
+			if later != nil {
+				merged.Obs = append(merged.Obs, later.Obs...)
+				merged.Updated = later.Updated
+			}
+			if n := len(merged.Obs) - maxPending; n > 0 {
+				merged.Obs = merged.Obs[n:]
+				t.dropped += int64(n)
+			}
+			t.pending[name] = merged
+			continue
+		}
+		if later != nil {
+			for _, o := range later.Obs {
+				ws = t.fold(ws, o, later.Updated)
+			}
+		}
+		next[name] = &ws
+	}
+	t.stats.Store(&next)
+	if err != nil {
+		return fmt.Errorf("stats: fold: %w", err)
+	}
+	return nil
+}
+
+// Refresh replaces the local averages by the store's, which other replicas
+// sharing it also update, with the observations not yet sent folded on top.
+// Workers the store does not know keep their local averages.
+func (t *Tracker) Refresh(ctx context.Context) error {
+	if t.store == nil {
+		return nil
+	}
+	loaded, err := t.store.Load(ctx)
+	if err != nil {
+		return fmt.Errorf("stats: refresh: %w", err)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	next := maps.Clone(*t.stats.Load())
+	for name, ws := range loaded {
+		if p := t.pending[name]; p != nil {
+			for _, o := range p.Obs {
+				ws = t.fold(ws, o, p.Updated)
+			}
+		}
+		next[name] = &ws
+	}
+	t.stats.Store(&next)
+	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
