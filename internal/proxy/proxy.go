@@ -152,7 +152,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	native := r.URL.Path == "/completion"
+	native := r.URL.Path == "/completion" || r.URL.Path == "/rerank" // llama.cpp's own routes: model optional
 	p, err := parseInference(body, !native)
 	if err != nil {
 		res.Status, res.Reason = writeError(w, http.StatusBadRequest, "invalid_request", err.Error())

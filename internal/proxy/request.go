@@ -13,10 +13,14 @@ type inference struct {
 	Stream              bool            `json:"stream"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	NPredict            *int            `json:"n_predict"` // llama.cpp native
+	NPredict            *int            `json:"n_predict"`         // llama.cpp native
+	MaxOutputTokens     *int            `json:"max_output_tokens"` // /v1/responses
 	Messages            json.RawMessage `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
-	Input               json.RawMessage `json:"input"`
+	Input               json.RawMessage `json:"input"`        // embeddings, /v1/responses
+	Instructions        json.RawMessage `json:"instructions"` // /v1/responses
+	Query               json.RawMessage `json:"query"`        // rerank
+	Documents           json.RawMessage `json:"documents"`    // rerank
 }
 
 // parsed is a validated request.
@@ -42,7 +46,7 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 		return parsed{}, fmt.Errorf("missing required field \"model\"")
 	}
 	p.stream = in.Stream
-	for _, v := range []*int{in.MaxTokens, in.MaxCompletionTokens, in.NPredict} {
+	for _, v := range []*int{in.MaxTokens, in.MaxCompletionTokens, in.NPredict, in.MaxOutputTokens} {
 		if v == nil {
 			continue
 		}
@@ -54,7 +58,8 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 			break
 		}
 	}
-	p.promptTokens = estimateTokens(in.Messages) + estimateTokens(in.Prompt) + estimateTokens(in.Input)
+	p.promptTokens = estimateTokens(in.Messages) + estimateTokens(in.Prompt) + estimateTokens(in.Input) +
+		estimateTokens(in.Instructions) + estimateTokens(in.Query) + estimateTokens(in.Documents)
 	p.promptTokens = max(p.promptTokens, 1)
 	return p, nil
 }

@@ -15,7 +15,8 @@ import (
 )
 
 func (s *Server) routes() {
-	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/completion"} {
+	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/completion",
+		"/v1/responses", "/v1/rerank", "/rerank"} {
 		s.mux.Handle(p, s.proxy)
 	}
 	s.mux.HandleFunc("GET /v1/models", s.models)
