@@ -6,9 +6,11 @@ package config
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -83,6 +85,61 @@ type Worker struct {
 	// TLSInsecureSkipVerify turns off certificate checks for an https
 	// worker. Off by default; only for workers on a trusted network.
 	TLSInsecureSkipVerify bool `yaml:"tls_insecure_skip_verify" json:"tls_insecure_skip_verify,omitempty"`
+	// APIKey is the worker's own API key (llama-server --api-key, vLLM
+	// --api-key), sent as "Authorization: Bearer" on probes and proxied
+	// requests. At most one of APIKey, APIKeyEnv and APIKeyFile is set.
+	// It is a secret: never logged, never shown by the HTTP API.
+	APIKey string `yaml:"api_key" json:"api_key,omitempty"`
+	// APIKeyEnv names an environment variable holding the key.
+	APIKeyEnv string `yaml:"api_key_env" json:"api_key_env,omitempty"`
+	// APIKeyFile is a file holding the key (surrounding space trimmed).
+	APIKeyFile string `yaml:"api_key_file" json:"api_key_file,omitempty"`
+	// ForwardClientAuth passes the client's Authorization header on to the
+	// worker when the worker has no key of its own. Off by default: a
+	// client's credentials are not the worker's business.
+	ForwardClientAuth bool `yaml:"forward_client_auth" json:"forward_client_auth,omitempty"`
+}
+
+// ResolveAPIKey returns the worker's API key from wherever the config
+// says it is, or "" when it has none.
+func (w Worker) ResolveAPIKey() (string, error) {
+	switch {
+	case w.APIKey != "":
+		return w.APIKey, nil
+	case w.APIKeyEnv != "":
+		v := strings.TrimSpace(os.Getenv(w.APIKeyEnv))
+		if v == "" {
+			return "", fmt.Errorf("environment variable %s is unset or empty", w.APIKeyEnv)
+		}
+		return v, nil
+	case w.APIKeyFile != "":
+		b, err := os.ReadFile(w.APIKeyFile)
+		if err != nil {
+			return "", fmt.Errorf("read key: %w", err)
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "" {
+			return "", fmt.Errorf("%s is empty", w.APIKeyFile)
+		}
+		return v, nil
+	}
+	return "", nil
+}
+
+// MarshalJSON writes the worker with its literal API key redacted, so no
+// listing or record can leak it.
+func (w Worker) MarshalJSON() ([]byte, error) {
+	type plain Worker
+	if w.APIKey != "" {
+		w.APIKey = "REDACTED"
+	}
+	return json.Marshal(plain(w))
+}
+
+// LogValue logs the worker without its API key.
+func (w Worker) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("name", w.Name), slog.String("url", w.URL), slog.String("kind", w.Kind),
+		slog.Bool("api_key_set", w.APIKey != "" || w.APIKeyEnv != "" || w.APIKeyFile != ""))
 }
 
 // Admission bounds the queue.
@@ -393,6 +450,24 @@ func (w Worker) validate(key string) []error {
 		}
 	} else if len(w.GPUSelector) > 0 {
 		bad("gpu_selector", "set without gpu_metrics")
+	}
+	set := 0
+	for _, v := range []string{w.APIKey, w.APIKeyEnv, w.APIKeyFile} {
+		if v != "" {
+			set++
+		}
+	}
+	switch {
+	case set > 1:
+		bad("api_key", "set at most one of api_key, api_key_env and api_key_file")
+	case w.APIKeyEnv != "":
+		if _, err := w.ResolveAPIKey(); err != nil {
+			bad("api_key_env", "%v", err)
+		}
+	case w.APIKeyFile != "":
+		if _, err := w.ResolveAPIKey(); err != nil {
+			bad("api_key_file", "%v", err)
+		}
 	}
 	return errs
 }

@@ -56,6 +56,10 @@ type WorkerConfig struct {
 	// by label, e.g. {"gpu": "1"} or {"UUID": "GPU-..."}. It may be empty
 	// when the exporter serves one GPU.
 	GPUSelector map[string]string `json:"gpu_selector,omitempty"`
+	// APIKey, when set, is sent as "Authorization: Bearer" on every probe
+	// of the worker's own URL (never to GPUMetrics, another server). It is
+	// a secret: never marshalled.
+	APIKey string `json:"-"`
 }
 
 // validate reports every problem with the config, joined.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/scheduler"
@@ -26,6 +27,9 @@ func (w *Worker) get(ctx context.Context, url string) (int, []byte, error) {
 	if err != nil {
 		return 0, nil, fmt.Errorf("scrape %s: %w", url, err)
 	}
+	if w.cfg.APIKey != "" && underBase(url, w.cfg.URL) {
+		req.Header.Set("Authorization", "Bearer "+w.cfg.APIKey)
+	}
 	resp, err := w.opts.Client.Do(req)
 	if err != nil {
 		return 0, nil, fmt.Errorf("scrape %s: %w", url, err)
@@ -36,6 +40,13 @@ func (w *Worker) get(ctx context.Context, url string) (int, []byte, error) {
 		return resp.StatusCode, nil, fmt.Errorf("scrape %s: read body: %w", url, err)
 	}
 	return resp.StatusCode, body, nil
+}
+
+// underBase reports whether url is base or a path below it, so a
+// worker's key goes to the worker's own server only.
+func underBase(url, base string) bool {
+	base = strings.TrimRight(base, "/")
+	return url == base || strings.HasPrefix(url, base+"/") || strings.HasPrefix(url, base+"?")
 }
 
 // getOK is get that also fails on a status other than 200.

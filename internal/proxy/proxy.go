@@ -77,6 +77,11 @@ type Options struct {
 	Scheduler *scheduler.Scheduler
 	// Resolve returns the base URL of a worker by name.
 	Resolve func(worker string) (*url.URL, bool)
+	// Credentials returns a worker's own API key, sent as "Authorization:
+	// Bearer" in place of the client's, and whether the client's
+	// Authorization may be forwarded to a worker without a key. The
+	// client's header is dropped otherwise, and when Credentials is nil.
+	Credentials func(worker string) (apiKey string, forwardClientAuth bool)
 	// Observer receives per-request measurements; nil discards them.
 	Observer Observer
 	// Reporter receives per-attempt outcomes; nil discards them.
@@ -225,6 +230,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	}
 	out.URL.RawQuery = r.URL.RawQuery
 	copyHeader(out.Header, r.Header)
+	h.setAuth(out.Header, lease.Worker)
 	// Sluice must read the answer to meter it: let the transport negotiate
 	// compression with the worker and decompress, and relay plain bytes.
 	out.Header.Del("Accept-Encoding")
@@ -284,6 +290,22 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		h.observe(lease.Worker, m, time.Since(attemptStart))
 	}
 	return true, nil
+}
+
+// setAuth puts the worker's credentials in an outgoing request: its own
+// key, else the client's Authorization only where the worker asks for it.
+func (h *Handler) setAuth(hdr http.Header, worker string) {
+	var key string
+	var forward bool
+	if h.opt.Credentials != nil {
+		key, forward = h.opt.Credentials(worker)
+	}
+	switch {
+	case key != "":
+		hdr.Set("Authorization", "Bearer "+key)
+	case !forward:
+		hdr.Del("Authorization")
+	}
 }
 
 func (h *Handler) report(worker string, err error) {

@@ -16,13 +16,13 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -61,6 +61,7 @@ type Server struct {
 
 	memberMu sync.Mutex // serialises worker membership changes
 	urls     sync.Map   // worker name -> *url.URL
+	creds    sync.Map   // worker name -> credentials
 }
 
 // Options are the parts a caller may supply instead of the defaults.
@@ -138,6 +139,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	s.proxy = proxy.New(proxy.Options{
 		Scheduler:    s.sched,
 		Resolve:      s.resolve,
+		Credentials:  s.credentials,
 		Observer:     s.tracker,
 		Reporter:     s,
 		OnResult:     func(r proxy.Result) { s.metrics.observe(r); s.dash.Observe(r) },
@@ -275,9 +277,26 @@ func (s *Server) resolve(worker string) (*url.URL, bool) {
 	return u.(*url.URL), true
 }
 
-func toFleet(w config.Worker) fleet.WorkerConfig {
+// credentials are what the proxy sends a worker in place of the client's
+// Authorization header.
+type credentials struct {
+	key     string // the worker's own API key; "" for none
+	forward bool   // forward the client's Authorization when key is ""
+}
+
+// credentials is the proxy's Credentials hook.
+func (s *Server) credentials(worker string) (key string, forwardClientAuth bool) {
+	c, ok := s.creds.Load(worker)
+	if !ok {
+		return "", false
+	}
+	cr := c.(credentials)
+	return cr.key, cr.forward
+}
+
+func toFleet(w config.Worker, key string) fleet.WorkerConfig {
 	return fleet.WorkerConfig{Name: w.Name, URL: w.URL, Kind: w.Kind, Models: w.Models,
-		MaxConcurrency: w.MaxConcurrency, GPUMetrics: w.GPUMetrics, GPUSelector: w.GPUSelector}
+		MaxConcurrency: w.MaxConcurrency, GPUMetrics: w.GPUMetrics, GPUSelector: w.GPUSelector, APIKey: key}
 }
 
 // addWorker starts probing w and makes it schedulable.
@@ -292,11 +311,16 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	if err != nil {
 		return fmt.Errorf("worker %s: url: %w", w.Name, err)
 	}
-	fw, err := s.fleet.Add(context.Background(), toFleet(w))
+	key, err := w.ResolveAPIKey()
+	if err != nil {
+		return fmt.Errorf("worker %s: api key: %w", w.Name, err)
+	}
+	fw, err := s.fleet.Add(context.Background(), toFleet(w, key))
 	if err != nil {
 		return err
 	}
 	s.urls.Store(w.Name, u)
+	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
 	err = s.sched.AddWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: w.MaxConcurrency, Source: fw})
 	if err != nil {
 		s.fleet.Remove(w.Name)
@@ -393,9 +417,7 @@ func changedNonWorkerKeys(running, next config.Config) []string {
 }
 
 func equalWorker(a, b config.Worker) bool {
-	ja, _ := json.Marshal(a)
-	jb, _ := json.Marshal(b)
-	return string(ja) == string(jb)
+	return reflect.DeepEqual(a, b) // not JSON: that redacts the API key
 }
 
 // AddWorker adds a worker at run time (admin API).
