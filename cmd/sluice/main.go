@@ -17,16 +17,18 @@ var subcommands = map[string]struct {
 	run     func(args []string) error
 	summary string
 }{
-	"serve": {runServe, "run the router (sluice serve --config sluice.yaml)"},
-	"sim":   {runSim, "run simulated llama-server workers"},
-	"demo":  {runDemo, "start a simulated fleet and the router in front of it"},
-	"bench": {runBench, "measure latency predictability (bench run | bench compare)"},
+	"serve":   {runServe, "run the router (sluice serve --config sluice.yaml)"},
+	"sim":     {runSim, "run simulated llama-server workers"},
+	"demo":    {runDemo, "start a simulated fleet and the router in front of it"},
+	"bench":   {runBench, "measure latency predictability (bench run | bench compare)"},
+	"config":  {runConfig, "validate a config file without starting (config check --config FILE)"},
+	"version": {runVersion, "print the version and build details"},
 }
 
 func usage() {
 	fmt.Fprintln(os.Stderr, "usage: sluice <command> [flags]\n\ncommands:")
-	for _, name := range []string{"demo", "serve", "sim", "bench"} {
-		fmt.Fprintf(os.Stderr, "  %-6s %s\n", name, subcommands[name].summary)
+	for _, name := range []string{"demo", "serve", "sim", "bench", "config", "version"} {
+		fmt.Fprintf(os.Stderr, "  %-7s %s\n", name, subcommands[name].summary)
 	}
 	fmt.Fprintln(os.Stderr, "\nrun 'sluice <command> -h' for a command's flags")
 }

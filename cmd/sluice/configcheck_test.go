@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeConfigFile(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestConfigCheck_GoodFile(t *testing.T) {
+	path := writeConfigFile(t, "workers:\n  - {name: a, url: 'http://10.0.0.5:8080'}\n  - {name: b, url: 'http://10.0.0.6:30000', kind: sglang}\n")
+	var out bytes.Buffer
+	if err := configCheck(&out, []string{"--config", path}); err != nil {
+		t.Fatalf("err %v; output %s", err, out.String())
+	}
+	if got := out.String(); !strings.Contains(got, "ok: 2 worker(s) (1 llamacpp, 1 sglang)") {
+		t.Errorf("output %q", got)
+	}
+}
+
+func TestConfigCheck_ListsEveryProblemByKey(t *testing.T) {
+	path := writeConfigFile(t, "listen: nowhere\nworkers:\n  - {name: a, url: 'ftp://x', kind: triton}\n  - {name: a, url: 'http://h:1'}\n")
+	var out bytes.Buffer
+	err := configCheck(&out, []string{"--config", path})
+	if err == nil {
+		t.Fatal("bad config accepted")
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	for _, key := range []string{"listen:", "workers[0].url:", "workers[0].kind:", "workers[1].name:"} {
+		found := false
+		for _, l := range lines {
+			found = found || strings.Contains(l, key)
+		}
+		if !found {
+			t.Errorf("no line names %s in:\n%s", key, out.String())
+		}
+	}
+	if !strings.Contains(err.Error(), "problem(s)") {
+		t.Errorf("err %q, want a count of problems", err)
+	}
+}
+
+func TestConfigCheck_UnknownKeyAndMissingFile(t *testing.T) {
+	var out bytes.Buffer
+	path := writeConfigFile(t, "workers:\n  - {name: a, url: 'http://h:1', colour: red}\n")
+	if err := configCheck(&out, []string{"--config", path}); err == nil || !strings.Contains(out.String(), "colour") {
+		t.Errorf("unknown key: err %v, output %q", err, out.String())
+	}
+	if err := configCheck(&out, []string{"--config", filepath.Join(t.TempDir(), "none.yaml")}); err == nil {
+		t.Error("missing file accepted")
+	}
+	if err := configCheck(&out, nil); err == nil || !strings.Contains(err.Error(), "--config") {
+		t.Errorf("no file: err %v", err)
+	}
+	if err := runConfig([]string{"lint"}); err == nil {
+		t.Error("unknown config subcommand accepted")
+	}
+}
