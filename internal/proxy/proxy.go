@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -231,6 +232,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	out.URL.RawQuery = r.URL.RawQuery
 	copyHeader(out.Header, r.Header)
 	h.setAuth(out.Header, lease.Worker)
+	setForwarded(out.Header, r)
 	// Sluice must read the answer to meter it: let the transport negotiate
 	// compression with the worker and decompress, and relay plain bytes.
 	out.Header.Del("Accept-Encoding")
@@ -306,6 +308,26 @@ func (h *Handler) setAuth(hdr http.Header, worker string) {
 	case !forward:
 		hdr.Del("Authorization")
 	}
+}
+
+// setForwarded tells the worker who asked, as httputil's SetXForwarded
+// does: the client's address appended to X-Forwarded-For, the original
+// Host in X-Forwarded-Host, the client's scheme in X-Forwarded-Proto.
+func setForwarded(hdr http.Header, r *http.Request) {
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if prior := hdr.Values("X-Forwarded-For"); len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		hdr.Set("X-Forwarded-For", ip)
+	} else {
+		hdr.Del("X-Forwarded-For")
+	}
+	hdr.Set("X-Forwarded-Host", r.Host)
+	proto := "http"
+	if r.TLS != nil {
+		proto = "https"
+	}
+	hdr.Set("X-Forwarded-Proto", proto)
 }
 
 func (h *Handler) report(worker string, err error) {

@@ -165,3 +165,32 @@ func TestConfig_WorkerAPIKeyValidation(t *testing.T) {
 		})
 	}
 }
+
+func TestRouter_ForwardedHeaders(t *testing.T) {
+	got := make(chan http.Header, 1)
+	ws := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/chat/completions" {
+			got <- r.Header.Clone()
+		}
+		io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+	}))
+	defer ws.Close()
+	cfg := config.DefaultConfig()
+	cfg.Workers = []config.Worker{{Name: "gpu0", URL: ws.URL, Kind: "openai", Models: []string{"m"}}}
+	cfg.Telemetry.Interval, cfg.Telemetry.StaleAfter = time.Hour, time.Hour
+	r := startRouter(t, cfg)
+	req, _ := http.NewRequest(http.MethodPost, r.url+"/v1/chat/completions", strings.NewReader(chat("x", false)))
+	req.Header.Set("X-Forwarded-For", "203.0.113.7")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	h := <-got
+	host := strings.TrimPrefix(r.url, "http://")
+	for k, want := range map[string]string{"X-Forwarded-For": "203.0.113.7, 127.0.0.1", "X-Forwarded-Proto": "http", "X-Forwarded-Host": host} {
+		if v := h.Get(k); v != want {
+			t.Errorf("%s: %q, want %q", k, v, want)
+		}
+	}
+}
