@@ -22,7 +22,7 @@ func runServe(args []string) error {
 	path := fs.String("config", "sluice.yaml", "configuration file")
 	listen := fs.String("listen", "", "listen address (overrides the config's listen)")
 	logFormat := fs.String("log-format", "", "text or json (overrides the config's log_format)")
-	grace := fs.Duration("grace", 30*time.Second, "how long requests in flight may finish on shutdown")
+	grace := fs.Duration("grace", 0, "how long queued and in-flight requests may finish on shutdown (overrides the config's shutdown.grace)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

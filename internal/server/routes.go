@@ -60,6 +60,10 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 
 // ready is 200 when at least one worker could take a request.
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	if s.stopping.Load() {
+		proxy.WriteError(w, http.StatusServiceUnavailable, "shutting_down", "Sluice is shutting down; take it out of rotation")
+		return
+	}
 	n := 0
 	for _, ws := range s.sched.Workers() {
 		if !ws.Draining && (ws.Health == scheduler.HealthOK || ws.Health == scheduler.HealthUnknown) {

@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -56,8 +55,12 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler                 // mux behind auth and limits
 	keys    atomic.Pointer[auth.Keyring] // swapped whole on reload
-	stopBg  context.CancelFunc
-	bgDone  chan struct{}
+	// stopping is set when shutdown begins: /readyz turns 503.
+	stopping atomic.Bool
+	// after is time.After unless a test steers the shutdown phases.
+	after  func(time.Duration) <-chan time.Time
+	stopBg context.CancelFunc
+	bgDone chan struct{}
 
 	memberMu sync.Mutex // serialises worker membership changes
 	urls     sync.Map   // worker name -> *url.URL
@@ -187,29 +190,6 @@ func (s *Server) ScrapeNow(ctx context.Context) {
 
 // Decisions returns the router's decision log.
 func (s *Server) Decisions() *decisions.Log { return s.dlog }
-
-// Serve serves on ln until ctx ends, then shuts down gracefully: it stops
-// accepting, refuses queued requests, lets requests in flight finish (up
-// to grace), and flushes the averages.
-func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
-	hs := &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	s.log.Info("shutting down", "grace", grace)
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
-	defer cancel()
-	s.sched.Close()
-	err := hs.Shutdown(sctx)
-	if errors.Is(err, context.DeadlineExceeded) {
-		err = hs.Close()
-	}
-	return err
-}
 
 // Close stops probes, flushes the averages and closes the stores.
 func (s *Server) Close() error {

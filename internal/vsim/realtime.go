@@ -44,6 +44,7 @@ type HTTPConfig struct {
 func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	rc := config.DefaultConfig()
 	rc.Listen = "127.0.0.1:0"
+	rc.Shutdown.DrainDelay = 0 // no load balancer in front to drain
 	rc.Policy = string(c.Policy)
 	if rc.Policy == "" {
 		rc.Policy = string(scheduler.PolicySluice)

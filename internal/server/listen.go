@@ -1,0 +1,223 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/config"
+)
+
+// refuseWindow bounds how long, after the grace period, Sluice waits for
+// the requests it refused (still queued at the deadline) to get their 503
+// before it closes every connection.
+const refuseWindow = time.Second
+
+// Serve serves on ln until ctx ends, then shuts down in order:
+//
+//  1. /readyz answers 503 at once while everything else is still served,
+//     for shutdown.drain_delay, so a load balancer takes the router out of
+//     rotation before it stops accepting;
+//  2. the listener closes and idle connections with it; queued and
+//     in-flight requests go on, for up to grace (shutdown.grace when grace
+//     is 0);
+//  3. requests still queued at the deadline get 503 shutting_down, and
+//     every connection still open is closed.
+//
+// The caller's Close then flushes the averages. The listener is limited
+// to server.max_connections and serves TLS when tls is configured.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
+	if grace <= 0 {
+		grace = s.cfg.Shutdown.Grace
+	}
+	lim := s.cfg.Server
+	if lim.MaxConnections > 0 {
+		ln = newLimitListener(ln, lim.MaxConnections)
+	}
+	hs := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		IdleTimeout:       lim.IdleTimeout,
+		MaxHeaderBytes:    lim.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	if s.cfg.TLS.CertFile != "" {
+		cr, err := newCertReloader(s.cfg.TLS, s.log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		hs.TLSConfig = &tls.Config{GetCertificate: cr.GetCertificate, MinVersion: tls.VersionTLS12}
+		go func() { errc <- hs.ServeTLS(ln, "", "") }()
+	} else {
+		go func() { errc <- hs.Serve(ln) }()
+	}
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.stopping.Store(true)
+	delay := s.cfg.Shutdown.DrainDelay
+	s.log.Info("shutting down: /readyz now answers 503", "drain_delay", delay, "grace", grace)
+	after := s.after
+	if after == nil {
+		after = time.After
+	}
+	if delay > 0 {
+		select {
+		case <-after(delay):
+		case err := <-errc:
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
+	s.log.Info("shutting down: no longer accepting; waiting for queued and in-flight requests")
+	done := make(chan error, 1)
+	go func() { done <- hs.Shutdown(context.Background()) }()
+	select {
+	case err := <-done:
+		s.sched.Close()
+		s.log.Info("shut down: every request finished")
+		return err
+	case <-after(grace):
+	}
+	// Whatever is still queued will not be placed in time: say so.
+	s.sched.Close()
+	select {
+	case err := <-done:
+		s.log.Warn("shut down at the grace deadline: queued requests got 503 shutting_down", "grace", grace)
+		return err
+	case <-after(refuseWindow):
+	}
+	s.log.Warn("shut down at the grace deadline: closing connections still open", "grace", grace)
+	err := hs.Close()
+	<-done
+	return err
+}
+
+// Stopping reports whether the router is shutting down (it then answers
+// /readyz with 503).
+func (s *Server) Stopping() bool { return s.stopping.Load() }
+
+// limitListener accepts at most n connections at a time. Beyond that,
+// Accept is not called: new connections wait in the kernel's backlog
+// (which refuses them once full) until an open one closes. This is the
+// semantics of golang.org/x/net/netutil.LimitListener.
+type limitListener struct {
+	net.Listener
+	sem       chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func newLimitListener(ln net.Listener, n int) *limitListener {
+	return &limitListener{Listener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+}
+
+func (l *limitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
+
+// certReloader serves the certificate in cert_file and key_file, loading
+// them again when either file's modification time or size changes, so a
+// renewed certificate is picked up at the next handshake. A renewal that
+// fails to load is logged and the previous certificate kept.
+type certReloader struct {
+	certFile, keyFile string
+	log               *slog.Logger
+
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	certSig fileSig
+	keySig  fileSig
+}
+
+type fileSig struct {
+	mod  time.Time
+	size int64
+}
+
+func sigOf(path string) (fileSig, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileSig{}, err
+	}
+	return fileSig{mod: fi.ModTime(), size: fi.Size()}, nil
+}
+
+func newCertReloader(cfg config.TLS, log *slog.Logger) (*certReloader, error) {
+	c := &certReloader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, log: log}
+	if err := c.reload(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// reload loads the pair if either file changed; mu must be held or the
+// reloader not yet shared.
+func (c *certReloader) reload() error {
+	cs, err := sigOf(c.certFile)
+	if err != nil {
+		return fmt.Errorf("tls.cert_file: %w", err)
+	}
+	ks, err := sigOf(c.keyFile)
+	if err != nil {
+		return fmt.Errorf("tls.key_file: %w", err)
+	}
+	if c.cert != nil && cs == c.certSig && ks == c.keySig {
+		return nil
+	}
+	pair, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
+	if err != nil {
+		return fmt.Errorf("tls: load %s and %s: %w", c.certFile, c.keyFile, err)
+	}
+	if c.cert != nil {
+		c.log.Info("tls certificate reloaded", "cert_file", c.certFile)
+	}
+	c.cert, c.certSig, c.keySig = &pair, cs, ks
+	return nil
+}
+
+// GetCertificate is tls.Config.GetCertificate.
+func (c *certReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.reload(); err != nil {
+		c.log.Error("tls certificate reload failed; serving the previous one", "err", err)
+	}
+	return c.cert, nil
+}
