@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,7 +34,7 @@ func classify(path string) routeClass {
 	switch {
 	case path == "/healthz", path == "/readyz", path == "/metrics":
 		return routePublic
-	case path == "/completion", strings.HasPrefix(path, "/v1/"):
+	case slices.Contains(inferencePaths, path), strings.HasPrefix(path, "/v1/"):
 		return routeClient
 	}
 	return routeAdmin

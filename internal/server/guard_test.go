@@ -362,3 +362,20 @@ func TestGuard_ReloadSwapsKeysAndKeepsThemOnError(t *testing.T) {
 		t.Errorf("a failed reload dropped the running keys: %d %s", resp.StatusCode, body)
 	}
 }
+
+func TestClassify_EveryProxiedRouteIsAClientRoute(t *testing.T) {
+	for _, p := range inferencePaths {
+		if got := classify(p); got != routeClient {
+			t.Errorf("classify(%q) = %v, want a client route", p, got)
+		}
+	}
+	for p, want := range map[string]routeClass{
+		"/v1/models": routeClient, "/healthz": routePublic, "/readyz": routePublic, "/metrics": routePublic,
+		"/": routeAdmin, "/dashboard/app.js": routeAdmin, "/api/overview": routeAdmin, "/api/workers": routeAdmin,
+		"/debug/decisions": routeAdmin, "/anything-new": routeAdmin,
+	} {
+		if got := classify(p); got != want {
+			t.Errorf("classify(%q) = %v, want %v", p, got, want)
+		}
+	}
+}

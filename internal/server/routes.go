@@ -14,9 +14,13 @@ import (
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
+// inferencePaths are the routes the proxy serves; the guard treats them
+// as client routes (API key, per-key limits).
+var inferencePaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/completion",
+	"/v1/responses", "/v1/rerank", "/rerank"}
+
 func (s *Server) routes() {
-	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/completion",
-		"/v1/responses", "/v1/rerank", "/rerank"} {
+	for _, p := range inferencePaths {
 		s.mux.Handle(p, s.proxy)
 	}
 	s.mux.HandleFunc("GET /v1/models", s.models)
