@@ -137,7 +137,11 @@ function lineChart(el, legend, ts, series, opts) {
   el.setAttribute("viewBox", `0 0 ${W} ${H}`);
   el.replaceChildren();
   const now = ts.length ? ts[ts.length - 1] : Date.now();
-  const span = state.window * state.intervalMs;
+  // A young router shows what it has (at least a minute), growing to the
+  // whole ring.
+  const full = state.window * state.intervalMs;
+  const have = ts.length ? now - ts[0] : 0;
+  const span = Math.min(full, Math.max(60000, Math.ceil(have / 60000) * 60000));
   const t0 = now - span;
   let ymax = opts.min || 0;
   for (const s of series) for (const v of s.values) if (v != null && v > ymax) ymax = v;
@@ -151,10 +155,10 @@ function lineChart(el, legend, ts, series, opts) {
     tx.textContent = opts.unit === "ms" ? fmtMsShort(v) : fmt(v, v >= 10 || v === 0 ? 0 : 1);
     el.append(tx);
   }
-  const minutes = Math.round(span / 60000);
-  for (let m = 0; m <= minutes; m++) {
-    const tx = svg("text", { x: x(now - m * 60000), y: H - 3, "text-anchor": m === 0 ? "end" : "middle" });
-    tx.textContent = m === 0 ? "now" : "−" + m + "m";
+  const step = [10000, 15000, 30000, 60000, 120000].find((st) => span / st <= 6) || 300000;
+  for (let ago = 0; ago <= span; ago += step) {
+    const tx = svg("text", { x: x(now - ago), y: H - 3, "text-anchor": ago === 0 ? "end" : ago === span ? "start" : "middle" });
+    tx.textContent = ago === 0 ? "now" : "−" + fmtAgo(ago);
     el.append(tx);
   }
   const parts = [];
@@ -186,6 +190,11 @@ function lineChart(el, legend, ts, series, opts) {
       return `<span><i style="background:${s.color}"></i>${esc(s.name)} <b>${shown}</b></span>`;
     }).join("");
   }
+}
+function fmtAgo(ms) {
+  const s = Math.round(ms / 1000);
+  if (s < 60) return s + "s";
+  return Math.floor(s / 60) + "m" + (s % 60 ? (s % 60) + "s" : "");
 }
 function fmtMsShort(v) {
   if (v >= 1000) return fmt(v / 1000, v >= 10000 ? 0 : 1) + "s";
@@ -462,7 +471,7 @@ function chosenCand(r) { return (r.candidates || []).find((c) => c.worker === r.
 function drawDecisionList(list) {
   const rows = list.map((r) => {
     const bound = r.outcome === "bound";
-    return `<tr data-id="${esc(r.id)}" class="${r.id === state.selected ? "sel" : ""}">` +
+    return `<tr data-id="${esc(r.id)}" data-outcome="${esc(r.outcome)}" class="${r.id === state.selected ? "sel" : ""}">` +
       `<td>${esc(fmtTime(r.time))}</td><td class="id">${esc(r.id)}</td>` +
       `<td class="${bound ? "out-bound" : "out-refused"}">${esc(r.outcome)}${r.attempt > 1 ? " (retry " + esc(r.attempt) + ")" : ""}</td>` +
       `<td>${esc(r.chosen || "–")}</td><td class="num">${fmtMs(r.queue_wait_ms)}</td></tr>`;
@@ -503,7 +512,7 @@ function detailHTML(r) {
     const cls = c.worker === r.chosen ? "chosen" : c.eligible ? "" : "inel";
     html += `<div class="cand ${cls}" data-worker="${esc(c.worker)}"><div class="head"><span class="name">${esc(c.worker)}</span>` +
       `<span>${c.eligible ? (c.rank ? "rank " + esc(c.rank) : "eligible") : "not eligible: " + esc(c.why || "")}</span>` +
-      `<span class="muted">active ${esc(c.active)}/${esc(c.limit)}</span>` +
+      (c.eligible ? `<span class="muted">active ${esc(c.active)}/${esc(c.limit)}</span>` : "") +
       (c.eligible ? `<span>total <b>${fmt(c.total, 3)}</b></span>` : "") + `</div>`;
     if (c.terms && c.terms.length) {
       html += scoreBar(c.terms, extent) +

@@ -1,0 +1,214 @@
+package dashboard_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/sluice-router/sluice/internal/config"
+)
+
+// findBrowser returns a Chromium or Chrome binary: $SLUICE_CHROME, else the
+// first of the usual names on $PATH. The test skips when there is none.
+func findBrowser(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("SLUICE_CHROME"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Skip("no Chromium or Chrome binary on $PATH (apt-get install -y chromium, or set SLUICE_CHROME): skipping the browser test")
+	return ""
+}
+
+// newBrowser starts a headless browser with a fresh profile and returns a
+// context whose actions run in its tab.
+func newBrowser(t *testing.T, width, height int) context.Context {
+	t.Helper()
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(findBrowser(t)),
+		chromedp.Headless,
+		chromedp.NoSandbox, // CI runs as root
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-background-timer-throttling", true),
+		chromedp.Flag("disable-renderer-backgrounding", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(width, height),
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
+	t.Cleanup(func() {
+		cancel()
+		cancelAlloc()
+	})
+	// The first Run starts the browser; it must not carry a timeout.
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start %s: %v", findBrowser(t), err)
+	}
+	return ctx
+}
+
+// artifactDir is where the test leaves its screenshots: $SLUICE_ARTIFACTS
+// when set, else a temporary directory.
+func artifactDir(t *testing.T) string {
+	if d := os.Getenv("SLUICE_ARTIFACTS"); d != "" {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	return t.TempDir()
+}
+
+// waitJS waits until the JavaScript expression is truthy in the page and
+// returns its value; it fails the test with what after 30 s.
+func waitJS[T any](t *testing.T, ctx context.Context, what, expr string) T {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.Poll[T](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(30*time.Second)))
+	if err != nil {
+		state, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify({chips: document.querySelector(".chips")?.innerText, banner: document.getElementById("banner")?.innerText, cards: document.querySelectorAll("#cards .card").length, rows: document.querySelectorAll("#dlist tr[data-id]").length})`))
+		t.Fatalf("waiting for %s (%s): %v; page: %s", what, expr, err, state)
+	}
+	return v
+}
+
+// screenshot resizes the viewport to width and the page's height (a
+// full-page capture would draw the sticky header mid-page) and saves a PNG.
+func screenshot(t *testing.T, ctx context.Context, width int64, path string) {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	h := waitJS[int64](t, ctx, "page height", `document.documentElement.scrollHeight`)
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, h)); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "charts redrawn at the new width", fmt.Sprintf(`(() => { const s = document.getElementById("ch-queue"); return Math.abs(s.viewBox.baseVal.width - s.clientWidth) < 2; })()`))
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", path, len(png))
+}
+
+func intText(t *testing.T, ctx context.Context, id string) int {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`document.getElementById(%q).textContent`, id)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatalf("#%s shows %q, want a number", id, s)
+	}
+	return n
+}
+
+// TestDashboard_LiveInBrowserUnderLoad opens the dashboard in headless
+// Chromium in front of a simulated fleet under load and checks that it
+// shows the fleet, charts and decisions with live values, that they follow
+// the load as it starts and stops, and that a decision found by the id of
+// a response's X-Sluice-Decision shows its breakdown.
+func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
+	const workers = 4
+	ctx := newBrowser(t, 1400, 1000)
+	r := startRouter(t, workers, 10, func(c *config.Config) {
+		c.Admission.MaxQueue = 6 // small, so the load meets 429s too
+	})
+
+	if err := chromedp.Do(ctx, chromedp.Navigate(r.url+"/")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "a card per worker", fmt.Sprintf(`document.querySelectorAll("#cards .card").length === %d`, workers))
+	waitJS[bool](t, ctx, "live indicator", `document.getElementById("live-text").textContent === "live"`)
+	waitJS[bool](t, ctx, "cards show health and limits", `[...document.querySelectorAll("#cards .card")].every(c => c.dataset.health === "ok" && /\/\d+/.test(c.querySelector(".num").textContent))`)
+
+	// One request of our own, to look up by its decision id later.
+	resp, body, err := r.chat(context.Background(), http.DefaultClient, false, 8)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first request: %v %v %s", err, resp, body)
+	}
+	ownID := resp.Header.Get("X-Sluice-Decision")
+	if ownID == "" {
+		t.Fatal("response has no X-Sluice-Decision")
+	}
+
+	// Find our own request's decision by its id.
+	if err := chromedp.Do(ctx,
+		chromedp.SendKeys("#search-id", ownID),
+		chromedp.Click("#search button"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "the searched decision", fmt.Sprintf(`document.querySelector("#detail h3")?.dataset.decision === %q && document.querySelector("#detail .cand.chosen") !== null`, ownID))
+
+	// Under load: more requests than the fleet has slots plus queue room.
+	l := r.startLoad(t, 24, 5000)
+	waitJS[bool](t, ctx, "requests in flight", `+document.getElementById("sum-active").textContent > 0 && [...document.querySelectorAll("#cards .card")].some(c => +c.dataset.active > 0)`)
+	waitJS[bool](t, ctx, "a queue", `+document.getElementById("sum-queued").textContent > 0 || document.querySelector("#lg-queue b")?.textContent !== "0"`)
+	admitted := intText(t, ctx, "sum-admitted")
+	waitJS[bool](t, ctx, "admissions counted live", fmt.Sprintf(`+document.getElementById("sum-admitted").textContent > %d`, admitted))
+	waitJS[bool](t, ctx, "429s counted", `+document.getElementById("sum-429").textContent > 0`)
+	for _, ch := range []string{"queue", "admit", "refuse", "ttft", "tpot", "conc"} {
+		waitJS[bool](t, ctx, "chart "+ch, fmt.Sprintf(`(() => { const s = document.getElementById("ch-%s"); return +s.dataset.points >= 2 && s.querySelectorAll("path").length > 0; })()`, ch))
+	}
+	waitJS[bool](t, ctx, "TTFT percentiles", `/\d/.test(document.querySelector("#lg-ttft b").textContent) && /\d/.test(document.querySelector("#lg-tpot b").textContent)`)
+	waitJS[bool](t, ctx, "concurrency lines per worker", fmt.Sprintf(`document.querySelectorAll("#lg-conc span").length === %d`, workers))
+	waitJS[bool](t, ctx, "score bars with terms", `[...document.querySelectorAll("#cards .card")].some(c => c.querySelectorAll(".sbar span[title]").length >= 2)`)
+	waitJS[bool](t, ctx, "averages measured", `[...document.querySelectorAll("#cards .card .kv dd")].some(d => / ms$| s$/.test(d.textContent))`)
+
+	// Click a placement: every candidate with its terms.
+	id := waitJS[string](t, ctx, "placements listed", `document.querySelector('#dlist tr[data-outcome="bound"]')?.dataset.id`)
+	if err := chromedp.Do(ctx, chromedp.Click(fmt.Sprintf(`#dlist tr[data-id=%q]`, id))); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "the clicked decision's breakdown", fmt.Sprintf(`document.querySelector("#detail h3")?.dataset.decision === %q && document.querySelectorAll("#detail .cand").length === %d`, id, workers))
+	waitJS[bool](t, ctx, "terms with raw, norm, weighted, source", `(() => { const rows = document.querySelectorAll("#detail .cand.chosen tr.term"); return rows.length >= 5 && [...rows].every(r => r.children.length === 7); })()`)
+
+	dir := artifactDir(t)
+	screenshot(t, ctx, 1400, filepath.Join(dir, "dashboard-under-load.png"))
+	// In a narrow window nothing is cut off sideways.
+	screenshot(t, ctx, 420, filepath.Join(dir, "dashboard-narrow.png"))
+	if w := waitJS[int](t, ctx, "layout", `document.documentElement.scrollWidth`); w > 420 {
+		t.Errorf("at 420 px wide the page is %d px wide: it scrolls sideways", w)
+	}
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 1000)); err != nil {
+		t.Fatal(err)
+	}
+
+	// The load stops: the page follows it down without a reload.
+	l.stop()
+	waitJS[bool](t, ctx, "nothing in flight or queued", `document.getElementById("sum-active").textContent === "0" && document.getElementById("sum-queued").textContent === "0" && [...document.querySelectorAll("#cards .card")].every(c => c.dataset.active === "0")`)
+	st := l.statuses()
+	if st[200] == 0 || st[429] == 0 {
+		t.Errorf("load statuses %v: want both 200s and 429s", st)
+	}
+	if len(l.errs) > 0 {
+		t.Errorf("%d load requests failed, first: %v", len(l.errs), l.errs[0])
+	}
+	if got := intText(t, ctx, "sum-429"); got != st[429] {
+		t.Errorf("page counts %d 429s, the clients saw %d", got, st[429])
+	}
+}
