@@ -1,0 +1,542 @@
+// Package shared lets several Sluice replicas in front of one fleet behave
+// as one scheduler: they reserve worker capacity in one ledger in Redis, so
+// the fleet's max_concurrency holds across replicas and four requests
+// arriving at once at three replicas land one per idle worker, as they do
+// at one.
+//
+// # Picking and reserving in one step
+//
+// A replica scores its eligible workers itself — telemetry and measured
+// averages are local — but leaves out the active-requests term, which only
+// the ledger knows across replicas. Reserve sends, per candidate, that
+// partial score, the active-requests weight and the worker's limit to a Lua
+// script. The script reads each worker's shared in-flight count, adds
+// weight × active, keeps the workers under their limit, picks the lowest
+// total (ties: the least recently picked by a shared pick sequence, then
+// the order given — no randomness), records a lease on the winner and
+// returns it. Redis runs a script atomically: no other command runs between
+// the script's reads and its writes, so two replicas can never both see the
+// same free slot, exactly as the single scheduler's one mutex guarantees
+// locally.
+//
+// # Leases, and replicas that die
+//
+// A worker's in-flight count is not a counter but the size of a ZSET of
+// lease ids scored by their expiry (server time, from TIME, so replicas'
+// clocks need not agree). Scripts count only the leases that have not
+// expired (and remove the expired ones of the worker they pick), so the
+// count is recomputed from live leases each time and cannot drift. A replica renews its leases every RenewEvery (by
+// default 1s) for LeaseTTL (5s); Release removes one. A replica that is
+// killed stops renewing, and its capacity comes back within LeaseTTL of its
+// last renewal, without anyone noticing it died.
+//
+// # Freed slots, across replicas
+//
+// Each replica keeps its own admission queue. So that a freed slot goes to
+// the oldest waiting request of any replica, and a busy replica cannot
+// starve the others by re-binding its own queue the instant its request
+// ends, the head of each replica's queue for a model is on a shared waiting
+// list (a ZSET scored by enqueue time on the server's clock, with expiry
+// renewed like a lease). The pick script refuses ("not your turn") a
+// request while an older request of another replica waits for the same
+// model. Release and leaving the waiting list publish on a channel every
+// replica subscribes to, so the one whose turn it is retries at once rather
+// than at its next poll. Pub/sub is only the wake-up: a lost message costs
+// latency (the renew tick retries too), never correctness, which lives in
+// the script.
+//
+// # Redis failover, restart and outage
+//
+// If Redis restarts empty (or a replica fails over to a replica that had
+// not seen the latest writes), the next renewal re-creates every lease and
+// waiter a live replica holds, so the counts come back to what really
+// runs; leases of a replica that died meanwhile are not re-created. While
+// Redis is unreachable or slower than CallTimeout, Reserve fails at once
+// with ErrDegraded without waiting on the network: the caller schedules on
+// its local view with its share (limit / Replicas, at least 1) of each
+// worker, and records those reservations with Adopt, so that they are
+// published at the first renewal that reaches Redis again. No request
+// waits on Redis being down.
+//
+// # Concurrency Model
+//
+// A Ledger is safe for concurrent use. A mutex guards the set of held
+// leases and waiters; a read-write lock orders releases against renewals
+// so that a renewal cannot re-create a lease just released. Run owns the
+// renew loop and the subscription; the calls into Redis happen outside the
+// mutex.
+package shared
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultLeaseTTL    = 5 * time.Second
+	DefaultCallTimeout = 250 * time.Millisecond
+)
+
+// Errors from Reserve.
+var (
+	// ErrFull means no candidate has a free slot in the shared view.
+	ErrFull = errors.New("shared: every candidate is at its limit")
+	// ErrNotYourTurn means an older request of another replica waits for
+	// the model; the request stays queued until a wake-up.
+	ErrNotYourTurn = errors.New("shared: an older request of another replica waits for this model")
+	// ErrDegraded means Redis is unreachable or slow: the caller falls
+	// back to its local view (see the package doc).
+	ErrDegraded = errors.New("shared: shared state unavailable")
+)
+
+// Config configures a Ledger.
+type Config struct {
+	// Client is the Redis connection; the Ledger does not close it.
+	Client *redis.Client
+	// Prefix starts every key and the channel (e.g. "sluice:").
+	Prefix string
+	// Replica names this router; unique among the replicas.
+	Replica string
+	// LeaseTTL is how long a lease lives without renewal: the longest a
+	// dead replica's capacity stays taken. DefaultLeaseTTL when zero.
+	LeaseTTL time.Duration
+	// RenewEvery is the renewal period; LeaseTTL/5 when zero.
+	RenewEvery time.Duration
+	// CallTimeout bounds each call into Redis from the request path;
+	// slower counts as down. DefaultCallTimeout when zero.
+	CallTimeout time.Duration
+	// Replicas is how many replicas share the fleet: each takes
+	// limit/Replicas of a worker while degraded. 1 when zero.
+	Replicas int
+	// Logger; discards when nil.
+	Logger *slog.Logger
+}
+
+// Candidate is one eligible worker as the replica scored it.
+type Candidate struct {
+	// Worker names the worker.
+	Worker string
+	// Score is the replica's total without the active-requests term.
+	Score float64
+	// ActiveWeight multiplies the shared in-flight count in the total.
+	ActiveWeight float64
+	// Limit is the worker's max_concurrency across all replicas.
+	Limit int
+}
+
+// Reservation is one held slot.
+type Reservation struct {
+	// Worker is the reserved worker.
+	Worker string
+	// Index is the worker's index among the candidates passed to Reserve.
+	Index int
+	// Lease identifies the slot in the ledger.
+	Lease string
+	// Active holds each candidate's shared in-flight count just before the
+	// pick, in candidate order (nil from Adopt).
+	Active []int
+}
+
+// Ledger is one replica's handle on the shared reservations.
+type Ledger struct {
+	cfg  Config
+	rdb  *redis.Client
+	log  *slog.Logger
+	wake chan struct{}
+	seq  atomic.Uint64
+
+	renewMu sync.RWMutex // Lock: a renewal in flight; RLock: a release
+	mu      sync.Mutex
+	held    map[string]string // lease id -> worker
+	waiters map[string]waiter // member -> its model and enqueue µs
+
+	degraded atomic.Bool
+	lastOK   atomic.Int64 // unix ns of the last successful round trip
+
+	subscribed chan struct{} // tests: closed once Run listens for wake-ups
+}
+
+type waiter struct {
+	model string
+	us    string
+}
+
+// New returns a Ledger; Run must be running for leases to outlive LeaseTTL.
+func New(cfg Config) (*Ledger, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("shared: no Redis client")
+	}
+	if cfg.Replica == "" || strings.ContainsAny(cfg.Replica, "|/ \t\n") {
+		return nil, fmt.Errorf("shared: replica name %q must be non-empty, without spaces, '|' or '/'", cfg.Replica)
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.RenewEvery <= 0 {
+		cfg.RenewEvery = cfg.LeaseTTL / 5
+	}
+	if cfg.RenewEvery >= cfg.LeaseTTL {
+		return nil, fmt.Errorf("shared: renew period %v is not shorter than the lease TTL %v", cfg.RenewEvery, cfg.LeaseTTL)
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = DefaultCallTimeout
+	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Ledger{
+		cfg: cfg, rdb: cfg.Client, log: log.With("replica", cfg.Replica),
+		wake: make(chan struct{}, 1), held: map[string]string{}, waiters: map[string]waiter{},
+	}, nil
+}
+
+// Replica is this replica's name.
+func (l *Ledger) Replica() string { return l.cfg.Replica }
+
+// Degraded reports whether the last call into Redis failed, so the replica
+// schedules on its local view.
+func (l *Ledger) Degraded() bool { return l.degraded.Load() }
+
+// StateAge is how long ago Redis last answered; large while degraded.
+func (l *Ledger) StateAge(now time.Time) time.Duration {
+	ok := l.lastOK.Load()
+	if ok == 0 {
+		return 0
+	}
+	return now.Sub(time.Unix(0, ok))
+}
+
+// LocalLimit is this replica's share of a worker with the given limit
+// while degraded: limit / Replicas, at least 1.
+func (l *Ledger) LocalLimit(limit int) int { return max(1, limit/l.cfg.Replicas) }
+
+// Wake receives a value when a slot may have freed on another replica or
+// the oldest waiter changed (and on every renewal, as a backstop): the
+// replica should retry the heads of its queues.
+func (l *Ledger) Wake() <-chan struct{} { return l.wake }
+
+func (l *Ledger) key(parts ...string) string {
+	return l.cfg.Prefix + "shared:" + strings.Join(parts, ":")
+}
+func (l *Ledger) leaseKey(worker string) string { return l.key("lease", worker) }
+func (l *Ledger) channel() string               { return l.key("wake") }
+func (l *Ledger) member(id string) string       { return l.cfg.Replica + "|" + id }
+
+// Reserve picks the candidate with the lowest score plus ActiveWeight ×
+// its shared in-flight count, among those under their limit, and reserves
+// it, in one atomic step across replicas. waitID names the request on the
+// waiting list (see Wait) when it queued; "" for a request that did not.
+// It returns ErrFull, ErrNotYourTurn, or ErrDegraded without touching
+// Redis while Redis is known to be down.
+func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Candidate) (Reservation, error) {
+	if len(cands) == 0 {
+		return Reservation{}, ErrFull
+	}
+	if l.degraded.Load() {
+		return Reservation{}, ErrDegraded
+	}
+	lease := l.cfg.Replica + "/" + strconv.FormatUint(l.seq.Add(1), 10)
+	keys := make([]string, 0, 4+len(cands))
+	keys = append(keys, l.key("seq"), l.key("lastpick"), l.key("wait", model), l.key("waitexp", model))
+	args := make([]any, 0, 4+4*len(cands))
+	me := ""
+	if waitID != "" {
+		me = l.member(waitID)
+	}
+	args = append(args, lease, l.cfg.LeaseTTL.Milliseconds(), me, l.cfg.Replica+"|")
+	for _, c := range cands {
+		keys = append(keys, l.leaseKey(c.Worker))
+		args = append(args, c.Worker, strconv.FormatFloat(c.Score, 'g', -1, 64),
+			strconv.FormatFloat(c.ActiveWeight, 'g', -1, 64), c.Limit)
+	}
+	// Hold the lease as ours before the script creates it, so a renewal
+	// running meanwhile already keeps it alive.
+	l.mu.Lock()
+	l.held[lease] = ""
+	l.mu.Unlock()
+	res, err := l.run(ctx, pickScript, keys, args...)
+	vals, _ := res.([]any)
+	if err != nil || len(vals) == 0 {
+		l.forget(lease)
+		if err == nil {
+			err = fmt.Errorf("unexpected reply %v", res)
+		}
+		return Reservation{}, l.fail("reserve", err)
+	}
+	switch vals[0] {
+	case "turn":
+		l.forget(lease)
+		return Reservation{}, ErrNotYourTurn
+	case "full":
+		l.forget(lease)
+		return Reservation{}, ErrFull
+	case "ok":
+	default:
+		l.forget(lease)
+		return Reservation{}, l.fail("reserve", fmt.Errorf("unexpected reply %v", vals))
+	}
+	idx := int(toInt(vals[1])) - 1
+	if idx < 0 || idx >= len(cands) || len(vals) != 2+len(cands) {
+		l.forget(lease)
+		return Reservation{}, l.fail("reserve", fmt.Errorf("unexpected reply %v", vals))
+	}
+	active := make([]int, len(cands))
+	for i := range cands {
+		active[i] = int(toInt(vals[2+i]))
+	}
+	l.mu.Lock()
+	l.held[lease] = cands[idx].Worker
+	if waitID != "" {
+		delete(l.waiters, me)
+	}
+	l.mu.Unlock()
+	return Reservation{Worker: cands[idx].Worker, Index: idx, Lease: lease, Active: active}, nil
+}
+
+// Adopt records a slot on worker reserved while degraded, from the local
+// view; the next renewal that reaches Redis publishes it, so the other
+// replicas count it once Redis is back.
+func (l *Ledger) Adopt(worker string) Reservation {
+	lease := l.cfg.Replica + "/" + strconv.FormatUint(l.seq.Add(1), 10)
+	l.mu.Lock()
+	l.held[lease] = worker
+	l.mu.Unlock()
+	return Reservation{Worker: worker, Lease: lease}
+}
+
+// Release gives a reservation back and wakes the replicas waiting for the
+// slot. If Redis cannot be reached the lease expires by itself within
+// LeaseTTL. Releasing twice does nothing.
+func (l *Ledger) Release(ctx context.Context, r Reservation) error {
+	if r.Lease == "" {
+		return nil
+	}
+	l.renewMu.RLock()
+	defer l.renewMu.RUnlock()
+	if !l.forget(r.Lease) {
+		return nil
+	}
+	if l.degraded.Load() {
+		return ErrDegraded
+	}
+	_, err := l.run(ctx, releaseScript, []string{l.leaseKey(r.Worker)}, r.Lease, l.channel(), r.Worker)
+	if err != nil {
+		return l.fail("release", err)
+	}
+	return nil
+}
+
+// Wait puts request id of model on the shared waiting list, so that no
+// other replica binds a younger request for the model before it.
+func (l *Ledger) Wait(ctx context.Context, model, id string) error {
+	m := l.member(id)
+	us := "" // unknown until Redis answers; the renewal then sets it
+	if !l.degraded.Load() {
+		res, err := l.run(ctx, waitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.cfg.LeaseTTL.Milliseconds())
+		if err != nil {
+			err = l.fail("wait", err)
+		} else {
+			us, _ = res.(string)
+		}
+		l.mu.Lock()
+		l.waiters[m] = waiter{model: model, us: us}
+		l.mu.Unlock()
+		return err
+	}
+	l.mu.Lock()
+	l.waiters[m] = waiter{model: model, us: us}
+	l.mu.Unlock()
+	return ErrDegraded
+}
+
+// Unwait takes request id off model's waiting list (it was bound, or gave
+// up) and wakes the replicas whose requests are now the oldest.
+func (l *Ledger) Unwait(ctx context.Context, model, id string) error {
+	m := l.member(id)
+	l.renewMu.RLock()
+	defer l.renewMu.RUnlock()
+	l.mu.Lock()
+	_, ok := l.waiters[m]
+	delete(l.waiters, m)
+	l.mu.Unlock()
+	if !ok || l.degraded.Load() {
+		return nil
+	}
+	_, err := l.run(ctx, unwaitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.channel(), model)
+	if err != nil {
+		return l.fail("unwait", err)
+	}
+	return nil
+}
+
+// InFlight returns the shared in-flight count of each worker, reaping
+// expired leases first.
+func (l *Ledger) InFlight(ctx context.Context, workers ...string) ([]int, error) {
+	keys := make([]string, len(workers))
+	for i, w := range workers {
+		keys[i] = l.leaseKey(w)
+	}
+	res, err := l.run(ctx, countScript, keys)
+	if err != nil {
+		return nil, fmt.Errorf("shared: count leases: %w", err)
+	}
+	vals, _ := res.([]any)
+	out := make([]int, len(vals))
+	for i, v := range vals {
+		out[i] = int(toInt(v))
+	}
+	return out, nil
+}
+
+// Held is how many leases this replica holds.
+func (l *Ledger) Held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held)
+}
+
+// Run renews this replica's leases and waiters every RenewEvery, probes
+// Redis while degraded and resynchronises when it answers, and relays
+// wake-ups from the other replicas, until ctx ends. It does not release
+// the leases on return: the caller releases what it still holds.
+func (l *Ledger) Run(ctx context.Context) {
+	sub := l.rdb.Subscribe(ctx, l.channel())
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		_ = l.fail("subscribe", err) // go-redis resubscribes when Redis answers
+	}
+	if l.subscribed != nil {
+		close(l.subscribed)
+	}
+	msgs := sub.Channel()
+	tick := time.NewTicker(l.cfg.RenewEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-msgs:
+			l.notify()
+		case <-tick.C:
+			l.Renew(ctx)
+			l.notify()
+		}
+	}
+}
+
+// Renew extends every lease and waiter this replica holds, re-creating any
+// Redis lost; while degraded it is also the probe that ends the degraded
+// state. Run calls it every RenewEvery.
+func (l *Ledger) Renew(ctx context.Context) {
+	l.renewMu.Lock()
+	defer l.renewMu.Unlock()
+	l.mu.Lock()
+	keys := make([]string, 0, len(l.held)+2*len(l.waiters))
+	args := make([]any, 0, 2+len(l.held)+2*len(l.waiters))
+	args = append(args, l.cfg.LeaseTTL.Milliseconds(), 0)
+	for lease, w := range l.held {
+		if w == "" { // a Reserve in flight; its script sets the expiry
+			continue
+		}
+		keys = append(keys, l.leaseKey(w))
+		args = append(args, lease)
+	}
+	args[1] = len(keys)
+	// Waiters queued while degraded have no enqueue time on the server's
+	// clock; they take this replica's.
+	unknown := map[string]string{}
+	for m, wt := range l.waiters {
+		us := wt.us
+		if us == "" {
+			us = strconv.FormatInt(time.Now().UnixMicro(), 10)
+			unknown[m] = us
+		}
+		keys = append(keys, l.key("wait", wt.model), l.key("waitexp", wt.model))
+		args = append(args, m, us)
+	}
+	l.mu.Unlock()
+	res, err := l.run(ctx, renewScript, keys, args...)
+	if err != nil {
+		_ = l.fail("renew", err)
+		return
+	}
+	if len(unknown) > 0 {
+		l.mu.Lock()
+		for m, us := range unknown {
+			if wt, ok := l.waiters[m]; ok && wt.us == "" {
+				wt.us = us
+				l.waiters[m] = wt
+			}
+		}
+		l.mu.Unlock()
+	}
+	if n := toInt(res); n > 0 {
+		l.log.Warn("shared state: re-created leases and waiters Redis had lost", "count", n)
+	}
+	if l.degraded.CompareAndSwap(true, false) {
+		l.log.Warn("shared state: Redis answers again; scheduling across replicas resumed", "leases", len(keys))
+	}
+}
+
+func (l *Ledger) notify() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// forget drops a lease from the held set and reports whether it was held.
+func (l *Ledger) forget(lease string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.held[lease]
+	delete(l.held, lease)
+	return ok
+}
+
+// run runs a script within CallTimeout and notes the success.
+func (l *Ledger) run(ctx context.Context, s *redis.Script, keys []string, args ...any) (any, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
+	defer cancel()
+	res, err := s.Run(ctx, l.rdb, keys, args...).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	l.lastOK.Store(time.Now().UnixNano())
+	return res, nil
+}
+
+// fail marks the ledger degraded, logging the transition once, and returns
+// ErrDegraded wrapping the cause.
+func (l *Ledger) fail(op string, err error) error {
+	if l.degraded.CompareAndSwap(false, true) {
+		l.log.Error("shared state unavailable: scheduling on this replica's local view and its share of each worker until Redis answers",
+			"op", op, "err", err, "replicas", l.cfg.Replicas)
+	}
+	return fmt.Errorf("%w: %s: %v", ErrDegraded, op, err)
+}
+
+func toInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}

@@ -1,0 +1,444 @@
+package shared
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-router/sluice/internal/redisconn"
+	"github.com/sluice-router/sluice/internal/redistest"
+)
+
+var workers4 = []string{"w0", "w1", "w2", "w3"}
+
+type ledgerOpts struct {
+	ttl, renew time.Duration
+	replicas   int
+}
+
+func newLedger(t testing.TB, url, replica string, o ledgerOpts) *Ledger {
+	t.Helper()
+	rdb, prefix, err := redisconn.Open(url, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	if o.ttl == 0 {
+		o.ttl, o.renew = time.Hour, 30*time.Minute // tests that run no renewals
+	}
+	l, err := New(Config{Client: rdb, Prefix: prefix, Replica: replica, LeaseTTL: o.ttl, RenewEvery: o.renew, Replicas: o.replicas})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.subscribed = make(chan struct{})
+	return l
+}
+
+// run starts l.Run until the test ends and waits until it listens.
+func run(t *testing.T, l *Ledger) context.CancelFunc {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-l.subscribed
+	return cancel
+}
+
+func cands(limit int, names ...string) []Candidate {
+	out := make([]Candidate, len(names))
+	for i, n := range names {
+		out[i] = Candidate{Worker: n, ActiveWeight: 1, Limit: limit}
+	}
+	return out
+}
+
+// eventually polls cond until it holds, failing the test after a bounded
+// deadline: the state it waits for is in Redis, with no event to wait on.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func inFlight(t *testing.T, l *Ledger, workers ...string) []int {
+	t.Helper()
+	n, err := l.InFlight(context.Background(), workers...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestReserve_CrossReplicaBurstOnePerWorker(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	ls := []*Ledger{
+		newLedger(t, srv.URL(0), "r0", ledgerOpts{}),
+		newLedger(t, srv.URL(0), "r1", ledgerOpts{}),
+		newLedger(t, srv.URL(0), "r2", ledgerOpts{}),
+	}
+	for round := range 200 {
+		start := make(chan struct{})
+		got := make([]Reservation, 4)
+		errs := make([]error, 4)
+		var wg sync.WaitGroup
+		for i := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				got[i], errs[i] = ls[i%3].Reserve(ctx, "m", "", cands(4, workers4...))
+			}()
+		}
+		close(start)
+		wg.Wait()
+		var chosen []string
+		for i, r := range got {
+			if errs[i] != nil {
+				t.Fatalf("round %d: request %d: %v", round, i, errs[i])
+			}
+			chosen = append(chosen, r.Worker)
+		}
+		slices.Sort(chosen)
+		if !slices.Equal(chosen, workers4) {
+			t.Fatalf("round %d: four simultaneous requests on three replicas landed on %v, want one per worker", round, chosen)
+		}
+		for i, r := range got {
+			if err := ls[i%3].Release(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := inFlight(t, ls[0], workers4...); !slices.Equal(n, []int{0, 0, 0, 0}) {
+		t.Fatalf("in flight after releasing everything: %v", n)
+	}
+}
+
+func TestReserve_NeverOverLimitAcrossReplicas(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	const limit = 2
+	var live [4]atomic.Int32
+	var over atomic.Int32
+	var wg sync.WaitGroup
+	for r := range 3 {
+		l := newLedger(t, srv.URL(0), fmt.Sprintf("r%d", r), ledgerOpts{})
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 150 {
+					res, err := l.Reserve(ctx, "m", "", cands(limit, workers4...))
+					if errors.Is(err, ErrFull) {
+						continue
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if live[res.Index].Add(1) > limit {
+						over.Add(1)
+					}
+					live[res.Index].Add(-1)
+					if err := l.Release(ctx, res); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if n := over.Load(); n > 0 {
+		t.Fatalf("%d reservations found their worker over its limit of %d", n, limit)
+	}
+}
+
+func TestReserve_LowestTotalThenLeastRecentlyPickedThenOrder(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	a := newLedger(t, srv.URL(0), "a", ledgerOpts{})
+	b := newLedger(t, srv.URL(0), "b", ledgerOpts{})
+	c := []Candidate{
+		{Worker: "x", Score: 1, ActiveWeight: 10, Limit: 10},
+		{Worker: "y", Score: 1, ActiveWeight: 10, Limit: 10},
+		{Worker: "z", Score: 0.5, ActiveWeight: 10, Limit: 1},
+	}
+	// z has the lowest score; then z is full; x and y tie, never picked:
+	// the first listed; then y is the least recently picked, by either
+	// replica; then both have one in flight and x was picked first.
+	var got []string
+	for i := range 4 {
+		l := []*Ledger{a, b}[i%2]
+		r, err := l.Reserve(ctx, "m", "", c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.Worker)
+	}
+	if want := []string{"z", "x", "y", "x"}; !slices.Equal(got, want) {
+		t.Fatalf("picks %v, want %v", got, want)
+	}
+	if _, err := a.Reserve(ctx, "m", "", []Candidate{c[2]}); !errors.Is(err, ErrFull) {
+		t.Fatalf("reserve on a full worker: %v, want ErrFull", err)
+	}
+}
+
+func TestWait_OldestRequestOfAnyReplicaBindsFirst(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	r0 := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
+	r1 := newLedger(t, srv.URL(0), "r1", ledgerOpts{})
+	r2 := newLedger(t, srv.URL(0), "r2", ledgerOpts{})
+	run(t, r1)
+	one := cands(1, "w0")
+	held, err := r0.Reserve(ctx, "m", "", one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r1.Wait(ctx, "m", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Wait(ctx, "m", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r0.Release(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	<-r1.Wake() // the release reached r1 through pub/sub (renewals are an hour apart)
+	if _, err := r2.Reserve(ctx, "m", "b", one); !errors.Is(err, ErrNotYourTurn) {
+		t.Fatalf("younger waiter of r2: %v, want ErrNotYourTurn", err)
+	}
+	if _, err := r0.Reserve(ctx, "m", "", one); !errors.Is(err, ErrNotYourTurn) {
+		t.Fatalf("new request on r0 while others wait: %v, want ErrNotYourTurn", err)
+	}
+	first, err := r1.Reserve(ctx, "m", "a", one)
+	if err != nil {
+		t.Fatalf("oldest waiter: %v", err)
+	}
+	if err := r1.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r2.Reserve(ctx, "m", "b", one); err != nil {
+		t.Fatalf("r2's waiter, now the oldest: %v", err)
+	}
+}
+
+func TestWait_AbandonedWaiterStopsBlocking(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	r0 := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
+	r1 := newLedger(t, srv.URL(0), "r1", ledgerOpts{ttl: 300 * time.Millisecond, renew: 50 * time.Millisecond})
+	if err := r1.Wait(ctx, "m", "gone"); err != nil { // r1 never renews: it died
+		t.Fatal(err)
+	}
+	if _, err := r0.Reserve(ctx, "m", "", cands(1, "w0")); !errors.Is(err, ErrNotYourTurn) {
+		t.Fatalf("reserve behind a live waiter: %v, want ErrNotYourTurn", err)
+	}
+	eventually(t, "the dead replica's waiter to expire", func() bool {
+		_, err := r0.Reserve(ctx, "m", "", cands(1, "w0"))
+		return err == nil
+	})
+	// r0 itself unwaiting wakes nobody harmfully and is idempotent.
+	if err := r0.Unwait(ctx, "m", "never"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLease_StoppedReplicaCapacityReturnsAfterTTL(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	opts := ledgerOpts{ttl: time.Second, renew: 100 * time.Millisecond}
+	dying := newLedger(t, srv.URL(0), "dying", opts)
+	stop := run(t, dying)
+	for range 4 {
+		if _, err := dying.Reserve(ctx, "m", "", cands(1, workers4...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := newLedger(t, srv.URL(0), "other", opts)
+	rdb := other.rdb
+	key := other.leaseKey("w0")
+	first := zscoreOnly(t, rdb, key)
+	eventually(t, "a renewal to extend the lease", func() bool { return zscoreOnly(t, rdb, key) > first })
+	stop()            // the renew loop stops
+	dying.rdb.Close() // and the connection drops, with nothing released
+	if _, err := other.Reserve(ctx, "m", "", cands(1, workers4...)); !errors.Is(err, ErrFull) {
+		t.Fatalf("reserve while the dead replica's leases live: %v, want ErrFull", err)
+	}
+	eventually(t, "the dead replica's leases to expire", func() bool {
+		return slices.Equal(inFlight(t, other, workers4...), []int{0, 0, 0, 0})
+	})
+	for range 4 {
+		if _, err := other.Reserve(ctx, "m", "", cands(1, workers4...)); err != nil {
+			t.Fatalf("capacity did not come back: %v", err)
+		}
+	}
+}
+
+func zscoreOnly(t *testing.T, rdb *redis.Client, key string) float64 {
+	t.Helper()
+	zs, err := rdb.ZRangeWithScores(context.Background(), key, 0, 0).Result()
+	if err != nil || len(zs) != 1 {
+		t.Fatalf("lease set %s: %v %v", key, zs, err)
+	}
+	return zs[0].Score
+}
+
+// TestHelperProcess is not a test: TestLease_KilledProcessCapacityReturns
+// runs the test binary again as a replica that holds leases until killed.
+func TestHelperProcess(t *testing.T) {
+	url := os.Getenv("SLUICE_SHARED_HELPER_REDIS")
+	if url == "" {
+		t.Skip("helper process for TestLease_KilledProcessCapacityReturns")
+	}
+	l := newLedger(t, url, "child", ledgerOpts{ttl: time.Second, renew: 100 * time.Millisecond})
+	go l.Run(context.Background())
+	for range 4 {
+		if _, err := l.Reserve(context.Background(), "m", "", cands(1, workers4...)); err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+	}
+	fmt.Println("held")
+	select {} // until killed
+}
+
+func TestLease_KilledProcessCapacityReturns(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "SLUICE_SHARED_HELPER_REDIS="+srv.URL(0))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "held\n" {
+		t.Fatalf("helper process: %q %v", line, err)
+	}
+	l := newLedger(t, srv.URL(0), "survivor", ledgerOpts{})
+	if n := inFlight(t, l, workers4...); !slices.Equal(n, []int{1, 1, 1, 1}) {
+		t.Fatalf("in flight while the helper holds every worker: %v", n)
+	}
+	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no cleanup runs
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	eventually(t, "the killed process's leases to expire", func() bool {
+		return slices.Equal(inFlight(t, l, workers4...), []int{0, 0, 0, 0})
+	})
+	if _, err := l.Reserve(ctx, "m", "", cands(1, workers4...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLedger_RedisRestartUnderLoad(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	opts := ledgerOpts{ttl: 2 * time.Second, renew: 50 * time.Millisecond, replicas: 2}
+	ls := []*Ledger{newLedger(t, srv.URL(0), "r0", opts), newLedger(t, srv.URL(0), "r1", opts)}
+	for _, l := range ls {
+		run(t, l)
+	}
+	var ops, degradedOps atomic.Int64
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	heldMu := sync.Mutex{}
+	var held []struct {
+		l *Ledger
+		r Reservation
+	}
+	for _, l := range ls {
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var cur *Reservation
+				for !stop.Load() {
+					if cur != nil {
+						_ = l.Release(ctx, *cur) // fails only while degraded: the lease expires
+						cur = nil
+					}
+					r, err := l.Reserve(ctx, "m", "", cands(2, workers4...))
+					switch {
+					case err == nil:
+					case errors.Is(err, ErrDegraded):
+						degradedOps.Add(1)
+						r = l.Adopt(workers4[ops.Load()%4]) // the caller's local pick
+					case errors.Is(err, ErrFull):
+						ops.Add(1)
+						continue
+					default:
+						t.Errorf("reserve: %v", err)
+						return
+					}
+					ops.Add(1)
+					cur = &r
+				}
+				if cur != nil {
+					heldMu.Lock()
+					held = append(held, struct {
+						l *Ledger
+						r Reservation
+					}{l, *cur})
+					heldMu.Unlock()
+				}
+			}()
+		}
+	}
+	eventually(t, "load before the crash", func() bool { return ops.Load() > 200 })
+	srv.Kill()
+	eventually(t, "both replicas to notice Redis is gone", func() bool { return ls[0].Degraded() && ls[1].Degraded() })
+	eventually(t, "load served while degraded", func() bool { return degradedOps.Load() > 50 })
+	srv.Restart() // empty: nothing was persisted
+	eventually(t, "both replicas to resynchronise", func() bool { return !ls[0].Degraded() && !ls[1].Degraded() })
+	n := ops.Load()
+	eventually(t, "load after the restart", func() bool { return ops.Load() > n+200 })
+	stop.Store(true)
+	wg.Wait()
+	// Every lease a replica still holds is in Redis again — those taken
+	// before the crash and those taken locally while degraded — and
+	// nothing else is, once the replicas have renewed.
+	for _, l := range ls {
+		l.Renew(ctx)
+	}
+	total := func() int {
+		sum := 0
+		for _, v := range inFlight(t, ls[0], workers4...) {
+			sum += v
+		}
+		return sum
+	}
+	if got, want := total(), ls[0].Held()+ls[1].Held(); got < want {
+		t.Fatalf("Redis counts %d in flight, the replicas hold %d", got, want)
+	}
+	for _, h := range held {
+		if err := h.l.Release(ctx, h.r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Reservations whose reply was lost in the crash may linger until
+	// their TTL; nothing stays longer.
+	eventually(t, "every lease to be released or expire", func() bool { return total() == 0 })
+}
