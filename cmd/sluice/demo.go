@@ -99,6 +99,8 @@ func runDemo(args []string) error {
 
 	base := "http://" + *listen
 	fmt.Fprintf(os.Stderr, `
+  dashboard    %[1]s/   (open it in a browser: workers, scores, live charts, decisions)
+
 Sluice demo: 4 simulated GPUs (one slower card, one with a small KV cache) behind the router.
 
   router       %[1]s   (OpenAI API: POST /v1/chat/completions, model %[2]q)
