@@ -55,6 +55,8 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler                 // mux behind auth and limits
 	keys    atomic.Pointer[auth.Keyring] // swapped whole on reload
+	// transport sends to workers, each with its own TLS settings.
+	transport *workerTransport
 	// stopping is set when shutdown begins: /readyz turns 503.
 	stopping atomic.Bool
 	// after is time.After unless a test steers the shutdown phases.
@@ -123,6 +125,8 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		t.MaxIdleConnsPerHost = 64 // one connection per concurrent request to a worker
 		opt.Transport = t
 	}
+	s.transport = &workerTransport{base: opt.Transport}
+	opt.Transport = s.transport
 	client := &http.Client{Transport: opt.Transport}
 	s.fleet = fleet.New(fleet.Options{
 		Client:        client,
@@ -294,6 +298,9 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	key, err := w.ResolveAPIKey()
 	if err != nil {
 		return fmt.Errorf("worker %s: api key: %w", w.Name, err)
+	}
+	if err := s.transport.register(w, u); err != nil {
+		return err
 	}
 	fw, err := s.fleet.Add(context.Background(), toFleet(w, key))
 	if err != nil {
