@@ -1,0 +1,224 @@
+package prefix
+
+import (
+	"sync"
+	"time"
+)
+
+// Defaults of an Index.
+const (
+	// DefaultCapacity is the blocks remembered per worker and model: 256
+	// router blocks are about 32,768 tokens, the KV cache of a
+	// llama-server started with -c 32768 (and of the simulated workers).
+	DefaultCapacity = 256
+	// DefaultTTL is how long a recorded block is believed to stay cached.
+	// A worker under load reuses its cache for other prompts within
+	// minutes; an old guess is worse than none.
+	DefaultTTL = 5 * time.Minute
+)
+
+// Options configure an Index; zero values take the defaults.
+type Options struct {
+	// Capacity bounds the blocks remembered per worker and model; the
+	// least recently recorded are forgotten first.
+	Capacity int
+	// TTL forgets blocks not recorded again for this long.
+	TTL time.Duration
+	// Now tells the time; time.Now when nil. Tests and the virtual-time
+	// simulation inject their clock.
+	Now func() time.Time
+}
+
+// Index remembers which worker recently served which block hashes, per
+// model, within bounded memory: at most Capacity blocks per worker and
+// model, each forgotten after TTL. It is safe for concurrent use (one
+// mutex; every call is short and calls nothing outside).
+type Index struct {
+	capacity int
+	ttl      time.Duration
+	now      func() time.Time
+
+	mu     sync.Mutex
+	caches map[cacheKey]*lru
+}
+
+type cacheKey struct{ model, worker string }
+
+// NewIndex returns an empty Index.
+func NewIndex(o Options) *Index {
+	if o.Capacity <= 0 {
+		o.Capacity = DefaultCapacity
+	}
+	if o.TTL <= 0 {
+		o.TTL = DefaultTTL
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Index{capacity: o.Capacity, ttl: o.TTL, now: o.Now, caches: map[cacheKey]*lru{}}
+}
+
+// Match returns the fraction of hashes, counted from the first, that
+// worker is expected to hold for model: the longest run of leading blocks
+// it recently served, over len(hashes). It is 0 for no hashes. Asking
+// does not refresh anything.
+func (x *Index) Match(model string, hashes []uint64, worker string) float64 {
+	if len(hashes) == 0 {
+		return 0
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	c := x.caches[cacheKey{model, worker}]
+	if c == nil {
+		return 0
+	}
+	oldest := x.now().Add(-x.ttl)
+	n := 0
+	for _, h := range hashes {
+		i, ok := c.pos[h]
+		if !ok || c.nodes[i].at.Before(oldest) {
+			break
+		}
+		n++
+	}
+	return float64(n) / float64(len(hashes))
+}
+
+// Record notes that worker is serving hashes for model. The blocks are
+// refreshed from the last to the first, so that the first blocks, shared
+// by the most prompts, are the last to be forgotten.
+func (x *Index) Record(model string, hashes []uint64, worker string) {
+	if len(hashes) == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := cacheKey{model, worker}
+	c := x.caches[k]
+	if c == nil {
+		c = newLRU(x.capacity)
+		x.caches[k] = c
+	}
+	now := x.now()
+	c.expire(now.Add(-x.ttl))
+	for i := len(hashes) - 1; i >= 0; i-- {
+		c.touch(hashes[i], now)
+	}
+}
+
+// Forget drops everything remembered of worker (it was removed).
+func (x *Index) Forget(worker string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for k := range x.caches {
+		if k.worker == worker {
+			delete(x.caches, k)
+		}
+	}
+}
+
+// Len returns the blocks remembered of worker for model, expired ones
+// included until they are swept.
+func (x *Index) Len(model, worker string) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if c := x.caches[cacheKey{model, worker}]; c != nil {
+		return len(c.pos)
+	}
+	return 0
+}
+
+// lru is a bounded set of block hashes in recency order, on a slab of
+// nodes linked by index, so it allocates only when it grows.
+type lru struct {
+	capacity   int
+	pos        map[uint64]int32
+	nodes      []node
+	head, tail int32 // most and least recent; -1 when empty
+}
+
+type node struct {
+	hash       uint64
+	at         time.Time
+	prev, next int32
+}
+
+func newLRU(capacity int) *lru {
+	return &lru{capacity: capacity, pos: make(map[uint64]int32), head: -1, tail: -1}
+}
+
+// touch makes h the most recent block, adding it (and forgetting the
+// least recent when full) if it is new.
+func (c *lru) touch(h uint64, now time.Time) {
+	if i, ok := c.pos[h]; ok {
+		c.nodes[i].at = now
+		c.unlink(i)
+		c.pushFront(i)
+		return
+	}
+	var i int32
+	if len(c.nodes) < c.capacity {
+		c.nodes = append(c.nodes, node{})
+		i = int32(len(c.nodes) - 1)
+	} else {
+		i = c.tail // reuse the least recent node
+		c.unlink(i)
+		delete(c.pos, c.nodes[i].hash)
+	}
+	c.nodes[i] = node{hash: h, at: now, prev: -1, next: -1}
+	c.pos[h] = i
+	c.pushFront(i)
+}
+
+// expire forgets blocks recorded before oldest (always the least recent)
+// and keeps the slab dense by moving its last node into each hole.
+func (c *lru) expire(oldest time.Time) {
+	for c.tail >= 0 && c.nodes[c.tail].at.Before(oldest) {
+		i := c.tail
+		c.unlink(i)
+		delete(c.pos, c.nodes[i].hash)
+		// Compact: move the slab's last node into the hole.
+		last := int32(len(c.nodes) - 1)
+		if i != last {
+			c.nodes[i] = c.nodes[last]
+			c.pos[c.nodes[i].hash] = i
+			if p := c.nodes[i].prev; p >= 0 {
+				c.nodes[p].next = i
+			} else {
+				c.head = i
+			}
+			if n := c.nodes[i].next; n >= 0 {
+				c.nodes[n].prev = i
+			} else {
+				c.tail = i
+			}
+		}
+		c.nodes = c.nodes[:last]
+	}
+}
+
+func (c *lru) unlink(i int32) {
+	n := &c.nodes[i]
+	if n.prev >= 0 {
+		c.nodes[n.prev].next = n.next
+	} else {
+		c.head = n.next
+	}
+	if n.next >= 0 {
+		c.nodes[n.next].prev = n.prev
+	} else {
+		c.tail = n.prev
+	}
+	n.prev, n.next = -1, -1
+}
+
+func (c *lru) pushFront(i int32) {
+	c.nodes[i].prev, c.nodes[i].next = -1, c.head
+	if c.head >= 0 {
+		c.nodes[c.head].prev = i
+	}
+	c.head = i
+	if c.tail < 0 {
+		c.tail = i
+	}
+}

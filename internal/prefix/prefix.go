@@ -1,0 +1,232 @@
+// Package prefix lets the router send a conversation back to the worker
+// that already holds its prompt prefix in KV cache.
+//
+// A prompt is cut into fixed-size blocks whose hashes form a chain: block
+// i's hash covers blocks 0..i, so two prompts share hash i exactly when they
+// share their first i+1 blocks, and comparing two lists of hashes from the
+// front finds their common prefix. Only whole blocks are hashed (an
+// inference server caches whole blocks too: vLLM's prefix cache works in
+// blocks of 16 tokens; llama.cpp reuses a slot's cached prompt up to the
+// first differing token).
+//
+// The router does not tokenize. Its blocks are BlockBytes bytes of text
+// (BlockTokens tokens at about CharsPerToken bytes per token, the same
+// estimate the proxy uses for prompt sizes), so a block boundary is a guess
+// at where the worker's token blocks fall; since the same text always gives
+// the same blocks, the guess is consistent, which is all matching needs.
+// Chat requests are rendered to a canonical text first — each message's
+// role and content in order, see Render — which approximates, but is not,
+// the model's chat template: the rendering of a conversation's turn n is a
+// prefix of the rendering of its turn n+1, as the template's output is.
+// Traces that carry real block hashes (Mooncake's hash_ids, 512-token
+// blocks) are used as they are.
+//
+// An Index remembers, per model, which worker recently served which block
+// hashes; the scheduler asks it how much of a request's prefix each worker
+// is expected to hold (Match) and tells it where a request went (Record).
+// It is the router's guess of the workers' caches, not their state.
+package prefix
+
+import "encoding/json"
+
+// The router's block size. BlockTokens is a compromise between precision
+// (a prefix is matched to within one block) and the index's memory (one
+// entry per block per worker).
+const (
+	// CharsPerToken is the bytes of text per token assumed for English
+	// BPE vocabularies, as the proxy's prompt estimate assumes.
+	CharsPerToken = 4
+	// BlockTokens is the router's block size in (estimated) tokens.
+	BlockTokens = 128
+	// BlockBytes is the router's block size in bytes of rendered text.
+	BlockBytes = BlockTokens * CharsPerToken
+)
+
+// FNV-1a, 64 bits: stable across processes and versions, unlike
+// hash/maphash, so recorded hashes stay comparable.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// Hasher cuts a stream of text into blocks of a fixed size and chains
+// their hashes. The zero value is not usable; use NewHasher.
+type Hasher struct {
+	block  int
+	fill   int    // bytes of the current block so far
+	h      uint64 // running hash of the current block, seeded by prev
+	prev   uint64 // hash of the previous block (the chain)
+	hashes []uint64
+}
+
+// NewHasher returns a Hasher with blocks of blockBytes bytes (BlockBytes
+// when not positive).
+func NewHasher(blockBytes int) *Hasher {
+	if blockBytes <= 0 {
+		blockBytes = BlockBytes
+	}
+	hs := &Hasher{block: blockBytes}
+	hs.Reset()
+	return hs
+}
+
+// Reset starts a new prompt, keeping the hashes slice's memory.
+func (hs *Hasher) Reset() {
+	hs.fill, hs.prev, hs.hashes = 0, 0, hs.hashes[:0]
+	hs.h = seed(0)
+}
+
+// seed starts a block's hash from the previous block's.
+func seed(prev uint64) uint64 {
+	h := uint64(fnvOffset)
+	for i := range 8 {
+		h ^= (prev >> (8 * i)) & 0xff
+		h *= fnvPrime
+	}
+	return h
+}
+
+// Write adds text; it never fails.
+func (hs *Hasher) Write(p []byte) (int, error) {
+	for _, b := range p {
+		hs.h ^= uint64(b)
+		hs.h *= fnvPrime
+		hs.fill++
+		if hs.fill == hs.block {
+			hs.endBlock()
+		}
+	}
+	return len(p), nil
+}
+
+// WriteString adds text; it never fails.
+func (hs *Hasher) WriteString(s string) (int, error) {
+	for i := 0; i < len(s); i++ {
+		hs.h ^= uint64(s[i])
+		hs.h *= fnvPrime
+		hs.fill++
+		if hs.fill == hs.block {
+			hs.endBlock()
+		}
+	}
+	return len(s), nil
+}
+
+func (hs *Hasher) endBlock() {
+	if hs.h == 0 {
+		hs.h = 1 // 0 is never a block hash, so it can mean "none"
+	}
+	hs.hashes = append(hs.hashes, hs.h)
+	hs.prev, hs.fill = hs.h, 0
+	hs.h = seed(hs.prev)
+}
+
+// Hashes returns the chained hashes of the whole blocks written so far (a
+// trailing partial block is not hashed). The slice is the Hasher's until
+// the next Reset.
+func (hs *Hasher) Hashes() []uint64 { return hs.hashes }
+
+// Text returns the chained block hashes of a raw prompt.
+func Text(s string, blockBytes int) []uint64 {
+	hs := NewHasher(blockBytes)
+	hs.WriteString(s)
+	return hs.Hashes()
+}
+
+// Message is one chat message as Render reads it: its role and content
+// (a JSON string, or an array of parts whose "text" fields are taken).
+type Message struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// Render writes the canonical text of a chat conversation to hs: for each
+// message in order, "<|role|>\n", its content and "\n". It approximates a
+// chat template (each template wraps role and content in its own markers;
+// the router does not know which the worker applies) and keeps the
+// property that matters: a conversation's rendering is a prefix of the
+// rendering of the same conversation with more messages.
+func Render(hs *Hasher, msgs []Message) {
+	for _, m := range msgs {
+		hs.WriteString("<|")
+		hs.WriteString(m.Role)
+		hs.WriteString("|>\n")
+		writeContent(hs, m.Content)
+		hs.WriteString("\n")
+	}
+}
+
+// writeContent writes a message content: a string as its text, an array
+// of parts as the text of each part (other parts, e.g. images, by their
+// JSON), anything else as its JSON.
+func writeContent(hs *Hasher, raw json.RawMessage) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			hs.WriteString(s)
+			return
+		}
+	case '[':
+		var parts []struct {
+			Type string  `json:"type"`
+			Text *string `json:"text"`
+		}
+		if json.Unmarshal(raw, &parts) == nil {
+			var other []json.RawMessage
+			for i, p := range parts {
+				if p.Text != nil {
+					hs.WriteString(*p.Text)
+					continue
+				}
+				if other == nil {
+					_ = json.Unmarshal(raw, &other)
+				}
+				if i < len(other) {
+					hs.Write(other[i])
+				}
+			}
+			return
+		}
+	}
+	hs.Write(raw)
+}
+
+// body is what FromBody reads of an inference request.
+type body struct {
+	Messages []Message      `json:"messages"`
+	Prompt   json.RawMessage `json:"prompt"`
+}
+
+// FromBody returns the chained block hashes (blocks of blockBytes bytes)
+// of an OpenAI-style inference request body: the rendered `messages` of a
+// chat request, else its `prompt` (a string as its text; an array of
+// strings or of token ids by its JSON, which is stable for equal prompts).
+// A body it cannot read, or one without a prompt, has no hashes: prefix
+// matching is a hint, and the proxy has validated the body already.
+func FromBody(b []byte, blockBytes int) []uint64 {
+	var in body
+	if json.Unmarshal(b, &in) != nil {
+		return nil
+	}
+	hs := NewHasher(blockBytes)
+	switch {
+	case len(in.Messages) > 0:
+		Render(hs, in.Messages)
+	case len(in.Prompt) > 0 && in.Prompt[0] == '"':
+		var s string
+		if json.Unmarshal(in.Prompt, &s) != nil {
+			return nil
+		}
+		hs.WriteString(s)
+	case len(in.Prompt) > 0 && string(in.Prompt) != "null":
+		hs.Write(in.Prompt)
+	}
+	if len(hs.hashes) == 0 {
+		return nil
+	}
+	return hs.Hashes()
+}
