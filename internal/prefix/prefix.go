@@ -197,7 +197,7 @@ func writeContent(hs *Hasher, raw json.RawMessage) {
 
 // body is what FromBody reads of an inference request.
 type body struct {
-	Messages []Message      `json:"messages"`
+	Messages []Message       `json:"messages"`
 	Prompt   json.RawMessage `json:"prompt"`
 }
 
