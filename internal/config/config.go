@@ -361,7 +361,7 @@ func (c *Config) Validate() error {
 	for name, v := range map[string]float64{
 		"active_requests": c.Weights.ActiveRequests, "queue_length": c.Weights.QueueLength,
 		"latency": c.Weights.Latency, "job_cost": c.Weights.JobCost, "throughput": c.Weights.Throughput,
-		"kv_pressure": c.Weights.KVPressure, "gpu_util": c.Weights.GPUUtil,
+		"kv_pressure": c.Weights.KVPressure, "gpu_util": c.Weights.GPUUtil, "prefix": c.Weights.Prefix,
 	} {
 		if v < 0 {
 			bad("weights."+name, "negative weight %v (the throughput term is already a reward; use 0 to disable a term)", v)

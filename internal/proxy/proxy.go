@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/auth"
+	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -182,6 +183,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 	if id, ok := auth.FromContext(r.Context()); ok {
 		req.Tenant, req.Class = id.Tenant, id.Class
 	}
+	req.Prefix = prefix.FromBody(body, prefix.BlockBytes) // where its prompt prefix may be cached
 	var lastErr error
 	for ; req.Attempt <= h.opt.MaxAttempts; req.Attempt++ {
 		lease, err := h.opt.Scheduler.Admit(r.Context(), req)

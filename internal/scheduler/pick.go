@@ -52,6 +52,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		cands := s.candBuf[:0]
 		for i, w := range elig {
 			cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snaps[idx[i]], Stats: s.statsOf(w)})
+			s.prefixMatchLocked(req, &cands[len(cands)-1])
 		}
 		s.candBuf = cands[:0]
 		defer clear(cands)
@@ -90,6 +91,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	cands := make([]Candidate, len(elig)) // the record's own, for explain
 	for i, w := range elig {
 		cands[i] = Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snaps[idx[i]], Stats: s.statsOf(w)}
+		s.prefixMatchLocked(req, &cands[i])
 	}
 	return s.chooseLocked(rec, &req, cands, idx, elig, now), rec
 }

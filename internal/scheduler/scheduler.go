@@ -105,6 +105,10 @@ type Config struct {
 	// then have no Decision and refusals no DecisionID. It cannot be
 	// combined with a Recorder.
 	NoRecords bool
+	// PrefixIndex, when set, tells how much of a request's prompt prefix
+	// each worker is expected to hold (the prefix term) and learns where
+	// each request went.
+	PrefixIndex PrefixIndex
 	// IDPrefix starts every decision ID; derived from the start time when
 	// empty so IDs stay unique across restarts.
 	IDPrefix string
@@ -144,6 +148,9 @@ type Request struct {
 	// Class is the request's priority class (e.g. "interactive",
 	// "batch"); empty takes the default class.
 	Class string
+	// Prefix holds the chained block hashes of the prompt (see package
+	// prefix): hash i covers blocks 0..i. Empty when unknown.
+	Prefix []uint64
 }
 
 // Scheduler admits requests to workers. See the package doc.
@@ -700,6 +707,7 @@ func (s *Scheduler) bindLocked(t *Ticket, w *worker, rec *decisions.Record, now 
 		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
 		rec.QueueDepth = t.depth
 	}
+	s.recordPrefixLocked(t.req, w)
 	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, Worker: w.spec.Name, Decision: rec, QueueWait: wait}
 	t.rec = rec
 	t.queued = false

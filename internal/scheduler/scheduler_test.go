@@ -414,8 +414,8 @@ func TestScheduler_DecisionRecordExplainsEveryWorker(t *testing.T) {
 	if got := r.Candidates[2].Why; got != `does not serve model "m"` {
 		t.Errorf("c why %q", got)
 	}
-	if n := len(r.Candidates[0].Terms); n != 7 {
-		t.Fatalf("chosen has %d terms, want 7", n)
+	if n := len(r.Candidates[0].Terms); n != 8 {
+		t.Fatalf("chosen has %d terms, want 8", n)
 	}
 	sum := 0.0
 	for _, term := range r.Candidates[0].Terms {

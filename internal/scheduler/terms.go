@@ -18,12 +18,16 @@ type Weights struct {
 	Throughput     float64 `yaml:"throughput" json:"throughput"`
 	KVPressure     float64 `yaml:"kv_pressure" json:"kv_pressure"`
 	GPUUtil        float64 `yaml:"gpu_util" json:"gpu_util"`
+	// Prefix rewards a worker expected to hold the request's prompt
+	// prefix in KV cache (a reward, subtracted; see prefixMatch).
+	Prefix float64 `yaml:"prefix" json:"prefix"`
 }
 
 // DefaultWeights returns the weights Sluice ships with: concurrency
-// dominates, throughput is a reward, memory pressure is visible.
+// dominates, throughput is a reward, memory pressure is visible, a cached
+// prompt prefix is worth half of one request in flight.
 func DefaultWeights() Weights {
-	return Weights{ActiveRequests: 100, QueueLength: 10, Latency: 5, JobCost: 2, Throughput: 3, KVPressure: 15, GPUUtil: 15}
+	return Weights{ActiveRequests: 100, QueueLength: 10, Latency: 5, JobCost: 2, Throughput: 3, KVPressure: 15, GPUUtil: 15, Prefix: 50}
 }
 
 // Candidate is what a term sees of one eligible worker at decision time.
@@ -39,6 +43,11 @@ type Candidate struct {
 	Snap *Snapshot
 	// Stats is what Sluice has measured of the worker.
 	Stats *stats.WorkerStats
+	// PrefixMatch is the fraction (0..1) of the request's leading prompt
+	// blocks the worker is expected to hold in KV cache; PrefixSource
+	// says who expects it (empty: the request has no prefix hashes).
+	PrefixMatch  float64
+	PrefixSource string
 }
 
 // Env is what a term sees of the decision besides the candidates: the
@@ -299,6 +308,7 @@ func DefaultTerms(w Weights) []WeightedTerm {
 		{throughput{}, w.Throughput},
 		{kvPressure{}, w.KVPressure},
 		{gpuUtil{}, w.GPUUtil},
+		{prefixMatch{}, w.Prefix},
 	}
 }
 

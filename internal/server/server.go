@@ -34,6 +34,7 @@ import (
 	"github.com/sluice-router/sluice/internal/dashboard"
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/fleet"
+	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
@@ -114,6 +115,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Policy:       scheduler.Policy(cfg.Policy),
 		Stats:        s.tracker,
 		Recorder:     s.record,
+		PrefixIndex:  prefix.NewIndex(prefix.Options{}),
 	})
 	if err != nil {
 		s.closeStore()

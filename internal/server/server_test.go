@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
 // fakeWorker is an OpenAI-compatible test server on loopback whose
@@ -432,8 +433,8 @@ func TestRouter_DecisionRecordMatchesHeaders(t *testing.T) {
 	if q, _ := strconv.ParseFloat(resp.Header.Get("X-Sluice-Queue-Ms"), 64); q != float64(int64(rec.QueueWaitMs)) {
 		t.Errorf("X-Sluice-Queue-Ms %v, record %v", q, rec.QueueWaitMs)
 	}
-	if len(rec.Candidates) != 2 || len(rec.Candidates[0].Terms) != 7 {
-		t.Fatalf("record has %d candidates, first with %d terms; want 2 and 7", len(rec.Candidates), len(rec.Candidates[0].Terms))
+	if nt := len(scheduler.DefaultTerms(scheduler.DefaultWeights())); len(rec.Candidates) != 2 || len(rec.Candidates[0].Terms) != nt {
+		t.Fatalf("record has %d candidates, first with %d terms; want 2 and %d", len(rec.Candidates), len(rec.Candidates[0].Terms), nt)
 	}
 	list, _ := http.Get(r.url + "/debug/decisions?limit=1")
 	var l struct{ Decisions []decisions.Record }
