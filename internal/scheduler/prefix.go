@@ -50,13 +50,13 @@ type prefixMatch struct{}
 
 func (prefixMatch) Name() string { return "prefix" }
 func (prefixMatch) Reward() bool { return true }
-func (prefixMatch) Score(c []Candidate, raw, norm []float64) {
+func (prefixMatch) Score(_ *Env, c []Candidate, raw, norm []float64) {
 	for i := range c {
 		raw[i] = c[i].PrefixMatch
 		norm[i] = clamp01(raw[i])
 	}
 }
-func (prefixMatch) Provenance(c *Candidate) (string, time.Time, bool) {
+func (prefixMatch) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
 	if c.PrefixSource == "" {
 		return "no prefix hashes", time.Time{}, false
 	}

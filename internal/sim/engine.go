@@ -161,12 +161,22 @@ type Request struct {
 	// IgnoreEOS makes the sequence produce exactly MaxTokens tokens
 	// (OutputMax when MaxTokens is not set), as llama.cpp's ignore_eos.
 	IgnoreEOS bool
+	// Prefix holds the chained hashes of the prompt's blocks of
+	// PrefixBlockTokens tokens (hash i covers blocks 0..i, as Mooncake's
+	// hash_ids and package prefix's hashes do). The leading blocks found
+	// in the worker's prefix cache are not prefilled again. Empty, or
+	// PrefixBlockTokens below 1: no prefix caching for this request.
+	Prefix            []uint64
+	PrefixBlockTokens int
 }
 
 // Result is what a finished (or cancelled) sequence reports.
 type Result struct {
 	PromptTokens     int
 	CompletionTokens int
+	// CachedTokens is how many prompt tokens were found in the worker's
+	// prefix cache, and not prefilled, at the sequence's last admission.
+	CachedTokens int
 	// Preempted counts how often the sequence lost its KV cache and had to
 	// recompute its prefill.
 	Preempted int
@@ -258,6 +268,7 @@ type Engine struct {
 	pendingCB  []func()
 
 	busyLog []interval
+	prefix  *prefixCache // created at the first request with a prefix
 
 	m counters
 }
@@ -273,6 +284,7 @@ type counters struct {
 	preemptions      int64
 	finished         int64
 	cancelled        int64
+	cachedTokens     int64
 }
 
 // NewEngine returns an idle engine whose model finishes loading at
@@ -460,6 +472,7 @@ func (e *Engine) admit() {
 		s.state = stateRunning
 		s.kv = s.prefill
 		e.kvUsed += s.kv
+		s.prefill -= e.cachedPrefill(s)
 		e.running = append(e.running, s)
 		e.changed = true
 	}
@@ -558,6 +571,7 @@ func (e *Engine) finishStep() {
 			e.m.promptSeconds += dur.Seconds()
 			s.res.PromptTime += dur
 			s.prefill = 0
+			e.cachePrompt(s)
 		} else {
 			e.m.predictedSeconds += dur.Seconds()
 			s.res.GenTime += dur
@@ -670,6 +684,9 @@ type Metrics struct {
 	Preemptions int64
 	Finished    int64
 	Cancelled   int64
+	// CachedTokens counts prompt tokens found in the prefix cache and
+	// not prefilled.
+	CachedTokens int64
 	// GPUUtilization is the fraction (0..1) of the last UtilWindow of model
 	// time during which the engine was running a step.
 	GPUUtilization float64
@@ -702,6 +719,7 @@ func (e *Engine) Metrics(now time.Time) Metrics {
 		Preemptions:           e.m.preemptions,
 		Finished:              e.m.finished,
 		Cancelled:             e.m.cancelled,
+		CachedTokens:          e.m.cachedTokens,
 	}
 	from := now.Add(-UtilWindow)
 	e.pruneBusy(from)

@@ -1,0 +1,84 @@
+package sim
+
+import (
+	"testing"
+	"time"
+)
+
+// runOne submits r alone at now on e, drains e and returns its result.
+func runOne(t *testing.T, e *Engine, now time.Time, r Request) Result {
+	t.Helper()
+	var p probe
+	if _, err := e.Submit(now, r, p.callbacks()); err != nil {
+		t.Fatal(err)
+	}
+	drain(e)
+	if !p.done {
+		t.Fatalf("request %+v did not finish", r)
+	}
+	return p.res
+}
+
+func TestEngine_PrefixCacheSkipsCachedPrefill(t *testing.T) {
+	e := NewEngine(testParams(), t0)
+	turn1 := Request{PromptTokens: 2000, MaxTokens: 1, IgnoreEOS: true, Prefix: []uint64{1, 2, 3, 4}, PrefixBlockTokens: 500}
+	r1 := runOne(t, e, t0, turn1)
+	if r1.CachedTokens != 0 {
+		t.Fatalf("first request found %d cached tokens in an empty cache", r1.CachedTokens)
+	}
+	// 2000 tokens at 0.2 ms each.
+	if got, want := r1.FirstToken.Sub(r1.Submitted), 400*time.Millisecond; got != want {
+		t.Fatalf("TTFT of a cold 2000-token prompt: %v, want %v", got, want)
+	}
+	// Turn 2 repeats turn 1's four blocks and adds 1000 tokens: only those
+	// are prefilled.
+	turn2 := Request{PromptTokens: 3000, MaxTokens: 1, IgnoreEOS: true, Prefix: []uint64{1, 2, 3, 4, 5, 6}, PrefixBlockTokens: 500}
+	r2 := runOne(t, e, r1.Finished, turn2)
+	if got, want := r2.CachedTokens, 2000; got != want {
+		t.Fatalf("turn 2 cached tokens: %d, want %d", got, want)
+	}
+	if got, want := r2.FirstToken.Sub(r2.Submitted), 200*time.Millisecond; got != want {
+		t.Fatalf("TTFT of turn 2 (1000 tokens to prefill): %v, want %v", got, want)
+	}
+	// A fully cached prompt still computes one token.
+	r3 := runOne(t, e, r2.Finished, turn2)
+	if got, want := r3.CachedTokens, 2999; got != want {
+		t.Fatalf("repeat of turn 2: cached %d, want %d (one token always computed)", got, want)
+	}
+	// A different first block shares nothing, whatever follows.
+	r4 := runOne(t, e, r3.Finished, Request{PromptTokens: 3000, MaxTokens: 1, IgnoreEOS: true, Prefix: []uint64{9, 2, 3, 4, 5, 6}, PrefixBlockTokens: 500})
+	if r4.CachedTokens != 0 {
+		t.Fatalf("a prompt with a different first block found %d cached tokens", r4.CachedTokens)
+	}
+	if got, want := e.Metrics(r4.Finished).CachedTokens, int64(2000+2999); got != want {
+		t.Fatalf("Metrics.CachedTokens = %d, want %d", got, want)
+	}
+}
+
+func TestEngine_PrefixCacheBoundedByKV(t *testing.T) {
+	p := testParams()
+	p.KVTokens = 4000 // room for eight 500-token blocks
+	e := NewEngine(p, t0)
+	a := Request{PromptTokens: 2500, MaxTokens: 1, IgnoreEOS: true, Prefix: []uint64{1, 2, 3, 4, 5}, PrefixBlockTokens: 500}
+	b := Request{PromptTokens: 2500, MaxTokens: 1, IgnoreEOS: true, Prefix: []uint64{11, 12, 13, 14, 15}, PrefixBlockTokens: 500}
+	now := runOne(t, e, t0, a).Finished
+	now = runOne(t, e, now, b).Finished // evicts a's last two blocks; its roots, refreshed last, stay
+	if got, want := e.prefix.used, 4000; got != want {
+		t.Fatalf("prefix cache holds %d tokens, want its capacity %d", got, want)
+	}
+	if got, want := runOne(t, e, now, a).CachedTokens, 1500; got != want {
+		t.Fatalf("a after b: cached %d, want %d (its first three blocks)", got, want)
+	}
+}
+
+func TestEngine_NoPrefixNoCache(t *testing.T) {
+	e := NewEngine(testParams(), t0)
+	r := Request{PromptTokens: 1000, MaxTokens: 1, IgnoreEOS: true}
+	runOne(t, e, t0, r)
+	if got := runOne(t, e, t0.Add(time.Second), r); got.CachedTokens != 0 || got.FirstToken.Sub(got.Submitted) != 200*time.Millisecond {
+		t.Fatalf("a request without hashes used the cache: %+v", got)
+	}
+	if e.prefix != nil {
+		t.Fatalf("a prefix cache was made for requests without hashes")
+	}
+}
