@@ -65,7 +65,7 @@ func benchCompare(args []string) error {
 	var o compareOpts
 	var loads, policies string
 	fs.BoolVar(&o.virtual, "virtual", false, "simulate in virtual time (internal/vsim) instead of real HTTP; fast")
-	fs.StringVar(&o.trace, "trace", "auto", "trace file; \"auto\" uses "+defaultTrace+" when present, \"synthetic\" a generated load")
+	fs.StringVar(&o.trace, "trace", "auto", "trace file; \"auto\" uses "+defaultTrace+" when present, \"synthetic\" a generated load, \"synthetic-chat\" generated multi-turn conversations")
 	fs.IntVar(&o.limit, "limit", 2000, "trace rows (or synthetic requests) per load")
 	fs.IntVar(&o.offset, "offset", 0, "skip this many trace rows")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of synthetic loads and of the random baselines")
@@ -166,6 +166,10 @@ func baseItems(o compareOpts) ([]bench.Item, string, error) {
 	if path == "synthetic" {
 		items, err := bench.Synthesize(bench.Synthetic{Arrivals: bench.Arrivals{Rate: 1}, Count: o.limit, Seed: o.seed})
 		return items, fmt.Sprintf("synthetic Poisson, %d requests, default lengths, seed %d", o.limit, o.seed), err
+	}
+	if path == "synthetic-chat" {
+		items, err := bench.SynthesizeChat(bench.Chat{Arrivals: bench.Arrivals{Rate: 1}, Count: o.limit, Seed: o.seed})
+		return items, fmt.Sprintf("synthetic multi-turn chat (bench.Chat defaults: mean 4 turns, 30 s think time, 4 shared 1,000-token system prompts, 128-token blocks), %d requests, seed %d", o.limit, o.seed), err
 	}
 	items, err := vsim.ReadLoad(path, bench.TraceOptions{Offset: o.offset, Limit: o.limit, Seed: o.seed})
 	return items, fmt.Sprintf("%s, rows %d..%d", path, o.offset+1, o.offset+len(items)), err

@@ -29,7 +29,17 @@ type Item struct {
 	// Row is the 1-based source line in the trace file (the header is line
 	// 1), or the 1-based sequence number for synthetic loads.
 	Row int
+	// Prefix holds the chained hashes of the prompt's blocks of
+	// PrefixBlockTokens tokens: hash i covers blocks 0..i, so two items
+	// share hash i exactly when their prompts share the first i+1 blocks
+	// (Mooncake's hash_ids, 512-token blocks). Empty when the load says
+	// nothing about shared prefixes.
+	Prefix            []uint64
+	PrefixBlockTokens int
 }
+
+// MooncakeBlockTokens is the block size of Mooncake's hash_ids.
+const MooncakeBlockTokens = 512
 
 // Format names a trace file layout.
 type Format string
@@ -389,7 +399,14 @@ func parseMooncake(r io.Reader, name string, opts TraceOptions) ([]Item, error) 
 		// Spread each quantised timestamp uniformly over its bucket, so a
 		// replay does not fire ten requests in the same microsecond.
 		at := time.Duration(*row.Timestamp*float64(time.Millisecond)) + time.Duration(rng.Int64N(int64(bucket)))
-		items = append(items, Item{At: at, PromptTokens: *row.InputLength, OutputTokens: *row.OutputLength, Row: line})
+		it := Item{At: at, PromptTokens: *row.InputLength, OutputTokens: *row.OutputLength, Row: line}
+		if len(row.HashIDs) > 0 {
+			it.Prefix, it.PrefixBlockTokens = make([]uint64, len(row.HashIDs)), MooncakeBlockTokens
+			for k, h := range row.HashIDs {
+				it.Prefix[k] = uint64(h)
+			}
+		}
+		items = append(items, it)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%s:%d: %w", name, line+1, err)

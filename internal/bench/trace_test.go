@@ -203,7 +203,7 @@ func TestReadTrace_SharedTraces(t *testing.T) {
 				first.At = 0 // synthetic
 				items[0] = first
 			}
-			if tc.first.Row != 0 && items[0] != tc.first {
+			if tc.first.Row != 0 && !cmp.Equal(items[0], tc.first) {
 				t.Fatalf("first item %+v, want %+v", items[0], tc.first)
 			}
 			if span := items[len(items)-1].At; span < tc.minSpan {
@@ -253,4 +253,19 @@ func FuzzParseTrace(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestReadTrace_MooncakeHashIDsArePrefix(t *testing.T) {
+	items, err := ParseTrace(strings.NewReader(
+		"{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 5, \"hash_ids\": [0, 1, 2]}\n"+
+			"{\"timestamp\": 3000, \"input_length\": 600, \"output_length\": 5}\n"), "m.jsonl", TraceOptions{Format: FormatMooncake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(items[0].Prefix, []uint64{0, 1, 2}); diff != "" || items[0].PrefixBlockTokens != MooncakeBlockTokens {
+		t.Errorf("row with hash_ids: prefix %v in blocks of %d; want [0 1 2] in blocks of %d", items[0].Prefix, items[0].PrefixBlockTokens, MooncakeBlockTokens)
+	}
+	if items[1].Prefix != nil || items[1].PrefixBlockTokens != 0 {
+		t.Errorf("row without hash_ids: prefix %v in blocks of %d; want none", items[1].Prefix, items[1].PrefixBlockTokens)
+	}
 }

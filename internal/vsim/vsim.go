@@ -317,6 +317,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		Recorder:     cfg.Recorder,
 		NoRecords:    cfg.Recorder == nil, // nobody would read them
 		IDPrefix:     "vsim",
+		PrefixIndex:  prefixIndex(cfg.Workers, items, r.clock),
 	}, specs...)
 	if err != nil {
 		return nil, fmt.Errorf("vsim: %w", err)
@@ -463,7 +464,7 @@ func (r *run) drain() {
 
 func (r *run) arrive(i int, now time.Time) {
 	rq := &r.reqs[i]
-	req := scheduler.Request{Model: r.cfg.Model, PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), Attempt: 1}
+	req := scheduler.Request{Model: r.cfg.Model, PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), Attempt: 1, Prefix: rq.item.Prefix}
 	t := r.sched.Submit(req, func(t *scheduler.Ticket) {
 		kind := pRefused
 		if l, _ := t.Result(); l != nil {
@@ -513,7 +514,8 @@ func (r *run) bound(i int) {
 	res.Worker = l.Worker
 	res.QueueMs = float64(l.QueueWait) / float64(time.Millisecond)
 	vw := r.workers[w]
-	_, err := vw.eng.Submit(r.clock.now, sim.Request{PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), IgnoreEOS: true}, sim.Callbacks{
+	sr := sim.Request{PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), IgnoreEOS: true, Prefix: rq.item.Prefix, PrefixBlockTokens: rq.item.PrefixBlockTokens}
+	_, err := vw.eng.Submit(r.clock.now, sr, sim.Callbacks{
 		OnFirstToken: func(at time.Time) { r.push(pendingEvent{at: at, kind: pFirst, req: i}) },
 		OnDone:       func(at time.Time, res sim.Result) { r.push(pendingEvent{at: at, kind: pDone, req: i, res: res}) },
 	})
