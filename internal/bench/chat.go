@@ -37,7 +37,8 @@ type Chat struct {
 	// 128.
 	BlockTokens int
 	// MaxPromptTokens ends a conversation before a turn whose prompt would
-	// be longer; 0 means 16,000.
+	// be longer; 0 means 8,000 (every prompt fits the demo fleet's
+	// smallest KV cache, 8,192 tokens).
 	MaxPromptTokens int
 	// Seed makes the load reproducible.
 	Seed uint64
@@ -79,7 +80,7 @@ func SynthesizeChat(c Chat) ([]Item, error) {
 		c.BlockTokens = 128
 	}
 	if c.MaxPromptTokens == 0 {
-		c.MaxPromptTokens = 16000
+		c.MaxPromptTokens = 8000
 	}
 	var errs []error
 	if !(c.Turns >= 1) || math.IsInf(c.Turns, 0) {

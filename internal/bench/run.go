@@ -84,6 +84,10 @@ type Result struct {
 	Worker string `json:"worker,omitempty"`
 	// QueueMs is the X-Sluice-Queue-Ms header, or -1 when absent.
 	QueueMs float64 `json:"queue_ms"`
+	// CachedTokens is how many prompt tokens the worker found in its
+	// prefix cache and did not prefill, where it is known (the
+	// virtual-time simulation); 0 otherwise.
+	CachedTokens int `json:"cached_tokens,omitempty"`
 }
 
 // OK reports whether the request succeeded.

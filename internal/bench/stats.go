@@ -157,6 +157,9 @@ type Summary struct {
 	// output tokens.
 	RequestsPerSec     float64 `json:"requests_per_s"`
 	OutputTokensPerSec float64 `json:"output_tokens_per_s"`
+	// PromptCached is the fraction of successful requests' prompt tokens
+	// found in a worker's prefix cache (Result.CachedTokens).
+	PromptCached float64 `json:"prompt_cached"`
 	// TTFT, E2E and TPOT are over successful requests (TPOT over those
 	// with at least two tokens), in milliseconds.
 	TTFT Dist `json:"ttft_ms"`
@@ -183,7 +186,7 @@ func Summarize(results []Result, slo SLO) Summary {
 	s := Summary{Count: len(results), SLO: slo}
 	var ttft, e2e, tpot, rate, late []float64
 	var first, last time.Duration
-	var tokens, good int
+	var tokens, good, prompt, cached int
 	for i, r := range results {
 		if i == 0 || r.Start < first {
 			first = r.Start
@@ -214,6 +217,8 @@ func Summarize(results []Result, slo SLO) Summary {
 		}
 		s.OK++
 		tokens += r.OutputTokens
+		prompt += r.PromptTokens
+		cached += r.CachedTokens
 		ttft = append(ttft, ms(r.TTFT))
 		e2e = append(e2e, ms(r.E2E))
 		if r.OutputTokens >= 2 {
@@ -229,6 +234,9 @@ func Summarize(results []Result, slo SLO) Summary {
 	s.TTFT, s.E2E, s.TPOT = newDist(ttft), newDist(e2e), newDist(tpot)
 	s.DecodeRate = newRateDist(rate)
 	s.Lateness = newDist(late)
+	if prompt > 0 {
+		s.PromptCached = float64(cached) / float64(prompt)
+	}
 	if len(results) > 0 {
 		s.Span = last - first
 		s.Attainment = float64(good) / float64(len(results))

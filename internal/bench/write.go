@@ -219,6 +219,7 @@ var summaryRows = slicesConcat(
 		{"span (s)", func(s Summary) string { return f1(s.Span.Seconds()) }},
 		{"throughput (req/s)", func(s Summary) string { return f2(s.RequestsPerSec) }},
 		{"output (tok/s)", func(s Summary) string { return f1(s.OutputTokensPerSec) }},
+		{"prompt cached (%)", func(s Summary) string { return f1(100 * s.PromptCached) }},
 	},
 	distRows("TTFT", func(s Summary) Dist { return s.TTFT }),
 	distRows("E2E", func(s Summary) Dist { return s.E2E }),

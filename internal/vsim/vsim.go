@@ -567,6 +567,7 @@ func (r *run) finished(i int, at time.Time, sr sim.Result) {
 	res := &r.results[i]
 	res.Status = http.StatusOK
 	res.OutputTokens = sr.CompletionTokens
+	res.CachedTokens = sr.CachedTokens
 	res.E2E = at.Sub(arrival)
 	first := rq.first
 	if first.IsZero() {
