@@ -54,6 +54,9 @@ type Config struct {
 	Server ServerLimits `yaml:"server"`
 	// Shutdown configures what happens on SIGTERM.
 	Shutdown Shutdown `yaml:"shutdown"`
+	// Shared makes several replicas behind a load balancer schedule the
+	// same fleet as one, through shared state in Redis.
+	Shared Shared `yaml:"shared"`
 	// TLS, when its files are set, serves HTTPS on the listener.
 	TLS TLS `yaml:"tls"`
 }
@@ -165,6 +168,23 @@ type Stats struct {
 	Alpha float64 `yaml:"alpha"`
 	// FlushInterval is how often changed averages are written.
 	FlushInterval time.Duration `yaml:"flush_interval"`
+}
+
+// Shared configures state shared between replicas.
+type Shared struct {
+	// Redis is the redis:// or rediss:// URL of the shared state; empty
+	// (the default) runs this replica alone.
+	Redis string `yaml:"redis"`
+	// Replica names this replica, unique among those sharing Redis; the
+	// host name when empty.
+	Replica string `yaml:"replica"`
+	// LeaseTTL is how long a reservation outlives its replica: the
+	// longest a crashed replica's capacity stays taken.
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// Replicas is how many replicas share the fleet; while Redis is down
+	// each schedules on its own with limit/replicas (at least 1) of
+	// every worker.
+	Replicas int `yaml:"replicas"`
 }
 
 // Decisions configures the decision log.
@@ -290,6 +310,7 @@ func DefaultConfig() Config {
 		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute},
 		Server:    ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
 		Shutdown:  Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
+		Shared:    Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
 	}
 }
 
@@ -409,6 +430,20 @@ func (c *Config) Validate() error {
 	}
 	if c.Proxy.MaxAttempts < 1 {
 		bad("proxy.max_attempts", "must be at least 1, got %d", c.Proxy.MaxAttempts)
+	}
+	if sh := c.Shared; sh.Redis != "" {
+		if _, _, err := redisconn.Parse(sh.Redis, ""); err != nil {
+			bad("shared.redis", "%v", err)
+		}
+		if strings.ContainsAny(sh.Replica, "|/ \t\n") {
+			bad("shared.replica", "%q must not contain spaces, '|' or '/'", sh.Replica)
+		}
+		if sh.LeaseTTL < 500*time.Millisecond {
+			bad("shared.lease_ttl", "%v is too short to renew in time (at least 500ms)", sh.LeaseTTL)
+		}
+		if sh.Replicas < 1 {
+			bad("shared.replicas", "must be at least 1, got %d", sh.Replicas)
+		}
 	}
 	if c.Proxy.ResponseHeaderTimeout <= 0 {
 		bad("proxy.response_header_timeout", "must be positive, got %v", c.Proxy.ResponseHeaderTimeout)

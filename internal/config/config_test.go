@@ -67,6 +67,8 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 		{"redis option", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: 'redis://h:6379/0?pool=3'}", []string{"stats.store", "unexpected option: pool"}},
 		{"redis no host", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: 'redis:///0'}", []string{"stats.store", "no host"}},
 		{"prefix without redis", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: s.db, redis_prefix: x}", []string{"stats.redis_prefix", "not a Redis URL"}},
+		{"shared redis", "workers: [{name: a, url: 'http://h:1'}]\nshared: {redis: 'redis://h:1/x'}", []string{"shared.redis", "invalid database"}},
+		{"shared replica", "workers: [{name: a, url: 'http://h:1'}]\nshared: {redis: 'redis://h:1/0', replica: 'a b', lease_ttl: 10ms, replicas: 0}", []string{"shared.replica", "shared.lease_ttl", "shared.replicas"}},
 		{"several at once", "workers: [{name: '', url: ''}]\nweights: {gpu_util: -2}", []string{"workers[0].name: missing", "workers[0].url: missing", "weights.gpu_util"}},
 	}
 	for _, tt := range tests {

@@ -47,6 +47,15 @@ type Record struct {
 	Reason string `json:"reason"`
 	// Candidates lists every configured worker, eligible or not.
 	Candidates []Candidate `json:"candidates"`
+	// Replica names the router replica that decided, when several share
+	// the fleet through shared state.
+	Replica string `json:"replica,omitempty"`
+	// SharedStateAgeMs is how long before the decision the shared state
+	// last answered.
+	SharedStateAgeMs float64 `json:"shared_state_age_ms,omitempty"`
+	// Degraded marks a decision made on this replica's local view because
+	// the shared state was unavailable.
+	Degraded bool `json:"degraded,omitempty"`
 
 	// explain fills the Terms of the candidates. The score is computed on
 	// the hot path from plain numbers; the per-term breakdown is built

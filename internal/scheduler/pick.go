@@ -15,6 +15,7 @@ import (
 // backlog every arrival and release asks, and most answers are "nobody",
 // which must cost no allocation.
 func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker, *decisions.Record) {
+	s.shared.binding = !always // a refusal's record reserves nothing
 	elig := s.eligBuf[:0]
 	idx := s.idxBuf[:0] // configuration index of each eligible worker
 	snaps := s.snapBuf[:0]
@@ -103,7 +104,9 @@ func (s *Scheduler) chooseLocked(rec *decisions.Record, req *Request, cands []Ca
 	var best int
 	switch s.cfg.Policy {
 	case PolicySluice:
-		best = s.scoreLocked(rec, req, cands, idx, elig, now)
+		if best = s.scoreLocked(rec, req, cands, idx, elig, now); best < 0 {
+			return nil // the shared ledger has no room for it now
+		}
 	case PolicyRoundRobin:
 		best = int(s.rr % uint64(len(elig)))
 		s.rr++
@@ -173,17 +176,25 @@ func explainFull(r *decisions.Record) {
 
 // scoreLocked scores the eligible candidates, fills their records and
 // returns the index of the winner: lowest total, then least recently
-// picked, then first in configuration order. The per-term breakdown is
+// picked, then first in configuration order (with a Ledger, the ledger's
+// choice; -1 when it has no room). The per-term breakdown is
 // attached to the record to be computed when it is read.
 func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Candidate, idx []int, elig []*worker, now time.Time) int {
 	env := Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: req}
 	tot := totals(s.terms, &env, cands, &s.scratch)
 	key := func(i int) rankKey { return rankKey{tot[i], elig[i].lastPick, elig[i].order} }
 	best := 0
-	for i := 1; i < len(cands); i++ { // one pass: only the winner is needed now
-		if key(i).less(key(best)) {
-			best = i
+	if s.cfg.Ledger != nil && s.shared.binding {
+		best = s.reserveSharedLocked(rec, req, cands, tot, elig, key)
+	} else {
+		for i := 1; i < len(cands); i++ { // one pass: only the winner is needed now
+			if key(i).less(key(best)) {
+				best = i
+			}
 		}
+	}
+	if best < 0 {
+		return -1
 	}
 	if rec == nil {
 		return best

@@ -112,6 +112,9 @@ type Config struct {
 	// IDPrefix starts every decision ID; derived from the start time when
 	// empty so IDs stay unique across restarts.
 	IDPrefix string
+	// Ledger, when set, shares reservations with other replicas (see
+	// ledger.go); nil schedules this process's requests alone.
+	Ledger Ledger
 }
 
 // WorkerSpec describes a worker to the scheduler.
@@ -178,6 +181,7 @@ type Scheduler struct {
 	eligBuf []*worker
 	closed  bool
 	changed chan struct{} // closed at the next state change; nil when nobody waits
+	shared  ledgerState
 }
 
 type worker struct {
@@ -347,6 +351,7 @@ func (s *Scheduler) Close() {
 	var done []*Ticket
 	for _, q := range s.queues {
 		for _, t := range q.tickets {
+			s.sharedGoneLocked(t)
 			s.refuseLocked(t, ErrClosed, "shutting down")
 			done = append(done, t)
 		}
@@ -415,6 +420,7 @@ type Lease struct {
 	w        *worker
 	cost     float64
 	model    string
+	shared   string // the Ledger's lease, "" without one
 	released atomic.Bool
 
 	// Worker is the chosen worker's name.
@@ -447,6 +453,7 @@ func (l *Lease) Release() {
 	done := s.dispatchLocked()
 	s.notifyLocked()
 	s.mu.Unlock()
+	s.sharedRelease(l)
 	s.finish(done)
 }
 
@@ -505,6 +512,7 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 	} else {
 		q.tickets = append(q.tickets, t)
 	}
+	s.sharedQueuedLocked(t)
 	// Placing waits behind the queue, but the queue may be held only by
 	// retries that excluded the free workers.
 	return s.dispatchLocked()
@@ -559,6 +567,7 @@ func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
 	}
 	q := s.queueLocked(t.req.Model)
 	q.tickets = slices.DeleteFunc(q.tickets, func(x *Ticket) bool { return x == t })
+	s.sharedGoneLocked(t)
 	_, rec := s.pickLocked(t.req, now, true)
 	s.refuseWithLocked(t, rec, cause)
 	// The head may have changed: a retry blocked by its exclusions can
@@ -658,7 +667,7 @@ func (s *Scheduler) sweepUnservedLocked(done []*Ticket) []*Ticket {
 // cannot hold back the requests behind it.
 func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, *worker, *decisions.Record) {
 	for _, t := range q.tickets {
-		if w, rec := s.pickLocked(t.req, now, false); w != nil {
+		if w, rec := s.pickQueuedLocked(t, now); w != nil {
 			return t, w, rec
 		}
 		if len(t.req.Exclude) == 0 {
@@ -709,6 +718,7 @@ func (s *Scheduler) bindLocked(t *Ticket, w *worker, rec *decisions.Record, now 
 	}
 	s.recordPrefixLocked(t.req, w)
 	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, Worker: w.spec.Name, Decision: rec, QueueWait: wait}
+	s.sharedBindLocked(t, t.lease)
 	t.rec = rec
 	t.queued = false
 }
@@ -764,7 +774,7 @@ func (s *Scheduler) finish(done []*Ticket) {
 
 func (s *Scheduler) newRecordLocked(req Request, now time.Time) *decisions.Record {
 	s.ids++
-	return &decisions.Record{
+	rec := &decisions.Record{
 		ID:           s.prefix + "-" + strconv.FormatUint(s.ids, 10),
 		Time:         now,
 		Model:        req.Model,
@@ -773,4 +783,6 @@ func (s *Scheduler) newRecordLocked(req Request, now time.Time) *decisions.Recor
 		PromptTokens: req.PromptTokens,
 		MaxTokens:    req.MaxTokens,
 	}
+	s.stampSharedLocked(rec)
+	return rec
 }

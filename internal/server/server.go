@@ -50,6 +50,7 @@ type Server struct {
 	tracker *stats.Tracker
 	store   stats.Store
 	dlog    *decisions.Log
+	shared  *sharedState
 	metrics *metrics
 	dash    *dashboard.Dashboard
 	proxy   *proxy.Handler
@@ -107,7 +108,17 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		s.closeStore()
 		return nil, err
 	}
+	if s.shared, err = openShared(cfg.Shared, s); err != nil {
+		s.closeStore()
+		return nil, err
+	}
+	var ledger scheduler.Ledger
+	if s.shared.ledger != nil {
+		ledger = s.shared.ledger.ForScheduler(s.shared.ctx)
+	}
 	s.sched, err = scheduler.New(scheduler.Config{
+		Ledger:       ledger,
+		IDPrefix:     s.shared.idPrefix(),
 		Weights:      cfg.Weights,
 		MaxQueue:     cfg.Admission.MaxQueue,
 		QueueTimeout: cfg.Admission.QueueTimeout,
@@ -118,6 +129,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		PrefixIndex:  prefix.NewIndex(prefix.Options{}),
 	})
 	if err != nil {
+		s.shared.close()
 		s.closeStore()
 		return nil, err
 	}
@@ -140,6 +152,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		OnChange:      func(string) { s.sched.Kick() },
 	})
 	s.metrics = newMetrics(func() *scheduler.Scheduler { return s.sched }, s.tracker)
+	s.metrics.reg.MustRegister(s.shared.collectors()...)
 	s.dash = dashboard.New(dashboard.Options{
 		Workers:     func() []scheduler.WorkerState { return s.sched.Workers() },
 		QueueDepths: func() map[string]int { return s.sched.QueueDepths() },
@@ -170,6 +183,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		defer close(s.bgDone)
 		var wg sync.WaitGroup
 		wg.Go(func() { s.dash.Run(bg) })
+		wg.Go(func() { s.shared.run(bg, s.sched.Kick) })
 		s.tracker.Run(bg, cfg.Stats.FlushInterval)
 		wg.Wait()
 	}()
@@ -208,6 +222,9 @@ func (s *Server) Close() error {
 		<-s.bgDone // Run flushes once more on its way out
 	} else if err := s.tracker.Flush(context.Background()); err != nil {
 		s.log.Error("flush stats", "err", err)
+	}
+	if s.shared != nil {
+		s.shared.close()
 	}
 	err := s.dlog.Close()
 	return errors.Join(err, s.closeStore())

@@ -86,7 +86,7 @@ func inFlight(t *testing.T, l *Ledger, workers ...string) []int {
 }
 
 func TestReserve_CrossReplicaBurstOnePerWorker(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := startRedis(t)
 	ctx := context.Background()
 	ls := []*Ledger{
 		newLedger(t, srv.URL(0), "r0", ledgerOpts{}),
@@ -131,7 +131,7 @@ func TestReserve_CrossReplicaBurstOnePerWorker(t *testing.T) {
 }
 
 func TestReserve_NeverOverLimitAcrossReplicas(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := startRedis(t)
 	ctx := context.Background()
 	const limit = 2
 	var live [4]atomic.Int32
@@ -171,7 +171,7 @@ func TestReserve_NeverOverLimitAcrossReplicas(t *testing.T) {
 }
 
 func TestReserve_LowestTotalThenLeastRecentlyPickedThenOrder(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := startRedis(t)
 	ctx := context.Background()
 	a := newLedger(t, srv.URL(0), "a", ledgerOpts{})
 	b := newLedger(t, srv.URL(0), "b", ledgerOpts{})
@@ -201,7 +201,7 @@ func TestReserve_LowestTotalThenLeastRecentlyPickedThenOrder(t *testing.T) {
 }
 
 func TestWait_OldestRequestOfAnyReplicaBindsFirst(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := startRedis(t)
 	ctx := context.Background()
 	r0 := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
 	r1 := newLedger(t, srv.URL(0), "r1", ledgerOpts{})
@@ -241,7 +241,7 @@ func TestWait_OldestRequestOfAnyReplicaBindsFirst(t *testing.T) {
 }
 
 func TestWait_AbandonedWaiterStopsBlocking(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := startRedis(t)
 	ctx := context.Background()
 	r0 := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
 	r1 := newLedger(t, srv.URL(0), "r1", ledgerOpts{ttl: 300 * time.Millisecond, renew: 50 * time.Millisecond})
@@ -262,7 +262,7 @@ func TestWait_AbandonedWaiterStopsBlocking(t *testing.T) {
 }
 
 func TestLease_StoppedReplicaCapacityReturnsAfterTTL(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := startRedis(t)
 	ctx := context.Background()
 	opts := ledgerOpts{ttl: time.Second, renew: 100 * time.Millisecond}
 	dying := newLedger(t, srv.URL(0), "dying", opts)
@@ -321,7 +321,7 @@ func TestHelperProcess(t *testing.T) {
 }
 
 func TestLease_KilledProcessCapacityReturns(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := startRedis(t)
 	ctx := context.Background()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "SLUICE_SHARED_HELPER_REDIS="+srv.URL(0))
@@ -354,7 +354,7 @@ func TestLease_KilledProcessCapacityReturns(t *testing.T) {
 }
 
 func TestLedger_RedisRestartUnderLoad(t *testing.T) {
-	srv := redistest.Start(t, redistest.Options{})
+	srv := startRedis(t)
 	ctx := context.Background()
 	opts := ledgerOpts{ttl: 2 * time.Second, renew: 50 * time.Millisecond, replicas: 2}
 	ls := []*Ledger{newLedger(t, srv.URL(0), "r0", opts), newLedger(t, srv.URL(0), "r1", opts)}
@@ -442,3 +442,5 @@ func TestLedger_RedisRestartUnderLoad(t *testing.T) {
 	// their TTL; nothing stays longer.
 	eventually(t, "every lease to be released or expire", func() bool { return total() == 0 })
 }
+
+func startRedis(t testing.TB) *redistest.Server { return redistest.Start(t, redistest.Options{}) }

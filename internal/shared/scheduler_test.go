@@ -1,0 +1,194 @@
+package shared
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/scheduler"
+)
+
+type replica struct {
+	l     *Ledger
+	sched *scheduler.Scheduler
+	mu    sync.Mutex
+	recs  []*decisions.Record
+}
+
+// newReplica builds a scheduler over four workers of limit 4 (unless
+// limit says otherwise) sharing l, with l's wake-ups kicking it.
+func newReplica(t *testing.T, l *Ledger, limit int, withRun bool) *replica {
+	t.Helper()
+	r := &replica{l: l}
+	specs := make([]scheduler.WorkerSpec, len(workers4))
+	for i, w := range workers4 {
+		specs[i] = scheduler.WorkerSpec{Name: w, Models: []string{"m"}, MaxConcurrency: limit}
+	}
+	var err error
+	r.sched, err = scheduler.New(scheduler.Config{
+		Weights: scheduler.DefaultWeights(), MaxQueue: 64, QueueTimeout: time.Minute,
+		StaleAfter: time.Minute, Ledger: l.ForScheduler(context.Background()), IDPrefix: l.Replica(),
+		Recorder: func(rec *decisions.Record) { r.mu.Lock(); r.recs = append(r.recs, rec); r.mu.Unlock() },
+	}, specs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.sched.Close)
+	if withRun {
+		run(t, l)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-l.Wake():
+					r.sched.Kick()
+				}
+			}
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	return r
+}
+
+func bound(t *testing.T, tk *scheduler.Ticket) *scheduler.Lease {
+	t.Helper()
+	select {
+	case <-tk.Wait():
+	case <-time.After(20 * time.Second):
+		t.Fatal("ticket not bound within 20s")
+	}
+	lease, err := tk.Result()
+	if err != nil {
+		t.Fatalf("ticket refused: %v", err)
+	}
+	return lease
+}
+
+func TestScheduler_ThreeReplicasBurstOnePerWorker(t *testing.T) {
+	srv := startRedis(t)
+	rs := make([]*replica, 3)
+	for i := range rs {
+		rs[i] = newReplica(t, newLedger(t, srv.URL(0), fmt.Sprintf("r%d", i), ledgerOpts{}), 4, false)
+	}
+	for round := range 200 {
+		start := make(chan struct{})
+		leases := make([]*scheduler.Lease, 4)
+		var wg sync.WaitGroup
+		for i := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				var err error
+				leases[i], err = rs[i%3].sched.Admit(context.Background(), scheduler.Request{Model: "m", PromptTokens: 100})
+				if err != nil {
+					t.Errorf("round %d: %v", round, err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+		var got []string
+		for _, l := range leases {
+			got = append(got, l.Worker)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, workers4) {
+			t.Fatalf("round %d: four requests on three replicas went to %v, want one per worker", round, got)
+		}
+		for _, l := range leases {
+			l.Release()
+		}
+	}
+	rec := rs[1].recs[len(rs[1].recs)-1]
+	if rec.Replica != "r1" || rec.Degraded || rec.ID[:3] != "r1-" {
+		t.Fatalf("record of r1: replica %q degraded %v id %q", rec.Replica, rec.Degraded, rec.ID)
+	}
+}
+
+func TestScheduler_FreedSlotGoesToOldestRequestOfAnyReplica(t *testing.T) {
+	srv := startRedis(t)
+	a := newReplica(t, newLedger(t, srv.URL(0), "a", ledgerOpts{}), 1, true)
+	b := newReplica(t, newLedger(t, srv.URL(0), "b", ledgerOpts{}), 1, true)
+	c := newReplica(t, newLedger(t, srv.URL(0), "c", ledgerOpts{}), 1, true)
+	req := scheduler.Request{Model: "m"}
+	var held []*scheduler.Lease
+	for range 4 { // a fills the fleet
+		held = append(held, bound(t, a.sched.Submit(req, nil)))
+	}
+	tb := b.sched.Submit(req, nil) // b's request queues first
+	tc := c.sched.Submit(req, nil) // then c's
+	ta := a.sched.Submit(req, nil) // then a's own
+	for _, tk := range []*scheduler.Ticket{tb, tc, ta} {
+		if tk.Done() {
+			t.Fatal("a request was placed on a full fleet")
+		}
+	}
+	held[0].Release() // a frees a slot: b's request is the oldest
+	lb := bound(t, tb)
+	if tc.Done() || ta.Done() {
+		t.Fatal("a younger request took the freed slot")
+	}
+	held[1].Release()
+	lc := bound(t, tc)
+	if ta.Done() {
+		t.Fatal("a's own request overtook c's older one")
+	}
+	held[2].Release()
+	la := bound(t, ta)
+	for _, l := range append(held[3:], lb, lc, la) {
+		l.Release()
+	}
+	if n := inFlight(t, a.l, workers4...); !slices.Equal(n, []int{0, 0, 0, 0}) {
+		t.Fatalf("in flight after releasing everything: %v", n)
+	}
+}
+
+func TestScheduler_RedisDownServesLocalShareThenResyncs(t *testing.T) {
+	srv := startRedis(t)
+	opts := ledgerOpts{ttl: 2 * time.Second, renew: 50 * time.Millisecond, replicas: 2}
+	r := newReplica(t, newLedger(t, srv.URL(0), "r", opts), 4, true)
+	srv.Stop()
+	req := scheduler.Request{Model: "m"}
+	var held []*scheduler.Lease
+	for range 8 { // four workers, limit 4 over 2 replicas: 2 each here
+		held = append(held, bound(t, r.sched.Submit(req, nil)))
+	}
+	ninth := r.sched.Submit(req, nil)
+	if ninth.Done() {
+		l, err := ninth.Result()
+		t.Fatalf("a ninth request was placed beyond this replica's share: %v %v", l, err)
+	}
+	rec := held[len(held)-1].Decision
+	if !rec.Degraded || rec.Replica != "r" {
+		t.Fatalf("record while Redis is down: degraded %v replica %q, want degraded on r", rec.Degraded, rec.Replica)
+	}
+	srv.Restart()
+	eventually(t, "the replica to resynchronise", func() bool { return !r.l.Degraded() })
+	// Back on the shared view the fleet's whole limit counts again: the
+	// ninth request gets a slot. And the reservations made while Redis
+	// was down are in the ledger now.
+	held = append(held, bound(t, ninth))
+	other := newLedger(t, srv.URL(0), "other", ledgerOpts{})
+	sum := 0
+	for _, n := range inFlight(t, other, workers4...) {
+		sum += n
+	}
+	if sum != 9 {
+		t.Fatalf("shared in flight after Redis came back: %d, want the 9 this replica runs", sum)
+	}
+	for _, l := range held {
+		l.Release()
+	}
+}
