@@ -216,7 +216,7 @@ shutdown: {drain_delay: 3s, grace: 20s}
 		t.Fatal(err)
 	}
 	// The averages were persisted on the way out.
-	st, err := stats.OpenBolt(store)
+	st, err := stats.OpenBolt(store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,7 +96,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 			return nil, err
 		}
 	} else if cfg.Stats.Store != "" {
-		if s.store, err = stats.OpenBolt(cfg.Stats.Store); err != nil {
+		if s.store, err = stats.OpenBolt(cfg.Stats.Store, log); err != nil {
 			return nil, err
 		}
 	}

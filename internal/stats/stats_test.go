@@ -53,7 +53,7 @@ func TestNewTracker_RejectsBadAlpha(t *testing.T) {
 
 func TestBoltStore_SurvivesReopen(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "stats.db")
-	s, err := OpenBolt(path)
+	s, err := OpenBolt(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestBoltStore_SurvivesReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s2, err := OpenBolt(path)
+	s2, err := OpenBolt(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,12 +88,12 @@ func TestBoltStore_SurvivesReopen(t *testing.T) {
 
 func TestBoltStore_SecondOpenFailsFastInsteadOfHanging(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "stats.db")
-	s, err := OpenBolt(path)
+	s, err := OpenBolt(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if _, err := OpenBolt(path); err == nil {
+	if _, err := OpenBolt(path, nil); err == nil {
 		t.Fatal("a second open of a locked store succeeded")
 	}
 }
