@@ -70,7 +70,13 @@ type Result struct {
 	TTFT      time.Duration // 0 when unknown (non-streaming)
 	E2E       time.Duration
 	Tokens    int
-	Attempts  int
+	// PromptTokens is the worker's count from usage when it gave one,
+	// else Sluice's estimate; 0 when the request was never parsed.
+	PromptTokens int
+	// TPOT is the time per output token after the first, of a successful
+	// answer; 0 when unknown.
+	TPOT     time.Duration
+	Attempts int
 }
 
 // Options configures a Handler.
@@ -184,6 +190,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		req.Tenant, req.Class = id.Tenant, id.Class
 	}
 	req.Prefix = prefix.FromBody(body, prefix.BlockBytes) // where its prompt prefix may be cached
+	res.PromptTokens = p.promptTokens
 	var lastErr error
 	for ; req.Attempt <= h.opt.MaxAttempts; req.Attempt++ {
 		lease, err := h.opt.Scheduler.Admit(r.Context(), req)
@@ -278,6 +285,9 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		m, err = relayWhole(w, answer, maxParse)
 	}
 	res.Tokens, res.TTFT = m.tokens, m.ttft
+	if m.promptTokens > 0 {
+		res.PromptTokens = m.promptTokens
+	}
 	switch {
 	case r.Context().Err() != nil:
 		// The client left mid-answer; the worker did nothing wrong.
@@ -291,7 +301,13 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		h.opt.Logger.Warn("worker failed mid-response", "worker", lease.Worker, "err", err)
 	case resp.StatusCode < 300:
 		h.report(lease.Worker, nil)
-		h.observe(lease.Worker, m, time.Since(attemptStart))
+		o := observation(m, time.Since(attemptStart))
+		if o.DecodeTPS > 0 {
+			res.TPOT = time.Duration(float64(time.Second) / o.DecodeTPS)
+		}
+		if h.opt.Observer != nil {
+			h.opt.Observer.Observe(lease.Worker, o, time.Now())
+		}
 	}
 	return true, nil
 }
@@ -336,13 +352,6 @@ func (h *Handler) report(worker string, err error) {
 	if h.opt.Reporter != nil {
 		h.opt.Reporter.ReportRequest(worker, err)
 	}
-}
-
-func (h *Handler) observe(worker string, m measured, e2e time.Duration) {
-	if h.opt.Observer == nil {
-		return
-	}
-	h.opt.Observer.Observe(worker, observation(m, e2e), time.Now())
 }
 
 // observation turns what a relay measured of one answer into a sample for
@@ -391,6 +400,8 @@ type measured struct {
 	tokens    int
 	decodeTPS float64  // as reported by the worker, if it did
 	timings   *timings // llama.cpp's timings of a whole answer, if given
+	// promptTokens is the prompt length the worker reported in usage.
+	promptTokens int
 }
 
 // relayStream copies an SSE stream line by line, flushing at the end of
@@ -432,6 +443,7 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 	}
 	rc.Flush()
 	out.tokens = m.tokens()
+	out.promptTokens = m.prompt
 	switch {
 	case m.failed:
 		return out, fmt.Errorf("worker sent an error event: %s", m.failure)
@@ -488,6 +500,9 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 	if c.parse(&ch) {
 		out.tokens = ch.reportedTokens()
 		out.timings = ch.Timings
+		if ch.Usage != nil {
+			out.promptTokens = ch.Usage.PromptTokens
+		}
 	}
 	return out, nil
 }

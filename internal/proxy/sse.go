@@ -17,6 +17,7 @@ type chunk struct {
 	} `json:"choices"`
 	Content *string `json:"content"` // llama.cpp native /completion
 	Usage   *struct {
+		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
 	} `json:"usage"`
 	TokensPredicted int             `json:"tokens_predicted"` // llama.cpp native
@@ -65,6 +66,7 @@ type streamMeter struct {
 	events    int  // data events seen
 	content   int  // events that carried generated text
 	reported  int  // tokens the worker reported, if any
+	prompt    int  // prompt tokens the worker reported, if any
 	done      bool // saw data: [DONE]
 	failed    bool // the worker sent an error event
 	failure   string
@@ -101,6 +103,9 @@ func (m *streamMeter) line(l []byte) (first bool) {
 		}
 		if t := c.reportedTokens(); t > 0 {
 			m.reported = t
+		}
+		if c.Usage != nil && c.Usage.PromptTokens > 0 {
+			m.prompt = c.Usage.PromptTokens
 		}
 		if c.hasContent() {
 			m.content++

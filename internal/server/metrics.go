@@ -14,40 +14,58 @@ import (
 
 // metrics are the router's Prometheus metrics, in a registry of its own so
 // several routers can run in one process (tests) and a removed worker's
-// series disappear.
+// series disappear. The model label only ever holds a model the fleet
+// serves (proxy.Result.Model), never a client's made-up name.
 type metrics struct {
-	reg       *prometheus.Registry
-	requests  *prometheus.CounterVec
-	queueWait *prometheus.HistogramVec
-	ttft      *prometheus.HistogramVec
-	e2e       *prometheus.HistogramVec
-	tokens    *prometheus.CounterVec
+	reg          *prometheus.Registry
+	requests     *prometheus.CounterVec
+	queueWait    *prometheus.HistogramVec
+	ttft         *prometheus.HistogramVec
+	e2e          *prometheus.HistogramVec
+	tpot         *prometheus.HistogramVec
+	tokens       *prometheus.CounterVec
+	promptTokens *prometheus.CounterVec
+	retries      *prometheus.CounterVec
 }
 
 // latencyBuckets span 5 ms to about 3 minutes: LLM requests differ by two
 // orders of magnitude.
 var latencyBuckets = prometheus.ExponentialBuckets(0.005, 2, 16)
 
+// tpotBuckets span 1 ms to about 2 s per token: from a fast card's decode
+// step to a badly overloaded one.
+var tpotBuckets = prometheus.ExponentialBuckets(0.001, 2, 12)
+
 func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metrics {
+	wm := []string{"worker", "model"}
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_requests_total", Help: "Inference requests by worker (empty when never placed), HTTP status and reason.",
-		}, []string{"worker", "status", "reason"}),
+			Name: "sluice_requests_total", Help: "Inference requests by worker (empty when never placed), model (empty when not served), HTTP status and reason.",
+		}, []string{"worker", "model", "status", "reason"}),
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sluice_queue_wait_seconds", Help: "Time requests waited in Sluice's admission queue.", Buckets: latencyBuckets,
 		}, []string{"model"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "sluice_ttft_seconds", Help: "Time to first token of streamed requests, as the router saw it.", Buckets: latencyBuckets,
-		}, []string{"worker"}),
+			Name: "sluice_ttft_seconds", Help: "Time to first token of streamed requests, from sending to the worker, as the router saw it.", Buckets: latencyBuckets,
+		}, wm),
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sluice_request_duration_seconds", Help: "End-to-end time of requests, queueing included.", Buckets: latencyBuckets,
-		}, []string{"worker"}),
+		}, wm),
+		tpot: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sluice_time_per_output_token_seconds", Help: "Time per output token after the first, of successful requests whose decode rate is known.", Buckets: tpotBuckets,
+		}, wm),
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_output_tokens_total", Help: "Output tokens relayed, by worker.",
-		}, []string{"worker"}),
+			Name: "sluice_output_tokens_total", Help: "Output tokens relayed.",
+		}, wm),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_prompt_tokens_total", Help: "Prompt tokens of requests placed on a worker: the worker's usage count where it gave one, else Sluice's estimate.",
+		}, wm),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_retries_total", Help: "Requests placed again on another worker after a worker failed before answering.",
+		}, []string{"model"}),
 	}
-	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.e2e, m.tokens,
+	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.e2e, m.tpot, m.tokens, m.promptTokens, m.retries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{sched: sched, tracker: tracker})
 	return m
@@ -55,19 +73,28 @@ func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metr
 
 // observe records one finished request.
 func (m *metrics) observe(r proxy.Result) {
-	m.requests.WithLabelValues(r.Worker, strconv.Itoa(r.Status), r.Reason).Inc()
+	m.requests.WithLabelValues(r.Worker, r.Model, strconv.Itoa(r.Status), r.Reason).Inc()
 	if r.Model != "" && r.Status != 0 {
 		m.queueWait.WithLabelValues(r.Model).Observe(r.QueueWait.Seconds())
+	}
+	if r.Attempts > 1 {
+		m.retries.WithLabelValues(r.Model).Add(float64(r.Attempts - 1))
 	}
 	if r.Worker == "" {
 		return
 	}
 	if r.TTFT > 0 {
-		m.ttft.WithLabelValues(r.Worker).Observe(r.TTFT.Seconds())
+		m.ttft.WithLabelValues(r.Worker, r.Model).Observe(r.TTFT.Seconds())
 	}
-	m.e2e.WithLabelValues(r.Worker).Observe(r.E2E.Seconds())
+	m.e2e.WithLabelValues(r.Worker, r.Model).Observe(r.E2E.Seconds())
+	if r.TPOT > 0 {
+		m.tpot.WithLabelValues(r.Worker, r.Model).Observe(r.TPOT.Seconds())
+	}
 	if r.Tokens > 0 {
-		m.tokens.WithLabelValues(r.Worker).Add(float64(r.Tokens))
+		m.tokens.WithLabelValues(r.Worker, r.Model).Add(float64(r.Tokens))
+	}
+	if r.PromptTokens > 0 {
+		m.promptTokens.WithLabelValues(r.Worker, r.Model).Add(float64(r.PromptTokens))
 	}
 }
 
@@ -77,15 +104,18 @@ func (m *metrics) forget(worker string) {
 	m.requests.DeletePartialMatch(l)
 	m.ttft.DeletePartialMatch(l)
 	m.e2e.DeletePartialMatch(l)
+	m.tpot.DeletePartialMatch(l)
 	m.tokens.DeletePartialMatch(l)
+	m.promptTokens.DeletePartialMatch(l)
 }
 
 var (
 	descActive  = prometheus.NewDesc("sluice_worker_active_requests", "Requests Sluice has in flight on the worker.", []string{"worker"}, nil)
 	descLimit   = prometheus.NewDesc("sluice_worker_max_concurrency", "The worker's concurrency limit in force.", []string{"worker"}, nil)
 	descHealthy = prometheus.NewDesc("sluice_worker_eligible", "1 if the worker is healthy (or not yet probed) and not draining.", []string{"worker"}, nil)
-	descKV      = prometheus.NewDesc("sluice_worker_kv_pressure", "KV-cache use the worker last reported, 0..1.", []string{"worker"}, nil)
-	descTTFT    = prometheus.NewDesc("sluice_worker_ema_ttft_ms", "Moving average of the worker's time to first token.", []string{"worker"}, nil)
+	descKV      = prometheus.NewDesc("sluice_worker_kv_cache_usage_ratio", "KV-cache use the worker last reported, 0..1.", []string{"worker"}, nil)
+	descGPU     = prometheus.NewDesc("sluice_worker_gpu_utilization_ratio", "GPU utilisation last read for the worker (DCGM or the engine), 0..1.", []string{"worker"}, nil)
+	descTTFT    = prometheus.NewDesc("sluice_worker_ema_ttft_seconds", "Moving average of the worker's time to first token.", []string{"worker"}, nil)
 	descTPS     = prometheus.NewDesc("sluice_worker_ema_decode_tokens_per_second", "Moving average of the worker's per-stream decode rate.", []string{"worker"}, nil)
 	descQueue   = prometheus.NewDesc("sluice_queue_depth", "Requests waiting in Sluice's admission queue.", []string{"model"}, nil)
 )
@@ -98,7 +128,7 @@ type stateCollector struct {
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descActive, descLimit, descHealthy, descKV, descTTFT, descTPS, descQueue} {
+	for _, d := range []*prometheus.Desc{descActive, descLimit, descHealthy, descKV, descGPU, descTTFT, descTPS, descQueue} {
 		ch <- d
 	}
 }
@@ -116,9 +146,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		if w.Snapshot.KVPressure.Known() {
 			ch <- prometheus.MustNewConstMetric(descKV, prometheus.GaugeValue, w.Snapshot.KVPressure.Value, w.Name)
 		}
+		if w.Snapshot.GPUUtil.Known() {
+			ch <- prometheus.MustNewConstMetric(descGPU, prometheus.GaugeValue, w.Snapshot.GPUUtil.Value, w.Name)
+		}
 		st := c.tracker.Get(w.Name)
 		if st.TTFTMs.Known() {
-			ch <- prometheus.MustNewConstMetric(descTTFT, prometheus.GaugeValue, st.TTFTMs.Value, w.Name)
+			ch <- prometheus.MustNewConstMetric(descTTFT, prometheus.GaugeValue, st.TTFTMs.Value/1000, w.Name)
 		}
 		if st.DecodeTPS.Known() {
 			ch <- prometheus.MustNewConstMetric(descTPS, prometheus.GaugeValue, st.DecodeTPS.Value, w.Name)

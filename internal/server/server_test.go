@@ -510,7 +510,7 @@ func TestRouter_ModelsMetricsAndHealth(t *testing.T) {
 		"/healthz":     "ok",
 		"/readyz":      "ready",
 		"/api/workers": `"name": "gpu0"`,
-		"/metrics":     `sluice_requests_total{reason="",status="200",worker="gpu0"} 1`,
+		"/metrics":     `sluice_requests_total{model="m",reason="",status="200",worker="gpu0"} 1`,
 	} {
 		resp, err := http.Get(r.url + path)
 		if err != nil {
