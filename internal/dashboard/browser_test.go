@@ -67,6 +67,14 @@ func newBrowser(t *testing.T, width, height int) context.Context {
 	return ctx
 }
 
+// do runs actions in the page, bounded in time: a query for a node that
+// never comes fails instead of hanging.
+func do(ctx context.Context, actions ...chromedp.Action[chromedp.Void]) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return chromedp.Do(ctx, actions...)
+}
+
 // artifactDir is where the test leaves its screenshots: $SLUICE_ARTIFACTS
 // when set, else a temporary directory.
 func artifactDir(t *testing.T) string {
@@ -83,9 +91,13 @@ func artifactDir(t *testing.T) string {
 // returns its value; it fails the test with what after 30 s.
 func waitJS[T any](t *testing.T, ctx context.Context, what, expr string) T {
 	t.Helper()
-	v, err := chromedp.Run(ctx, chromedp.Poll[T](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(30*time.Second)))
+	pctx, cancel := context.WithTimeout(ctx, 35*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(pctx, chromedp.Poll[T](expr, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(30*time.Second)))
 	if err != nil {
-		state, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify({chips: document.querySelector(".chips")?.innerText, banner: document.getElementById("banner")?.innerText, cards: document.querySelectorAll("#cards .card").length, rows: document.querySelectorAll("#dlist tr[data-id]").length})`))
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		state, _ := chromedp.Run(sctx, chromedp.Evaluate[string](`JSON.stringify({chips: document.querySelector(".chips")?.innerText, banner: document.getElementById("banner")?.innerText, cards: document.querySelectorAll("#cards .card").length, rows: document.querySelectorAll("#dlist tr[data-id]").length})`))
 		t.Fatalf("waiting for %s (%s): %v; page: %s", what, expr, err, state)
 	}
 	return v
@@ -95,15 +107,17 @@ func waitJS[T any](t *testing.T, ctx context.Context, what, expr string) T {
 // full-page capture would draw the sticky header mid-page) and saves a PNG.
 func screenshot(t *testing.T, ctx context.Context, width int64, path string) {
 	t.Helper()
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 1000)); err != nil {
+	if err := do(ctx, chromedp.EmulateViewport(width, 1000)); err != nil {
 		t.Fatal(err)
 	}
 	h := waitJS[int64](t, ctx, "page height", `document.documentElement.scrollHeight`)
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, h)); err != nil {
+	if err := do(ctx, chromedp.EmulateViewport(width, h)); err != nil {
 		t.Fatal(err)
 	}
 	waitJS[bool](t, ctx, "charts redrawn at the new width", fmt.Sprintf(`(() => { const s = document.getElementById("ch-queue"); return Math.abs(s.viewBox.baseVal.width - s.clientWidth) < 2; })()`))
-	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(sctx, chromedp.CaptureScreenshot())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +129,9 @@ func screenshot(t *testing.T, ctx context.Context, width int64, path string) {
 
 func intText(t *testing.T, ctx context.Context, id string) int {
 	t.Helper()
-	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`document.getElementById(%q).textContent`, id)))
+	ectx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := chromedp.Run(ectx, chromedp.Evaluate[string](fmt.Sprintf(`document.getElementById(%q).textContent`, id)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,11 +150,11 @@ func intText(t *testing.T, ctx context.Context, id string) int {
 func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
 	const workers = 4
 	ctx := newBrowser(t, 1400, 1000)
-	r := startRouter(t, workers, 10, func(c *config.Config) {
-		c.Admission.MaxQueue = 6 // small, so the load meets 429s too
+	r := startRouter(t, workers, 5, func(c *config.Config) {
+		c.Admission.MaxQueue = 2 // small, so the load meets 429s too
 	})
 
-	if err := chromedp.Do(ctx, chromedp.Navigate(r.url+"/")); err != nil {
+	if err := do(ctx, chromedp.Navigate(r.url+"/")); err != nil {
 		t.Fatal(err)
 	}
 	waitJS[bool](t, ctx, "a card per worker", fmt.Sprintf(`document.querySelectorAll("#cards .card").length === %d`, workers))
@@ -156,7 +172,7 @@ func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
 	}
 
 	// Find our own request's decision by its id.
-	if err := chromedp.Do(ctx,
+	if err := do(ctx,
 		chromedp.SendKeys("#search-id", ownID),
 		chromedp.Click("#search button"),
 	); err != nil {
@@ -164,8 +180,9 @@ func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
 	}
 	waitJS[bool](t, ctx, "the searched decision", fmt.Sprintf(`document.querySelector("#detail h3")?.dataset.decision === %q && document.querySelector("#detail .cand.chosen") !== null`, ownID))
 
-	// Under load: more requests than the fleet has slots plus queue room.
-	l := r.startLoad(t, 24, 5000)
+	// Under load: more clients than the fleet has slots (4 x 4) plus queue
+	// room.
+	l := r.startLoad(t, 20, 5000)
 	waitJS[bool](t, ctx, "requests in flight", `+document.getElementById("sum-active").textContent > 0 && [...document.querySelectorAll("#cards .card")].some(c => +c.dataset.active > 0)`)
 	waitJS[bool](t, ctx, "a queue", `+document.getElementById("sum-queued").textContent > 0 || document.querySelector("#lg-queue b")?.textContent !== "0"`)
 	admitted := intText(t, ctx, "sum-admitted")
@@ -179,13 +196,26 @@ func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
 	waitJS[bool](t, ctx, "score bars with terms", `[...document.querySelectorAll("#cards .card")].some(c => c.querySelectorAll(".sbar span[title]").length >= 2)`)
 	waitJS[bool](t, ctx, "averages measured", `[...document.querySelectorAll("#cards .card .kv dd")].some(d => / ms$| s$/.test(d.textContent))`)
 
-	// Click a placement: every candidate with its terms.
+	// Pause, as someone reading the list would (under this load the newest
+	// 40 decisions turn over in a second or two), and click a placement:
+	// every candidate with its terms.
+	if err := do(ctx, chromedp.Click("#pause")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "paused", `document.getElementById("live-text").textContent === "paused"`)
 	id := waitJS[string](t, ctx, "placements listed", `document.querySelector('#dlist tr[data-outcome="bound"]')?.dataset.id`)
-	if err := chromedp.Do(ctx, chromedp.Click(fmt.Sprintf(`#dlist tr[data-id=%q]`, id))); err != nil {
+	if err := do(ctx, chromedp.Click(fmt.Sprintf(`#dlist tr[data-id=%q]`, id))); err != nil {
 		t.Fatal(err)
 	}
 	waitJS[bool](t, ctx, "the clicked decision's breakdown", fmt.Sprintf(`document.querySelector("#detail h3")?.dataset.decision === %q && document.querySelectorAll("#detail .cand").length === %d`, id, workers))
 	waitJS[bool](t, ctx, "terms with raw, norm, weighted, source", `(() => { const rows = document.querySelectorAll("#detail .cand.chosen tr.term"); return rows.length >= 5 && [...rows].every(r => r.children.length === 7); })()`)
+
+	if err := do(ctx, chromedp.Click("#pause")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "live again", `document.getElementById("live-text").textContent === "live"`)
+	admitted = intText(t, ctx, "sum-admitted")
+	waitJS[bool](t, ctx, "counting again after the pause", fmt.Sprintf(`+document.getElementById("sum-admitted").textContent > %d`, admitted))
 
 	dir := artifactDir(t)
 	screenshot(t, ctx, 1400, filepath.Join(dir, "dashboard-under-load.png"))
@@ -194,7 +224,7 @@ func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
 	if w := waitJS[int](t, ctx, "layout", `document.documentElement.scrollWidth`); w > 420 {
 		t.Errorf("at 420 px wide the page is %d px wide: it scrolls sideways", w)
 	}
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1400, 1000)); err != nil {
+	if err := do(ctx, chromedp.EmulateViewport(1400, 1000)); err != nil {
 		t.Fatal(err)
 	}
 

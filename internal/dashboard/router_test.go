@@ -132,7 +132,7 @@ func (r *router) startLoad(t *testing.T, clients, max int) *load {
 					select { // a refused client backs off a little, as real ones do
 					case <-ctx.Done():
 					case <-l.quit:
-					case <-time.After(20 * time.Millisecond):
+					case <-time.After(100 * time.Millisecond):
 					}
 				}
 			}

@@ -196,6 +196,17 @@ function fmtAgo(ms) {
   if (s < 60) return s + "s";
   return Math.floor(s / 60) + "m" + (s % 60 ? (s % 60) + "s" : "");
 }
+const SMOOTH = 5;
+function smooth(v, n) {
+  const out = new Array(v.length);
+  let sum = 0;
+  for (let i = 0; i < v.length; i++) {
+    sum += v[i];
+    if (i >= n) sum -= v[i - n];
+    out[i] = sum / Math.min(i + 1, n);
+  }
+  return out;
+}
 function fmtMsShort(v) {
   if (v >= 1000) return fmt(v / 1000, v >= 10000 ? 0 : 1) + "s";
   return fmt(v, 0);
@@ -207,17 +218,20 @@ function drawCharts(busiest) {
   const S = state.samples;
   const ts = S.map((s) => s.t);
   const perSec = 1000 / state.intervalMs;
+  // Counts per one-second sample are spiky at a few requests a second:
+  // rates are drawn as a trailing 5 s average.
+  const rate = (key) => smooth(S.map((s) => s[key] * perSec), SMOOTH);
   lineChart($("ch-queue"), $("lg-queue"), ts, [
     { name: "queued", color: "#f28e2b", values: S.map((s) => s.queued), fill: true },
   ], { digits: 0 });
   lineChart($("ch-admit"), $("lg-admit"), ts, [
-    { name: "admitted/s", color: "#5aa9e6", values: S.map((s) => s.admitted * perSec), fill: true },
-    { name: "completed/s", color: "#59a14f", values: S.map((s) => s.ok * perSec) },
+    { name: "admitted/s", color: "#5aa9e6", values: rate("admitted"), fill: true },
+    { name: "completed/s", color: "#59a14f", values: rate("ok") },
   ], {});
   lineChart($("ch-refuse"), $("lg-refuse"), ts, [
-    { name: "429/s", color: "#f0b429", values: S.map((s) => s.r429 * perSec), fill: true },
-    { name: "503/s", color: "#ef5a5a", values: S.map((s) => s.r503 * perSec), fill: true },
-    { name: "failed/s", color: "#9d8cf0", values: S.map((s) => s.failed * perSec) },
+    { name: "429/s", color: "#f0b429", values: rate("r429"), fill: true },
+    { name: "503/s", color: "#ef5a5a", values: rate("r503"), fill: true },
+    { name: "failed/s", color: "#9d8cf0", values: rate("failed") },
   ], { min: 1 });
   const pct = (key, p) => S.map((s) => (s[key] ? s[key][p] : null));
   lineChart($("ch-ttft"), $("lg-ttft"), ts, [
@@ -417,6 +431,7 @@ async function pollOverview() {
       const qs = new URLSearchParams({ since: state.seq, offset: state.offset, limit: state.limit, sort: state.sort });
       if (state.q) qs.set("q", state.q);
       const ov = await getJSON("/api/overview?" + qs);
+      if (state.paused) { updateLive(); return setTimeout(pollOverview, POLL_MS); }
       if (ov.seq < state.seq) state.samples = []; // the router restarted
       state.intervalMs = ov.interval_ms || 1000;
       state.window = ov.window || 300;
@@ -455,6 +470,7 @@ async function pollDecisions() {
   if (!state.paused) {
     try {
       const d = await getJSON("/debug/decisions?limit=" + DECISIONS_LIMIT);
+      if (state.paused) return setTimeout(pollDecisions, DECISIONS_MS); // paused while it was on its way
       const list = d.decisions || [];
       const newest = list.find((r) => r.chosen);
       state.lastChosen = newest ? newest.chosen : "";
@@ -468,15 +484,37 @@ async function pollDecisions() {
 
 function chosenCand(r) { return (r.candidates || []).find((c) => c.worker === r.chosen); }
 
+// Rows are kept per decision id (records never change), so a row under
+// the pointer is not replaced while someone clicks it.
+const rowEls = new Map();
 function drawDecisionList(list) {
-  const rows = list.map((r) => {
-    const bound = r.outcome === "bound";
-    return `<tr data-id="${esc(r.id)}" data-outcome="${esc(r.outcome)}" class="${r.id === state.selected ? "sel" : ""}">` +
-      `<td>${esc(fmtTime(r.time))}</td><td class="id">${esc(r.id)}</td>` +
-      `<td class="${bound ? "out-bound" : "out-refused"}">${esc(r.outcome)}${r.attempt > 1 ? " (retry " + esc(r.attempt) + ")" : ""}</td>` +
-      `<td>${esc(r.chosen || "–")}</td><td class="num">${fmtMs(r.queue_wait_ms)}</td></tr>`;
+  const body = $("dlist");
+  if (!list.length) {
+    rowEls.clear();
+    body.innerHTML = `<tr><td colspan="5" class="muted">no decisions yet: send a request</td></tr>`;
+    return;
+  }
+  const keep = new Set();
+  list.forEach((r, i) => {
+    keep.add(r.id);
+    let tr = rowEls.get(r.id);
+    if (!tr) {
+      const bound = r.outcome === "bound";
+      tr = document.createElement("tr");
+      tr.dataset.id = r.id;
+      tr.dataset.outcome = r.outcome;
+      tr.innerHTML = `<td>${esc(fmtTime(r.time))}</td><td class="id">${esc(r.id)}</td>` +
+        `<td class="${bound ? "out-bound" : "out-refused"}">${esc(r.outcome)}${r.attempt > 1 ? " (retry " + esc(r.attempt) + ")" : ""}</td>` +
+        `<td>${esc(r.chosen || "–")}</td><td class="num">${fmtMs(r.queue_wait_ms)}</td>`;
+      rowEls.set(r.id, tr);
+    }
+    tr.classList.toggle("sel", r.id === state.selected);
+    if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null);
   });
-  $("dlist").innerHTML = rows.join("") || `<tr><td colspan="5" class="muted">no decisions yet: send a request</td></tr>`;
+  for (const [id, tr] of rowEls) {
+    if (!keep.has(id)) { tr.remove(); rowEls.delete(id); }
+  }
+  for (const el of [...body.children]) if (!el.dataset.id) el.remove();
 }
 
 async function showDecision(id) {
