@@ -16,8 +16,9 @@ const TERM_COLORS = {
   kv_pressure: "#edc948",
   gpu_util: "#b07aa1",
   throughput: "#59a14f",
+  prefix: "#ff9da7",
 };
-const EXTRA_COLORS = ["#ff9da7", "#9c755f", "#bab0ac", "#86bcb6", "#d4a6c8"];
+const EXTRA_COLORS = ["#9c755f", "#bab0ac", "#86bcb6", "#d4a6c8"];
 const LINE_COLORS = ["#5aa9e6", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7"];
 
 const state = {
@@ -300,7 +301,7 @@ function termList(terms) {
     .sort((a, b) => Math.abs(b.weighted) - Math.abs(a.weighted)).slice(0, 4);
   return `<div class="tlist">` + top.map((t) => `<span><i style="background:${termColor(t.name)}"></i>${esc(SHORT[t.name] || t.name)} <b>${t.weighted > 0 ? "+" : ""}${fmt(t.weighted)}</b></span>`).join("") + `</div>`;
 }
-const SHORT = { active_requests: "active", queue_length: "queue", job_cost: "job cost", kv_pressure: "KV", gpu_util: "GPU", throughput: "throughput", latency: "latency" };
+const SHORT = { active_requests: "active", queue_length: "queue", job_cost: "job cost", kv_pressure: "KV", gpu_util: "GPU", throughput: "throughput", latency: "latency", prefix: "prefix" };
 
 function orderTerms(terms) {
   const order = Object.keys(TERM_COLORS);
