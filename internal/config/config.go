@@ -176,7 +176,7 @@ type Shared struct {
 	// (the default) runs this replica alone.
 	Redis string `yaml:"redis"`
 	// Replica names this replica, unique among those sharing Redis; the
-	// host name when empty.
+	// host name and listen port ("host-8080") when empty.
 	Replica string `yaml:"replica"`
 	// LeaseTTL is how long a reservation outlives its replica: the
 	// longest a crashed replica's capacity stays taken.

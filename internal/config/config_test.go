@@ -105,7 +105,7 @@ func TestParse_RedisStatsStore(t *testing.T) {
 }
 
 func TestLoad_ExampleConfigsAreValid(t *testing.T) {
-	for _, f := range []string{"sluice.yaml", "bench-demo-limits.yaml"} {
+	for _, f := range []string{"sluice.yaml", "bench-demo-limits.yaml", "shared.yaml"} {
 		if _, err := Load("../../examples/" + f); err != nil {
 			t.Error(err)
 		}

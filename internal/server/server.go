@@ -108,7 +108,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		s.closeStore()
 		return nil, err
 	}
-	if s.shared, err = openShared(cfg.Shared, s); err != nil {
+	if s.shared, err = openShared(cfg.Shared, cfg.Listen, s); err != nil {
 		s.closeStore()
 		return nil, err
 	}

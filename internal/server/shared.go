@@ -3,8 +3,10 @@ package server
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,17 +28,28 @@ type sharedState struct {
 
 // openShared connects the shared ledger when shared.redis is set. It does
 // not wait for Redis: a replica starts, degraded, while Redis is down.
-func openShared(cfg config.Shared, s *Server) (*sharedState, error) {
+func openShared(cfg config.Shared, listen string, s *Server) (*sharedState, error) {
 	if cfg.Redis == "" {
 		return &sharedState{}, nil
 	}
 	replica := cfg.Replica
 	if replica == "" {
+		// The host name and the port: unique across hosts, and among
+		// replicas started side by side on one.
 		h, err := os.Hostname()
 		if err != nil {
 			return nil, fmt.Errorf("shared.replica: not set and no host name: %w", err)
 		}
 		replica = h
+		if _, port, err := net.SplitHostPort(listen); err == nil && port != "" {
+			replica += "-" + port
+		}
+		replica = strings.Map(func(r rune) rune {
+			if strings.ContainsRune("|/ \t\n", r) {
+				return '_'
+			}
+			return r
+		}, replica)
 	}
 	rdb, prefix, err := redisconn.Open(cfg.Redis, "")
 	if err != nil {
