@@ -222,6 +222,12 @@ type Proxy struct {
 	// worker's answer once its headers came: a worker that stalls
 	// mid-answer is cut off, its slot freed and the failure counted.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
+	// TokenizeAbove, when positive, has a prompt estimated at that many
+	// tokens or more counted by a llama.cpp or vLLM worker's /tokenize
+	// (within TokenizeTimeout) instead of estimated. 0 never asks.
+	TokenizeAbove int `yaml:"tokenize_above"`
+	// TokenizeTimeout bounds that count; past it the estimate stands.
+	TokenizeTimeout time.Duration `yaml:"tokenize_timeout"`
 }
 
 // Auth configures who may call the router. With no keys the inference
@@ -307,7 +313,7 @@ func DefaultConfig() Config {
 		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
-		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute},
+		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond},
 		Server:    ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
 		Shutdown:  Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
 		Shared:    Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
@@ -450,6 +456,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Proxy.StreamIdleTimeout <= 0 {
 		bad("proxy.stream_idle_timeout", "must be positive, got %v", c.Proxy.StreamIdleTimeout)
+	}
+	if c.Proxy.TokenizeAbove < 0 {
+		bad("proxy.tokenize_above", "negative (%d); 0 never asks workers to tokenize", c.Proxy.TokenizeAbove)
+	}
+	if c.Proxy.TokenizeTimeout <= 0 {
+		bad("proxy.tokenize_timeout", "must be positive, got %v", c.Proxy.TokenizeTimeout)
 	}
 	errs = append(errs, c.validateHardening()...)
 	return errors.Join(errs...)

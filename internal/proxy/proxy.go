@@ -105,6 +105,13 @@ type Options struct {
 	// IdleTimeout bounds the silence between reads of a worker's answer
 	// after its headers; 0 means one minute.
 	IdleTimeout time.Duration
+	// Tokenize, when set, counts a prompt text's tokens with a worker's
+	// tokenizer (llama.cpp and vLLM serve /tokenize). It is asked only for
+	// prompts estimated at TokenizeAbove tokens or more, and given
+	// TokenizeTimeout; on any failure the estimate stands.
+	Tokenize        func(ctx context.Context, model, text string) (int, error)
+	TokenizeAbove   int
+	TokenizeTimeout time.Duration
 	// Logger logs failures; discarded if nil.
 	Logger *slog.Logger
 }
@@ -185,7 +192,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serve places the request and relays it, retrying on another worker while
 // nothing has been written to the client.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
-	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, MaxTokens: p.maxTokens, Attempt: 1}
+	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1}
+	if n, ok := h.tokenize(r.Context(), p); ok {
+		req.PromptTokens, req.PromptSource = n, SourceTokenize
+		p.promptTokens = n
+	}
 	if id, ok := auth.FromContext(r.Context()); ok {
 		req.Tenant, req.Class = id.Tenant, id.Class
 	}
@@ -220,6 +231,32 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		h.opt.Logger.Warn("worker failed before responding", "worker", lease.Worker, "attempt", req.Attempt, "err", err)
 	}
 	res.Status, res.Reason = writeError(w, http.StatusBadGateway, "upstream_failed", fmt.Sprintf("every worker tried failed; last: %v", lastErr))
+}
+
+// Where a request's prompt size came from, as decision records say.
+const (
+	SourceEstimate = "estimate: text/4"
+	SourceTokenize = "worker /tokenize"
+)
+
+// tokenize asks a worker's tokenizer for the size of a large prompt,
+// within the configured budget.
+func (h *Handler) tokenize(ctx context.Context, p parsed) (int, bool) {
+	if h.opt.Tokenize == nil || h.opt.TokenizeAbove <= 0 || p.promptTokens < h.opt.TokenizeAbove || p.promptText == "" {
+		return 0, false
+	}
+	timeout := h.opt.TokenizeTimeout
+	if timeout <= 0 {
+		timeout = 200 * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	n, err := h.opt.Tokenize(ctx, p.model, p.promptText)
+	if err != nil || n <= 0 {
+		h.opt.Logger.Debug("tokenize failed; keeping the estimate", "model", p.model, "err", err)
+		return 0, false
+	}
+	return n + p.promptExtra, true
 }
 
 // attempt sends the request to the lease's worker and relays the answer.

@@ -137,3 +137,36 @@ func TestObservation_WholeAnswersTeachWhatTheyCan(t *testing.T) {
 		})
 	}
 }
+
+func TestParseInference_PromptCountsTextOnly(t *testing.T) {
+	image := "data:image/png;base64," + strings.Repeat("iVBORw0KGgo", 20000) // ~220 KB of base64
+	text := strings.Repeat("abcd", 100)                                      // 400 chars: 100 tokens
+	tests := []struct {
+		name string
+		body string
+		want int
+	}{
+		{"chat string content", `{"model":"m","messages":[{"role":"user","content":"` + text + `"}]}`, 100 + messageTokens},
+		{"chat text and image parts", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"` + text + `"},{"type":"image_url","image_url":{"url":"` + image + `"}}]}]}`, 100 + mediaTokens + messageTokens},
+		{"two messages, JSON syntax free", `{"model":"m","messages":[{"role":"system","content":"` + text + `"},{"role":"user","content":"` + text + `"}]}`, 200 + 2*messageTokens},
+		{"prompt string", `{"model":"m","prompt":"` + text + `"}`, 100},
+		{"prompt array of strings", `{"model":"m","prompt":["` + text + `","` + text + `"]}`, 200},
+		{"prompt token ids", `{"model":"m","prompt":[1,2,3,4,5]}`, 5},
+		{"embeddings input", `{"model":"m","input":["` + text + `"]}`, 100},
+		{"responses input with an image", `{"model":"m","instructions":"` + text + `","input":[{"role":"user","content":[{"type":"input_text","text":"` + text + `"},{"type":"input_image","image_url":"` + image + `"}]}]}`, 200 + mediaTokens + messageTokens},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := parseInference([]byte(tt.body), true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.promptTokens != tt.want {
+				t.Fatalf("prompt tokens %d, want %d (body %d bytes)", p.promptTokens, tt.want, len(tt.body))
+			}
+			if strings.Contains(p.promptText, "base64") {
+				t.Fatal("the prompt text carries the image")
+			}
+		})
+	}
+}

@@ -138,6 +138,9 @@ type Request struct {
 	Model string
 	// PromptTokens is the estimated prompt size in tokens.
 	PromptTokens int
+	// PromptSource says where PromptTokens came from, e.g. "estimate:
+	// text/4" or "worker /tokenize"; kept in the decision record.
+	PromptSource string
 	// MaxTokens is the request's output cap; 0 when unset.
 	MaxTokens int
 	// Exclude names workers that already failed this request.
@@ -781,6 +784,7 @@ func (s *Scheduler) newRecordLocked(req Request, now time.Time) *decisions.Recor
 		Policy:       string(s.cfg.Policy),
 		Attempt:      req.Attempt,
 		PromptTokens: req.PromptTokens,
+		PromptSource: req.PromptSource,
 		MaxTokens:    req.MaxTokens,
 	}
 	s.stampSharedLocked(rec)

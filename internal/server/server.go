@@ -159,17 +159,20 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Stats:       s.tracker.Get,
 	})
 	s.proxy = proxy.New(proxy.Options{
-		Scheduler:    s.sched,
-		Resolve:      s.resolve,
-		Credentials:  s.credentials,
-		Observer:     s.tracker,
-		Reporter:     s,
-		OnResult:     func(r proxy.Result) { s.metrics.observe(r); s.dash.Observe(r) },
-		Transport:    opt.Transport,
-		MaxBodyBytes: cfg.Proxy.MaxBodyBytes,
-		MaxAttempts:  cfg.Proxy.MaxAttempts,
-		IdleTimeout:  cfg.Proxy.StreamIdleTimeout,
-		Logger:       log,
+		Scheduler:       s.sched,
+		Resolve:         s.resolve,
+		Credentials:     s.credentials,
+		Observer:        s.tracker,
+		Reporter:        s,
+		OnResult:        func(r proxy.Result) { s.metrics.observe(r); s.dash.Observe(r) },
+		Transport:       opt.Transport,
+		MaxBodyBytes:    cfg.Proxy.MaxBodyBytes,
+		MaxAttempts:     cfg.Proxy.MaxAttempts,
+		IdleTimeout:     cfg.Proxy.StreamIdleTimeout,
+		Tokenize:        s.tokenize,
+		TokenizeAbove:   cfg.Proxy.TokenizeAbove,
+		TokenizeTimeout: cfg.Proxy.TokenizeTimeout,
+		Logger:          log,
 	})
 	for _, w := range cfg.Workers {
 		if err := s.addWorker(w); err != nil {
