@@ -1,0 +1,283 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/scheduler"
+)
+
+// Each test here starts workers that misbehave in one way and checks the
+// defined outcome; docs/reliability.md lists them.
+
+// badWorker is an OpenAI-compatible worker on loopback whose inference
+// answers are whatever serve writes; /v1/models always works.
+func badWorker(t *testing.T, serve http.HandlerFunc) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		serve(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func faultConfig(t *testing.T, urls []string, edit func(*config.Config)) config.Config {
+	return testConfig(t, nil, func(c *config.Config) {
+		for i, u := range urls {
+			c.Workers = append(c.Workers, config.Worker{Name: fmt.Sprintf("w%d", i+1), URL: u, Kind: "openai", Models: []string{"m"}, MaxConcurrency: 1})
+		}
+		if edit != nil {
+			edit(c)
+		}
+	})
+}
+
+func workerState(t *testing.T, s *Server, name string) scheduler.WorkerState {
+	t.Helper()
+	for _, ws := range s.Scheduler().Workers() {
+		if ws.Name == name {
+			return ws
+		}
+	}
+	t.Fatalf("no worker %s", name)
+	return scheduler.WorkerState{}
+}
+
+func sse(w http.ResponseWriter, events ...string) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, e := range events {
+		io.WriteString(w, e)
+		w.(http.Flusher).Flush()
+	}
+}
+
+const tok = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t\"}}]}\n\n"
+
+func TestFault_WorkerCrashesMidStream(t *testing.T) {
+	var calls atomic.Int32
+	u := badWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			sse(w, tok, tok)
+			panic(http.ErrAbortHandler) // the process dies: connection cut mid-stream
+		}
+		sse(w, tok, "data: [DONE]\n\n")
+	}).URL
+	r := startRouter(t, faultConfig(t, []string{u}, nil))
+	resp := post(t, context.Background(), r.url, chat("crash", true))
+	body := readAll(t, resp)
+	if resp.StatusCode != 200 || !strings.HasPrefix(body, tok+tok) {
+		t.Fatalf("status %d body %q: want the relayed tokens first", resp.StatusCode, body)
+	}
+	if !strings.Contains(body, `"code":"upstream_failed"`) || strings.Contains(body, "[DONE]") {
+		t.Fatalf("body %q: want Sluice's error event and no [DONE]", body)
+	}
+	if ws := workerState(t, r.srv, "w1"); ws.Active != 0 {
+		t.Fatalf("slot not freed: %d active", ws.Active)
+	}
+	// The only slot (max_concurrency 1) takes the next request.
+	resp = post(t, context.Background(), r.url, chat("next", true))
+	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
+		t.Fatalf("next request: %d %q", resp.StatusCode, body)
+	}
+}
+
+func TestFault_WorkerHangsBeforeAnyByteIsRetriedElsewhere(t *testing.T) {
+	hang := badWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // never answers
+	}).URL
+	good := badWorker(t, func(w http.ResponseWriter, r *http.Request) { sse(w, tok, "data: [DONE]\n\n") }).URL
+	r := startRouter(t, faultConfig(t, []string{hang, good}, func(c *config.Config) {
+		c.Policy = "round-robin" // both workers get first tries
+		c.Proxy.ResponseHeaderTimeout = 200 * time.Millisecond
+		c.Telemetry.FailThreshold = 100
+	}))
+	retried := 0
+	for i := range 4 {
+		resp := post(t, context.Background(), r.url, chat(fmt.Sprint(i), true))
+		body := readAll(t, resp)
+		if resp.StatusCode != 200 || resp.Header.Get("X-Sluice-Worker") != "w2" || !strings.Contains(body, "[DONE]") {
+			t.Fatalf("request %d: %d from %q: %q", i, resp.StatusCode, resp.Header.Get("X-Sluice-Worker"), body)
+		}
+		if resp.Header.Get("X-Sluice-Attempt") == "2" {
+			retried++
+		}
+	}
+	if retried == 0 {
+		t.Fatal("no request was first sent to the hanging worker")
+	}
+	if fs := r.srv.fleet.Get("w1").State(); fs.ConsecutiveFailures != retried {
+		t.Fatalf("hanging worker has %d failures counted, want %d", fs.ConsecutiveFailures, retried)
+	}
+}
+
+func TestFault_WorkerDownIsRetriedElsewhere(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + ln.Addr().String()
+	ln.Close() // connection refused from now on
+	good := badWorker(t, func(w http.ResponseWriter, r *http.Request) { sse(w, tok, "data: [DONE]\n\n") }).URL
+	r := startRouter(t, faultConfig(t, []string{dead, good}, func(c *config.Config) { c.Policy = "round-robin" }))
+	for i := range 3 {
+		resp := post(t, context.Background(), r.url, chat(fmt.Sprint(i), true))
+		if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+		}
+	}
+}
+
+func TestFault_MalformedAnswersAreRelayedAsTheyAre(t *testing.T) {
+	for _, tc := range []struct {
+		name, ctype, body string
+	}{
+		{"bad JSON events", "text/event-stream", "data: {not json\n\ndata: {\"choices\":[{\"delta\":\n\n: comment\n\ndata: [DONE]\n\n"},
+		{"stray SSE fields", "text/event-stream", "id: 1\nretry: x\nevent: ping\ndata: {}\n\n\r\n\r\ndata: [DONE]\n\n"},
+		{"bad JSON answer", "application/json", `{"choices": [ {"message": `},
+		{"binary answer", "application/octet-stream", "\x00\xff\xfe garbage"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := badWorker(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.ctype)
+				io.WriteString(w, tc.body)
+			}).URL
+			r := startRouter(t, faultConfig(t, []string{u}, nil))
+			for i := range 2 {
+				resp := post(t, context.Background(), r.url, chat(fmt.Sprint(i), strings.Contains(tc.ctype, "event-stream")))
+				got := readAll(t, resp)
+				if resp.StatusCode != 200 || got != tc.body {
+					t.Fatalf("status %d body %q, want the worker's bytes %q", resp.StatusCode, got, tc.body)
+				}
+			}
+			if ws := workerState(t, r.srv, "w1"); ws.Health != scheduler.HealthOK || ws.Active != 0 {
+				t.Fatalf("worker after malformed answers: %+v", ws)
+			}
+		})
+	}
+}
+
+// A stream the worker ends cleanly (a proper last chunk) without [DONE]
+// is relayed as it is: Sluice cannot tell it from a deliberate end, and
+// the client sees that no [DONE] came. A cut connection is different
+// (TestFault_WorkerCrashesMidStream).
+func TestFault_StreamEndingWithoutDoneIsRelayedAsIs(t *testing.T) {
+	u := badWorker(t, func(w http.ResponseWriter, r *http.Request) { sse(w, tok) }).URL
+	r := startRouter(t, faultConfig(t, []string{u}, nil))
+	resp := post(t, context.Background(), r.url, chat("x", true))
+	if body := readAll(t, resp); resp.StatusCode != 200 || body != tok {
+		t.Fatalf("status %d body %q, want exactly the worker's one event", resp.StatusCode, body)
+	}
+	if ws := workerState(t, r.srv, "w1"); ws.Active != 0 {
+		t.Fatalf("slot not freed: %d active", ws.Active)
+	}
+}
+
+func TestFault_SlowWorkerIsFollowedToTheEnd(t *testing.T) {
+	u := badWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range 5 {
+			io.WriteString(w, tok)
+			w.(http.Flusher).Flush()
+			time.Sleep(40 * time.Millisecond) // the worker is slow; nothing waits on this
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	}).URL
+	r := startRouter(t, faultConfig(t, []string{u}, nil))
+	resp := post(t, context.Background(), r.url, chat("slow", true))
+	body := readAll(t, resp)
+	if resp.StatusCode != 200 || strings.Count(body, tok) != 5 || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("status %d body %q", resp.StatusCode, body)
+	}
+	if st := r.srv.tracker.Get("w1"); st.E2EMs.Value < 150 {
+		t.Fatalf("end-to-end average %v ms, want the slowness (>= 150 ms) measured", st.E2EMs.Value)
+	}
+}
+
+func TestFault_FlappingWorkerIsEjectedAndReadmitted(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true)
+	flap := badWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		if failing.Load() {
+			http.Error(w, `{"error":{"message":"CUDA error"}}`, http.StatusInternalServerError)
+			return
+		}
+		sse(w, tok, "data: [DONE]\n\n")
+	}).URL
+	good := badWorker(t, func(w http.ResponseWriter, r *http.Request) { sse(w, tok, "data: [DONE]\n\n") }).URL
+	r := startRouter(t, faultConfig(t, []string{flap, good}, func(c *config.Config) {
+		c.Policy = "round-robin"
+		c.Telemetry.FailThreshold = 2
+	}))
+	for i := 0; workerState(t, r.srv, "w1").Health != scheduler.HealthDown; i++ {
+		if i == 20 {
+			t.Fatal("the failing worker was not ejected after 20 requests")
+		}
+		resp := post(t, context.Background(), r.url, chat(fmt.Sprint(i), true))
+		if body := readAll(t, resp); resp.StatusCode != 200 || resp.Header.Get("X-Sluice-Worker") != "w2" {
+			t.Fatalf("request %d: %d from %q: %q (every client answer must come from the good worker)", i, resp.StatusCode, resp.Header.Get("X-Sluice-Worker"), body)
+		}
+	}
+	// Ejected: requests go to w2 without trying w1.
+	for i := range 3 {
+		resp := post(t, context.Background(), r.url, chat(fmt.Sprint("e", i), true))
+		readAll(t, resp)
+		if resp.Header.Get("X-Sluice-Attempt") != "" || resp.Header.Get("X-Sluice-Worker") != "w2" {
+			t.Fatalf("an ejected worker was tried: attempt %q worker %q", resp.Header.Get("X-Sluice-Attempt"), resp.Header.Get("X-Sluice-Worker"))
+		}
+	}
+	// Recovered: probes pass and re-admit it (after the rise threshold).
+	failing.Store(false)
+	for range 2 {
+		r.srv.ScrapeNow(context.Background())
+	}
+	if h := workerState(t, r.srv, "w1").Health; h != scheduler.HealthOK {
+		t.Fatalf("after two passing probes w1 is %v, want ok", h)
+	}
+	r.srv.Scheduler().SetDraining("w2", true)
+	resp := post(t, context.Background(), r.url, chat("back", true))
+	if body := readAll(t, resp); resp.StatusCode != 200 || resp.Header.Get("X-Sluice-Worker") != "w1" {
+		t.Fatalf("re-admitted worker: %d from %q: %q", resp.StatusCode, resp.Header.Get("X-Sluice-Worker"), body)
+	}
+}
+
+func TestFault_GarbageMetricsLeaveTheWorkerRoutable(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+			w.WriteHeader(200)
+		case "/metrics":
+			io.WriteString(w, "vllm:num_requests_waiting{model_name=\"m\"} banana\n\x00\x01 # TYPE\n{{{{\n")
+		case "/v1/models":
+			io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+		default:
+			io.Copy(io.Discard, r.Body)
+			sse(w, tok, "data: [DONE]\n\n")
+		}
+	}))
+	t.Cleanup(srv.Close)
+	r := startRouter(t, testConfig(t, nil, func(c *config.Config) {
+		c.Workers = []config.Worker{{Name: "w1", URL: srv.URL, Kind: "vllm", Models: []string{"m"}, MaxConcurrency: 1}}
+	}))
+	r.srv.ScrapeNow(context.Background())
+	fs := r.srv.fleet.Get("w1").State()
+	if fs.MetricsError == "" || fs.QueueLen.Known() {
+		t.Fatalf("garbage metrics were believed: error %q, queue reading %+v", fs.MetricsError, fs.QueueLen)
+	}
+	if fs.Health != scheduler.HealthOK {
+		t.Fatalf("garbage metrics made the worker %v, want ok (telemetry is not health)", fs.Health)
+	}
+	resp := post(t, context.Background(), r.url, chat("m", true))
+	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
+		t.Fatalf("request to a worker with garbage metrics: %d %q", resp.StatusCode, body)
+	}
+}
