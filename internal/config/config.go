@@ -151,6 +151,17 @@ type Admission struct {
 	MaxQueue int `yaml:"max_queue"`
 	// QueueTimeout is the longest a request waits before a 503.
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// Classes are the priority classes a request names in
+	// X-Sluice-Priority, the first the default: strict priority (lower
+	// first), bounded by MaxOvertake, each with its own deadline.
+	Classes []scheduler.Class `yaml:"classes"`
+	// TenantWeights are the fair-share weights of tenants by name; a
+	// tenant not listed weighs 1.
+	TenantWeights map[string]float64 `yaml:"tenant_weights"`
+	// MaxOvertake is the aging bound of the queue order: no request is
+	// overtaken by a higher class, or by a cheaper request of its tenant,
+	// that arrived more than this after it.
+	MaxOvertake time.Duration `yaml:"max_overtake"`
 }
 
 // Stats configures the moving averages.
@@ -309,7 +320,7 @@ func DefaultConfig() Config {
 		LogFormat: "text",
 		Policy:    string(scheduler.PolicySluice),
 		Weights:   scheduler.DefaultWeights(),
-		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second},
+		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake},
 		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
@@ -399,6 +410,31 @@ func (c *Config) Validate() error {
 	}
 	if c.Admission.QueueTimeout <= 0 {
 		bad("admission.queue_timeout", "must be positive, got %v", c.Admission.QueueTimeout)
+	}
+	if len(c.Admission.Classes) == 0 {
+		bad("admission.classes", "at least one class is needed")
+	}
+	classSeen := map[string]int{}
+	for i, cl := range c.Admission.Classes {
+		key := fmt.Sprintf("admission.classes[%d]", i)
+		if j, dup := classSeen[cl.Name]; dup {
+			bad(key+".name", "duplicate class %q (also admission.classes[%d])", cl.Name, j)
+		}
+		classSeen[cl.Name] = i
+		if cl.Name == "" || strings.ContainsAny(cl.Name, " \t\n\"") {
+			bad(key+".name", "%q must be a non-empty word", cl.Name)
+		}
+		if cl.MaxQueueWait < 0 {
+			bad(key+".max_queue_wait", "negative (%v); 0 takes admission.queue_timeout", cl.MaxQueueWait)
+		}
+	}
+	for name, w := range c.Admission.TenantWeights {
+		if w <= 0 {
+			bad("admission.tenant_weights."+name, "must be positive, got %v", w)
+		}
+	}
+	if c.Admission.MaxOvertake <= 0 {
+		bad("admission.max_overtake", "must be positive, got %v", c.Admission.MaxOvertake)
 	}
 	if c.Stats.Alpha <= 0 || c.Stats.Alpha > 1 {
 		bad("stats.alpha", "%v is outside (0, 1]", c.Stats.Alpha)

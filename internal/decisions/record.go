@@ -37,6 +37,19 @@ type Record struct {
 	PromptSource string `json:"prompt_source,omitempty"`
 	// MaxTokens is the request's max_tokens, 0 when unset.
 	MaxTokens int `json:"max_tokens,omitempty"`
+	// Class is the request's priority class.
+	Class string `json:"class,omitempty"`
+	// Tenant names who sent the request (a name, never a key); empty for
+	// the anonymous tenant.
+	Tenant string `json:"tenant,omitempty"`
+	// ExpectedOutputTokens is the output length the scheduler expected
+	// when it decided, and EstimateSource where that came from: "bucket"
+	// (the tenant's average for prompts of this size), "tenant", "model",
+	// "default" (nothing learned yet) or "max_tokens" (the request's cap,
+	// below the estimate). The actual output is not added to the record,
+	// which is immutable once logged; it is in the response's usage.
+	ExpectedOutputTokens int    `json:"expected_output_tokens"`
+	EstimateSource       string `json:"estimate_source,omitempty"`
 	// QueueWaitMs is how long the request waited in Sluice's queue.
 	QueueWaitMs float64 `json:"queue_wait_ms"`
 	// QueueDepth is how many requests for the model were waiting when this

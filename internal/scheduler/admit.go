@@ -6,15 +6,16 @@ import (
 )
 
 // Admit blocks until req is bound to a worker, and returns the lease, or
-// until it is refused: the queue is full, it waited QueueTimeout, ctx ended
-// (the client went away), no worker could ever take it. Every refusal is a
-// *Refusal wrapping one of the package's sentinel errors.
+// until it is refused: the queue is full, it waited its class's deadline
+// (max_queue_wait, else QueueTimeout), it could not meet that deadline,
+// ctx ended (the client went away), no worker could ever take it. Every
+// refusal is a *Refusal wrapping one of the package's sentinel errors.
 func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	t := s.Submit(req, nil)
 	if t.Done() {
 		return t.Result()
 	}
-	timer := s.clock.NewTimer(s.cfg.QueueTimeout)
+	timer := s.clock.NewTimer(s.maxWait(req.Class))
 	defer timer.Stop()
 	var cause error
 	select {

@@ -22,6 +22,13 @@ var (
 	ErrClientGone = errors.New("client disconnected while queued")
 	// ErrClosed: the scheduler is shutting down.
 	ErrClosed = errors.New("scheduler is shutting down")
+	// ErrDeadlineUnmeetable: the work queued ahead, at the rate the
+	// model's queue drains, would keep the request waiting past its
+	// class's max_queue_wait; it is refused now rather than served late.
+	ErrDeadlineUnmeetable = errors.New("the request cannot be served within its class's queue deadline")
+	// ErrUnknownClass: the request names a priority class that is not
+	// configured.
+	ErrUnknownClass = errors.New("unknown priority class")
 )
 
 // Refusal is the error Admit returns when it gives no lease. It wraps one
@@ -58,6 +65,10 @@ func reasonOf(err error) string {
 		return "client_gone"
 	case errors.Is(err, ErrClosed):
 		return "shutting_down"
+	case errors.Is(err, ErrDeadlineUnmeetable):
+		return "deadline_unmeetable"
+	case errors.Is(err, ErrUnknownClass):
+		return "unknown_priority_class"
 	}
 	return "internal"
 }

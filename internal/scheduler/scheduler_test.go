@@ -171,25 +171,38 @@ func TestScheduler_QueueFull(t *testing.T) {
 func TestScheduler_RetryAfterFollowsDrainRate(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1000, 0)}
 	s := newSched(t, Config{MaxQueue: 3, Clock: clock, QueueTimeout: time.Hour}, workers(1, 1, "m")...)
-	// Complete requests every 4 s to teach the drain rate.
-	for range 4 {
-		l, _ := s.Submit(Request{Model: "m"}, nil).Result()
-		clock.t = clock.t.Add(4 * time.Second)
-		l.Release()
-	}
+	teachDrainRate(t, s, clock) // two left waiting
 	s.Submit(Request{Model: "m"}, nil)
-	for range 3 {
-		s.Submit(Request{Model: "m"}, nil)
-	}
 	_, err := s.Submit(Request{Model: "m"}, nil).Result()
 	var r *Refusal
 	if !errors.As(err, &r) {
 		t.Fatalf("err %v, want refusal", err)
 	}
-	// 3 waiting + this one, 4 s apart.
+	// 3 waiting + this one, 256 expected tokens each, at 64 tokens/s.
 	if got, want := r.RetryAfter, 16*time.Second; got != want {
 		t.Fatalf("retry-after %v, want %v", got, want)
 	}
+}
+
+// teachDrainRate runs a backlog on s's one worker that drains a request of
+// 256 expected tokens every 4 s (64 tokens/s), and returns the lease that
+// holds the worker and the two requests left queued.
+func teachDrainRate(t *testing.T, s *Scheduler, clock *fakeClock) (*Lease, []*Ticket) {
+	t.Helper()
+	l, err := s.Submit(Request{Model: "m"}, nil).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := []*Ticket{s.Submit(Request{Model: "m"}, nil), s.Submit(Request{Model: "m"}, nil)}
+	for range 4 {
+		clock.t = clock.t.Add(4 * time.Second)
+		l.Release()
+		if l, err = queued[0].Result(); err != nil || l == nil {
+			t.Fatalf("queued request not bound on release: %v", err)
+		}
+		queued = append(queued[1:], s.Submit(Request{Model: "m"}, nil))
+	}
+	return l, queued
 }
 
 type fakeClock struct{ t time.Time }

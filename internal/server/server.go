@@ -117,16 +117,19 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		ledger = s.shared.ledger.ForScheduler(s.shared.ctx)
 	}
 	s.sched, err = scheduler.New(scheduler.Config{
-		Ledger:       ledger,
-		IDPrefix:     s.shared.idPrefix(),
-		Weights:      cfg.Weights,
-		MaxQueue:     cfg.Admission.MaxQueue,
-		QueueTimeout: cfg.Admission.QueueTimeout,
-		StaleAfter:   cfg.Telemetry.StaleAfter,
-		Policy:       scheduler.Policy(cfg.Policy),
-		Stats:        s.tracker,
-		Recorder:     s.record,
-		PrefixIndex:  prefix.NewIndex(prefix.Options{}),
+		Ledger:        ledger,
+		IDPrefix:      s.shared.idPrefix(),
+		Weights:       cfg.Weights,
+		MaxQueue:      cfg.Admission.MaxQueue,
+		QueueTimeout:  cfg.Admission.QueueTimeout,
+		Classes:       cfg.Admission.Classes,
+		TenantWeights: cfg.Admission.TenantWeights,
+		MaxOvertake:   cfg.Admission.MaxOvertake,
+		StaleAfter:    cfg.Telemetry.StaleAfter,
+		Policy:        scheduler.Policy(cfg.Policy),
+		Stats:         s.tracker,
+		Recorder:      s.record,
+		PrefixIndex:   prefix.NewIndex(prefix.Options{}),
 	})
 	if err != nil {
 		s.shared.close()

@@ -53,7 +53,12 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 		rc.Weights = *c.Weights
 	}
 	sd := func(d time.Duration) time.Duration { return max(time.Duration(float64(d)/scale), time.Millisecond) }
-	rc.Admission = config.Admission{MaxQueue: c.MaxQueue, QueueTimeout: sd(c.QueueTimeout)}
+	rc.Admission.MaxQueue, rc.Admission.QueueTimeout = c.MaxQueue, sd(c.QueueTimeout)
+	if c.MaxOvertake > 0 {
+		rc.Admission.MaxOvertake = sd(c.MaxOvertake)
+	} else {
+		rc.Admission.MaxOvertake = sd(scheduler.DefaultMaxOvertake)
+	}
 	interval := c.ScrapeInterval
 	if interval <= 0 {
 		interval = time.Second

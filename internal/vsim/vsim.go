@@ -46,6 +46,9 @@ type Config struct {
 	// MaxQueue and QueueTimeout are the admission bounds.
 	MaxQueue     int
 	QueueTimeout time.Duration
+	// MaxOvertake is the queue order's aging bound (admission.max_overtake);
+	// 0 takes scheduler.DefaultMaxOvertake.
+	MaxOvertake time.Duration
 	// ScrapeInterval is the telemetry interval; 0 means 1s.
 	ScrapeInterval time.Duration
 	// StaleAfter marks telemetry older than this stale in records.
@@ -81,6 +84,7 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		Weights:        &w,
 		MaxQueue:       rc.Admission.MaxQueue,
 		QueueTimeout:   rc.Admission.QueueTimeout,
+		MaxOvertake:    rc.Admission.MaxOvertake,
 		ScrapeInterval: rc.Telemetry.Interval,
 		StaleAfter:     rc.Telemetry.StaleAfter,
 		Alpha:          rc.Stats.Alpha,
@@ -309,6 +313,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		Weights:      w,
 		MaxQueue:     cfg.MaxQueue,
 		QueueTimeout: cfg.QueueTimeout,
+		MaxOvertake:  cfg.MaxOvertake,
 		StaleAfter:   cfg.StaleAfter,
 		Policy:       cfg.Policy,
 		Seed:         cfg.Seed,
@@ -584,6 +589,7 @@ func (r *run) finished(i int, at time.Time, sr sim.Result) {
 	rq.ended = true
 	r.tracker.Observe(r.workers[rq.worker].name, obs, at)
 	r.clock.now = at
+	rq.lease.Observe(sr.CompletionTokens)
 	rq.lease.Release()
 }
 

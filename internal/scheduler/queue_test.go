@@ -1,0 +1,467 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+)
+
+// bindLog records the order in which tickets are bound.
+type bindLog struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (b *bindLog) notify(name string) func(*Ticket) {
+	return func(t *Ticket) {
+		if l, _ := t.Result(); l != nil {
+			b.mu.Lock()
+			b.names = append(b.names, name)
+			b.mu.Unlock()
+		}
+	}
+}
+
+// serveAll releases each bound lease in turn until every ticket is done,
+// so the worker takes the queue one request at a time.
+func serveAll(t *testing.T, held *Lease, tickets []*Ticket) {
+	t.Helper()
+	held.Release()
+	for range tickets {
+		var next *Lease
+		for _, tk := range tickets {
+			if l, err := tk.Result(); tk.Done() && err == nil && !l.released.Load() {
+				next = l
+			}
+		}
+		if next == nil {
+			break
+		}
+		next.Release()
+	}
+	for i, tk := range tickets {
+		if !tk.Done() {
+			t.Fatalf("ticket %d never bound", i)
+		}
+	}
+}
+
+func TestScheduler_PriorityClassesWithAgingBound(t *testing.T) {
+	tests := []struct {
+		name string
+		// arrivals in order: name, class, seconds after the first
+		arrivals []struct {
+			name, class string
+			at          int
+		}
+		want []string
+	}{
+		{
+			name: "interactive overtakes batch",
+			arrivals: []struct {
+				name, class string
+				at          int
+			}{{"b1", "batch", 0}, {"b2", "batch", 1}, {"i1", "interactive", 2}, {"i2", "", 3}},
+			want: []string{"i1", "i2", "b1", "b2"},
+		},
+		{
+			name: "batch waiting past max_overtake is not overtaken",
+			arrivals: []struct {
+				name, class string
+				at          int
+			}{{"b1", "batch", 0}, {"i1", "interactive", 5}, {"i2", "interactive", 11}, {"b2", "batch", 12}},
+			// i1 came 5 s after b1 and may pass it; i2 came 11 s after
+			// b1 and may not. b2 then yields to i2, 1 s older than it.
+			want: []string{"i1", "b1", "i2", "b2"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Unix(1000, 0)
+			clock := &fakeClock{t: start}
+			s := newSched(t, Config{MaxQueue: 10, Clock: clock, MaxOvertake: 10 * time.Second}, workers(1, 1, "m")...)
+			held, _ := s.Submit(Request{Model: "m"}, nil).Result()
+			var log bindLog
+			var tickets []*Ticket
+			for _, a := range tt.arrivals {
+				clock.t = start.Add(time.Duration(a.at) * time.Second)
+				tickets = append(tickets, s.Submit(Request{Model: "m", Class: a.class}, log.notify(a.name)))
+			}
+			clock.t = start.Add(time.Minute)
+			serveAll(t, held, tickets)
+			if diff := cmp.Diff(tt.want, log.names); diff != "" {
+				t.Fatalf("bind order (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// One tenant's burst of large requests must not starve another tenant's
+// few small ones: fair share is by token cost, so B's requests, costing a
+// tenth of A's, go in before A's second.
+func TestScheduler_FairShareBetweenTenantsByTokenCost(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 200}, workers(1, 1, "m")...)
+	held, _ := s.Submit(Request{Model: "m", Tenant: "a", PromptTokens: 4000, MaxTokens: 100}, nil).Result()
+	var log bindLog
+	var tickets []*Ticket
+	for i := range 100 {
+		tickets = append(tickets, s.Submit(Request{Model: "m", Tenant: "a", PromptTokens: 4000, MaxTokens: 100}, log.notify(fmt.Sprint("a", i))))
+	}
+	for i := range 5 {
+		tickets = append(tickets, s.Submit(Request{Model: "m", Tenant: "b", PromptTokens: 300, MaxTokens: 100}, log.notify(fmt.Sprint("b", i))))
+	}
+	serveAll(t, held, tickets)
+	lastB := slices.Index(log.names, "b4")
+	aBefore := 0
+	for _, n := range log.names[:lastB] {
+		if strings.HasPrefix(n, "a") {
+			aBefore++
+		}
+	}
+	if aBefore > 1 {
+		t.Fatalf("%d of A's requests bound before B's last; want at most 1. Order: %v", aBefore, log.names[:lastB+1])
+	}
+}
+
+func TestScheduler_TenantWeightsShareByCost(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 200, TenantWeights: map[string]float64{"gold": 3}}, workers(1, 1, "m")...)
+	held, _ := s.Submit(Request{Model: "m"}, nil).Result()
+	var log bindLog
+	var tickets []*Ticket
+	for i := range 40 {
+		for _, tenant := range []string{"gold", "plain"} {
+			tickets = append(tickets, s.Submit(Request{Model: "m", Tenant: tenant, PromptTokens: 100, MaxTokens: 100}, log.notify(tenant)))
+			_ = i
+		}
+	}
+	serveAll(t, held, tickets)
+	gold := 0
+	for _, n := range log.names[:40] {
+		if n == "gold" {
+			gold++
+		}
+	}
+	if gold != 30 {
+		t.Fatalf("gold got %d of the first 40 binds, want 30 (weight 3 to 1)", gold)
+	}
+}
+
+// Within a tenant the cheapest request goes first, but a request is never
+// overtaken by one that arrived more than max_overtake after it.
+func TestScheduler_CheaperFirstWithAgingBound(t *testing.T) {
+	start := time.Unix(1000, 0)
+	clock := &fakeClock{t: start}
+	s := newSched(t, Config{MaxQueue: 10, Clock: clock, MaxOvertake: 10 * time.Second, ShortestFirst: true}, workers(1, 1, "m")...)
+	held, _ := s.Submit(Request{Model: "m"}, nil).Result()
+	var log bindLog
+	var tickets []*Ticket
+	for _, a := range []struct {
+		name   string
+		prompt int
+		at     time.Duration
+	}{
+		{"large", 5000, 0},
+		{"small1", 10, time.Second},
+		{"small2", 20, 9 * time.Second},
+		{"small3", 10, 11 * time.Second}, // arrived past the bound: may not pass large
+		{"small4", 10, 30 * time.Second},
+	} {
+		clock.t = start.Add(a.at)
+		tickets = append(tickets, s.Submit(Request{Model: "m", PromptTokens: a.prompt, MaxTokens: 10}, log.notify(a.name)))
+	}
+	serveAll(t, held, tickets)
+	if diff := cmp.Diff([]string{"small1", "small2", "large", "small3", "small4"}, log.names); diff != "" {
+		t.Fatalf("bind order (-want +got):\n%s", diff)
+	}
+}
+
+func TestScheduler_ArrivalOrderWithinTenantByDefault(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 10}, workers(1, 1, "m")...)
+	held, _ := s.Submit(Request{Model: "m"}, nil).Result()
+	var log bindLog
+	tickets := []*Ticket{
+		s.Submit(Request{Model: "m", PromptTokens: 5000}, log.notify("large")),
+		s.Submit(Request{Model: "m", PromptTokens: 10}, log.notify("small")),
+	}
+	serveAll(t, held, tickets)
+	if diff := cmp.Diff([]string{"large", "small"}, log.names); diff != "" {
+		t.Fatalf("bind order (-want +got):\n%s", diff)
+	}
+}
+
+func TestScheduler_RetriesStillGoFirst(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 10}, workers(1, 1, "m")...)
+	held, _ := s.Submit(Request{Model: "m"}, nil).Result()
+	var log bindLog
+	tickets := []*Ticket{
+		s.Submit(Request{Model: "m", PromptTokens: 1}, log.notify("cheap")),
+		s.Submit(Request{Model: "m", PromptTokens: 9000, Class: "batch", Attempt: 2}, log.notify("retry")),
+	}
+	serveAll(t, held, tickets)
+	if diff := cmp.Diff([]string{"retry", "cheap"}, log.names); diff != "" {
+		t.Fatalf("bind order (-want +got):\n%s", diff)
+	}
+}
+
+// The drain rate behind Retry-After is measured only while requests wait:
+// a release after an hour of idleness must not read as an hour per request.
+func TestScheduler_RetryAfterIgnoresIdleSpell(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	s := newSched(t, Config{MaxQueue: 3, Clock: clock, QueueTimeout: time.Hour}, workers(1, 1, "m")...)
+	held, queued := teachDrainRate(t, s, clock)
+	for _, tk := range queued {
+		s.Cancel(tk, ErrClientGone)
+	}
+	held.Release()
+	clock.t = clock.t.Add(time.Hour) // idle
+	l, _ := s.Submit(Request{Model: "m"}, nil).Result()
+	clock.t = clock.t.Add(4 * time.Second)
+	l.Release()
+	s.Submit(Request{Model: "m"}, nil)
+	for range 3 {
+		s.Submit(Request{Model: "m"}, nil)
+	}
+	_, err := s.Submit(Request{Model: "m"}, nil).Result()
+	var r *Refusal
+	if !errors.As(err, &r) || !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("err %v, want queue full", err)
+	}
+	if got, want := r.RetryAfter, 16*time.Second; got != want {
+		t.Fatalf("retry-after %v after an idle hour, want %v (the rate measured under backlog)", got, want)
+	}
+}
+
+func TestScheduler_UnknownModelsLeaveNoState(t *testing.T) {
+	t.Run("known fleet", func(t *testing.T) {
+		s := newSched(t, Config{MaxQueue: 5}, workers(1, 1, "m")...)
+		s.Submit(Request{Model: "m"}, nil) // the worker is busy: others would queue
+		for i := range 1000 {
+			if _, err := s.Submit(Request{Model: fmt.Sprint("junk-", i)}, nil).Result(); !errors.Is(err, ErrUnknownModel) {
+				t.Fatalf("err %v, want unknown model", err)
+			}
+		}
+		if n := len(s.queues); n != 0 {
+			t.Fatalf("%d queues after unknown models, want 0", n)
+		}
+	})
+	t.Run("queue deleted when it empties", func(t *testing.T) {
+		s := newSched(t, Config{MaxQueue: 5}, workers(1, 1, "m")...)
+		held, _ := s.Submit(Request{Model: "m"}, nil).Result()
+		tickets := []*Ticket{s.Submit(Request{Model: "m"}, nil), s.Submit(Request{Model: "m"}, nil)}
+		if n := len(s.queues); n != 1 {
+			t.Fatalf("%d queues with a backlog, want 1", n)
+		}
+		serveAll(t, held, tickets)
+		if n := len(s.queues); n != 0 {
+			t.Fatalf("%d queues once drained, want 0", n)
+		}
+	})
+	t.Run("discovery shares one budget", func(t *testing.T) {
+		src := newSource(Snapshot{}) // models not discovered yet
+		s := newSched(t, Config{MaxQueue: 4}, WorkerSpec{Name: "a", Source: src})
+		var tickets []*Ticket
+		for i := range 7 {
+			tickets = append(tickets, s.Submit(Request{Model: fmt.Sprint("maybe-", i)}, nil))
+		}
+		for i, tk := range tickets {
+			_, err := tk.Result()
+			if i < 4 && tk.Done() {
+				t.Fatalf("ticket %d refused within the budget: %v", i, err)
+			}
+			if i >= 4 && !errors.Is(err, ErrQueueFull) {
+				t.Fatalf("ticket %d: err %v, want queue full past the shared budget", i, err)
+			}
+		}
+		src.Set(Snapshot{Models: []string{"m"}})
+		s.Kick()
+		for i, tk := range tickets[:4] {
+			if _, err := tk.Result(); !errors.Is(err, ErrUnknownModel) {
+				t.Fatalf("ticket %d: err %v, want unknown model once discovered", i, err)
+			}
+		}
+		if n := len(s.queues); n != 0 {
+			t.Fatalf("%d queues left, want 0", n)
+		}
+	})
+}
+
+// Requests waiting for a model whose every worker went away fail fast with
+// no_healthy_worker when the fleet changes, instead of waiting out their
+// timeout.
+func TestScheduler_QueuedFailFastWhenNoWorkerLeft(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(s *Scheduler, src *mutableSource)
+	}{
+		{"worker down", func(s *Scheduler, src *mutableSource) {
+			src.Set(Snapshot{Health: HealthDown, HealthReason: "probe failed"})
+			s.Kick()
+		}},
+		{"worker draining", func(s *Scheduler, _ *mutableSource) { s.SetDraining("a", true) }},
+		{"worker removed", func(s *Scheduler, _ *mutableSource) { s.RemoveWorker("a") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := newSource(Snapshot{Health: HealthOK})
+			s := newSched(t, Config{MaxQueue: 5}, WorkerSpec{Name: "a", Models: []string{"m"}, MaxConcurrency: 1, Source: src},
+				WorkerSpec{Name: "b", Models: []string{"other"}, MaxConcurrency: 1})
+			held, _ := s.Submit(Request{Model: "m"}, nil).Result()
+			heldOther, _ := s.Submit(Request{Model: "other"}, nil).Result()
+			queued := []*Ticket{s.Submit(Request{Model: "m"}, nil), s.Submit(Request{Model: "m", Class: "batch"}, nil)}
+			other := s.Submit(Request{Model: "other"}, nil)
+			tt.change(s, src)
+			for i, tk := range queued {
+				var r *Refusal
+				if _, err := tk.Result(); !errors.As(err, &r) || r.Reason != "no_healthy_worker" {
+					t.Fatalf("queued %d: err %v, want no_healthy_worker", i, err)
+				}
+			}
+			if other.Done() {
+				t.Fatal("a request for a model still served was refused")
+			}
+			if got := s.QueueDepth("m"); got != 0 {
+				t.Fatalf("queue depth %d, want 0", got)
+			}
+			held.Release()
+			heldOther.Release()
+		})
+	}
+}
+
+func TestScheduler_DeadlineUnmeetableRefusedAtOnce(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	classes := []Class{{Name: "interactive", MaxQueueWait: 10 * time.Second}, {Name: "batch", Priority: 1}}
+	s := newSched(t, Config{MaxQueue: 10, Clock: clock, QueueTimeout: time.Hour, Classes: classes}, workers(1, 1, "m")...)
+	teachDrainRate(t, s, clock) // 64 tokens/s; the worker stays busy, two wait
+	// Each waiting request is 256 tokens, 4 s of drain: with 2 to 5 ahead
+	// the wait is at most twice the deadline, with 6 ahead it is 24 s.
+	for i := range 4 {
+		if tk := s.Submit(Request{Model: "m"}, nil); tk.Done() {
+			t.Fatalf("request %d refused: %v", i, tk.err)
+		}
+	}
+	_, err := s.Submit(Request{Model: "m"}, nil).Result()
+	var r *Refusal
+	if !errors.As(err, &r) || !errors.Is(err, ErrDeadlineUnmeetable) || r.Reason != "deadline_unmeetable" {
+		t.Fatalf("err %v, want deadline_unmeetable", err)
+	}
+	if got, want := r.RetryAfter, 14*time.Second; got != want {
+		t.Fatalf("retry-after %v, want %v (24 s predicted - 10 s deadline)", got, want)
+	}
+	if tk := s.Submit(Request{Model: "m", Class: "batch"}, nil); tk.Done() {
+		t.Fatalf("batch request, whose deadline is the hour-long queue timeout, refused: %v", tk.err)
+	}
+	if got, want := s.maxWait("interactive"), 10*time.Second; got != want {
+		t.Fatalf("interactive deadline %v, want %v", got, want)
+	}
+}
+
+func TestScheduler_RecordsClassTenantAndEstimate(t *testing.T) {
+	var mu sync.Mutex
+	var recs []*decisions.Record
+	s := newSched(t, Config{MaxQueue: 5, DefaultOutputTokens: 200, Recorder: func(r *decisions.Record) {
+		mu.Lock()
+		recs = append(recs, r)
+		mu.Unlock()
+	}}, workers(1, 4, "m")...)
+	l, err := s.Submit(Request{Model: "m", Tenant: "acme", Class: "batch", PromptTokens: 50}, nil).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Observe(80)
+	l.Release()
+	l2, _ := s.Submit(Request{Model: "m", PromptTokens: 50}, nil).Result()
+	l2.Release()
+	l3, _ := s.Submit(Request{Model: "m", PromptTokens: 50, MaxTokens: 10}, nil).Result()
+	l3.Release()
+	_, err = s.Submit(Request{Model: "m", Class: "urgent"}, nil).Result()
+	if !errors.Is(err, ErrUnknownClass) {
+		t.Fatalf("err %v, want unknown class", err)
+	}
+	type view struct {
+		Class, Tenant, Source, Outcome string
+		Expected                       int
+	}
+	var got []view
+	for _, r := range recs {
+		got = append(got, view{r.Class, r.Tenant, r.EstimateSource, r.Outcome, r.ExpectedOutputTokens})
+	}
+	want := []view{
+		{"batch", "acme", EstimateDefault, "bound", 200},
+		{"interactive", "", EstimateModel, "bound", 80},
+		{"interactive", "", EstimateMaxTokens, "bound", 10},
+		{"urgent", "", EstimateModel, "unknown_priority_class", 80},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("records (-want +got):\n%s", diff)
+	}
+}
+
+func TestEstimator_LearnsAndFallsBack(t *testing.T) {
+	e := estimator{def: 256}
+	est := func(r Request) string {
+		out, src := e.estimate(&r)
+		return fmt.Sprintf("%.0f %s", out, src)
+	}
+	small := Request{Model: "m", Tenant: "t", PromptTokens: 100}
+	if got, want := est(small), "256 default"; got != want {
+		t.Fatalf("before any sample: %s, want %s", got, want)
+	}
+	e.observe(&Request{Model: "m", Tenant: "other", PromptTokens: 100}, 40)
+	if got, want := est(small), "40 model"; got != want {
+		t.Fatalf("after another tenant's sample: %s, want %s", got, want)
+	}
+	for range 3 {
+		e.observe(&Request{Model: "m", Tenant: "t", PromptTokens: 120}, 10) // same bucket as 100: 64..127
+	}
+	if got, want := est(small), "10 bucket"; got != want {
+		t.Fatalf("after 3 samples in the bucket: %s, want %s", got, want)
+	}
+	large := Request{Model: "m", Tenant: "t", PromptTokens: 5000}
+	if got, want := est(large), "10 tenant"; got != want {
+		t.Fatalf("another bucket: %s, want %s", got, want)
+	}
+	capped := Request{Model: "m", Tenant: "new", MaxTokens: 5}
+	if got, want := est(capped), "5 max_tokens"; got != want {
+		t.Fatalf("capped: %s, want %s", got, want)
+	}
+	if got, want := est(Request{Model: "unseen"}), "256 default"; got != want {
+		t.Fatalf("unseen model: %s, want %s", got, want)
+	}
+}
+
+func TestScheduler_QueueDepthsByClass(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 10}, workers(1, 1, "m")...)
+	s.Submit(Request{Model: "m"}, nil)
+	s.Submit(Request{Model: "m"}, nil)
+	s.Submit(Request{Model: "m", Class: "batch"}, nil)
+	s.Submit(Request{Model: "m", Class: "batch", Tenant: "x"}, nil)
+	s.Submit(Request{Model: "m", Class: "batch", Attempt: 2, Exclude: []string{"nobody"}}, nil)
+	want := map[string]map[string]int{"m": {"interactive": 1, "batch": 3}}
+	if diff := cmp.Diff(want, s.QueueDepthsByClass()); diff != "" {
+		t.Fatalf("depths (-want +got):\n%s", diff)
+	}
+	if got := s.QueueDepth("m"); got != 4 {
+		t.Fatalf("depth %d, want 4", got)
+	}
+}
+
+func TestNew_RejectsBadClasses(t *testing.T) {
+	for _, cs := range [][]Class{
+		{{Name: ""}},
+		{{Name: "a"}, {Name: "a"}},
+		{{Name: "a", MaxQueueWait: -time.Second}},
+	} {
+		if _, err := New(Config{Classes: cs}); err == nil {
+			t.Errorf("classes %+v accepted", cs)
+		}
+	}
+}
