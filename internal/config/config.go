@@ -428,6 +428,11 @@ func (c *Config) Validate() error {
 			bad(key+".max_queue_wait", "negative (%v); 0 takes admission.queue_timeout", cl.MaxQueueWait)
 		}
 	}
+	for i, k := range c.Auth.Keys {
+		if _, ok := classSeen[k.Class]; k.Class != "" && !ok {
+			bad(fmt.Sprintf("auth.keys[%d].class", i), "%q is not one of admission.classes", k.Class)
+		}
+	}
 	for name, w := range c.Admission.TenantWeights {
 		if w <= 0 {
 			bad("admission.tenant_weights."+name, "must be positive, got %v", w)

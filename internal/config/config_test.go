@@ -44,6 +44,27 @@ func TestParse_DefaultsFillWhatIsLeftOut(t *testing.T) {
 	}
 }
 
+func TestParse_AdmissionClasses(t *testing.T) {
+	cfg, err := Parse(strings.NewReader("workers: [{name: a, url: 'http://h:1'}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Admission.Classes; len(got) != 2 || got[0].Name != "interactive" || got[1].Name != "batch" {
+		t.Fatalf("default classes %+v, want interactive then batch", got)
+	}
+	cfg, err = Parse(strings.NewReader("workers: [{name: a, url: 'http://h:1'}]\nadmission:\n  classes: [{name: bulk, priority: 5, max_queue_wait: 2m}]\n  tenant_weights: {acme: 2}\n  max_overtake: 3s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := cfg.Admission
+	if len(a.Classes) != 1 || a.Classes[0].Name != "bulk" || a.Classes[0].Priority != 5 || a.Classes[0].MaxQueueWait != 2*time.Minute {
+		t.Errorf("classes %+v, want only bulk", a.Classes)
+	}
+	if a.TenantWeights["acme"] != 2 || a.MaxOvertake != 3*time.Second {
+		t.Errorf("tenant weights %v, max_overtake %v", a.TenantWeights, a.MaxOvertake)
+	}
+}
+
 func TestParse_BadConfigsNameTheKey(t *testing.T) {
 	tests := []struct {
 		name, yaml string
@@ -69,6 +90,12 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 		{"prefix without redis", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: s.db, redis_prefix: x}", []string{"stats.redis_prefix", "not a Redis URL"}},
 		{"shared redis", "workers: [{name: a, url: 'http://h:1'}]\nshared: {redis: 'redis://h:1/x'}", []string{"shared.redis", "invalid database"}},
 		{"shared replica", "workers: [{name: a, url: 'http://h:1'}]\nshared: {redis: 'redis://h:1/0', replica: 'a b', lease_ttl: 10ms, replicas: 0}", []string{"shared.replica", "shared.lease_ttl", "shared.replicas"}},
+		{"duplicate class", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {classes: [{name: x}, {name: x}]}", []string{"admission.classes[1].name: duplicate class"}},
+		{"no classes", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {classes: []}", []string{"admission.classes: at least one"}},
+		{"negative class wait", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {classes: [{name: x, max_queue_wait: -1s}]}", []string{"admission.classes[0].max_queue_wait"}},
+		{"tenant weight", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {tenant_weights: {acme: 0}}", []string{"admission.tenant_weights.acme: must be positive"}},
+		{"zero overtake", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {max_overtake: 0s}", []string{"admission.max_overtake: must be positive"}},
+		{"key class", "workers: [{name: a, url: 'http://h:1'}]\nauth: {keys: [{key_sha256: '0000000000000000000000000000000000000000000000000000000000000000', tenant: t, class: gold}]}", []string{"auth.keys[0].class", "gold"}},
 		{"several at once", "workers: [{name: '', url: ''}]\nweights: {gpu_util: -2}", []string{"workers[0].name: missing", "workers[0].url: missing", "weights.gpu_util"}},
 	}
 	for _, tt := range tests {

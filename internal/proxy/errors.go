@@ -57,8 +57,11 @@ func StatusOf(err error) int {
 	switch {
 	case errors.Is(err, scheduler.ErrQueueFull):
 		return http.StatusTooManyRequests
-	case errors.Is(err, scheduler.ErrQueueTimeout), errors.Is(err, scheduler.ErrNoHealthyWorker), errors.Is(err, scheduler.ErrClosed):
+	case errors.Is(err, scheduler.ErrQueueTimeout), errors.Is(err, scheduler.ErrNoHealthyWorker), errors.Is(err, scheduler.ErrClosed),
+		errors.Is(err, scheduler.ErrDeadlineUnmeetable):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, scheduler.ErrUnknownClass):
+		return http.StatusBadRequest
 	case errors.Is(err, scheduler.ErrUnknownModel):
 		return http.StatusNotFound
 	case errors.Is(err, scheduler.ErrClientGone):

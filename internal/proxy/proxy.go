@@ -202,6 +202,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 	}
 	req.Prefix = prefix.FromBody(body, prefix.BlockBytes) // where its prompt prefix may be cached
 	res.PromptTokens = p.promptTokens
+	req.Class = h.opt.Scheduler.RequestedClass(req.Class, r.Header.Get("X-Sluice-Priority"))
 	var lastErr error
 	for ; req.Attempt <= h.opt.MaxAttempts; req.Attempt++ {
 		lease, err := h.opt.Scheduler.Admit(r.Context(), req)
@@ -344,6 +345,9 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		}
 		if h.opt.Observer != nil {
 			h.opt.Observer.Observe(lease.Worker, o, time.Now())
+		}
+		if m.tokens > 0 {
+			lease.Observe(m.tokens) // teaches the scheduler's output estimate
 		}
 	}
 	return true, nil

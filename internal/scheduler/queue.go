@@ -438,6 +438,26 @@ func (s *Scheduler) classOf(name string) (int, bool) {
 	return 0, false
 }
 
+// RequestedClass returns the class a request runs in when its API key
+// grants the class granted (empty: the default) and the request asks for
+// asked (the X-Sluice-Priority header; empty: no ask). A client may lower
+// its priority, never raise it above its key's: an ask for a higher class
+// gets the granted one. An unknown ask is returned as is, for admission to
+// refuse with ErrUnknownClass.
+func (s *Scheduler) RequestedClass(granted, asked string) string {
+	if asked == "" {
+		return granted
+	}
+	a, ok := s.classOf(asked)
+	if !ok {
+		return asked
+	}
+	if g, ok := s.classOf(granted); ok && s.classes[a].Priority < s.classes[g].Priority {
+		return granted
+	}
+	return asked
+}
+
 // maxWait returns the queueing deadline of the named class.
 func (s *Scheduler) maxWait(class string) time.Duration {
 	if i, ok := s.classOf(class); ok && s.classes[i].MaxQueueWait > 0 {

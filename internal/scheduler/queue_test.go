@@ -465,3 +465,20 @@ func TestNew_RejectsBadClasses(t *testing.T) {
 		}
 	}
 }
+
+func TestScheduler_RequestedClassNeverRaisesPriority(t *testing.T) {
+	s := newSched(t, Config{}, workers(1, 1, "m")...)
+	tests := []struct{ granted, asked, want string }{
+		{"", "", ""},
+		{"", "batch", "batch"},
+		{"batch", "interactive", "batch"},
+		{"batch", "", "batch"},
+		{"interactive", "batch", "batch"},
+		{"batch", "urgent", "urgent"}, // refused by admission as unknown
+	}
+	for _, tt := range tests {
+		if got := s.RequestedClass(tt.granted, tt.asked); got != tt.want {
+			t.Errorf("RequestedClass(%q, %q) = %q, want %q", tt.granted, tt.asked, got, tt.want)
+		}
+	}
+}

@@ -40,6 +40,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -527,7 +528,11 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 	cls, ok := s.classOf(t.req.Class)
 	if !ok {
 		_, rec := s.pickLocked(t.req, now, true)
-		s.refuseWithLocked(t, rec, ErrUnknownClass)
+		names := make([]string, len(s.classes))
+		for i, c := range s.classes {
+			names[i] = c.Name
+		}
+		s.refuseWithLocked(t, rec, fmt.Errorf("%w %q (configured: %s)", ErrUnknownClass, t.req.Class, strings.Join(names, ", ")))
 		return []*Ticket{t}
 	}
 	t.cls, t.req.Class = cls, s.classes[cls].Name
