@@ -439,13 +439,15 @@ func TestEstimator_LearnsAndFallsBack(t *testing.T) {
 }
 
 func TestScheduler_QueueDepthsByClass(t *testing.T) {
-	s := newSched(t, Config{MaxQueue: 10}, workers(1, 1, "m")...)
+	s := newSched(t, Config{MaxQueue: 10}, append(workers(1, 1, "m"), WorkerSpec{Name: "x", Models: []string{"idle"}, MaxConcurrency: 4})...)
 	s.Submit(Request{Model: "m"}, nil)
 	s.Submit(Request{Model: "m"}, nil)
 	s.Submit(Request{Model: "m", Class: "batch"}, nil)
 	s.Submit(Request{Model: "m", Class: "batch", Tenant: "x"}, nil)
 	s.Submit(Request{Model: "m", Class: "batch", Attempt: 2, Exclude: []string{"nobody"}}, nil)
-	want := map[string]map[string]int{"m": {"interactive": 1, "batch": 3}}
+	s.Submit(Request{Model: "idle"}, nil) // bound: nothing waits for it
+	// A served model is listed with zeros, so its gauges stay put.
+	want := map[string]map[string]int{"m": {"interactive": 1, "batch": 3}, "idle": {"interactive": 0, "batch": 0}}
 	if diff := cmp.Diff(want, s.QueueDepthsByClass()); diff != "" {
 		t.Fatalf("depths (-want +got):\n%s", diff)
 	}

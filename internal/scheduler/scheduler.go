@@ -712,37 +712,54 @@ func (s *Scheduler) QueueDepth(model string) int {
 	return 0
 }
 
-// QueueDepths returns the depth of every model's queue that has requests
-// waiting.
+// QueueDepths returns how many requests wait for each model: every model a
+// worker serves (0 when none wait), and any other with requests waiting.
 func (s *Scheduler) QueueDepths() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[string]int, len(s.queues))
+	s.servedLocked(func(m string) { out[m] = 0 })
 	for m, q := range s.queues {
 		out[m] = q.n
 	}
 	return out
 }
 
-// QueueDepthsByClass returns, for every model with requests waiting, how
-// many wait in each priority class (retries counted in their class).
+// QueueDepthsByClass returns, for the models of QueueDepths, how many
+// requests wait in each priority class (retries counted in their class).
 func (s *Scheduler) QueueDepthsByClass() map[string]map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[string]map[string]int, len(s.queues))
-	for m, q := range s.queues {
-		by := map[string]int{}
-		for i, cq := range q.classes {
-			if cq.n > 0 {
-				by[s.classes[i].Name] += cq.n
-			}
-		}
-		for _, t := range q.retries {
-			by[s.classes[t.cls].Name]++
+	zero := func(m string) {
+		by := make(map[string]int, len(s.classes))
+		for _, c := range s.classes {
+			by[c.Name] = 0
 		}
 		out[m] = by
 	}
+	s.servedLocked(zero)
+	for m, q := range s.queues {
+		if out[m] == nil {
+			zero(m)
+		}
+		for i, cq := range q.classes {
+			out[m][s.classes[i].Name] += cq.n
+		}
+		for _, t := range q.retries {
+			out[m][s.classes[t.cls].Name]++
+		}
+	}
 	return out
+}
+
+// servedLocked calls fn for every model some worker serves.
+func (s *Scheduler) servedLocked(fn func(model string)) {
+	for _, w := range s.workers {
+		for _, m := range w.models(w.snapshot()) {
+			fn(m)
+		}
+	}
 }
 
 // Classes returns the priority classes in priority order.
