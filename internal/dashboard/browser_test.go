@@ -242,3 +242,37 @@ func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
 		t.Errorf("page counts %d 429s, the clients saw %d", got, st[429])
 	}
 }
+
+// TestDashboard_PagesAFleetOfHundreds checks that a large fleet comes a
+// page of cards at a time, that paging, sorting and filtering work in the
+// page, and that the charts still show the busiest few workers only.
+func TestDashboard_PagesAFleetOfHundreds(t *testing.T) {
+	const idle = 299
+	ctx := newBrowser(t, 1400, 1000)
+	r := startRouter(t, 1, 5, func(c *config.Config) {
+		c.Telemetry.Interval = time.Second
+		for i := range idle {
+			// Nothing listens on port 1: these workers go down.
+			c.Workers = append(c.Workers, config.Worker{Name: fmt.Sprintf("idle-%03d", i), URL: "http://127.0.0.1:1",
+				Kind: "llamacpp", Models: c.Workers[0].Models})
+		}
+	})
+	if err := do(ctx, chromedp.Navigate(r.url+"/")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "the first page", `document.getElementById("page-info").textContent === "1–24 of 300" && document.querySelectorAll("#cards .card").length === 24`)
+	waitJS[bool](t, ctx, "the fleet counted whole", `document.getElementById("sum-workers").textContent === "300"`)
+	if err := do(ctx, chromedp.Click("#next")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "the second page", `document.getElementById("page-info").textContent === "25–48 of 300" && document.querySelector("#cards .card").dataset.worker === "idle-023"`)
+	if err := do(ctx, chromedp.SetValue("#sort", "trouble"), chromedp.Evaluate[chromedp.Void](`document.getElementById("sort").dispatchEvent(new Event("change"))`)); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "trouble first, back on page one", `document.getElementById("page-info").textContent === "1–24 of 300" && document.querySelector("#cards .card").dataset.health !== "ok"`)
+	if err := do(ctx, chromedp.SendKeys("#filter", "gpu-")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "the filter", `document.getElementById("page-info").textContent === "1–1 of 1" && document.querySelector("#cards .card").dataset.worker === "gpu-0"`)
+	waitJS[bool](t, ctx, "a bounded concurrency chart", `document.querySelectorAll("#lg-conc span").length === 8`)
+}
