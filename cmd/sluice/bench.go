@@ -16,10 +16,10 @@ import (
 	"github.com/sluice-router/sluice/internal/bench"
 )
 
-// runBench dispatches `sluice bench <run|compare>`.
+// runBench dispatches `sluice bench <run|compare|plan>`.
 func runBench(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: sluice bench run|compare [flags] (run 'sluice bench run -h')")
+		return errors.New("usage: sluice bench run|compare|plan [flags] (run 'sluice bench run -h')")
 	}
 	switch args[0] {
 	case "run":
@@ -29,10 +29,10 @@ func runBench(args []string) error {
 	case "plan":
 		return benchPlan(args[1:])
 	case "-h", "--help", "help":
-		fmt.Fprintln(os.Stderr, "usage: sluice bench run|compare [flags]")
+		fmt.Fprintln(os.Stderr, "usage: sluice bench run|compare|plan [flags]")
 		return flag.ErrHelp
 	}
-	return fmt.Errorf("unknown bench subcommand %q: want run or compare", args[0])
+	return fmt.Errorf("unknown bench subcommand %q: want run, compare or plan", args[0])
 }
 
 // benchRun runs one open-loop benchmark and writes its table, JSON and CSV.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	_ "embed"
 	"errors"
 	"flag"
 	"fmt"
@@ -23,8 +24,16 @@ import (
 	"github.com/sluice-router/sluice/internal/vsim"
 )
 
-// defaultTrace is the shared Azure conversation trace, used when present.
-const defaultTrace = "../shared/traces/AzureLLMInferenceTrace_conv.csv"
+// builtinTrace is the load of --trace auto: the first 2,000 rows of the
+// Azure LLM inference trace (conversation, 2023; CC BY 4.0, see
+// testdata/README.md), built into the binary so a clean clone and an
+// installed binary replay the same requests.
+//
+//go:embed testdata/azure_conv_2000.csv
+var builtinTrace []byte
+
+// builtinTraceName says which load --trace auto is, in output and reports.
+const builtinTraceName = "built-in trace: first 2,000 rows of the Azure LLM inference trace 2023, conversation (CC BY 4.0)"
 
 // compareOpts are the flags of `sluice bench compare`.
 type compareOpts struct {
@@ -65,7 +74,7 @@ func benchCompare(args []string) error {
 	var o compareOpts
 	var loads, policies string
 	fs.BoolVar(&o.virtual, "virtual", false, "simulate in virtual time (internal/vsim) instead of real HTTP; fast")
-	fs.StringVar(&o.trace, "trace", "auto", "trace file; \"auto\" uses "+defaultTrace+" when present, \"synthetic\" a generated load, \"synthetic-chat\" generated multi-turn conversations")
+	fs.StringVar(&o.trace, "trace", "auto", "trace file; \"auto\" uses the built-in trace (first 2,000 rows of the Azure LLM inference trace), \"synthetic\" a generated load, \"synthetic-chat\" generated multi-turn conversations")
 	fs.IntVar(&o.limit, "limit", 2000, "trace rows (or synthetic requests) per load")
 	fs.IntVar(&o.offset, "offset", 0, "skip this many trace rows")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of synthetic loads and of the random baselines")
@@ -158,10 +167,10 @@ func parsePolicies(s string) ([]scheduler.Policy, error) {
 func baseItems(o compareOpts) ([]bench.Item, string, error) {
 	path := o.trace
 	if path == "auto" {
-		path = "synthetic"
-		if _, err := os.Stat(defaultTrace); err == nil {
-			path = defaultTrace
-		}
+		items, err := bench.ParseTrace(bytes.NewReader(builtinTrace), "azure_conv_2000.csv", bench.TraceOptions{Offset: o.offset, Limit: o.limit, Seed: o.seed})
+		desc := fmt.Sprintf("%s, rows %d..%d", builtinTraceName, o.offset+1, o.offset+len(items))
+		fmt.Fprintf(os.Stderr, "load: %s (--trace FILE for another)\n", desc)
+		return items, desc, err
 	}
 	if path == "synthetic" {
 		items, err := bench.Synthesize(bench.Synthetic{Arrivals: bench.Arrivals{Rate: 1}, Count: o.limit, Seed: o.seed})
@@ -356,7 +365,7 @@ func writeGoals(md *bytes.Buffer, sc scenario, runs []bench.NamedRun, virtual bo
 func benchPlan(args []string) error {
 	fs := flag.NewFlagSet("sluice bench plan", flag.ContinueOnError)
 	var (
-		trace     = fs.String("trace", "auto", "trace file or decision log; \"auto\" uses "+defaultTrace+" when present, \"synthetic\" a generated load")
+		trace     = fs.String("trace", "auto", "trace file or decision log; \"auto\" uses the built-in trace (first 2,000 rows of the Azure LLM inference trace), \"synthetic\" a generated load")
 		limit     = fs.Int("limit", 0, "trace rows (0 = all; synthetic: 2000)")
 		offset    = fs.Int("offset", 0, "skip this many trace rows")
 		rate      = fs.Float64("rate", 0, "rescale arrivals to this mean rate in req/s (0 = as recorded)")
@@ -382,7 +391,7 @@ func benchPlan(args []string) error {
 		sp = append(sp, v)
 	}
 	n := *limit
-	if n == 0 && (*trace == "synthetic" || (*trace == "auto" && !exists(defaultTrace))) {
+	if n == 0 && *trace == "synthetic" {
 		n = 2000
 	}
 	items, load, err := baseItems(compareOpts{trace: *trace, limit: n, offset: *offset, seed: *seed})
@@ -410,9 +419,4 @@ func benchPlan(args []string) error {
 	}
 	fmt.Printf("\nsmallest fleet meeting the goal: %d workers\n", res.Workers)
 	return nil
-}
-
-func exists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
 }

@@ -70,3 +70,17 @@ func TestParseLoadsAndPolicies(t *testing.T) {
 		t.Fatal("parsePolicies accepted a duplicate")
 	}
 }
+
+func TestBaseItems_AutoIsTheBuiltInTrace(t *testing.T) {
+	items, desc, err := baseItems(compareOpts{trace: "auto", limit: 2000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != 2000 || !strings.Contains(desc, "built-in trace") || !strings.Contains(desc, "rows 1..2000") {
+		t.Fatalf("%d items, load %q: want the 2,000 built-in rows, named", len(items), desc)
+	}
+	// The first row of the Azure conversation trace: 374 prompt, 44 output tokens.
+	if items[0].PromptTokens != 374 || items[0].OutputTokens != 44 {
+		t.Fatalf("first item %+v, want the trace's first row (374, 44)", items[0])
+	}
+}

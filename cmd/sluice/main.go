@@ -20,7 +20,7 @@ var subcommands = map[string]struct {
 	"serve":   {runServe, "run the router (sluice serve --config sluice.yaml)"},
 	"sim":     {runSim, "run simulated llama-server workers"},
 	"demo":    {runDemo, "start a simulated fleet and the router in front of it"},
-	"bench":   {runBench, "measure latency predictability (bench run | bench compare)"},
+	"bench":   {runBench, "measure latency predictability (bench run | bench compare | bench plan)"},
 	"config":  {runConfig, "validate a config file without starting (config check --config FILE)"},
 	"version": {runVersion, "print the version and build details"},
 }
