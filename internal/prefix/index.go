@@ -22,6 +22,9 @@ type Options struct {
 	// Capacity bounds the blocks remembered per worker and model; the
 	// least recently recorded are forgotten first.
 	Capacity int
+	// WorkerCapacity overrides Capacity per worker name: a worker with a
+	// smaller KV cache keeps fewer blocks.
+	WorkerCapacity map[string]int
 	// TTL forgets blocks not recorded again for this long.
 	TTL time.Duration
 	// Now tells the time; time.Now when nil. Tests and the virtual-time
@@ -34,9 +37,10 @@ type Options struct {
 // model, each forgotten after TTL. It is safe for concurrent use (one
 // mutex; every call is short and calls nothing outside).
 type Index struct {
-	capacity int
-	ttl      time.Duration
-	now      func() time.Time
+	capacity  int
+	perWorker map[string]int
+	ttl       time.Duration
+	now       func() time.Time
 
 	mu     sync.Mutex
 	caches map[cacheKey]*lru
@@ -55,7 +59,7 @@ func NewIndex(o Options) *Index {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Index{capacity: o.Capacity, ttl: o.TTL, now: o.Now, caches: map[cacheKey]*lru{}}
+	return &Index{capacity: o.Capacity, perWorker: o.WorkerCapacity, ttl: o.TTL, now: o.Now, caches: map[cacheKey]*lru{}}
 }
 
 // Match returns the fraction of hashes, counted from the first, that
@@ -96,7 +100,11 @@ func (x *Index) Record(model string, hashes []uint64, worker string) {
 	k := cacheKey{model, worker}
 	c := x.caches[k]
 	if c == nil {
-		c = newLRU(x.capacity)
+		capacity := x.capacity
+		if n, ok := x.perWorker[worker]; ok && n > 0 {
+			capacity = n
+		}
+		c = newLRU(capacity)
 		x.caches[k] = c
 	}
 	now := x.now()

@@ -291,3 +291,19 @@ func BenchmarkIndex_Record(b *testing.B) {
 		i++
 	}
 }
+
+func TestIndex_WorkerCapacity(t *testing.T) {
+	x := NewIndex(Options{Capacity: 8, WorkerCapacity: map[string]int{"small": 2}})
+	conv := []uint64{1, 2, 3, 4}
+	x.Record("m", conv, "big")
+	x.Record("m", conv, "small")
+	if got, want := x.Len("m", "big"), 4; got != want {
+		t.Errorf("big worker remembers %d blocks, want %d", got, want)
+	}
+	if got, want := x.Len("m", "small"), 2; got != want {
+		t.Errorf("small worker remembers %d blocks, want its capacity %d", got, want)
+	}
+	if got, want := x.Match("m", conv, "small"), 0.5; got != want {
+		t.Errorf("Match on the small worker = %v, want %v (its first two blocks)", got, want)
+	}
+}

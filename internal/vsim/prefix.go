@@ -9,8 +9,7 @@ import (
 
 // prefixIndex returns the router's prefix index for a run, or nil when no
 // item carries prefix hashes. It remembers, per worker, as many blocks as
-// the largest worker's KV cache holds in the load's smallest block size
-// (one capacity for every worker, as the router has).
+// the worker's KV cache holds in the load's smallest block size.
 func prefixIndex(workers []sim.WorkerSpec, items []bench.Item, clock *vclock) scheduler.PrefixIndex {
 	block := 0
 	for _, it := range items {
@@ -21,9 +20,9 @@ func prefixIndex(workers []sim.WorkerSpec, items []bench.Item, clock *vclock) sc
 	if block == 0 {
 		return nil
 	}
-	kv := 0
+	per := make(map[string]int, len(workers))
 	for _, w := range workers {
-		kv = max(kv, w.Params.KVTokens)
+		per[w.Name] = max(w.Params.KVTokens/block, 1)
 	}
-	return prefix.NewIndex(prefix.Options{Capacity: max(kv/block, 1), Now: clock.Now})
+	return prefix.NewIndex(prefix.Options{WorkerCapacity: per, Now: clock.Now})
 }
