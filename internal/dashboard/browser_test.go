@@ -4,16 +4,22 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/dashboard"
+	"github.com/sluice-router/sluice/internal/proxy"
+	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
 // findBrowser returns a Chromium or Chrome binary: $SLUICE_CHROME, else the
@@ -275,4 +281,70 @@ func TestDashboard_PagesAFleetOfHundreds(t *testing.T) {
 	}
 	waitJS[bool](t, ctx, "the filter", `document.getElementById("page-info").textContent === "1–1 of 1" && document.querySelector("#cards .card").dataset.worker === "gpu-0"`)
 	waitJS[bool](t, ctx, "a bounded concurrency chart", `document.querySelectorAll("#lg-conc span").length === 8`)
+}
+
+// TestDashboard_ShowsLimitReasonAndSendsToken serves the page's own
+// assets with a canned overview: the page must render fields the
+// scheduler may report beyond today's (where a worker's limit came from
+// and why), and send an admin token given as #token=… on every call
+// without leaving it in the address bar.
+func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
+	ctx := newBrowser(t, 1200, 900)
+	d := dashboard.New(dashboard.Options{Workers: func() []scheduler.WorkerState { return nil }})
+	const token = "s3cret-token"
+	var unauth atomic.Int64
+	needToken := func(h http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") != "Bearer "+token {
+				unauth.Add(1)
+				proxy.WriteError(w, http.StatusUnauthorized, "invalid_admin_token", "admin routes need Authorization: Bearer <admin token>")
+				return
+			}
+			h(w, r)
+		}
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", d.Index)
+	mux.Handle("GET /dashboard/", d.Assets())
+	mux.HandleFunc("GET /api/overview", needToken(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"now":1,"interval_ms":1000,"latency_window_s":10,"window":300,"seq":1,
+			"samples":[{"seq":1,"t":1,"queued":0,"active":3,"limit":6,"healthy":1,"admitted":1,"ok":1,"r429":0,"r503":0,"failed":0,"tokens":9}],
+			"fleet":{"workers":1,"health":{"ok":1},"draining":0,"active":3,"limit":6,"queued":0},"queues":{"m":0},
+			"totals":{"admitted":1,"ok":1,"r429":0,"r503":0,"failed":0,"tokens":9},
+			"page":{"offset":0,"limit":24,"total":1,"sort":"config"},
+			"workers":[{"name":"gpu-a","health":"ok","draining":false,"models":["m"],"active":3,"limit":6,
+				"limit_source":"learned","limit_reason":"TTFT rose past its goal above 6 in flight","sluice_queue":0,"averages":{},"spark":[3]}],
+			"busiest":[{"name":"gpu-a","limit":6,"active":[3]}]}`)
+	}))
+	mux.HandleFunc("GET /debug/decisions", needToken(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"decisions":[]}`)
+	}))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	// Without the token the page says what it needs.
+	if err := do(ctx, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "a banner asking for the token", `/admin token/.test(document.getElementById("banner").textContent) && !document.getElementById("banner").hidden`)
+
+	if err := do(ctx, chromedp.Navigate(srv.URL+"/#token="+token)); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "the card with its limit's source and reason", `(() => { const n = document.querySelector('#cards .card[data-worker="gpu-a"] .limitnote'); return n && /limit 6 · learned — TTFT rose past its goal above 6 in flight/.test(n.textContent); })()`)
+	waitJS[bool](t, ctx, "the banner gone", `document.getElementById("banner").hidden`)
+	if loc := waitJS[string](t, ctx, "location", `location.href`); strings.Contains(loc, token) {
+		t.Errorf("the token stays in the address bar: %s", loc)
+	}
+	before := unauth.Load()
+	waitJS[bool](t, ctx, "polling goes on", `document.getElementById("live-text").textContent === "live"`)
+	if err := do(ctx, chromedp.Reload()); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "the tab remembers the token", `document.querySelector('#cards .card[data-worker="gpu-a"]') !== null && document.getElementById("banner").hidden`)
+	if n := unauth.Load() - before; n != 0 {
+		t.Errorf("%d calls went without the token after it was given", n)
+	}
 }

@@ -40,8 +40,9 @@ const state = {
 };
 
 // An admin token, when the router wants one, comes from #token=… or
-// ?token=… once and is kept for the tab, not in the address bar.
-(function takeToken() {
+// ?token=… once and is kept for the tab, not in the address bar. A
+// fragment typed into an open tab does not reload it: hashchange.
+function takeToken() {
   const h = new URLSearchParams(location.hash.slice(1));
   const q = new URLSearchParams(location.search);
   const t = h.get("token") || q.get("token");
@@ -50,7 +51,9 @@ const state = {
     history.replaceState(null, "", location.pathname);
   }
   state.token = sessionStorage.getItem("sluice-token") || "";
-})();
+}
+takeToken();
+window.addEventListener("hashchange", takeToken);
 
 const $ = (id) => document.getElementById(id);
 
