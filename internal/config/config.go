@@ -162,6 +162,10 @@ type Admission struct {
 	// overtaken by a higher class, or by a cheaper request of its tenant,
 	// that arrived more than this after it.
 	MaxOvertake time.Duration `yaml:"max_overtake"`
+	// ShortestFirst orders each tenant's requests cheapest first (prompt
+	// plus expected output tokens), bounded by MaxOvertake; off, they go
+	// in arrival order.
+	ShortestFirst bool `yaml:"shortest_first"`
 }
 
 // Stats configures the moving averages.

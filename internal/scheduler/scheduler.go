@@ -4,8 +4,8 @@
 // max_concurrency) with a weighted sum of terms — active requests dominate,
 // throughput is a reward, KV pressure and GPU load are visible — and the
 // lowest score wins. When no worker has room the request waits in a bounded
-// per-model queue, oldest first, and is bound to whichever worker frees
-// first (late binding). Picking and reserving are one step under one lock,
+// per-model queue, in priority and fair-share order (see queue), and is
+// bound to whichever worker frees first (late binding). Picking and reserving are one step under one lock,
 // so four requests arriving together at four idle workers land one per
 // worker, with no randomness: ties go to the least recently picked worker,
 // then to the worker listed first.
@@ -17,19 +17,37 @@
 // # Concurrency Model
 //
 // A Scheduler is safe for concurrent use. One mutex guards all admission
-// state: per-worker in-flight counts and outstanding cost, the queues, and
-// the pick sequence. Telemetry is read from each worker's Source, which
+// state: per-worker in-flight counts and outstanding cost, the queues, the
+// drain rates, the output estimator and the pick sequence. Telemetry is read from each worker's Source, which
 // returns an immutable snapshot without blocking, and measured averages
 // from a StatsReader; neither is written here. Callbacks (Recorder, a
 // ticket's notify) run after the lock is released.
 //
 // # Request Lifecycle and Ownership
 //
-// Submit creates a Ticket. A ticket ends exactly once: bound to a Lease or
-// refused with a *Refusal. Cancel refuses a ticket only if it is still
-// queued and reports whether it did; if the ticket was bound first, its
-// lease belongs to the caller, who must Release it. Releasing the lease is
-// the only way a reservation is given back, and Release is idempotent.
+// Submit creates a Ticket for a request of a priority class (the default
+// when it names none; an unknown class is refused) and a tenant. If its
+// model's queue is empty and a worker has room, the ticket is bound at
+// once. Otherwise it is refused when waiting is pointless (nobody serves
+// the model, or every worker that does is down), when the queue is full,
+// or when the work queued ahead of it, at the rate the queue drains, would
+// keep it waiting past twice its class's deadline (deadline_unmeetable);
+// else it waits. Whenever a worker frees, the queue's head is placed:
+// retries first; then the highest class, except that no request is
+// overtaken by a higher class arriving more than MaxOvertake after it;
+// within a class the tenant with the lowest start-time fair-queueing tag
+// (shares by token cost and tenant weight); within a tenant arrival order,
+// or cheapest first within MaxOvertake with ShortestFirst.
+//
+// A ticket ends exactly once: bound to a Lease or refused with a *Refusal.
+// Cancel refuses a ticket only if it is still queued and reports whether
+// it did; if the ticket was bound first, its lease belongs to the caller,
+// who must Release it. A queued ticket is also refused when the fleet
+// changes (Kick, SetDraining, RemoveWorker) so that nobody left can serve
+// it. Lease.Observe, before Release, tells the scheduler how many tokens
+// the answer produced: it teaches the output estimate and the drain rate.
+// Releasing the lease is the only way a reservation is given back, and
+// Release is idempotent. A model's queue exists only while requests wait.
 package scheduler
 
 import (
@@ -593,9 +611,9 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 // predicted wait must be before it is refused at once. The prediction is
 // noisy: in the virtual-time simulation at 90% of capacity (vsim's
 // synthetic load of TestCapacity_ScalesWithSpeedAndSlots), requests
-// predicted to wait 25-30 s waited 13-19 s. Refusing at twice the
-// deadline sheds load that would time out while keeping work that would
-// have made it.
+// predicted to wait 20-30 s waited 17-19 s on average. Refusing at twice
+// the deadline sheds load that would time out while keeping work that
+// would have made it.
 const deadlineMargin = 2
 
 // predictedWaitLocked predicts how long t would wait in q: the work that

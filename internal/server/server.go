@@ -125,6 +125,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Classes:       cfg.Admission.Classes,
 		TenantWeights: cfg.Admission.TenantWeights,
 		MaxOvertake:   cfg.Admission.MaxOvertake,
+		ShortestFirst: cfg.Admission.ShortestFirst,
 		StaleAfter:    cfg.Telemetry.StaleAfter,
 		Policy:        scheduler.Policy(cfg.Policy),
 		Stats:         s.tracker,

@@ -59,6 +59,7 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	} else {
 		rc.Admission.MaxOvertake = sd(scheduler.DefaultMaxOvertake)
 	}
+	rc.Admission.ShortestFirst = c.ShortestFirst
 	interval := c.ScrapeInterval
 	if interval <= 0 {
 		interval = time.Second

@@ -49,6 +49,8 @@ type Config struct {
 	// MaxOvertake is the queue order's aging bound (admission.max_overtake);
 	// 0 takes scheduler.DefaultMaxOvertake.
 	MaxOvertake time.Duration
+	// ShortestFirst is admission.shortest_first.
+	ShortestFirst bool
 	// ScrapeInterval is the telemetry interval; 0 means 1s.
 	ScrapeInterval time.Duration
 	// StaleAfter marks telemetry older than this stale in records.
@@ -85,6 +87,7 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		MaxQueue:       rc.Admission.MaxQueue,
 		QueueTimeout:   rc.Admission.QueueTimeout,
 		MaxOvertake:    rc.Admission.MaxOvertake,
+		ShortestFirst:  rc.Admission.ShortestFirst,
 		ScrapeInterval: rc.Telemetry.Interval,
 		StaleAfter:     rc.Telemetry.StaleAfter,
 		Alpha:          rc.Stats.Alpha,
@@ -310,19 +313,20 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		vw.src.p.Store(&scheduler.Snapshot{Health: scheduler.HealthLoading, Models: []string{vw.eng.Params().Model}, Slots: vw.eng.Params().Slots})
 	}
 	r.sched, err = scheduler.New(scheduler.Config{
-		Weights:      w,
-		MaxQueue:     cfg.MaxQueue,
-		QueueTimeout: cfg.QueueTimeout,
-		MaxOvertake:  cfg.MaxOvertake,
-		StaleAfter:   cfg.StaleAfter,
-		Policy:       cfg.Policy,
-		Seed:         cfg.Seed,
-		Clock:        r.clock,
-		Stats:        r.tracker,
-		Recorder:     cfg.Recorder,
-		NoRecords:    cfg.Recorder == nil, // nobody would read them
-		IDPrefix:     "vsim",
-		PrefixIndex:  prefixIndex(cfg.Workers, items, r.clock),
+		Weights:       w,
+		MaxQueue:      cfg.MaxQueue,
+		QueueTimeout:  cfg.QueueTimeout,
+		MaxOvertake:   cfg.MaxOvertake,
+		ShortestFirst: cfg.ShortestFirst,
+		StaleAfter:    cfg.StaleAfter,
+		Policy:        cfg.Policy,
+		Seed:          cfg.Seed,
+		Clock:         r.clock,
+		Stats:         r.tracker,
+		Recorder:      cfg.Recorder,
+		NoRecords:     cfg.Recorder == nil, // nobody would read them
+		IDPrefix:      "vsim",
+		PrefixIndex:   prefixIndex(cfg.Workers, items, r.clock),
 	}, specs...)
 	if err != nil {
 		return nil, fmt.Errorf("vsim: %w", err)
