@@ -24,6 +24,8 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,8 +65,51 @@ type WorkerStats struct {
 	OutputTokens EMA `json:"output_tokens"`
 	// E2EMs is end-to-end request time in milliseconds.
 	E2EMs EMA `json:"e2e_ms"`
+	// Levels holds what streams achieved at each concurrency level:
+	// Levels[k-1] is for streams that shared the worker with k-1 others
+	// on average (Sluice's own in-flight count). The adaptive concurrency
+	// limit is learned from them; being persisted with the rest, a worker
+	// known to slow down at 3 streams is still known to after a restart.
+	Levels []Level `json:"levels,omitempty"`
 	// Updated is when the stats last changed.
 	Updated time.Time `json:"updated"`
+}
+
+// MaxLevels bounds the concurrency levels tracked per worker.
+const MaxLevels = 256
+
+// Level is what streams achieved at one concurrency level.
+type Level struct {
+	// DecodeTPS is the per-stream decode rate.
+	DecodeTPS EMA `json:"decode_tps"`
+	// DecodeSq is the moving average of the squared rate, so that
+	// DecodeTPS and DecodeSq give the rate's spread.
+	DecodeSq EMA `json:"decode_sq"`
+	// TTFTMs is the time to first token.
+	TTFTMs EMA `json:"ttft_ms"`
+	// Updated is when a stream last reported at this level.
+	Updated time.Time `json:"updated"`
+}
+
+// StdDev returns the standard deviation of the level's decode rate.
+func (l Level) StdDev() float64 {
+	if l.DecodeTPS.N < 2 {
+		return 0
+	}
+	v := l.DecodeSq.Value - l.DecodeTPS.Value*l.DecodeTPS.Value
+	if v <= 0 {
+		return 0
+	}
+	return math.Sqrt(v)
+}
+
+// Level returns the stats of concurrency level k (1-based), or the zero
+// Level when none are known.
+func (s *WorkerStats) Level(k int) Level {
+	if k < 1 || k > len(s.Levels) {
+		return Level{}
+	}
+	return s.Levels[k-1]
 }
 
 // Observation is one finished request's measurements. Zero fields are not
@@ -76,6 +121,17 @@ type Observation struct {
 	OutputTokens int
 	// DecodeTPS is the decode rate after the first token; 0 if unknown.
 	DecodeTPS float64
+	// Concurrency is the mean number of requests Sluice had in flight on
+	// the worker while this one ran (itself included); 0 if unknown.
+	Concurrency float64
+}
+
+// level returns the 1-based concurrency level of an observation, or 0.
+func (o Observation) level() int {
+	if o.Concurrency <= 0 {
+		return 0
+	}
+	return min(max(int(math.Round(o.Concurrency)), 1), MaxLevels)
 }
 
 // Store persists WorkerStats. Implementations must make Save atomic: after
@@ -125,14 +181,25 @@ type Tracker struct {
 	log    *slog.Logger
 
 	mu sync.Mutex // serialises writers
-	// stats is a copy-on-write map of immutable values: Observe publishes
-	// a new map with the entry's new pointer, so the scheduler reads
-	// every worker's stats on each pick without taking a lock.
-	stats atomic.Pointer[map[string]*WorkerStats]
+	// stats maps each worker to the cell holding its current immutable
+	// value. Observe replaces a cell's value; only a worker seen for the
+	// first time copies the map (copy-on-write), so the scheduler reads
+	// every worker's stats on each pick without a lock, and an
+	// observation costs the same with 8 workers or 1,000.
+	stats atomic.Pointer[map[string]*cell]
 	dirty map[string]bool
 
 	pending map[string]*FoldBatch // observations not yet folded into folder
 	dropped int64                 // pending observations dropped since the last flush
+}
+
+// cell holds one worker's current stats.
+type cell struct{ p atomic.Pointer[WorkerStats] }
+
+func newCell(ws WorkerStats) *cell {
+	c := &cell{}
+	c.p.Store(&ws)
+	return c
 }
 
 // NewTracker returns a Tracker smoothing with alpha, persisting to store
@@ -146,7 +213,7 @@ func NewTracker(ctx context.Context, alpha float64, store Store, log *slog.Logge
 	}
 	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}, pending: map[string]*FoldBatch{}}
 	t.folder, _ = store.(Folder)
-	m := map[string]*WorkerStats{}
+	m := map[string]*cell{}
 	t.stats.Store(&m)
 	if store != nil {
 		loaded, err := store.Load(ctx)
@@ -161,7 +228,9 @@ func NewTracker(ctx context.Context, alpha float64, store Store, log *slog.Logge
 			return nil, fmt.Errorf("stats: load: %w", err)
 		}
 		for name, ws := range loaded {
-			m[name] = &ws
+			c := &cell{}
+			c.p.Store(&ws)
+			m[name] = c
 		}
 	}
 	return t, nil
@@ -173,13 +242,12 @@ func (t *Tracker) Observe(worker string, o Observation, now time.Time) {
 	defer t.mu.Unlock()
 	var s WorkerStats
 	cur := *t.stats.Load()
-	if old := cur[worker]; old != nil {
-		s = *old
+	c := cur[worker]
+	if c != nil {
+		s = *c.p.Load()
 	}
 	s = t.fold(s, o, now)
-	next := maps.Clone(cur)
-	next[worker] = &s
-	t.stats.Store(&next)
+	t.setLocked(cur, c, worker, &s)
 	if t.folder == nil {
 		t.dirty[worker] = true
 		return
@@ -197,6 +265,20 @@ func (t *Tracker) Observe(worker string, o Observation, now time.Time) {
 	p.Updated = now
 }
 
+// setLocked publishes s as worker's stats; only a worker seen for the
+// first time copies the map. t.mu must be held.
+func (t *Tracker) setLocked(cur map[string]*cell, c *cell, worker string, s *WorkerStats) {
+	if c != nil {
+		c.p.Store(s)
+		return
+	}
+	c = &cell{}
+	c.p.Store(s)
+	next := maps.Clone(cur)
+	next[worker] = c
+	t.stats.Store(&next)
+}
+
 // fold returns s with o folded in, as of now.
 func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats {
 	if o.TTFT > 0 {
@@ -210,6 +292,22 @@ func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats 
 	}
 	if o.DecodeTPS > 0 {
 		s.DecodeTPS = s.DecodeTPS.Add(o.DecodeTPS, t.alpha)
+	}
+	if k := o.level(); k > 0 && (o.DecodeTPS > 0 || o.TTFT > 0) {
+		if len(s.Levels) < k {
+			s.Levels = append(slices.Clip(s.Levels), make([]Level, k-len(s.Levels))...)
+		} else {
+			s.Levels = slices.Clone(s.Levels) // the old value stays immutable
+		}
+		l := &s.Levels[k-1]
+		if o.DecodeTPS > 0 {
+			l.DecodeTPS = l.DecodeTPS.Add(o.DecodeTPS, t.alpha)
+			l.DecodeSq = l.DecodeSq.Add(o.DecodeTPS*o.DecodeTPS, t.alpha)
+		}
+		if o.TTFT > 0 {
+			l.TTFTMs = l.TTFTMs.Add(ms(o.TTFT), t.alpha)
+		}
+		l.Updated = now
 	}
 	s.Updated = now
 	return s
@@ -226,15 +324,18 @@ func (t *Tracker) Get(worker string) WorkerStats {
 // Stats returns worker's current stats without copying them, or nil. The
 // value is immutable: later observations replace it, never change it.
 func (t *Tracker) Stats(worker string) *WorkerStats {
-	return (*t.stats.Load())[worker]
+	if c := (*t.stats.Load())[worker]; c != nil {
+		return c.p.Load()
+	}
+	return nil
 }
 
 // All returns a copy of every worker's stats.
 func (t *Tracker) All() map[string]WorkerStats {
 	cur := *t.stats.Load()
 	out := make(map[string]WorkerStats, len(cur))
-	for name, s := range cur {
-		out[name] = *s
+	for name, c := range cur {
+		out[name] = *c.p.Load()
 	}
 	return out
 }
@@ -251,7 +352,7 @@ func (t *Tracker) Flush(ctx context.Context) error {
 	t.mu.Lock()
 	batch := make(map[string]WorkerStats, len(t.dirty))
 	for name := range t.dirty {
-		batch[name] = *(*t.stats.Load())[name]
+		batch[name] = *(*t.stats.Load())[name].p.Load()
 	}
 	clear(t.dirty)
 	t.mu.Unlock()
@@ -340,7 +441,7 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 				ws = t.fold(ws, o, later.Updated)
 			}
 		}
-		next[name] = &ws
+		next[name] = newCell(ws)
 	}
 	t.stats.Store(&next)
 	if err != nil {
@@ -369,7 +470,7 @@ func (t *Tracker) Refresh(ctx context.Context) error {
 				ws = t.fold(ws, o, p.Updated)
 			}
 		}
-		next[name] = &ws
+		next[name] = newCell(ws)
 	}
 	t.stats.Store(&next)
 	return nil

@@ -3,6 +3,7 @@ package stats
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -129,5 +130,60 @@ func TestTracker_FailedFlushIsRetried(t *testing.T) {
 	}
 	if _, ok := st.saved["w"]; !ok {
 		t.Fatal("the entry that failed to save was not retried")
+	}
+}
+
+func TestTracker_ObserveLearnsPerLevel(t *testing.T) {
+	tr, err := NewTracker(context.Background(), 0.5, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(100, 0)
+	tr.Observe("w", Observation{DecodeTPS: 70, TTFT: 100 * time.Millisecond, Concurrency: 1}, now)
+	before := tr.Stats("w")
+	tr.Observe("w", Observation{DecodeTPS: 40, Concurrency: 2.6}, now) // level 3
+	tr.Observe("w", Observation{DecodeTPS: 60, Concurrency: 3.2}, now) // level 3
+	got := tr.Get("w")
+	if got, want := len(got.Levels), 3; got != want {
+		t.Fatalf("levels %d, want %d", got, want)
+	}
+	if got, want := got.Level(1).DecodeTPS.Value, 70.0; got != want {
+		t.Fatalf("level 1 rate %v, want %v", got, want)
+	}
+	l3 := got.Level(3)
+	if got, want := l3.DecodeTPS.Value, 50.0; got != want {
+		t.Fatalf("level 3 rate %v, want %v", got, want)
+	}
+	// Samples 40 and 60 with alpha 0.5: E[x]=50, E[x^2]=(1600+3600)/2=2600, sd 10.
+	if got, want := l3.StdDev(), 10.0; got != want {
+		t.Fatalf("level 3 sd %v, want %v", got, want)
+	}
+	if got.Level(2).DecodeTPS.Known() || got.Level(9).DecodeTPS.Known() {
+		t.Fatal("levels never observed have history")
+	}
+	if got, want := len(before.Levels), 1; got != want {
+		t.Fatalf("an earlier value changed under its reader: %d levels, want %d", got, want)
+	}
+}
+
+// BenchmarkTracker_Observe measures one observation with many workers
+// known: it must not copy every worker's entry.
+func BenchmarkTracker_Observe(b *testing.B) {
+	for _, n := range []int{8, 512} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			tr, err := NewTracker(context.Background(), 0.2, nil, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			now := time.Unix(100, 0)
+			for i := range n {
+				tr.Observe(fmt.Sprintf("w%d", i), Observation{DecodeTPS: 50, Concurrency: 2}, now)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				tr.Observe(fmt.Sprintf("w%d", i%n), Observation{DecodeTPS: 50, E2E: time.Second, Concurrency: 2}, now)
+			}
+		})
 	}
 }
