@@ -100,7 +100,7 @@ func benchCompare(args []string) error {
 		}
 		o.router = &rc
 		if o.maxConcurrency == 0 && len(rc.Workers) > 0 {
-			o.maxConcurrency = rc.Workers[0].MaxConcurrency
+			o.maxConcurrency = int(rc.Workers[0].MaxConcurrency)
 		}
 	}
 	if fs.NArg() > 0 {
@@ -255,11 +255,15 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 
 	for _, sc := range scens {
 		var runs []bench.NamedRun
+		var limits []scheduler.WorkerState
 		for _, p := range o.policies {
 			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, p, len(sc.items))
-			res, err := runPolicy(ctx, o, fleet, p, sc.items, logw)
+			res, ws, err := runPolicy(ctx, o, fleet, p, sc.items, logw)
 			if err != nil {
 				return fmt.Errorf("%s, policy %s: %w", sc.name, p, err)
+			}
+			if p == scheduler.PolicySluice {
+				limits = ws
 			}
 			runs = append(runs, bench.NamedRun{Name: string(p), Results: res})
 		}
@@ -278,6 +282,7 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 		}
 		fmt.Fprintf(&md, "```\n\n")
 		writeGoals(&md, sc, runs, o.virtual, o.timeScale)
+		writeLimits(&md, limits)
 	}
 	path := filepath.Join(o.out, "summary.md")
 	if err := os.WriteFile(path, md.Bytes(), 0o644); err != nil {
@@ -289,17 +294,32 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 }
 
 // runPolicy runs one scenario under one policy, with a fresh fleet.
-func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p scheduler.Policy, items []bench.Item, logw *os.File) ([]bench.Result, error) {
+func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p scheduler.Policy, items []bench.Item, logw *os.File) ([]bench.Result, []scheduler.WorkerState, error) {
 	cfg := vsim.DefaultConfig(fleet)
 	if o.router != nil {
 		cfg = vsim.FromRouterConfig(*o.router, fleet)
 	}
 	cfg.Policy, cfg.Seed, cfg.MaxConcurrency = p, o.seed, o.maxConcurrency
 	if o.virtual {
-		return vsim.Run(cfg, items)
+		res, st, err := vsim.RunStats(cfg, items)
+		return res, st.Workers, err
 	}
-	return vsim.RunHTTP(ctx, vsim.HTTPConfig{Router: cfg, TimeScale: o.timeScale, Timeout: o.timeout,
+	res, err := vsim.RunHTTP(ctx, vsim.HTTPConfig{Router: cfg, TimeScale: o.timeScale, Timeout: o.timeout,
 		Progress: bench.ProgressBar(logw, term.IsTerminal(int(logw.Fd())))}, items)
+	return res, nil, err
+}
+
+// writeLimits lists where each worker's concurrency limit ended a run and
+// why, so a report shows what the controller learned.
+func writeLimits(md *bytes.Buffer, ws []scheduler.WorkerState) {
+	if len(ws) == 0 {
+		return
+	}
+	fmt.Fprintf(md, "Sluice's concurrency limits at the end of the run:\n\n| worker | limit | learned | cap | why |\n| --- | ---: | ---: | ---: | --- |\n")
+	for _, w := range ws {
+		fmt.Fprintf(md, "| %s | %d | %d | %d | %s |\n", w.Name, w.Limit, w.Learned, w.Cap, w.LimitReason)
+	}
+	fmt.Fprintln(md)
 }
 
 // writeGoals states Sluice's goals against the measured numbers.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -79,15 +78,13 @@ func runDemo(args []string) error {
 	cfg.Stats.Store = filepath.Join(*state, "stats.db")
 	cfg.Decisions.File = filepath.Join(*state, "decisions.jsonl")
 	model := specs[0].Params.Model
-	for i, w := range fleet.Workers() {
-		// A slower card gets a proportionally smaller batch: on the demo
-		// fleet this is what meets the decode-rate goal at 80% load
-		// (docs/benchmarks.md, "Per-worker limits").
-		p := specs[i].Params
-		limit := max(1, int(math.Round(float64(p.Slots)*min(p.Speed, 1))))
+	for _, w := range fleet.Workers() {
+		// max_concurrency is left to "auto": each card's limit is learned
+		// from what its streams achieve, so the slower card ends up with
+		// a smaller batch without being told.
 		cfg.Workers = append(cfg.Workers, config.Worker{
 			Name: w.Name, URL: w.URL, Kind: "llamacpp", Models: []string{model},
-			MaxConcurrency: limit, GPUMetrics: w.URL + "/dcgm/metrics",
+			GPUMetrics: w.URL + "/dcgm/metrics",
 		})
 	}
 	if err := cfg.Validate(); err != nil {

@@ -59,6 +59,61 @@ type Config struct {
 	Shared Shared `yaml:"shared"`
 	// TLS, when its files are set, serves HTTPS on the listener.
 	TLS TLS `yaml:"tls"`
+	// Limits configures the adaptive per-worker concurrency limit.
+	Limits Limits `yaml:"limits"`
+}
+
+// Limits configures adaptive concurrency (see scheduler.LimitConfig for
+// the controller): each worker's limit is learned from the per-stream
+// decode rates its requests achieve at each concurrency level, against a
+// floor, below the worker's max_concurrency cap.
+type Limits struct {
+	// Adaptive learns the limits; false uses max_concurrency (else the
+	// reported slots, else 1) as a fixed limit.
+	Adaptive bool `yaml:"adaptive"`
+	// MinStreamTokS is the per-stream decode-rate floor in tokens/s; 0
+	// derives it as FloorFraction of the best solo rate measured.
+	MinStreamTokS float64 `yaml:"min_stream_tok_s"`
+	// FloorFraction is the derived floor's fraction of the best solo
+	// decode rate among a model's workers.
+	FloorFraction float64 `yaml:"floor_fraction"`
+	// MinSamples is how many streams a concurrency level needs before it
+	// is judged.
+	MinSamples int `yaml:"min_samples"`
+	// ProbeAfter is how long a level judged too slow stays so without
+	// new samples before it is tried again.
+	ProbeAfter time.Duration `yaml:"probe_after"`
+	// BorrowAfter is the queue wait after which workers may run one
+	// stream more than learned per BorrowAfter waited, up to their cap.
+	BorrowAfter time.Duration `yaml:"borrow_after"`
+	// DefaultCap bounds the limit of a worker with neither
+	// max_concurrency nor reported slots (vLLM, OpenAI-compatible).
+	DefaultCap int `yaml:"default_cap"`
+	// Models sets per-model targets.
+	Models map[string]ModelTargets `yaml:"models"`
+}
+
+// ModelTargets are one model's targets.
+type ModelTargets struct {
+	// MinStreamTokS is the model's per-stream decode-rate floor.
+	MinStreamTokS float64 `yaml:"min_stream_tok_s"`
+}
+
+// Scheduler returns the scheduler's view of the limits.
+func (l Limits) Scheduler() scheduler.LimitConfig {
+	lc := scheduler.LimitConfig{
+		Fixed: !l.Adaptive, MinStreamTokS: l.MinStreamTokS, FloorFraction: l.FloorFraction,
+		MinSamples: l.MinSamples, ProbeAfter: l.ProbeAfter, BorrowAfter: l.BorrowAfter, DefaultCap: l.DefaultCap,
+	}
+	for m, t := range l.Models {
+		if t.MinStreamTokS > 0 {
+			if lc.ModelFloors == nil {
+				lc.ModelFloors = map[string]float64{}
+			}
+			lc.ModelFloors[m] = t.MinStreamTokS
+		}
+	}
+	return lc
 }
 
 // Worker is one inference server.
@@ -74,9 +129,12 @@ type Worker struct {
 	// Models the worker serves. May be left out: models are discovered
 	// from /v1/models.
 	Models []string `yaml:"models" json:"models,omitempty"`
-	// MaxConcurrency caps Sluice's in-flight requests on the worker. 0
-	// (unset) takes the slot count the worker reports, else 1.
-	MaxConcurrency int `yaml:"max_concurrency" json:"max_concurrency,omitempty"`
+	// MaxConcurrency caps Sluice's in-flight requests on the worker:
+	// "auto" (the default, also 0 or unset) learns the limit below the
+	// slot count the worker reports (else limits.default_cap); a number
+	// is a cap the learned limit stays under (with limits.adaptive off,
+	// the limit itself).
+	MaxConcurrency Concurrency `yaml:"max_concurrency" json:"max_concurrency,omitempty"`
 	// GPUMetrics is an optional NVIDIA DCGM exporter /metrics URL.
 	GPUMetrics string `yaml:"gpu_metrics" json:"gpu_metrics,omitempty"`
 	// GPUSelector picks one GPU of an exporter serving several, by label,
@@ -143,6 +201,46 @@ func (w Worker) MarshalJSON() ([]byte, error) {
 func (w Worker) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("name", w.Name), slog.String("url", w.URL), slog.String("kind", w.Kind),
 		slog.Bool("api_key_set", w.APIKey != "" || w.APIKeyEnv != "" || w.APIKeyFile != ""))
+}
+
+// Concurrency is a worker's max_concurrency: a positive cap, or 0 for
+// "auto". In YAML and JSON it is a number or the word auto.
+type Concurrency int
+
+// UnmarshalYAML accepts a number or "auto".
+func (c *Concurrency) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode && strings.EqualFold(n.Value, "auto") {
+		*c = 0
+		return nil
+	}
+	var v int
+	if err := n.Decode(&v); err != nil {
+		return fmt.Errorf("max_concurrency: %q is neither a number nor auto", n.Value)
+	}
+	*c = Concurrency(v)
+	return nil
+}
+
+// UnmarshalJSON accepts a number or "auto".
+func (c *Concurrency) UnmarshalJSON(b []byte) error {
+	if s := strings.Trim(string(b), `"`); strings.EqualFold(s, "auto") {
+		*c = 0
+		return nil
+	}
+	var v int
+	if err := json.Unmarshal(b, &v); err != nil {
+		return fmt.Errorf("max_concurrency: %s is neither a number nor \"auto\"", b)
+	}
+	*c = Concurrency(v)
+	return nil
+}
+
+// MarshalYAML writes auto for 0.
+func (c Concurrency) MarshalYAML() (any, error) {
+	if c == 0 {
+		return "auto", nil
+	}
+	return int(c), nil
 }
 
 // Admission bounds the queue.
@@ -332,6 +430,8 @@ func DefaultConfig() Config {
 		Server:    ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
 		Shutdown:  Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
 		Shared:    Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
+		Limits: Limits{Adaptive: true, FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
+			BorrowAfter: 2 * time.Second, DefaultCap: 64},
 	}
 }
 
@@ -509,6 +609,34 @@ func (c *Config) Validate() error {
 		bad("proxy.tokenize_timeout", "must be positive, got %v", c.Proxy.TokenizeTimeout)
 	}
 	errs = append(errs, c.validateHardening()...)
+	if l := c.Limits; l.Adaptive {
+		if l.MinStreamTokS < 0 {
+			bad("limits.min_stream_tok_s", "negative (%v); 0 derives the floor from floor_fraction", l.MinStreamTokS)
+		}
+		if l.FloorFraction <= 0 || l.FloorFraction > 1 {
+			bad("limits.floor_fraction", "%v is outside (0, 1]", l.FloorFraction)
+		}
+		if l.MinSamples < 1 {
+			bad("limits.min_samples", "must be at least 1, got %d", l.MinSamples)
+		}
+		if l.ProbeAfter <= 0 {
+			bad("limits.probe_after", "must be positive, got %v", l.ProbeAfter)
+		}
+		if l.BorrowAfter <= 0 {
+			bad("limits.borrow_after", "must be positive, got %v", l.BorrowAfter)
+		}
+		if l.DefaultCap < 1 {
+			bad("limits.default_cap", "must be at least 1, got %d", l.DefaultCap)
+		}
+		for m, t := range l.Models {
+			if strings.TrimSpace(m) == "" {
+				bad("limits.models", "empty model name")
+			}
+			if t.MinStreamTokS < 0 {
+				bad("limits.models."+m+".min_stream_tok_s", "negative (%v)", t.MinStreamTokS)
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -534,7 +662,7 @@ func (w Worker) validate(key string) []error {
 		}
 	}
 	if w.MaxConcurrency < 0 {
-		bad("max_concurrency", "negative (%d)", w.MaxConcurrency)
+		bad("max_concurrency", "negative (%d); use a positive cap or auto", w.MaxConcurrency)
 	}
 	if w.GPUMetrics != "" {
 		if err := checkURL(w.GPUMetrics); err != nil {

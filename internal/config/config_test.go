@@ -151,3 +151,57 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestParse_MaxConcurrencyAutoOrCap(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    Concurrency
+		wantErr string
+	}{
+		{in: "auto", want: 0},
+		{in: "AUTO", want: 0},
+		{in: "3", want: 3},
+		{in: "many", wantErr: "neither a number nor auto"},
+		{in: "-2", wantErr: "workers[0].max_concurrency: negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			cfg, err := Parse(strings.NewReader("workers:\n  - {name: a, url: http://127.0.0.1:1, max_concurrency: " + tt.in + "}\n"))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.Workers[0].MaxConcurrency; got != tt.want {
+				t.Fatalf("max_concurrency %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParse_LimitsDefaultsAndValidation(t *testing.T) {
+	cfg, err := Parse(strings.NewReader("workers:\n  - {name: a, url: http://127.0.0.1:1}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Limits.Adaptive || cfg.Limits.Scheduler().Fixed {
+		t.Fatal("adaptive concurrency is not the default")
+	}
+	_, err = Parse(strings.NewReader(`workers:
+  - {name: a, url: "http://127.0.0.1:1"}
+limits:
+  floor_fraction: 2
+  min_samples: 0
+  borrow_after: -1s
+  models: {m: {min_stream_tok_s: -3}}
+`))
+	for _, key := range []string{"limits.floor_fraction", "limits.min_samples", "limits.borrow_after", "limits.models.m.min_stream_tok_s"} {
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("error %v does not name %s", err, key)
+		}
+	}
+}

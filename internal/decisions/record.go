@@ -85,6 +85,18 @@ type Record struct {
 // at decision time, never from live state.
 func (r *Record) SetExplain(fn func(*Record)) { r.explain = fn }
 
+// AddExplain registers fn to run after the explanation already set, with
+// the same rules as SetExplain.
+func (r *Record) AddExplain(fn func(*Record)) {
+	prev := r.explain
+	r.explain = func(x *Record) {
+		if prev != nil {
+			prev(x)
+		}
+		fn(x)
+	}
+}
+
 // Explain fills in the per-term breakdown if it is not there yet and
 // returns r. It is safe to call concurrently and more than once.
 func (r *Record) Explain() *Record {
@@ -113,9 +125,13 @@ type Candidate struct {
 	// Why says why an ineligible worker was skipped.
 	Why string `json:"why,omitempty"`
 	// Active and Limit are Sluice's in-flight count and the worker's
-	// max_concurrency at decision time (before the reservation).
+	// concurrency limit at decision time (before the reservation).
 	Active int `json:"active"`
 	Limit  int `json:"limit"`
+	// LimitSource says where the limit came from ("learned", "config",
+	// "slots", "default") and LimitReason why it was that number.
+	LimitSource string `json:"limit_source,omitempty"`
+	LimitReason string `json:"limit_reason,omitempty"`
 	// Terms is the score breakdown; empty for ineligible workers and for
 	// baseline policies that do not score.
 	Terms []Term `json:"terms,omitempty"`

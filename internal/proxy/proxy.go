@@ -340,6 +340,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	case resp.StatusCode < 300:
 		h.report(lease.Worker, nil)
 		o := observation(m, time.Since(attemptStart))
+		o.Concurrency = lease.MeanConcurrency() // the level its rate is filed under
 		if o.DecodeTPS > 0 {
 			res.TPOT = time.Duration(float64(time.Second) / o.DecodeTPS)
 		}

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // Admit blocks until req is bound to a worker, and returns the lease, or
@@ -17,14 +18,35 @@ func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	}
 	timer := s.clock.NewTimer(s.maxWait(req.Class))
 	defer timer.Stop()
+	// Waiting long enough lets workers borrow over their learned limit
+	// (LimitConfig.BorrowAfter), but nothing else need happen meanwhile
+	// to trigger a placement: the waiter asks for one at each step.
+	var borrow Timer
+	if s.cfg.Policy == PolicySluice && !s.limits.Fixed {
+		borrow = s.clock.NewTimer(s.limits.BorrowAfter)
+	}
+	defer func() {
+		if borrow != nil {
+			borrow.Stop()
+		}
+	}()
 	var cause error
-	select {
-	case <-t.done:
-		return t.Result()
-	case <-ctx.Done():
-		cause = ErrClientGone
-	case <-timer.C():
-		cause = ErrQueueTimeout
+	for cause == nil {
+		var step <-chan time.Time
+		if borrow != nil {
+			step = borrow.C()
+		}
+		select {
+		case <-t.done:
+			return t.Result()
+		case <-ctx.Done():
+			cause = ErrClientGone
+		case <-timer.C():
+			cause = ErrQueueTimeout
+		case <-step:
+			s.Kick()
+			borrow = s.clock.NewTimer(s.limits.BorrowAfter)
+		}
 	}
 	if s.Cancel(t, cause) {
 		return t.Result()

@@ -113,7 +113,7 @@ func (s *Scheduler) reserveSharedLocked(rec *decisions.Record, req *Request, can
 	aw := s.activeWeight()
 	sc := make([]SharedCandidate, len(cands))
 	for i := range cands {
-		sc[i] = SharedCandidate{Worker: cands[i].Name, Score: tot[i] - aw*float64(cands[i].Active), ActiveWeight: aw, Limit: elig[i].limit(cands[i].Snap)}
+		sc[i] = SharedCandidate{Worker: cands[i].Name, Score: tot[i] - aw*float64(cands[i].Active), ActiveWeight: aw, Limit: elig[i].pickLimit}
 	}
 	pick, err := l.Reserve(req.Model, s.shared.waitID, sc)
 	if rec != nil {

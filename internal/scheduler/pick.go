@@ -20,10 +20,21 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	idx := s.idxBuf[:0] // configuration index of each eligible worker
 	snaps := s.snapBuf[:0]
 	whys := s.whyBuf[:0]
+	lims := s.limBuf[:0]
 	baseline := s.cfg.Policy != PolicySluice
+	var floor float64
+	var waited time.Duration
+	if !baseline && !s.limits.Fixed {
+		floor, waited = s.floorFor(req.Model), s.oldestWaitLocked(req.Model, now)
+	}
 	for i, w := range s.workers {
 		snap := w.snapshot()
 		why := whyEligible
+		var lim limitState
+		if !baseline {
+			lim = s.limitLocked(w, snap, floor, waited, now)
+			w.pickLimit = lim.limit
+		}
 		switch {
 		case w.draining:
 			why = whyDraining
@@ -35,7 +46,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 			why = whyModel
 		case slices.Contains(req.Exclude, w.spec.Name):
 			why = whyExcluded
-		case !baseline && w.active >= w.limit(snap):
+		case !baseline && w.active >= lim.limit:
 			why = whyFull
 		default:
 			elig = append(elig, w)
@@ -43,9 +54,10 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		}
 		whys = append(whys, why)
 		snaps = append(snaps, snap)
+		lims = append(lims, lim)
 	}
 	defer clear(snaps) // keep no snapshot alive through the scratch buffer
-	s.eligBuf, s.idxBuf, s.snapBuf, s.whyBuf = elig[:0], idx[:0], snaps[:0], whys[:0]
+	s.eligBuf, s.idxBuf, s.snapBuf, s.whyBuf, s.limBuf = elig[:0], idx[:0], snaps[:0], whys[:0], lims[:0]
 	if len(elig) == 0 && (!always || s.cfg.NoRecords) {
 		return nil, nil
 	}
@@ -65,7 +77,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	for i, w := range s.workers {
 		snap := snaps[i]
 		c := &rec.Candidates[i]
-		c.Worker, c.Active, c.Limit, c.Eligible = w.spec.Name, w.active, w.limit(snap), whys[i] == whyEligible
+		c.Worker, c.Active, c.Limit, c.Eligible = w.spec.Name, w.active, lims[i].limit, whys[i] == whyEligible
 		switch whys[i] {
 		case whyDraining:
 			c.Why = "draining"
@@ -87,6 +99,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	if len(elig) == 0 {
 		rec.Reason = "no eligible worker"
 		rec.SetExplain(explainFull)
+		s.explainLimitsLater(rec, lims)
 		return nil, rec
 	}
 	cands := make([]Candidate, len(elig)) // the record's own, for explain
@@ -94,7 +107,23 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		cands[i] = Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snaps[idx[i]], Stats: s.statsOf(w)}
 		s.prefixMatchLocked(req, &cands[i])
 	}
-	return s.chooseLocked(rec, &req, cands, idx, elig, now), rec
+	w := s.chooseLocked(rec, &req, cands, idx, elig, now)
+	s.explainLimitsLater(rec, lims)
+	return w, rec
+}
+
+// explainLimitsLater has rec say, when read, why each worker's limit was
+// what it was; the words are built from values copied now.
+func (s *Scheduler) explainLimitsLater(rec *decisions.Record, lims []limitState) {
+	if s.cfg.Policy != PolicySluice {
+		return
+	}
+	frozen := slices.Clone(lims)
+	rec.AddExplain(func(r *decisions.Record) {
+		for i := range r.Candidates {
+			r.Candidates[i].LimitSource, r.Candidates[i].LimitReason = frozen[i].source, frozen[i].String()
+		}
+	})
 }
 
 // chooseLocked applies the policy to the eligible workers and returns the

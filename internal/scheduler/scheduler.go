@@ -151,6 +151,8 @@ type Config struct {
 	// Ledger, when set, shares reservations with other replicas (see
 	// ledger.go); nil schedules this process's requests alone.
 	Ledger Ledger
+	// Limits configures adaptive per-worker concurrency (see LimitConfig).
+	Limits LimitConfig
 }
 
 // WorkerSpec describes a worker to the scheduler.
@@ -161,7 +163,9 @@ type WorkerSpec struct {
 	// Source reports discovered models.
 	Models []string
 	// MaxConcurrency caps Sluice's in-flight requests on the worker; 0
-	// takes the worker's reported slot count, else 1.
+	// takes the worker's reported slot count, else LimitConfig.DefaultCap
+	// (1 with learning off). Below the cap the limit is learned unless
+	// LimitConfig.Fixed.
 	MaxConcurrency int
 	// Source publishes the worker's telemetry; nil means healthy with no
 	// telemetry.
@@ -198,6 +202,7 @@ type Request struct {
 // Scheduler admits requests to workers. See the package doc.
 type Scheduler struct {
 	cfg     Config
+	limits  LimitConfig
 	terms   []WeightedTerm
 	clock   Clock
 	prefix  string
@@ -224,21 +229,25 @@ type Scheduler struct {
 	candBuf []Candidate
 	whyBuf  []uint8
 	eligBuf []*worker
+	limBuf  []limitState
 	closed  bool
 	changed chan struct{} // closed at the next state change; nil when nobody waits
 	shared  ledgerState
 }
 
 type worker struct {
-	spec     WorkerSpec
-	order    int
-	active   int
-	cost     float64
-	draining bool
-	removed  bool
-	lastPick uint64
-	last     *decisions.Record // the latest decision that scored it
-	lastIdx  int               // its index among last's candidates
+	spec   WorkerSpec
+	order  int
+	active int
+	busy   busy // integral of active over time
+	// pickLimit is the limit the latest pick computed for the worker.
+	pickLimit int
+	cost      float64
+	draining  bool
+	removed   bool
+	lastPick  uint64
+	last      *decisions.Record // the latest decision that scored it
+	lastIdx   int               // its index among last's candidates
 }
 
 func (w *worker) snapshot() *Snapshot {
@@ -252,16 +261,6 @@ func (w *worker) snapshot() *Snapshot {
 }
 
 var emptySnapshot Snapshot
-
-func (w *worker) limit(s *Snapshot) int {
-	switch {
-	case w.spec.MaxConcurrency > 0:
-		return w.spec.MaxConcurrency
-	case s.Slots > 0:
-		return s.Slots
-	}
-	return 1
-}
 
 func (w *worker) models(s *Snapshot) []string {
 	if s.Models != nil {
@@ -305,6 +304,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		rates:    map[string]*drainRate{},
 		est:      estimator{def: cfg.DefaultOutputTokens},
 		cfg:      cfg,
+		limits:   cfg.Limits.withDefaults(),
 		terms:    cfg.Terms,
 		clock:    cfg.Clock,
 		prefix:   cfg.IDPrefix,
@@ -490,6 +490,11 @@ type Lease struct {
 
 	// Worker is the chosen worker's name.
 	Worker string
+	// Limit is the worker's concurrency limit when the lease was made
+	// (its decision record says why).
+	Limit      int
+	bound      time.Time // when the lease was made
+	busyAtBind float64   // the worker's busy integral then
 	// Decision is the record of the decision that made this lease.
 	Decision *decisions.Record
 	// QueueWait is how long the request waited for the lease.
@@ -505,6 +510,7 @@ func (l *Lease) Release() {
 	s := l.s
 	now := s.clock.Now()
 	s.mu.Lock()
+	l.w.busy.move(l.w.active, now)
 	l.w.active--
 	l.w.cost -= l.cost
 	if l.w.active == 0 {
@@ -950,6 +956,7 @@ func (s *Scheduler) drainedLocked(l *Lease, now time.Time) {
 
 func (s *Scheduler) bindLocked(t *Ticket, w *worker, rec *decisions.Record, now time.Time) {
 	cost := s.expectedCost(w, t.req)
+	w.busy.move(w.active, now)
 	w.active++
 	w.cost += cost
 	s.picks++
@@ -961,7 +968,8 @@ func (s *Scheduler) bindLocked(t *Ticket, w *worker, rec *decisions.Record, now 
 		rec.QueueDepth = t.depth
 	}
 	s.recordPrefixLocked(t.req, w)
-	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, out: -1, Worker: w.spec.Name, Decision: rec, QueueWait: wait}
+	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, out: -1, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
+		Limit: w.pickLimit, bound: now, busyAtBind: w.busy.integral}
 	s.sharedBindLocked(t, t.lease)
 	t.rec = rec
 	t.queued = false

@@ -55,6 +55,12 @@ func newSched(t testing.TB, cfg Config, ws ...WorkerSpec) *Scheduler {
 	if cfg.IDPrefix == "" {
 		cfg.IDPrefix = "t"
 	}
+	if l := cfg.Limits; !l.Fixed && l.MinSamples == 0 && l.MinStreamTokS == 0 && l.FloorFraction == 0 && l.ModelFloors == nil {
+		// Tests of scoring and queueing hold each worker's limit at its
+		// max_concurrency; those of the controller (limit_test.go)
+		// configure it.
+		cfg.Limits.Fixed = true
+	}
 	s, err := New(cfg, ws...)
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,17 @@ type WorkerState struct {
 	Reason   string   `json:"health_reason,omitempty"`
 	Draining bool     `json:"draining"`
 	Active   int      `json:"active"`
-	Limit    int      `json:"limit"`
+	// Limit is the concurrency limit in force for a new request of the
+	// worker's first model; Learned is the controller's limit before any
+	// borrowing, Cap the most it may be, LimitSource where it came from
+	// ("learned", "config", "slots", "default") and LimitReason why it
+	// is that number (see LimitConfig).
+	Limit       int     `json:"limit"`
+	Learned     int     `json:"learned_limit"`
+	Cap         int     `json:"limit_cap"`
+	LimitSource string  `json:"limit_source"`
+	LimitReason string  `json:"limit_reason"`
+	Floor       float64 `json:"min_stream_tok_s,omitempty"`
 	// JobCost is the estimated outstanding tokens in flight.
 	JobCost float64 `json:"job_cost"`
 	// Snapshot is the telemetry the scheduler last saw.
@@ -33,19 +43,32 @@ func (s *Scheduler) Workers() []WorkerState {
 		rec *decisions.Record
 		idx int
 	}
+	now := s.clock.Now()
 	s.mu.Lock()
 	out := make([]WorkerState, 0, len(s.workers))
 	lasts := make([]last, 0, len(s.workers))
+	lims := make([]limitState, 0, len(s.workers))
 	for _, w := range s.workers {
 		snap := w.snapshot()
+		var lim limitState
+		if models := w.models(snap); len(models) > 0 && !s.limits.Fixed {
+			lim = s.limitLocked(w, snap, s.floorFor(models[0]), s.oldestWaitLocked(models[0], now), now)
+		} else {
+			lim = s.limitLocked(w, snap, 0, 0, now)
+		}
 		out = append(out, WorkerState{
 			Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Reason: snap.HealthReason,
-			Draining: w.draining, Active: w.active, Limit: w.limit(snap), JobCost: w.cost,
+			Draining: w.draining, Active: w.active, JobCost: w.cost,
+			Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, LimitSource: lim.source, Floor: lim.floor,
 			Snapshot: snap,
 		})
 		lasts = append(lasts, last{w.last, w.lastIdx})
+		lims = append(lims, lim)
 	}
 	s.mu.Unlock()
+	for i := range out {
+		out[i].LimitReason = lims[i].String()
+	}
 	// Explaining builds the breakdown: do it outside the routing lock.
 	for i, l := range lasts {
 		if l.rec != nil {

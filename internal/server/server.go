@@ -127,6 +127,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		MaxOvertake:   cfg.Admission.MaxOvertake,
 		ShortestFirst: cfg.Admission.ShortestFirst,
 		StaleAfter:    cfg.Telemetry.StaleAfter,
+		Limits:        cfg.Limits.Scheduler(),
 		Policy:        scheduler.Policy(cfg.Policy),
 		Stats:         s.tracker,
 		Recorder:      s.record,
@@ -306,7 +307,7 @@ func (s *Server) credentials(worker string) (key string, forwardClientAuth bool)
 
 func toFleet(w config.Worker, key string) fleet.WorkerConfig {
 	return fleet.WorkerConfig{Name: w.Name, URL: w.URL, Kind: w.Kind, Models: w.Models,
-		MaxConcurrency: w.MaxConcurrency, GPUMetrics: w.GPUMetrics, GPUSelector: w.GPUSelector, APIKey: key}
+		MaxConcurrency: int(w.MaxConcurrency), GPUMetrics: w.GPUMetrics, GPUSelector: w.GPUSelector, APIKey: key}
 }
 
 // addWorker starts probing w and makes it schedulable.
@@ -334,7 +335,7 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	}
 	s.urls.Store(w.Name, u)
 	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
-	err = s.sched.AddWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: w.MaxConcurrency, Source: fw})
+	err = s.sched.AddWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw})
 	if err != nil {
 		s.fleet.Remove(w.Name)
 		return err

@@ -87,7 +87,7 @@ func TestRouter_InFrontOfSimulatedFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body := readAll(t, resp); !strings.Contains(body, `"health": "ok"`) || !strings.Contains(body, fmt.Sprintf(`"limit": %d`, specs[0].Params.Slots)) {
+	if body := readAll(t, resp); !strings.Contains(body, `"health": "ok"`) || !strings.Contains(body, fmt.Sprintf(`"limit_cap": %d`, specs[0].Params.Slots)) {
 		t.Errorf("/api/workers does not show a healthy worker with %d slots:\n%s", specs[0].Params.Slots, body)
 	}
 }

@@ -64,6 +64,20 @@ type Params struct {
 	OutputMedian         float64
 	OutputSigma          float64
 	OutputMin, OutputMax int
+	// Slowdowns make the card slower for a while: a noisy neighbour, a
+	// thermal throttle, a card shared with another job. Every step that
+	// starts in a slowdown's window takes 1/Factor as long.
+	Slowdowns []Slowdown
+}
+
+// Slowdown is one spell of reduced speed.
+type Slowdown struct {
+	// After is when it starts, counted from the engine's creation.
+	After time.Duration
+	// For is how long it lasts; 0 means until the end.
+	For time.Duration
+	// Factor multiplies the card's speed, in (0, 1] to slow it down.
+	Factor float64
 }
 
 // Reference numbers for DefaultParams; the package documentation and
@@ -148,6 +162,14 @@ func (p Params) Validate() error {
 	}
 	if p.OutputMax < p.OutputMin {
 		bad("output_max", "must be at least output_min (%d), got %d", p.OutputMin, p.OutputMax)
+	}
+	for i, sd := range p.Slowdowns {
+		if !(sd.Factor > 0) || sd.Factor > 1000 || math.IsInf(sd.Factor, 0) {
+			bad(fmt.Sprintf("slowdowns[%d].factor", i), "must be in (0, 1000], got %v", sd.Factor)
+		}
+		if sd.After < 0 || sd.For < 0 {
+			bad(fmt.Sprintf("slowdowns[%d]", i), "after and for must not be negative, got %v and %v", sd.After, sd.For)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -246,6 +268,7 @@ type Engine struct {
 	p       Params
 	rng     *rand.Rand
 	readyAt time.Time
+	created time.Time // when the engine was made; slowdowns count from it
 	now     time.Time
 	nextID  uint64
 
@@ -299,10 +322,24 @@ func NewEngine(p Params, start time.Time) *Engine {
 		p:       p,
 		rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		readyAt: start.Add(p.StartupDelay),
+		created: start,
 		now:     start,
 		slots:   make([]*Seq, p.Slots),
 		factor:  1,
 	}
+}
+
+// slowdown returns the speed factor in force at t: the product of the
+// slowdowns whose windows contain t, 1 when none does.
+func (e *Engine) slowdown(t time.Time) float64 {
+	f := 1.0
+	for _, sd := range e.p.Slowdowns {
+		from := e.created.Add(sd.After)
+		if !t.Before(from) && (sd.For == 0 || t.Before(from.Add(sd.For))) {
+			f *= sd.Factor
+		}
+	}
+	return f
 }
 
 // Params returns the parameters the engine was built with.
@@ -501,6 +538,9 @@ func (e *Engine) startStep(t time.Time) {
 		}
 	}
 	d := e.StepTime(prefillTokens, decoding, e.factor)
+	if f := e.slowdown(t); f != 1 {
+		d = max(time.Duration(float64(d)/f), 1)
+	}
 	e.busy = true
 	e.stepStart, e.stepDur, e.stepEnd = t, d, t.Add(d)
 	e.step = append(e.step[:0], e.running...)

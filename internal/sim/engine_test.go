@@ -539,3 +539,29 @@ func BenchmarkEngine_Request(b *testing.B) {
 	}
 	drain(e)
 }
+
+func TestEngine_SlowdownStretchesStepsInItsWindow(t *testing.T) {
+	p := DefaultParams()
+	p.InterferenceScale = 0
+	p.Slowdowns = []Slowdown{{After: 10 * time.Second, For: 10 * time.Second, Factor: 0.5}}
+	start := time.Unix(0, 0)
+	run := func(at time.Duration) time.Duration {
+		e := NewEngine(p, start)
+		var first, done time.Time
+		if _, err := e.Submit(start.Add(at), Request{PromptTokens: 1, MaxTokens: 11, IgnoreEOS: true}, Callbacks{
+			OnFirstToken: func(t time.Time) { first = t },
+			OnDone:       func(t time.Time, _ Result) { done = t },
+		}); err != nil {
+			t.Fatal(err)
+		}
+		e.AdvanceTo(start.Add(time.Hour))
+		return done.Sub(first)
+	}
+	before, during, after := run(0), run(12*time.Second), run(30*time.Second)
+	if before != after {
+		t.Fatalf("decode of 10 tokens took %v before and %v after the slowdown", before, after)
+	}
+	if got, want := during, 2*before; got < want-time.Millisecond || got > want+time.Millisecond {
+		t.Fatalf("during the slowdown it took %v, want about %v (half speed)", got, want)
+	}
+}

@@ -182,6 +182,11 @@ type fleetEntry struct {
 	OutputMin           *int     `yaml:"output_min" json:"output_min"`
 	OutputMax           *int     `yaml:"output_max" json:"output_max"`
 	TimeScale           *float64 `yaml:"time_scale" json:"time_scale"`
+	Slowdowns           []struct {
+		After  string  `yaml:"after" json:"after"`
+		For    string  `yaml:"for" json:"for"`
+		Factor float64 `yaml:"factor" json:"factor"`
+	} `yaml:"slowdowns" json:"slowdowns"`
 }
 
 // ParseFleetFile reads a fleet description: JSON if the file name ends in
@@ -196,6 +201,8 @@ type fleetEntry struct {
 //	  - name: gpu-2-small
 //	    kv_tokens: 8192
 //	    startup_delay: 30s
+//	  - name: gpu-3-throttled
+//	    slowdowns: [{after: 5m, for: 5m, factor: 0.5}]
 func ParseFleetFile(path string) ([]WorkerSpec, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -261,6 +268,14 @@ func ParseFleet(data []byte, isJSON bool) ([]WorkerSpec, error) {
 		setIf(&p.OutputSigma, w.OutputSigma)
 		setIf(&p.OutputMin, w.OutputMin)
 		setIf(&p.OutputMax, w.OutputMax)
+		for j, sd := range w.Slowdowns {
+			x := Slowdown{Factor: sd.Factor}
+			dur(fmt.Sprintf("slowdowns[%d].after", j), &sd.After, &x.After)
+			if sd.For != "" {
+				dur(fmt.Sprintf("slowdowns[%d].for", j), &sd.For, &x.For)
+			}
+			p.Slowdowns = append(p.Slowdowns, x)
+		}
 		if err := p.Validate(); err != nil {
 			errs = append(errs, prefixErrors(key, err))
 		}

@@ -293,7 +293,7 @@ func TestBoltStore_FullDiskChild(t *testing.T) {
 	if err != nil {
 		fail("load: %v", err)
 	}
-	if len(got) != 2 || got["kept"] != sample(1) || got["after"] != sample(2) {
+	if len(got) != 2 || !cmp.Equal(got["kept"], sample(1)) || !cmp.Equal(got["after"], sample(2)) {
 		fail("after the failed save the store holds %d entries, want kept and after", len(got))
 	}
 	s.Close()

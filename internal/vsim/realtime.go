@@ -77,9 +77,43 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 			m = w.Params.Model
 		}
 		rc.Workers = append(rc.Workers, config.Worker{Name: w.Name, URL: urls[i], Kind: "llamacpp", Models: []string{m},
-			MaxConcurrency: c.limitOf(w.Name), GPUMetrics: urls[i] + "/dcgm/metrics"})
+			MaxConcurrency: config.Concurrency(c.limitOf(w.Name)), GPUMetrics: urls[i] + "/dcgm/metrics"})
 	}
+	rc.Limits = routerLimits(c.Concurrency, scale)
 	return rc
+}
+
+// routerLimits is the config of lc for a fleet running scale times faster
+// than model time: its durations divided by scale and its rates (measured
+// on the wall clock) multiplied by it. Zero values keep the defaults.
+func routerLimits(lc scheduler.LimitConfig, scale float64) config.Limits {
+	l := config.DefaultConfig().Limits
+	l.Adaptive = !lc.Fixed
+	l.MinStreamTokS = lc.MinStreamTokS * scale
+	if lc.FloorFraction > 0 {
+		l.FloorFraction = lc.FloorFraction
+	}
+	if lc.MinSamples > 0 {
+		l.MinSamples = lc.MinSamples
+	}
+	sd := func(d, def time.Duration) time.Duration {
+		if d <= 0 {
+			d = def
+		}
+		return max(time.Duration(float64(d)/scale), time.Millisecond)
+	}
+	l.ProbeAfter = sd(lc.ProbeAfter, l.ProbeAfter)
+	l.BorrowAfter = sd(lc.BorrowAfter, l.BorrowAfter)
+	if lc.DefaultCap > 0 {
+		l.DefaultCap = lc.DefaultCap
+	}
+	for m, f := range lc.ModelFloors {
+		if l.Models == nil {
+			l.Models = map[string]config.ModelTargets{}
+		}
+		l.Models[m] = config.ModelTargets{MinStreamTokS: f * scale}
+	}
+	return l
 }
 
 // RunHTTP runs items through a fresh fleet and router and returns the

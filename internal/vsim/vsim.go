@@ -43,6 +43,8 @@ type Config struct {
 	// Limits overrides MaxConcurrency per worker name, as a router config
 	// sets max_concurrency per worker (a slower card may take fewer).
 	Limits map[string]int
+	// Concurrency configures the adaptive limit below those caps.
+	Concurrency scheduler.LimitConfig
 	// MaxQueue and QueueTimeout are the admission bounds.
 	MaxQueue     int
 	QueueTimeout time.Duration
@@ -91,16 +93,17 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		ScrapeInterval: rc.Telemetry.Interval,
 		StaleAfter:     rc.Telemetry.StaleAfter,
 		Alpha:          rc.Stats.Alpha,
+		Concurrency:    rc.Limits.Scheduler(),
 	}
 	if len(rc.Workers) > 0 {
-		c.MaxConcurrency = rc.Workers[0].MaxConcurrency
+		c.MaxConcurrency = int(rc.Workers[0].MaxConcurrency)
 	}
 	for _, w := range rc.Workers {
 		if w.MaxConcurrency > 0 {
 			if c.Limits == nil {
 				c.Limits = map[string]int{}
 			}
-			c.Limits[w.Name] = w.MaxConcurrency
+			c.Limits[w.Name] = int(w.MaxConcurrency)
 		}
 	}
 	return c
@@ -246,6 +249,9 @@ type Stats struct {
 	// VirtualSpan is the virtual time from the first arrival to the last
 	// event.
 	VirtualSpan time.Duration
+	// Workers is the scheduler's view of every worker at the end: among
+	// others each one's learned concurrency limit and why.
+	Workers []scheduler.WorkerState
 }
 
 // Run simulates items (arrival offsets from the moment the fleet is ready)
@@ -262,7 +268,7 @@ func RunStats(cfg Config, items []bench.Item) ([]bench.Result, Stats, error) {
 		return nil, Stats{}, err
 	}
 	end := r.loop()
-	return r.results, Stats{Events: r.events, VirtualSpan: end.Sub(r.t0)}, nil
+	return r.results, Stats{Events: r.events, VirtualSpan: end.Sub(r.t0), Workers: r.sched.Workers()}, nil
 }
 
 func newRun(cfg Config, items []bench.Item) (*run, error) {
@@ -327,6 +333,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		NoRecords:     cfg.Recorder == nil, // nobody would read them
 		IDPrefix:      "vsim",
 		PrefixIndex:   prefixIndex(cfg.Workers, items, r.clock),
+		Limits:        cfg.Concurrency,
 	}, specs...)
 	if err != nil {
 		return nil, fmt.Errorf("vsim: %w", err)
@@ -591,8 +598,9 @@ func (r *run) finished(i int, at time.Time, sr sim.Result) {
 		obs.DecodeTPS = res.DecodeRate
 	}
 	rq.ended = true
-	r.tracker.Observe(r.workers[rq.worker].name, obs, at)
 	r.clock.now = at
+	obs.Concurrency = rq.lease.MeanConcurrency()
+	r.tracker.Observe(r.workers[rq.worker].name, obs, at)
 	rq.lease.Observe(sr.CompletionTokens)
 	rq.lease.Release()
 }
@@ -631,7 +639,10 @@ func (r *run) scrape(now time.Time) {
 		}
 		kick = true
 	}
-	if kick {
+	// With requests waiting, a scrape tick is also when a router would
+	// notice that they have waited long enough for workers to borrow
+	// over their learned limits (scheduler.Admit's step timer).
+	if kick || r.queued > 0 {
 		r.sched.Kick()
 	}
 }

@@ -1,0 +1,368 @@
+package scheduler
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// LimitConfig configures adaptive per-worker concurrency: how many
+// requests Sluice lets a worker run at once when its max_concurrency is
+// "auto" (the default), or below the hand-set cap when it is a number.
+//
+// # The controller
+//
+// A GPU does not degrade gracefully: one more stream on a busy card can
+// slow every stream on it unpredictably. So the limit is learned per
+// worker from what its streams really achieved at each concurrency level
+// (stats.Level: the moving average and spread of per-stream decode rates
+// of requests that ran with k requests in flight on the worker), against
+// a floor, the per-stream decode rate every stream should keep:
+//
+//   - level k is good when it has at least MinSamples samples and its
+//     pessimistic rate, mean minus one standard deviation (about the 16th
+//     percentile), is at or above the floor; bad when below;
+//   - the limit is the highest good level reached from 1 upwards with no
+//     bad level below it, plus one level still unmeasured: that is the
+//     probe. A probe level is taken only after the one below proved good,
+//     so the limit climbs one stream at a time, each step only after its
+//     predecessor held;
+//   - a bad level stops the climb: when measured rates fall (a noisy
+//     neighbour, KV pressure, a card that slows down) the level's average
+//     drops under the floor within a few samples and the limit backs off
+//     below it;
+//   - a bad level's verdict expires after ProbeAfter without samples, so
+//     a worker that recovered is probed again instead of being held down
+//     by old measurements;
+//   - the worker's own telemetry caps the limit at what is in flight when
+//     it says it is saturated: requests waiting in its own queue, or its
+//     KV cache nearly full.
+//
+// Why it is stable: the limit is a pure function of measured averages, so
+// it moves only when the measurements do. Going up needs MinSamples good
+// samples at the new level and goes one level at a time; going down needs
+// the level's average to fall below the floor. Between the two the
+// pessimistic rate must cross the floor, and the averages move by at most
+// alpha of a sample's gap each time, so the limit cannot oscillate faster
+// than samples arrive, and a level that is comfortably above or below the
+// floor is never revisited. This is the shape of TCP Vegas and of the
+// gradient limiters (Netflix concurrency-limits, Envoy's adaptive
+// concurrency filter), which compare a measured rate or latency with a
+// target to decide whether one more in flight is worth it, with the
+// target here being the user's promise — per-stream tokens/s — rather
+// than a latency ratio.
+//
+// The floor, when not set, is FloorFraction of the best solo decode rate
+// (level 1) measured among the workers of the model, so a fleet is judged
+// against its own fastest card without hand tuning.
+//
+// # Borrowing under a backlog
+//
+// A floor that holds at every load would turn a burst into queue
+// timeouts. When the oldest request waiting for a model has waited
+// BorrowAfter or longer, each worker may take one more stream than its
+// learned limit for every BorrowAfter waited, up to its cap: the fleet
+// trades some decode rate for time to first token only while requests
+// are actually waiting, and the decision record says so.
+type LimitConfig struct {
+	// Fixed turns learning off: every worker's limit is its
+	// max_concurrency, else its reported slots, else 1.
+	Fixed bool
+	// MinStreamTokS is the per-stream decode-rate floor in tokens/s; 0
+	// derives it from FloorFraction.
+	MinStreamTokS float64
+	// ModelFloors overrides MinStreamTokS per model.
+	ModelFloors map[string]float64
+	// FloorFraction is the floor as a fraction of the best solo decode
+	// rate among the model's workers, when no floor is set; 0.5 when 0.
+	FloorFraction float64
+	// MinSamples is how many streams a level needs before it is judged; 3
+	// when 0.
+	MinSamples int
+	// ProbeAfter is how long a bad level's verdict lasts without new
+	// samples; 60s when 0.
+	ProbeAfter time.Duration
+	// BorrowAfter is the queue wait after which workers may exceed their
+	// learned limit (one stream per BorrowAfter waited); 2s when 0.
+	BorrowAfter time.Duration
+	// DefaultCap bounds a worker that has neither max_concurrency nor
+	// reported slots (vLLM, OpenAI-compatible servers); 64 when 0.
+	DefaultCap int
+}
+
+func (c LimitConfig) withDefaults() LimitConfig {
+	if c.FloorFraction <= 0 {
+		c.FloorFraction = 0.5
+	}
+	if c.MinSamples <= 0 {
+		c.MinSamples = 3
+	}
+	if c.ProbeAfter <= 0 {
+		c.ProbeAfter = time.Minute
+	}
+	if c.BorrowAfter <= 0 {
+		c.BorrowAfter = 2 * time.Second
+	}
+	if c.DefaultCap <= 0 {
+		c.DefaultCap = 64
+	}
+	return c
+}
+
+// Limit sources, as /api/workers and records name them.
+const (
+	LimitFromConfig  = "config"  // max_concurrency, learning off
+	LimitFromSlots   = "slots"   // the worker's reported slots, learning off
+	LimitFromDefault = "default" // 1, learning off and nothing reported
+	LimitLearned     = "learned" // adaptive
+)
+
+// limitState is a worker's limit at one moment, with the facts behind it;
+// the reason is put in words only when a record or API is read, so the
+// hot path formats nothing.
+type limitState struct {
+	limit   int    // in force for a new request
+	learned int    // what the controller learned (limit without borrowing)
+	cap     int    // the most it may ever be
+	source  string // one of the Limit* constants
+	floor   float64
+
+	why    uint8         // one of the why* constants below
+	level  int           // the level the reason is about
+	n      int64         // samples at that level
+	p      float64       // its pessimistic rate
+	age    time.Duration // age of its verdict (re-probe)
+	sat    uint8         // satQueue or satKV when telemetry capped it
+	satVal float64
+	borrow int           // streams borrowed over the learned limit
+	waited time.Duration // the queue wait that allowed borrowing
+}
+
+const (
+	whyFixed uint8 = iota
+	whyNoFloor
+	whyNoFloorProbe
+	whyProbe
+	whyReprobe
+	whySoloSlow
+	whyBad
+	whyCap
+)
+
+const (
+	satNone uint8 = iota
+	satQueue
+	satKV
+)
+
+// String says in words why the limit is what it is.
+func (st limitState) String() string {
+	var out string
+	switch st.why {
+	case whyFixed:
+		out = fmt.Sprintf("fixed at %d (%s)", st.limit, st.source)
+	case whyNoFloor:
+		out = fmt.Sprintf("1: measuring the solo rate (%d samples)", st.n)
+	case whyNoFloorProbe:
+		out = "2: no floor yet (no worker measured alone); probing 2"
+	case whyProbe:
+		out = fmt.Sprintf("%d: probing from %d streams (%d samples there so far); floor %.1f tok/s", st.learned, st.level, st.n, st.floor)
+	case whyReprobe:
+		out = fmt.Sprintf("%d: re-probing; the verdict on %d streams (p16 %.1f < floor %.1f tok/s) is %.0fs old", st.learned, st.level, st.p, st.floor, st.age.Seconds())
+	case whySoloSlow:
+		out = fmt.Sprintf("1: alone it decodes %.1f tok/s (p16), under the floor %.1f", st.p, st.floor)
+	case whyBad:
+		out = fmt.Sprintf("%d: at %d streams the slowest decode %.1f tok/s (p16), under the floor %.1f", st.learned, st.level, st.p, st.floor)
+	case whyCap:
+		out = fmt.Sprintf("%d, the cap (%s): every level holds the floor %.1f tok/s", st.learned, st.source, st.floor)
+	}
+	switch st.sat {
+	case satQueue:
+		out += fmt.Sprintf("; the worker queues %.0f itself: no more than in flight", st.satVal)
+	case satKV:
+		out += fmt.Sprintf("; KV cache %.0f%% full: no more than in flight", 100*st.satVal)
+	}
+	if st.borrow > 0 {
+		out += fmt.Sprintf("; borrowing +%d: the oldest queued request waited %.1fs", st.borrow, st.waited.Seconds())
+	}
+	return out
+}
+
+// capOf is the most a worker may run: its max_concurrency, else its
+// reported slots, else the default cap (learning) or 1 (fixed).
+func (s *Scheduler) capOf(w *worker, snap *Snapshot) (int, string) {
+	switch {
+	case w.spec.MaxConcurrency > 0:
+		return w.spec.MaxConcurrency, LimitFromConfig
+	case snap.Slots > 0:
+		return snap.Slots, LimitFromSlots
+	case s.limits.Fixed:
+		return 1, LimitFromDefault
+	}
+	return s.limits.DefaultCap, LimitFromDefault
+}
+
+// floorFor returns the decode-rate floor for model: configured, or
+// FloorFraction of the best solo rate measured among its workers (0 when
+// none has been measured alone yet).
+func (s *Scheduler) floorFor(model string) float64 {
+	if f, ok := s.limits.ModelFloors[model]; ok && f > 0 {
+		return f
+	}
+	if s.limits.MinStreamTokS > 0 {
+		return s.limits.MinStreamTokS
+	}
+	best := 0.0
+	for _, w := range s.workers {
+		if !w.serves(w.snapshot(), model) {
+			continue
+		}
+		if l := s.statsOf(w).Level(1); l.DecodeTPS.Known() {
+			best = max(best, l.DecodeTPS.Value)
+		}
+	}
+	return s.limits.FloorFraction * best
+}
+
+// limitLocked computes w's limit for a request of a model whose floor is
+// floor, given how long that model's oldest queued request has waited.
+func (s *Scheduler) limitLocked(w *worker, snap *Snapshot, floor float64, waited time.Duration, now time.Time) limitState {
+	capN, src := s.capOf(w, snap)
+	if s.limits.Fixed {
+		return limitState{limit: capN, learned: capN, cap: capN, source: src, why: whyFixed}
+	}
+	st := limitState{cap: capN, source: LimitLearned, floor: floor}
+	s.learn(&st, s.statsOf(w), now)
+	st.limit = st.learned
+	if kind, v := saturated(snap, now, s.cfg.StaleAfter); kind != satNone && w.active < st.limit {
+		st.sat, st.satVal = kind, v
+		st.limit = max(w.active, 1)
+	}
+	if waited >= s.limits.BorrowAfter && st.limit < capN {
+		n := min(st.limit+int(waited/s.limits.BorrowAfter), capN)
+		st.borrow, st.waited = n-st.limit, waited
+		st.limit = n
+	}
+	return st
+}
+
+// learn walks the levels from 1 upwards and sets st.learned and why. See
+// LimitConfig.
+func (s *Scheduler) learn(st *limitState, ws *stats.WorkerStats, now time.Time) {
+	minN := int64(s.limits.MinSamples)
+	if st.floor <= 0 {
+		// Nobody has been measured alone yet: start at one stream, the
+		// only level whose rate is the card's own.
+		st.n = ws.Level(1).DecodeTPS.N
+		if st.n >= minN {
+			st.learned, st.why = min(2, st.cap), whyNoFloorProbe
+			return
+		}
+		st.learned, st.why = 1, whyNoFloor
+		return
+	}
+	st.learned = 1
+	for k := 1; k <= st.cap; k++ {
+		l := ws.Level(k)
+		n := l.DecodeTPS.N
+		p := l.DecodeTPS.Value - l.StdDev()
+		st.level, st.n, st.p = k, n, p
+		switch {
+		case n < minN:
+			st.learned, st.why = k, whyProbe
+			return
+		case p >= st.floor:
+			st.learned = k
+			continue
+		case now.Sub(l.Updated) >= s.limits.ProbeAfter:
+			st.learned, st.why, st.age = k, whyReprobe, now.Sub(l.Updated)
+			return
+		}
+		if k == 1 {
+			st.why = whySoloSlow
+		} else {
+			st.why = whyBad
+		}
+		return
+	}
+	st.learned, st.why = st.cap, whyCap
+}
+
+// saturated reports a fresh reading that says the worker cannot take more
+// than it runs: requests waiting in its own queue, or a KV cache nearly
+// full.
+func saturated(snap *Snapshot, now time.Time, staleAfter time.Duration) (uint8, float64) {
+	fresh := func(r Reading) bool {
+		return r.Known() && (staleAfter <= 0 || now.Sub(r.At) <= staleAfter)
+	}
+	switch {
+	case fresh(snap.QueueLen) && snap.QueueLen.Value >= 1:
+		return satQueue, snap.QueueLen.Value
+	case fresh(snap.KVPressure) && snap.KVPressure.Value >= 0.95:
+		return satKV, snap.KVPressure.Value
+	}
+	return satNone, 0
+}
+
+// oldestWaitLocked is how long the oldest request queued for model has
+// waited; 0 when none waits.
+func (s *Scheduler) oldestWaitLocked(model string, now time.Time) time.Duration {
+	q, ok := s.queues[model]
+	if !ok {
+		return 0
+	}
+	var oldest time.Time
+	older := func(t *Ticket) {
+		if t != nil && (oldest.IsZero() || t.enq.Before(oldest)) {
+			oldest = t.enq
+		}
+	}
+	for _, t := range q.retries {
+		older(t)
+	}
+	for i := range q.classes {
+		if q.classes[i].n > 0 {
+			older(q.classes[i].oldest())
+		}
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	return now.Sub(oldest)
+}
+
+// busy accumulates the time integral of a worker's in-flight count, so a
+// finished request can say at what mean concurrency it ran.
+type busy struct {
+	integral float64   // request-seconds up to at
+	at       time.Time // when active last changed
+}
+
+// move advances the integral to now at the current active count.
+func (b *busy) move(active int, now time.Time) {
+	if !b.at.IsZero() && now.After(b.at) {
+		b.integral += float64(active) * now.Sub(b.at).Seconds()
+	}
+	if now.After(b.at) || b.at.IsZero() {
+		b.at = now
+	}
+}
+
+// MeanConcurrency returns the mean number of requests Sluice had in flight
+// on the lease's worker since the lease was made, this one included: the
+// concurrency level its measurements belong to. Call it before Release.
+func (l *Lease) MeanConcurrency() float64 {
+	s := l.s
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := l.w.busy
+	b.move(l.w.active, now)
+	d := now.Sub(l.bound).Seconds()
+	if d <= 0 {
+		return float64(max(l.w.active, 1))
+	}
+	return math.Max(1, (b.integral-l.busyAtBind)/d)
+}

@@ -1,0 +1,172 @@
+package scheduler
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// levels builds worker stats from per-level (mean, sd, samples).
+func levels(now time.Time, ls ...[3]float64) stats.WorkerStats {
+	var ws stats.WorkerStats
+	for _, l := range ls {
+		mean, sd, n := l[0], l[1], int64(l[2])
+		ws.Levels = append(ws.Levels, stats.Level{
+			DecodeTPS: stats.EMA{Value: mean, N: n},
+			DecodeSq:  stats.EMA{Value: mean*mean + sd*sd, N: n},
+			Updated:   now,
+		})
+	}
+	return ws
+}
+
+func TestLimit_LearnsFromLevels(t *testing.T) {
+	now := time.Unix(10000, 0)
+	old := now.Add(-2 * time.Minute)
+	stale := levels(old, [3]float64{80, 1, 9}, [3]float64{70, 2, 9}, [3]float64{40, 2, 9})
+	stale.Levels[0].Updated, stale.Levels[1].Updated = now, now
+	tests := []struct {
+		name   string
+		stats  *stats.WorkerStats
+		want   int
+		reason string
+	}{
+		{"no history: one stream", nil, 1, "probing from 1"},
+		{"solo proven: probe 2", ptr(levels(now, [3]float64{80, 1, 5})), 2, "probing from 2"},
+		{"climbs one level at a time", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{60, 2, 1})), 3, "probing from 3"},
+		{"stops under the floor", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{55, 8, 5})), 2, "at 3 streams the slowest decode 47.0"},
+		{"spread counts, not only the mean", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{60, 15, 5})), 1, "at 2 streams"},
+		{"every level holds: the cap", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{75, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5})), 4, "the cap"},
+		{"a stale verdict is probed again", &stale, 3, "re-probing"},
+		{"alone under the floor: still one", ptr(levels(now, [3]float64{30, 1, 5})), 1, "alone it decodes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := fakeStats{}
+			if tt.stats != nil {
+				fs["w"] = *tt.stats
+			}
+			s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now},
+				Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, ProbeAfter: time.Minute}},
+				WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
+			st := s.Workers()[0]
+			if st.Learned != tt.want || st.Limit != tt.want {
+				t.Fatalf("limit %d learned %d, want %d (%s)", st.Limit, st.Learned, tt.want, st.LimitReason)
+			}
+			if st.LimitSource != LimitLearned || !strings.Contains(st.LimitReason, tt.reason) {
+				t.Fatalf("source %q reason %q, want learned and a reason containing %q", st.LimitSource, st.LimitReason, tt.reason)
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Without a configured floor, it is half the best solo rate among the
+// model's workers: the fleet is judged against its own fastest card.
+func TestLimit_FloorFollowsTheFastestCard(t *testing.T) {
+	now := time.Unix(10000, 0)
+	fs := fakeStats{
+		"fast": levels(now, [3]float64{80, 1, 5}, [3]float64{50, 1, 5}, [3]float64{38, 1, 5}),
+		"slow": levels(now, [3]float64{45, 1, 5}, [3]float64{36, 1, 5}),
+	}
+	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, Limits: LimitConfig{MinSamples: 3}},
+		WorkerSpec{Name: "fast", Models: []string{"m"}, MaxConcurrency: 4},
+		WorkerSpec{Name: "slow", Models: []string{"m"}, MaxConcurrency: 4})
+	ws := s.Workers()
+	if got, want := ws[0].Floor, 40.0; got != want {
+		t.Fatalf("floor %v, want %v (half of 80)", got, want)
+	}
+	if ws[0].Learned != 2 || ws[1].Learned != 1 {
+		t.Fatalf("learned fast %d slow %d, want 2 and 1: %s / %s", ws[0].Learned, ws[1].Learned, ws[0].LimitReason, ws[1].LimitReason)
+	}
+}
+
+// A worker that says it is saturated (its own queue, a full KV cache)
+// gets nothing more than it runs, whatever was learned.
+func TestLimit_SaturatedWorkerTakesNoMore(t *testing.T) {
+	now := time.Unix(10000, 0)
+	fs := fakeStats{"w": levels(now, [3]float64{80, 1, 5}, [3]float64{75, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5})}
+	for _, snap := range []Snapshot{
+		{QueueLen: Reading{Value: 2, At: now, Source: "test"}},
+		{KVPressure: Reading{Value: 0.97, At: now, Source: "test"}},
+	} {
+		s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, StaleAfter: 3 * time.Second,
+			Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
+			WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(snap)})
+		if _, err := s.Admit(context.Background(), Request{Model: "m"}); err != nil {
+			t.Fatal(err)
+		}
+		tk := s.Submit(Request{Model: "m"}, nil)
+		if tk.Done() {
+			l, _ := tk.Result()
+			t.Fatalf("second request bound (limit %d) although the worker reports %+v", l.Limit, snap)
+		}
+		if r := s.Workers()[0].LimitReason; !strings.Contains(r, "no more than in flight") {
+			t.Fatalf("reason %q does not say why", r)
+		}
+	}
+}
+
+// A request that waits long enough lets a worker run one stream over its
+// learned limit, and nothing but the wait has to happen for it.
+func TestLimit_BorrowsWhenTheQueueWaits(t *testing.T) {
+	clk := NewManualClock(time.Unix(10000, 0))
+	now := clk.Now()
+	fs := fakeStats{"w": levels(now, [3]float64{80, 1, 5}, [3]float64{30, 1, 5})} // learned 1
+	s := newSched(t, Config{MaxQueue: 5, QueueTimeout: time.Minute, Stats: fs, Clock: clk,
+		Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
+		WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
+	held, err := s.Admit(context.Background(), Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	got := make(chan *Lease, 1)
+	go func() {
+		l, err := s.Admit(context.Background(), Request{Model: "m"})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	clk.AwaitTimers(2) // the waiter has armed its timeout and its borrow step
+	clk.Advance(1999 * time.Millisecond)
+	select {
+	case l := <-got:
+		t.Fatalf("bound before borrowing was due: %+v", l)
+	default:
+	}
+	clk.Advance(time.Millisecond)
+	l := <-got
+	defer l.Release()
+	if l.Limit != 2 {
+		t.Fatalf("bound at limit %d, want 2 (learned 1, borrowing 1)", l.Limit)
+	}
+	rec := l.Decision.Explain()
+	if r := rec.Candidates[0].LimitReason; !strings.Contains(r, "borrowing +1") {
+		t.Fatalf("record's limit reason %q does not say it borrowed", r)
+	}
+}
+
+// MeanConcurrency is the time-weighted number in flight over a lease's
+// life: what its measurements are filed under.
+func TestLease_MeanConcurrency(t *testing.T) {
+	clk := NewManualClock(time.Unix(10000, 0))
+	s := newSched(t, Config{MaxQueue: 5, Clock: clk, Limits: LimitConfig{Fixed: true}}, WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
+	a, _ := s.Admit(context.Background(), Request{Model: "m"})
+	clk.Advance(time.Second) // alone for 1s
+	b, _ := s.Admit(context.Background(), Request{Model: "m"})
+	clk.Advance(3 * time.Second) // two for 3s
+	if got, want := a.MeanConcurrency(), 1.75; got != want {
+		t.Fatalf("a ran at %v, want %v", got, want)
+	}
+	if got, want := b.MeanConcurrency(), 2.0; got != want {
+		t.Fatalf("b ran at %v, want %v", got, want)
+	}
+	a.Release()
+	b.Release()
+}
