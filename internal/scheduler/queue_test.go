@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -482,5 +483,27 @@ func TestScheduler_RequestedClassNeverRaisesPriority(t *testing.T) {
 		if got := s.RequestedClass(tt.granted, tt.asked); got != tt.want {
 			t.Errorf("RequestedClass(%q, %q) = %q, want %q", tt.granted, tt.asked, got, tt.want)
 		}
+	}
+}
+
+// Admit waits no longer than the request's class deadline.
+func TestScheduler_AdmitTimesOutAtClassDeadline(t *testing.T) {
+	clk := NewManualClock(time.Unix(1000, 0))
+	classes := []Class{{Name: "interactive", MaxQueueWait: 5 * time.Second}, {Name: "batch", Priority: 1}}
+	s := newSched(t, Config{MaxQueue: 5, QueueTimeout: time.Minute, Clock: clk, Classes: classes}, workers(1, 1, "m")...)
+	held, err := s.Admit(context.Background(), Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Admit(context.Background(), Request{Model: "m"})
+		errc <- err
+	}()
+	clk.AwaitTimers(1)
+	clk.Advance(5 * time.Second)
+	if err := <-errc; !errors.Is(err, ErrQueueTimeout) {
+		t.Fatalf("err %v, want queue timeout at the class's 5 s", err)
 	}
 }

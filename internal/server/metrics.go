@@ -118,6 +118,7 @@ var (
 	descTTFT    = prometheus.NewDesc("sluice_worker_ema_ttft_seconds", "Moving average of the worker's time to first token.", []string{"worker"}, nil)
 	descTPS     = prometheus.NewDesc("sluice_worker_ema_decode_tokens_per_second", "Moving average of the worker's per-stream decode rate.", []string{"worker"}, nil)
 	descQueue   = prometheus.NewDesc("sluice_queue_depth", "Requests waiting in Sluice's admission queue.", []string{"model"}, nil)
+	descQueueBy = prometheus.NewDesc("sluice_queue_depth_by_class", "Requests waiting in Sluice's admission queue, by priority class.", []string{"model", "class"}, nil)
 )
 
 // stateCollector reads the scheduler and tracker at scrape time, so its
@@ -128,7 +129,7 @@ type stateCollector struct {
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descActive, descLimit, descHealthy, descKV, descGPU, descTTFT, descTPS, descQueue} {
+	for _, d := range []*prometheus.Desc{descActive, descLimit, descHealthy, descKV, descGPU, descTTFT, descTPS, descQueue, descQueueBy} {
 		ch <- d
 	}
 }
@@ -157,12 +158,20 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descTPS, prometheus.GaugeValue, st.DecodeTPS.Value, w.Name)
 		}
 	}
-	// Only models the fleet serves: a queue also exists for every model
-	// name a client ever asked for, and a client must not mint series.
+	// Only models the fleet serves: requests may wait for a model nobody
+	// is known to serve yet (while discovery runs), and a client must not
+	// mint series.
 	served := s.Models()
 	for model, depth := range s.QueueDepths() {
 		if slices.Contains(served, model) {
 			ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(depth), model)
+		}
+	}
+	for model, by := range s.QueueDepthsByClass() {
+		if slices.Contains(served, model) {
+			for class, depth := range by {
+				ch <- prometheus.MustNewConstMetric(descQueueBy, prometheus.GaugeValue, float64(depth), model, class)
+			}
 		}
 	}
 }

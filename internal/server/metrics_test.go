@@ -128,6 +128,7 @@ func TestMetrics_NamesAndLabels(t *testing.T) {
 		"sluice_prompt_tokens_total":                 {dto.MetricType_COUNTER, []string{"model", "worker"}},
 		"sluice_retries_total":                       {dto.MetricType_COUNTER, []string{"model"}},
 		"sluice_queue_depth":                         {dto.MetricType_GAUGE, []string{"model"}},
+		"sluice_queue_depth_by_class":                {dto.MetricType_GAUGE, []string{"class", "model"}},
 		"sluice_worker_active_requests":              {dto.MetricType_GAUGE, []string{"worker"}},
 		"sluice_worker_max_concurrency":              {dto.MetricType_GAUGE, []string{"worker"}},
 		"sluice_worker_eligible":                     {dto.MetricType_GAUGE, []string{"worker"}},
