@@ -197,7 +197,7 @@ func writeContent(hs *Hasher, raw json.RawMessage) {
 
 // body is what FromBody reads of an inference request.
 type body struct {
-	Messages []Message       `json:"messages"`
+	Messages json.RawMessage `json:"messages"`
 	Prompt   json.RawMessage `json:"prompt"`
 }
 
@@ -212,18 +212,28 @@ func FromBody(b []byte, blockBytes int) []uint64 {
 	if json.Unmarshal(b, &in) != nil {
 		return nil
 	}
+	return FromFields(in.Messages, in.Prompt, blockBytes)
+}
+
+// FromFields is FromBody for a body already decoded: its `messages` and
+// `prompt` fields as they were sent (either may be empty).
+func FromFields(messages, prompt json.RawMessage, blockBytes int) []uint64 {
+	var msgs []Message
+	if len(messages) > 0 && string(messages) != "null" && json.Unmarshal(messages, &msgs) != nil {
+		return nil
+	}
 	hs := NewHasher(blockBytes)
 	switch {
-	case len(in.Messages) > 0:
-		Render(hs, in.Messages)
-	case len(in.Prompt) > 0 && in.Prompt[0] == '"':
+	case len(msgs) > 0:
+		Render(hs, msgs)
+	case len(prompt) > 0 && prompt[0] == '"':
 		var s string
-		if json.Unmarshal(in.Prompt, &s) != nil {
+		if json.Unmarshal(prompt, &s) != nil {
 			return nil
 		}
 		hs.WriteString(s)
-	case len(in.Prompt) > 0 && string(in.Prompt) != "null":
-		hs.Write(in.Prompt)
+	case len(prompt) > 0 && string(prompt) != "null":
+		hs.Write(prompt)
 	}
 	if len(hs.hashes) == 0 {
 		return nil

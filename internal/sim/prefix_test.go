@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -80,5 +82,32 @@ func TestEngine_NoPrefixNoCache(t *testing.T) {
 	}
 	if e.prefix != nil {
 		t.Fatalf("a prefix cache was made for requests without hashes")
+	}
+}
+
+// TestServer_PromptCache sends the same long prompt twice to the HTTP
+// server: the second time its blocks are cached, as llama-server's
+// cache_prompt would have them, and the timings say so.
+func TestServer_PromptCache(t *testing.T) {
+	_, hs := newTestServer(t, testParams(), 1000)
+	body := fmt.Sprintf(`{"prompt":%q,"n_predict":2,"ignore_eos":true}`, strings.Repeat("the same long document ", 200))
+	type timings struct {
+		CacheN  int `json:"cache_n"`
+		PromptN int `json:"prompt_n"`
+	}
+	var first, second struct {
+		Timings timings `json:"timings"`
+	}
+	decodeBody(t, post(t, hs.URL+"/completion", body), &first)
+	decodeBody(t, post(t, hs.URL+"/completion", body), &second)
+	if first.Timings.CacheN != 0 {
+		t.Fatalf("first request: cache_n %d, want 0", first.Timings.CacheN)
+	}
+	// 4,600 bytes are 1,150 estimated tokens: 8 whole blocks of 128.
+	if got, want := second.Timings.CacheN, 8*128; got != want {
+		t.Fatalf("second request: cache_n %d, want %d", got, want)
+	}
+	if got, want := second.Timings.PromptN, first.Timings.PromptN-8*128; got != want {
+		t.Fatalf("second request: prompt_n %d, want %d (the uncached rest)", got, want)
 	}
 }

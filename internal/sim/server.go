@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/prefix"
 )
 
 // Options tune a Server beyond its engine Params.
@@ -461,6 +463,10 @@ func parseGenRequest(kind genKind, body io.Reader) (genRequest, error) {
 			return genRequest{}, errors.New("'sim_prompt_tokens' must be at least 1")
 		}
 		g.req.PromptTokens = *wr.SimPromptTokens
+	} else {
+		// The prompt cache: blocks of the rendered text, as the router
+		// guesses them (a real server's blocks are of real tokens).
+		g.req.Prefix, g.req.PrefixBlockTokens = prefix.FromFields(wr.Messages, wr.Prompt, prefix.BlockBytes), prefix.BlockTokens
 	}
 	limit := -1
 	for _, v := range []*int{wr.NPredict, wr.MaxTokens, wr.MaxCompletionTokens} {
@@ -756,11 +762,11 @@ func timings(res Result) map[string]any {
 		return ms / float64(n), float64(n) / d.Seconds()
 	}
 	predicted := max(res.CompletionTokens-1, 0) // the first token comes with the prompt step
-	pTok, pSec := per(res.PromptTokens, res.PromptTime)
+	pTok, pSec := per(res.PromptTokens-res.CachedTokens, res.PromptTime)
 	gTok, gSec := per(predicted, res.GenTime)
 	return map[string]any{
-		"cache_n":                0,
-		"prompt_n":               res.PromptTokens,
+		"cache_n":                res.CachedTokens,
+		"prompt_n":               res.PromptTokens - res.CachedTokens,
 		"prompt_ms":              float64(res.PromptTime) / float64(time.Millisecond),
 		"prompt_per_token_ms":    pTok,
 		"prompt_per_second":      pSec,
