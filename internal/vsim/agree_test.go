@@ -12,7 +12,7 @@ import (
 
 // TestRunHTTP_AgreesWithVirtualTime runs one small scenario twice — in
 // virtual time and through the real router over loopback HTTP with the sim
-// fleet at a time scale of 4 — and checks that the aggregates agree. The
+// fleet at a time scale of 2 — and checks that the aggregates agree. The
 // runs cannot agree request by request: wall-clock jitter moves arrivals
 // by a millisecond or so, which changes batch membership and so the
 // engines' interference draws, and every HTTP hop adds a few wall
@@ -47,7 +47,7 @@ func TestRunHTTP_AgreesWithVirtualTime(t *testing.T) {
 	virt := mustRun(t, cfg, items)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	real, err := RunHTTP(ctx, HTTPConfig{Router: cfg, TimeScale: 4}, items)
+	real, err := RunHTTP(ctx, HTTPConfig{Router: cfg, TimeScale: 2}, items)
 	if err != nil {
 		t.Fatal(err)
 	}
