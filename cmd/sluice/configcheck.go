@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/discovery"
 )
 
 // runConfig dispatches `sluice config <subcommand>`.
@@ -37,6 +38,12 @@ func configCheck(w io.Writer, args []string) error {
 		return errors.New("--config FILE is required")
 	}
 	cfg, err := config.Load(*path)
+	if err == nil && cfg.Discovery.Kubernetes != nil {
+		// The selector's syntax needs the Kubernetes label parser.
+		if _, serr := discovery.ParseSelector(cfg.Discovery.Kubernetes.Selector); serr != nil {
+			err = fmt.Errorf("config %s: %w", *path, serr)
+		}
+	}
 	if err != nil {
 		problems := strings.Split(err.Error(), "\n")
 		for _, p := range problems {
@@ -54,7 +61,11 @@ func configCheck(w io.Writer, args []string) error {
 			parts = append(parts, fmt.Sprintf("%d %s", n, k))
 		}
 	}
-	fmt.Fprintf(w, "%s: ok: %d worker(s) (%s), listen %s, policy %s\n",
-		*path, len(cfg.Workers), strings.Join(parts, ", "), cfg.Listen, cfg.Policy)
+	disc := ""
+	if k := cfg.Discovery.Kubernetes; k != nil {
+		disc = fmt.Sprintf(", discovery from EndpointSlices %q", k.Selector)
+	}
+	fmt.Fprintf(w, "%s: ok: %d worker(s) (%s)%s, listen %s, policy %s\n",
+		*path, len(cfg.Workers), strings.Join(parts, ", "), disc, cfg.Listen, cfg.Policy)
 	return nil
 }

@@ -66,3 +66,21 @@ func TestConfigCheck_UnknownKeyAndMissingFile(t *testing.T) {
 		t.Error("unknown config subcommand accepted")
 	}
 }
+
+func TestConfigCheck_Discovery(t *testing.T) {
+	var out bytes.Buffer
+	good := writeConfigFile(t, "discovery:\n  kubernetes: {selector: 'kubernetes.io/service-name=vllm', kind: vllm, port_name: http}\n")
+	if err := configCheck(&out, []string{"--config", good}); err != nil || !strings.Contains(out.String(), "discovery from EndpointSlices") {
+		t.Errorf("discovery only: err %v, output %q", err, out.String())
+	}
+	out.Reset()
+	bad := writeConfigFile(t, "discovery:\n  kubernetes: {selector: 'app in (vllm'}\n")
+	if err := configCheck(&out, []string{"--config", bad}); err == nil || !strings.Contains(out.String(), "discovery.kubernetes.selector") {
+		t.Errorf("bad selector: err %v, output %q", err, out.String())
+	}
+	out.Reset()
+	none := writeConfigFile(t, "discovery:\n  kubernetes: {kind: vllm}\n")
+	if err := configCheck(&out, []string{"--config", none}); err == nil || !strings.Contains(out.String(), "discovery.kubernetes.selector: missing") {
+		t.Errorf("no selector: err %v, output %q", err, out.String())
+	}
+}

@@ -64,6 +64,9 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, grace time.
 			log.Error("close", "err", err)
 		}
 	}()
+	if err := startDiscovery(ctx, cfg, srv, log); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

@@ -61,6 +61,8 @@ type Config struct {
 	TLS TLS `yaml:"tls"`
 	// Limits configures the adaptive per-worker concurrency limit.
 	Limits Limits `yaml:"limits"`
+	// Discovery finds workers at run time in addition to Workers.
+	Discovery Discovery `yaml:"discovery"`
 }
 
 // Limits configures adaptive concurrency (see scheduler.LimitConfig for
@@ -114,6 +116,32 @@ func (l Limits) Scheduler() scheduler.LimitConfig {
 		}
 	}
 	return lc
+}
+
+// Discovery configures where workers are found besides the static list.
+type Discovery struct {
+	// Kubernetes, when set, follows the EndpointSlices of the workers'
+	// Service: ready endpoints become workers, others are removed.
+	Kubernetes *KubernetesDiscovery `yaml:"kubernetes"`
+}
+
+// KubernetesDiscovery selects the EndpointSlices whose endpoints are
+// workers.
+type KubernetesDiscovery struct {
+	// Namespace holds the slices; empty is the router's own namespace.
+	Namespace string `yaml:"namespace"`
+	// Selector is a label selector on the slices, e.g.
+	// "kubernetes.io/service-name=vllm" (every slice carries its
+	// Service's name in that label).
+	Selector string `yaml:"selector"`
+	// PortName picks the slice port to send requests to; empty takes the
+	// slice's only port.
+	PortName string `yaml:"port_name"`
+	// Kind, Models and MaxConcurrency apply to every discovered worker,
+	// as in a workers entry; Kind defaults to llamacpp.
+	Kind           string      `yaml:"kind"`
+	Models         []string    `yaml:"models"`
+	MaxConcurrency Concurrency `yaml:"max_concurrency"`
 }
 
 // Worker is one inference server.
@@ -489,7 +517,9 @@ func (c *Config) Validate() error {
 		bad("policy", "%q is not one of %v", c.Policy, scheduler.Policies)
 	}
 	if len(c.Workers) == 0 {
-		bad("workers", "at least one worker is needed")
+		if c.Discovery.Kubernetes == nil {
+			bad("workers", "at least one worker is needed (or discovery.kubernetes)")
+		}
 	}
 	seen := map[string]int{}
 	for i, w := range c.Workers {
@@ -637,6 +667,9 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	if k := c.Discovery.Kubernetes; k != nil {
+		errs = append(errs, k.validate("discovery.kubernetes")...)
+	}
 	return errors.Join(errs...)
 }
 
@@ -707,4 +740,28 @@ func checkURL(s string) error {
 		return fmt.Errorf("%q: no host", s)
 	}
 	return nil
+}
+
+// validate checks what can be checked without a cluster; the selector's
+// syntax is checked when discovery starts (and by sluice config check).
+func (k *KubernetesDiscovery) validate(key string) []error {
+	var errs []error
+	bad := func(k, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s.%s: %s", key, k, fmt.Sprintf(format, args...)))
+	}
+	if strings.TrimSpace(k.Selector) == "" {
+		bad("selector", "missing: without one every EndpointSlice of the namespace would become workers")
+	}
+	if k.Kind != "" && !slices.Contains(Kinds, k.Kind) {
+		bad("kind", "%q is not one of %v", k.Kind, Kinds)
+	}
+	for i, m := range k.Models {
+		if strings.TrimSpace(m) == "" {
+			bad(fmt.Sprintf("models[%d]", i), "empty model name")
+		}
+	}
+	if k.MaxConcurrency < 0 {
+		bad("max_concurrency", "negative (%d)", k.MaxConcurrency)
+	}
+	return errs
 }
