@@ -315,11 +315,14 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 			"page":{"offset":0,"limit":24,"total":1,"sort":"config"},
 			"workers":[{"name":"gpu-a","health":"ok","draining":false,"models":["m"],"active":3,"limit":6,
 				"limit_source":"learned","limit_reason":"TTFT rose past its goal above 6 in flight","sluice_queue":0,"averages":{},"spark":[3]}],
-			"busiest":[{"name":"gpu-a","limit":6,"active":[3]}]}`)
+			"busiest":[{"name":"gpu-a","limit":6,"active":[3]}],
+			"decisions":[{"id":"d-1","time":"2026-01-02T03:04:05Z","model":"m","outcome":"bound","chosen":"gpu-a","attempt":1,"queue_wait_ms":0}]}`)
 	}))
-	mux.HandleFunc("GET /debug/decisions", needToken(func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET /debug/decisions/{id}", needToken(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"decisions":[]}`)
+		fmt.Fprintf(w, `{"id":%q,"time":"2026-01-02T03:04:05Z","model":"m","policy":"sluice","attempt":1,"outcome":"bound","chosen":"gpu-a",
+			"reason":"only eligible worker","candidates":[{"worker":"gpu-a","eligible":true,"active":2,"limit":6,"total":200,"rank":1,
+			"terms":[{"name":"active_requests","raw":2,"norm":2,"weight":100,"weighted":200,"source":"sluice in-flight count"}]}]}`, r.PathValue("id"))
 	}))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
@@ -335,6 +338,7 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 	}
 	waitJS[bool](t, ctx, "the card with its limit's source and reason", `(() => { const n = document.querySelector('#cards .card[data-worker="gpu-a"] .limitnote'); return n && /limit 6 · learned — TTFT rose past its goal above 6 in flight/.test(n.textContent); })()`)
 	waitJS[bool](t, ctx, "the banner gone", `document.getElementById("banner").hidden`)
+	waitJS[bool](t, ctx, "the newest placement explained", `document.querySelector("#detail h3")?.dataset.decision === "d-1" && document.querySelectorAll("#detail tr.term").length === 1`)
 	if loc := waitJS[string](t, ctx, "location", `location.href`); strings.Contains(loc, token) {
 		t.Errorf("the token stays in the address bar: %s", loc)
 	}

@@ -10,7 +10,10 @@
 //
 // The page is plain HTML, CSS and JavaScript embedded in the binary with
 // go:embed: nothing is fetched from elsewhere at run time and `go build`
-// needs no build step. It polls GET /api/overview once a second; the
+// needs no build step. It polls GET /api/overview once a second (the
+// decision list comes with it, a line per decision, so its size does not
+// grow with the fleet; a decision's full breakdown is fetched from
+// /debug/decisions/{id} when it is opened); the
 // Dashboard keeps a bounded ring of one sample per interval so that a page
 // opened now still shows the last minutes.
 //
@@ -54,6 +57,9 @@ type Options struct {
 	// Stats returns a worker's measured averages (stats.Tracker.Get); nil
 	// shows none.
 	Stats func(worker string) stats.WorkerStats
+	// Recent returns the newest n decision records, newest first
+	// (decisions.Log.Recent); nil lists none.
+	Recent func(n int) []*decisions.Record
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 	// Interval is the time between samples; 1s when 0.

@@ -344,7 +344,7 @@ func TestOverview_RejectsBadParameters(t *testing.T) {
 	d := newDash(newFake(1), 10)
 	srv := serve(d)
 	defer srv.Close()
-	for _, q := range []string{"since=-1", "since=x", "limit=0", "limit=201", "offset=-3", "sort=random"} {
+	for _, q := range []string{"since=-1", "since=x", "limit=0", "limit=201", "offset=-3", "sort=random", "decisions=201", "decisions=-1"} {
 		resp, err := http.Get(srv.URL + "/api/overview?" + q)
 		if err != nil {
 			t.Fatal(err)
@@ -397,5 +397,44 @@ func BenchmarkOverview_300Workers(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		d.overview(0, 0, defaultPageSize, "busy", sorts["busy"], "")
+	}
+}
+
+func TestOverview_ListsNewestDecisionsBounded(t *testing.T) {
+	f := newFake(1)
+	log, err := decisions.NewLog(500, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		r := &decisions.Record{ID: fmt.Sprintf("d-%d", i), Model: "m", Outcome: "bound", Chosen: "w000", Attempt: 1,
+			Candidates: []decisions.Candidate{{Worker: "w000", Eligible: true}}}
+		if i%3 == 0 {
+			r.Outcome, r.Chosen = "queue_full", ""
+		}
+		log.Add(r)
+	}
+	d := New(Options{Workers: f.Workers, Now: f.Now, Recent: log.Recent})
+	srv := serve(d)
+	defer srv.Close()
+	ids := func(ls []DecisionLine) []string {
+		var out []string
+		for _, l := range ls {
+			out = append(out, l.ID)
+		}
+		return out
+	}
+	ov := getOverview(t, srv, "decisions=3")
+	if diff := cmp.Diff([]string{"d-299", "d-298", "d-297"}, ids(ov.Decisions)); diff != "" {
+		t.Errorf("newest first (-want +got):\n%s", diff)
+	}
+	if got := ov.Decisions[2]; got.Outcome != "queue_full" || got.Chosen != "" {
+		t.Errorf("a refusal reads %+v", got)
+	}
+	if got := len(getOverview(t, srv, "").Decisions); got != defaultDecisions {
+		t.Errorf("default list has %d decisions, want %d", got, defaultDecisions)
+	}
+	if got := len(getOverview(t, srv, "decisions=200").Decisions); got != 200 {
+		t.Errorf("decisions=200 lists %d", got)
 	}
 }

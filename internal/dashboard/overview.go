@@ -22,6 +22,9 @@ const (
 	maxPageSize     = 200
 	// sparkSamples is the length of each card's concurrency sparkline.
 	sparkSamples = 120
+	// defaultDecisions and maxDecisions bound the decision list.
+	defaultDecisions = 40
+	maxDecisions     = 200
 	// chartWorkers is how many of the busiest workers the concurrency
 	// chart draws.
 	chartWorkers = 8
@@ -55,6 +58,20 @@ type Overview struct {
 	// Busiest are the workers with the most requests in flight now, with
 	// their concurrency over the whole ring, for the concurrency chart.
 	Busiest []WorkerSeries `json:"busiest"`
+	// Decisions are the newest decisions, newest first, a line each.
+	Decisions []DecisionLine `json:"decisions"`
+}
+
+// DecisionLine is one decision in the list: what happened, not why (the
+// why is at /debug/decisions/{id}).
+type DecisionLine struct {
+	ID          string    `json:"id"`
+	Time        time.Time `json:"time"`
+	Model       string    `json:"model"`
+	Outcome     string    `json:"outcome"`
+	Chosen      string    `json:"chosen,omitempty"`
+	Attempt     int       `json:"attempt"`
+	QueueWaitMs float64   `json:"queue_wait_ms"`
 }
 
 // FleetSummary counts workers by health and sums their load.
@@ -144,8 +161,9 @@ func (r *workerRow) trouble() int {
 // ServeOverview answers GET /api/overview. Query parameters: since (the
 // seq of the newest sample the page has; omitted or 0 for the whole ring),
 // offset and limit (the page of workers, limit at most 200), sort (config,
-// name, busy, score, trouble) and q (keep workers whose name, model or
-// health contains it).
+// name, busy, score, trouble), q (keep workers whose name, model or
+// health contains it) and decisions (how many of the newest decisions to
+// list, at most 200, 40 when omitted).
 func (d *Dashboard) ServeOverview(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	since, err := intParam(q.Get("since"), 0, 0, 1<<62)
@@ -163,6 +181,11 @@ func (d *Dashboard) ServeOverview(w http.ResponseWriter, r *http.Request) {
 		proxy.WriteError(w, http.StatusBadRequest, "invalid_request", "limit: "+err.Error())
 		return
 	}
+	nDecisions, err := intParam(q.Get("decisions"), defaultDecisions, 0, maxDecisions)
+	if err != nil {
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request", "decisions: "+err.Error())
+		return
+	}
 	sortName := cmp.Or(q.Get("sort"), "config")
 	order, ok := sorts[sortName]
 	if !ok {
@@ -176,6 +199,7 @@ func (d *Dashboard) ServeOverview(w http.ResponseWriter, r *http.Request) {
 	}
 	filter := strings.ToLower(strings.TrimSpace(q.Get("q")))
 	ov := d.overview(int64(since), offset, limit, sortName, order, filter)
+	ov.Decisions = d.decisionLines(nDecisions)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	json.NewEncoder(w).Encode(ov)
@@ -342,6 +366,21 @@ func score(c *decisions.Candidate, at time.Time, now time.Time) map[string]any {
 	}
 	if !at.IsZero() {
 		out["age_ms"] = now.Sub(at).Milliseconds()
+	}
+	return out
+}
+
+// decisionLines lists the newest n decisions. It reads only fields that
+// are set before a record is logged, never the breakdown that Explain may
+// be filling in on another goroutine.
+func (d *Dashboard) decisionLines(n int) []DecisionLine {
+	out := []DecisionLine{}
+	if d.opt.Recent == nil || n == 0 {
+		return out
+	}
+	for _, r := range d.opt.Recent(n) {
+		out = append(out, DecisionLine{ID: r.ID, Time: r.Time, Model: r.Model, Outcome: r.Outcome,
+			Chosen: r.Chosen, Attempt: r.Attempt, QueueWaitMs: r.QueueWaitMs})
 	}
 	return out
 }

@@ -162,6 +162,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Workers:     func() []scheduler.WorkerState { return s.sched.Workers() },
 		QueueDepths: func() map[string]int { return s.sched.QueueDepths() },
 		Stats:       s.tracker.Get,
+		Recent:      func(n int) []*decisions.Record { return s.dlog.Recent(n) },
 	})
 	s.proxy = proxy.New(proxy.Options{
 		Scheduler:       s.sched,

@@ -3,7 +3,6 @@
 "use strict";
 
 const POLL_MS = 1000;
-const DECISIONS_MS = 2000;
 const DECISIONS_LIMIT = 40;
 const NS = "http://www.w3.org/2000/svg";
 
@@ -432,7 +431,7 @@ function drawSummary(ov) {
 async function pollOverview() {
   if (!state.paused) {
     try {
-      const qs = new URLSearchParams({ since: state.seq, offset: state.offset, limit: state.limit, sort: state.sort });
+      const qs = new URLSearchParams({ since: state.seq, offset: state.offset, limit: state.limit, sort: state.sort, decisions: DECISIONS_LIMIT });
       if (state.q) qs.set("q", state.q);
       const ov = await getJSON("/api/overview?" + qs);
       if (state.paused) { updateLive(); return setTimeout(pollOverview, POLL_MS); }
@@ -447,6 +446,7 @@ async function pollOverview() {
       }
       drawSummary(ov);
       drawCharts(ov.busiest);
+      drawDecisions(ov.decisions || []);
       drawCards(ov);
       state.lastOK = Date.now();
       banner("");
@@ -470,23 +470,14 @@ function updateLive() {
   else { dot.className = "dot off"; txt.textContent = state.lastOK ? "stale " + fmtAge(age) : "connecting…"; }
 }
 
-async function pollDecisions() {
-  if (!state.paused) {
-    try {
-      const d = await getJSON("/debug/decisions?limit=" + DECISIONS_LIMIT);
-      if (state.paused) return setTimeout(pollDecisions, DECISIONS_MS); // paused while it was on its way
-      const list = d.decisions || [];
-      const newest = list.find((r) => r.chosen);
-      state.lastChosen = newest ? newest.chosen : "";
-      drawDecisionList(list);
-      // A fresh page explains the newest placement until one is picked.
-      if (!state.selected && newest) showDecision(newest.id);
-    } catch (e) { /* the overview poll reports reachability */ }
-  }
-  setTimeout(pollDecisions, DECISIONS_MS);
+function drawDecisions(list) {
+  const newest = list.find((r) => r.chosen);
+  state.lastChosen = newest ? newest.chosen : "";
+  drawDecisionList(list);
+  // A fresh page explains the newest placement until one is picked.
+  if (!state.selected && newest) showDecision(newest.id);
 }
 
-function chosenCand(r) { return (r.candidates || []).find((c) => c.worker === r.chosen); }
 
 // Rows are kept per decision id (records never change), so a row under
 // the pointer is not replaced while someone clicks it.
@@ -596,4 +587,3 @@ $("pause").addEventListener("click", () => {
 window.addEventListener("resize", () => drawCharts(null));
 
 pollOverview();
-pollDecisions();
