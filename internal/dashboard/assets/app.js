@@ -338,8 +338,9 @@ function cardHTML(w, extent) {
   const sc = w.score;
   let limitNote = "";
   if (w.limit_source || w.limit_reason) {
-    limitNote = `<div class="limitnote">limit <b>${esc(lim)}</b>` +
-      (w.limit_source ? ` · ${esc(w.limit_source)}` : "") +
+    const cap = w.limit_cap && w.limit_cap !== lim ? `, cap ${esc(w.limit_cap)}` : "";
+    limitNote = `<div class="limitnote" title="${esc(w.limit_reason || "")}">limit <b>${esc(lim)}</b>` +
+      (w.limit_source ? ` · ${esc(w.limit_source)}${cap}` : "") +
       (w.limit_reason ? ` — ${esc(w.limit_reason)}` : "") + `</div>`;
   } else if (w.slots) {
     limitNote = `<div class="limitnote">worker reports <b>${esc(w.slots)}</b> slots</div>`;
