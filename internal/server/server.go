@@ -226,6 +226,9 @@ func (s *Server) Close() error {
 	if s.fleet != nil {
 		s.fleet.Close()
 	}
+	if s.transport != nil {
+		s.transport.CloseIdleConnections() // no keep-alive goroutines outlive the router
+	}
 	if s.stopBg != nil {
 		s.stopBg()
 		<-s.bgDone // Run flushes once more on its way out
