@@ -180,7 +180,9 @@ func baseItems(o compareOpts) ([]bench.Item, string, error) {
 		items, err := bench.SynthesizeChat(bench.Chat{Arrivals: bench.Arrivals{Rate: 1}, Count: o.limit, Seed: o.seed})
 		return items, fmt.Sprintf("synthetic multi-turn chat (bench.Chat defaults: mean 4 turns, 30 s think time, 4 shared 1,000-token system prompts, 128-token blocks), %d requests, seed %d", o.limit, o.seed), err
 	}
-	items, err := vsim.ReadLoad(path, bench.TraceOptions{Offset: o.offset, Limit: o.limit, Seed: o.seed})
+	// Traces of lengths only (ShareGPT, arXiv) get Poisson arrivals; each
+	// scenario rescales them to its load.
+	items, err := vsim.ReadLoad(path, bench.TraceOptions{Offset: o.offset, Limit: o.limit, Seed: o.seed, Arrivals: bench.Arrivals{Rate: 1}})
 	return items, fmt.Sprintf("%s, rows %d..%d", path, o.offset+1, o.offset+len(items)), err
 }
 
@@ -343,6 +345,19 @@ func writeGoals(md *bytes.Buffer, sc scenario, runs []bench.NamedRun, virtual bo
 		return "**not met**"
 	}
 	fmt.Fprintf(md, "Goals for Sluice:\n\n")
+	if lc, ok := sum[string(scheduler.PolicyLeastConnections)]; ok {
+		// The four goals against least-connections, to be met at once.
+		ttft := s.TTFT.P99 / lc.TTFT.P99
+		p1 := s.DecodeRate.P1 / lc.DecodeRate.P1
+		thr := s.OutputTokensPerSec / lc.OutputTokensPerSec
+		all := ttft <= 0.5 && p1 >= 2 && thr >= 0.97 && s.DecodeRate.CV <= 0.25
+		fmt.Fprintf(md, "- p99 TTFT %.0f ms vs least-connections %.0f ms: ratio %.2f (goal ≤ 0.5) — %s\n", s.TTFT.P99, lc.TTFT.P99, ttft, verdict(ttft <= 0.5))
+		fmt.Fprintf(md, "- p1 decode rate %.1f tok/s vs least-connections %.1f: ratio %.2f (goal ≥ 2) — %s\n", s.DecodeRate.P1, lc.DecodeRate.P1, p1, verdict(p1 >= 2))
+		fmt.Fprintf(md, "- throughput %.1f output tok/s vs least-connections %.1f: %.1f%% (goal ≥ 97%%) — %s\n", s.OutputTokensPerSec, lc.OutputTokensPerSec, 100*thr, verdict(thr >= 0.97))
+		fmt.Fprintf(md, "- decode-rate CV %.2f (least-connections %.2f; goal ≤ 0.25) — %s\n", s.DecodeRate.CV, lc.DecodeRate.CV, verdict(s.DecodeRate.CV <= 0.25))
+		fmt.Fprintf(md, "- all four at once — %s\n", verdict(all))
+	}
+	fmt.Fprintf(md, "- p99/p50 of time per output token: %.2f (goal ≤ 1.5 on Poisson arrivals at 80%% load) — %s\n", s.TPOT.TailRatio, verdict(s.TPOT.TailRatio <= 1.5))
 	if sc.name == "burst" {
 		other := 0
 		for k, n := range s.ErrorsByKind {
@@ -357,25 +372,8 @@ func writeGoals(md *bytes.Buffer, sc scenario, runs []bench.NamedRun, virtual bo
 			slack = time.Duration(2 * float64(time.Millisecond) * timeScale)
 		}
 		inv := vsim.FIFOInversions(sluiceRes, slack)
-		fmt.Fprintf(md, "- queued requests bound more than %v before an earlier arrival: %d — %s\n\n", slack, inv, verdict(inv == 0))
+		fmt.Fprintf(md, "- queued requests bound more than %v before an earlier arrival: %d (priorities, fair share and the cost order may reorder within max_overtake)\n\n", slack, inv)
 		return
-	}
-	fmt.Fprintf(md, "- p99/p50 of time per output token: %.2f (goal ≤ 1.5) — %s\n", s.TPOT.TailRatio, verdict(s.TPOT.TailRatio <= 1.5))
-	if lc, ok := sum[string(scheduler.PolicyLeastConnections)]; ok {
-		r := s.TTFT.P99 / lc.TTFT.P99
-		fmt.Fprintf(md, "- p99 TTFT %.0f ms vs least-connections %.0f ms: ratio %.2f (goal ≤ 0.5) — %s\n", s.TTFT.P99, lc.TTFT.P99, r, verdict(r <= 0.5))
-		d := s.DecodeRate.P1 / lc.DecodeRate.P1
-		fmt.Fprintf(md, "- p1 decode rate %.1f tok/s vs least-connections %.1f: ratio %.2f (goal ≥ 1.5) — %s\n", s.DecodeRate.P1, lc.DecodeRate.P1, d, verdict(d >= 1.5))
-	}
-	best, bestName := 0.0, ""
-	for name, b := range sum {
-		if name != string(scheduler.PolicySluice) && b.OutputTokensPerSec > best {
-			best, bestName = b.OutputTokensPerSec, name
-		}
-	}
-	if bestName != "" {
-		r := s.OutputTokensPerSec / best
-		fmt.Fprintf(md, "- throughput %.1f output tok/s vs best baseline %s %.1f: %.1f%% (goal ≥ 97%%) — %s\n", s.OutputTokensPerSec, bestName, best, 100*r, verdict(r >= 0.97))
 	}
 	fmt.Fprintf(md, "- errors: %d %v\n\n", s.Errors, s.ErrorsByKind)
 }
