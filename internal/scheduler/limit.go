@@ -290,6 +290,29 @@ func (s *Scheduler) learn(st *limitState, ws *stats.WorkerStats, now time.Time) 
 	st.learned, st.why = st.cap, whyCap
 }
 
+// limitMove is one change of a worker's learned limit: when, from what,
+// and the state that moved it (put in words when read).
+type limitMove struct {
+	at    time.Time
+	from  int
+	known bool // a limit has been learned at all
+	state limitState
+}
+
+// noteLimitLocked remembers when the learned limit of w changed and why.
+func (w *worker) noteLimitLocked(st limitState, now time.Time) {
+	if st.source != LimitLearned {
+		return
+	}
+	if !w.moved.known {
+		w.moved = limitMove{at: now, from: st.learned, known: true, state: st}
+		return
+	}
+	if st.learned != w.moved.state.learned {
+		w.moved = limitMove{at: now, from: w.moved.state.learned, known: true, state: st}
+	}
+}
+
 // saturated reports a fresh reading that says the worker cannot take more
 // than it runs: requests waiting in its own queue, or a KV cache nearly
 // full.

@@ -170,3 +170,21 @@ func TestLease_MeanConcurrency(t *testing.T) {
 	a.Release()
 	b.Release()
 }
+
+// /api/workers says when the learned limit last moved, from what and why.
+func TestLimit_SaysWhyItLastMoved(t *testing.T) {
+	clk := NewManualClock(time.Unix(10000, 0))
+	now := clk.Now()
+	fs := fakeStats{"w": levels(now, [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5})}
+	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: clk, Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
+		WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 8})
+	if got := s.Workers()[0].Learned; got != 4 {
+		t.Fatalf("learned %d, want 4 (probing past three good levels)", got)
+	}
+	clk.Advance(time.Minute)
+	fs["w"] = levels(clk.Now(), [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{45, 1, 5}) // level 3 slowed
+	m := s.Workers()[0].LimitMoved
+	if m == nil || m.From != 4 || m.To != 2 || !m.At.Equal(clk.Now()) || !strings.Contains(m.Why, "at 3 streams the slowest decode 44.0") {
+		t.Fatalf("limit_moved %+v, want from 4 to 2 now, because of level 3", m)
+	}
+}

@@ -34,6 +34,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		if !baseline {
 			lim = s.limitLocked(w, snap, floor, waited, now)
 			w.pickLimit = lim.limit
+			w.noteLimitLocked(lim, now)
 		}
 		switch {
 		case w.draining:

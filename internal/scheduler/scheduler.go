@@ -242,12 +242,14 @@ type worker struct {
 	busy   busy // integral of active over time
 	// pickLimit is the limit the latest pick computed for the worker.
 	pickLimit int
-	cost      float64
-	draining  bool
-	removed   bool
-	lastPick  uint64
-	last      *decisions.Record // the latest decision that scored it
-	lastIdx   int               // its index among last's candidates
+	// moved is the latest change of the learned limit.
+	moved    limitMove
+	cost     float64
+	draining bool
+	removed  bool
+	lastPick uint64
+	last     *decisions.Record // the latest decision that scored it
+	lastIdx  int               // its index among last's candidates
 }
 
 func (w *worker) snapshot() *Snapshot {

@@ -21,12 +21,15 @@ type WorkerState struct {
 	// borrowing, Cap the most it may be, LimitSource where it came from
 	// ("learned", "config", "slots", "default") and LimitReason why it
 	// is that number (see LimitConfig).
-	Limit       int     `json:"limit"`
-	Learned     int     `json:"learned_limit"`
-	Cap         int     `json:"limit_cap"`
-	LimitSource string  `json:"limit_source"`
-	LimitReason string  `json:"limit_reason"`
-	Floor       float64 `json:"min_stream_tok_s,omitempty"`
+	Limit       int    `json:"limit"`
+	Learned     int    `json:"learned_limit"`
+	Cap         int    `json:"limit_cap"`
+	LimitSource string `json:"limit_source"`
+	LimitReason string `json:"limit_reason"`
+	// LimitMoved says when the learned limit last changed, from what, and
+	// why it moved; empty before it has been learned.
+	LimitMoved *LimitMove `json:"limit_moved,omitempty"`
+	Floor      float64    `json:"min_stream_tok_s,omitempty"`
 	// JobCost is the estimated outstanding tokens in flight.
 	JobCost float64 `json:"job_cost"`
 	// Snapshot is the telemetry the scheduler last saw.
@@ -35,6 +38,14 @@ type WorkerState struct {
 	// it, and LastScoredAt when that was.
 	LastTerms    *decisions.Candidate `json:"last_terms,omitempty"`
 	LastScoredAt time.Time            `json:"last_scored_at,omitzero"`
+}
+
+// LimitMove is the latest change of a worker's learned limit.
+type LimitMove struct {
+	At   time.Time `json:"at"`
+	From int       `json:"from"`
+	To   int       `json:"to"`
+	Why  string    `json:"why"`
 }
 
 // Workers returns the state of every worker in configuration order.
@@ -48,6 +59,7 @@ func (s *Scheduler) Workers() []WorkerState {
 	out := make([]WorkerState, 0, len(s.workers))
 	lasts := make([]last, 0, len(s.workers))
 	lims := make([]limitState, 0, len(s.workers))
+	var moves []limitMove
 	for _, w := range s.workers {
 		snap := w.snapshot()
 		var lim limitState
@@ -64,10 +76,18 @@ func (s *Scheduler) Workers() []WorkerState {
 		})
 		lasts = append(lasts, last{w.last, w.lastIdx})
 		lims = append(lims, lim)
+		if !s.limits.Fixed {
+			w.noteLimitLocked(lim, now)
+			moves = append(moves, w.moved)
+		}
 	}
 	s.mu.Unlock()
 	for i := range out {
 		out[i].LimitReason = lims[i].String()
+		if i < len(moves) && moves[i].known {
+			m := moves[i]
+			out[i].LimitMoved = &LimitMove{At: m.at, From: m.from, To: m.state.learned, Why: m.state.String()}
+		}
 	}
 	// Explaining builds the breakdown: do it outside the routing lock.
 	for i, l := range lasts {

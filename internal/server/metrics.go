@@ -112,6 +112,9 @@ func (m *metrics) forget(worker string) {
 var (
 	descActive  = prometheus.NewDesc("sluice_worker_active_requests", "Requests Sluice has in flight on the worker.", []string{"worker"}, nil)
 	descLimit   = prometheus.NewDesc("sluice_worker_max_concurrency", "The worker's concurrency limit in force.", []string{"worker"}, nil)
+	descLearned = prometheus.NewDesc("sluice_worker_learned_concurrency", "The concurrency limit adaptive concurrency learned for the worker (before borrowing under a backlog).", []string{"worker"}, nil)
+	descCap     = prometheus.NewDesc("sluice_worker_concurrency_cap", "The most the worker's limit may be: max_concurrency, else its reported slots, else limits.default_cap.", []string{"worker"}, nil)
+	descFloor   = prometheus.NewDesc("sluice_worker_min_stream_tokens_per_second", "The per-stream decode-rate floor the worker's limit is learned against (0 until one is known); compare sluice_worker_ema_decode_tokens_per_second.", []string{"worker"}, nil)
 	descHealthy = prometheus.NewDesc("sluice_worker_eligible", "1 if the worker is healthy (or not yet probed) and not draining.", []string{"worker"}, nil)
 	descKV      = prometheus.NewDesc("sluice_worker_kv_cache_usage_ratio", "KV-cache use the worker last reported, 0..1.", []string{"worker"}, nil)
 	descGPU     = prometheus.NewDesc("sluice_worker_gpu_utilization_ratio", "GPU utilisation last read for the worker (DCGM or the engine), 0..1.", []string{"worker"}, nil)
@@ -129,7 +132,7 @@ type stateCollector struct {
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descActive, descLimit, descHealthy, descKV, descGPU, descTTFT, descTPS, descQueue, descQueueBy} {
+	for _, d := range []*prometheus.Desc{descActive, descLimit, descLearned, descCap, descFloor, descHealthy, descKV, descGPU, descTTFT, descTPS, descQueue, descQueueBy} {
 		ch <- d
 	}
 }
@@ -139,6 +142,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, w := range s.Workers() {
 		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(w.Active), w.Name)
 		ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(w.Limit), w.Name)
+		ch <- prometheus.MustNewConstMetric(descLearned, prometheus.GaugeValue, float64(w.Learned), w.Name)
+		ch <- prometheus.MustNewConstMetric(descCap, prometheus.GaugeValue, float64(w.Cap), w.Name)
+		ch <- prometheus.MustNewConstMetric(descFloor, prometheus.GaugeValue, w.Floor, w.Name)
 		ok := 0.0
 		if !w.Draining && (w.Health == scheduler.HealthOK || w.Health == scheduler.HealthUnknown) {
 			ok = 1
