@@ -46,6 +46,7 @@ type Server struct {
 	log     *slog.Logger
 	cfg     config.Config
 	sched   *scheduler.Scheduler
+	prefix  *prefix.Index // where prompt prefixes were sent
 	fleet   *fleet.Fleet
 	tracker *stats.Tracker
 	store   stats.Store
@@ -116,6 +117,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	if s.shared.ledger != nil {
 		ledger = s.shared.ledger.ForScheduler(s.shared.ctx)
 	}
+	s.prefix = prefix.NewIndex(prefix.Options{})
 	s.sched, err = scheduler.New(scheduler.Config{
 		Ledger:        ledger,
 		IDPrefix:      s.shared.idPrefix(),
@@ -131,7 +133,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Policy:        scheduler.Policy(cfg.Policy),
 		Stats:         s.tracker,
 		Recorder:      s.record,
-		PrefixIndex:   prefix.NewIndex(prefix.Options{}),
+		PrefixIndex:   s.prefix,
 	})
 	if err != nil {
 		s.shared.close()
@@ -355,6 +357,7 @@ func (s *Server) removeWorkerLocked(name string) error {
 	}
 	s.fleet.Remove(name)
 	s.metrics.forget(name)
+	s.prefix.Forget(name) // a worker added again under this name starts cold
 	// The URL stays resolvable for requests already bound to the worker.
 	return nil
 }
