@@ -245,9 +245,14 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	fmt.Fprintf(&md, "# Sluice policy comparison\n\n")
 	fmt.Fprintf(&md, "- Mode: %s\n- Fleet: %s\n- Load: %s\n- Seed: %d\n", mode, fleetName, load, o.seed)
 	fmt.Fprintf(&md, "- Estimated fleet capacity: %.2f req/s (vsim.Capacity: every slot busy, mean prompt and output of the rows, mean interference)\n", capacity)
-	mc := "each worker's slot count (/props total_slots)"
-	if o.maxConcurrency > 0 {
-		mc = strconv.Itoa(o.maxConcurrency)
+	mc := "auto (learned below each worker's slot count)"
+	switch {
+	case o.router != nil && !o.router.Limits.Adaptive && o.maxConcurrency > 0:
+		mc = strconv.Itoa(o.maxConcurrency) + ", fixed"
+	case o.router != nil && !o.router.Limits.Adaptive:
+		mc = "each worker's slot count, fixed"
+	case o.maxConcurrency > 0:
+		mc = "learned below a cap of " + strconv.Itoa(o.maxConcurrency)
 	}
 	admission := "max_queue 256, queue_timeout 30s, default weights (config defaults)"
 	if o.router != nil {
