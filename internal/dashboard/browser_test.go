@@ -308,13 +308,14 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 	mux.Handle("GET /dashboard/", d.Assets())
 	mux.HandleFunc("GET /api/overview", needToken(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"now":1,"interval_ms":1000,"latency_window_s":10,"window":300,"seq":1,
+		fmt.Fprint(w, `{"now":12000,"interval_ms":1000,"latency_window_s":10,"window":300,"seq":1,
 			"samples":[{"seq":1,"t":1,"queued":0,"active":3,"limit":6,"healthy":1,"admitted":1,"ok":1,"r429":0,"r503":0,"failed":0,"tokens":9}],
 			"fleet":{"workers":1,"health":{"ok":1},"draining":0,"active":3,"limit":6,"queued":0},"queues":{"m":0},
 			"totals":{"admitted":1,"ok":1,"r429":0,"r503":0,"failed":0,"tokens":9},
 			"page":{"offset":0,"limit":24,"total":1,"sort":"config"},
 			"workers":[{"name":"gpu-a","health":"ok","draining":false,"models":["m"],"active":3,"limit":6,
-				"limit_source":"learned","limit_reason":"TTFT rose past its goal above 6 in flight","sluice_queue":0,"averages":{},"spark":[3]}],
+				"limit_source":"learned","limit_reason":"TTFT rose past its goal above 6 in flight",
+				"limit_moved":{"at":"1970-01-01T00:00:00Z","from":7,"to":6,"why":"slowest stream under the floor"},"sluice_queue":0,"averages":{},"spark":[3]}],
 			"busiest":[{"name":"gpu-a","limit":6,"active":[3]}],
 			"decisions":[{"id":"d-1","time":"2026-01-02T03:04:05Z","model":"m","outcome":"bound","chosen":"gpu-a","attempt":1,"queue_wait_ms":0}]}`)
 	}))
@@ -337,6 +338,7 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitJS[bool](t, ctx, "the card with its limit's source and reason", `(() => { const n = document.querySelector('#cards .card[data-worker="gpu-a"] .limitnote'); return n && /limit 6 · learned — TTFT rose past its goal above 6 in flight/.test(n.textContent); })()`)
+	waitJS[bool](t, ctx, "when the limit last moved", `/moved 7→6 12 s ago/.test(document.querySelector('#cards .card[data-worker="gpu-a"]').textContent)`)
 	waitJS[bool](t, ctx, "the banner gone", `document.getElementById("banner").hidden`)
 	waitJS[bool](t, ctx, "the newest placement explained", `document.querySelector("#detail h3")?.dataset.decision === "d-1" && document.querySelectorAll("#detail tr.term").length === 1`)
 	if loc := waitJS[string](t, ctx, "location", `location.href`); strings.Contains(loc, token) {

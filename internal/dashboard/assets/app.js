@@ -36,6 +36,7 @@ const state = {
   extraTerms: {},
   busiest: [],
   lastChosen: "",
+  serverNow: 0,
 };
 
 // An admin token, when the router wants one, comes from #token=… or
@@ -342,6 +343,11 @@ function cardHTML(w, extent) {
     limitNote = `<div class="limitnote" title="${esc(w.limit_reason || "")}">limit <b>${esc(lim)}</b>` +
       (w.limit_source ? ` · ${esc(w.limit_source)}${cap}` : "") +
       (w.limit_reason ? ` — ${esc(w.limit_reason)}` : "") + `</div>`;
+    const mv = w.limit_moved;
+    if (mv && mv.at) {
+      const age = state.serverNow - Date.parse(mv.at);
+      limitNote += `<div class="limitnote" title="${esc(mv.why || "")}">moved <b>${esc(mv.from)}→${esc(mv.to)}</b> ${fmtAge(Math.max(age, 0))} ago</div>`;
+    }
   } else if (w.slots) {
     limitNote = `<div class="limitnote">worker reports <b>${esc(w.slots)}</b> slots</div>`;
   }
@@ -442,6 +448,7 @@ async function pollOverview() {
       state.samples.push(...ov.samples);
       if (state.samples.length > state.window) state.samples.splice(0, state.samples.length - state.window);
       state.seq = ov.seq;
+      state.serverNow = ov.now;
       if (ov.page.offset >= ov.page.total && ov.page.total > 0 && state.offset > 0) {
         state.offset = Math.max(0, Math.floor((ov.page.total - 1) / state.limit) * state.limit);
       }
