@@ -52,6 +52,8 @@ package scheduler
 
 import (
 	"cmp"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -145,8 +147,9 @@ type Config struct {
 	// each worker is expected to hold (the prefix term) and learns where
 	// each request went.
 	PrefixIndex PrefixIndex
-	// IDPrefix starts every decision ID; derived from the start time when
-	// empty so IDs stay unique across restarts.
+	// IDPrefix starts every decision ID; when empty, the start time and a
+	// random part, so IDs stay unique across restarts and between replicas
+	// started together.
 	IDPrefix string
 	// Ledger, when set, shares reservations with other replicas (see
 	// ledger.go); nil schedules this process's requests alone.
@@ -321,7 +324,12 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		s.order.costOvertake = cfg.MaxOvertake
 	}
 	if s.prefix == "" {
-		s.prefix = strconv.FormatInt(cfg.Clock.Now().UnixMilli(), 36)
+		// The start time keeps IDs apart across restarts, the random part
+		// across replicas started in the same millisecond. (Randomness in
+		// a name, never in a decision.)
+		var b [4]byte
+		crand.Read(b[:])
+		s.prefix = strconv.FormatInt(cfg.Clock.Now().UnixMilli(), 36) + hex.EncodeToString(b[:])
 	}
 	for _, w := range workers {
 		if err := s.AddWorker(w); err != nil {
@@ -385,6 +393,25 @@ func (s *Scheduler) SetDraining(name string, draining bool) error {
 		return fmt.Errorf("scheduler: no worker %q", name)
 	}
 	w.draining = draining
+	done := s.sweepLocked(s.dispatchLocked())
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+	return nil
+}
+
+// UpdateWorker replaces a worker's settings — models, max_concurrency,
+// telemetry source — in place. Its requests in flight, their reserved
+// cost and what was learned of it stay, so a config reload that changes a
+// worker cannot admit a fresh full batch while the old leases still run.
+func (s *Scheduler) UpdateWorker(spec WorkerSpec) error {
+	s.mu.Lock()
+	w, ok := s.byName[spec.Name]
+	if !ok {
+		s.mu.Unlock()
+		return fmt.Errorf("scheduler: no worker %q", spec.Name)
+	}
+	w.spec = spec
 	done := s.sweepLocked(s.dispatchLocked())
 	s.notifyLocked()
 	s.mu.Unlock()

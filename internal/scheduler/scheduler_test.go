@@ -715,3 +715,22 @@ func TestScheduler_AdmitTimesOutOnInjectedClock(t *testing.T) {
 		t.Fatalf("err %v, want queue timeout", err)
 	}
 }
+
+// Two routers started in the same millisecond must not hand out the same
+// decision ids.
+func TestScheduler_DecisionIDsDifferBetweenReplicasStartedTogether(t *testing.T) {
+	clk := fixedClock{time.Unix(1700000000, 0)}
+	a, err := New(Config{Clock: clk, QueueTimeout: time.Second}, workers(1, 1, "m")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Config{Clock: clk, QueueTimeout: time.Second}, workers(1, 1, "m")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, _ := a.Admit(context.Background(), Request{Model: "m"})
+	lb, _ := b.Admit(context.Background(), Request{Model: "m"})
+	if la == nil || lb == nil || la.Decision.ID == lb.Decision.ID {
+		t.Fatalf("ids %v and %v: want two different ids", la, lb)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
 // llamaWorker is a loopback server answering llama.cpp's probes, with a
@@ -173,4 +174,41 @@ func TestRouter_AdminAddConcurrentWithReload(t *testing.T) {
 		}
 	}
 	wg.Wait()
+}
+
+// A reload that changes a worker's settings keeps counting the requests in
+// flight on it: it must not admit a fresh batch next to the old leases.
+func TestRouter_ReloadKeepsInFlightCounts(t *testing.T) {
+	w := newFakeWorker(t, "gpu0")
+	fixed := func(limit int) func(*config.Config) {
+		return func(c *config.Config) {
+			c.Limits.Adaptive = false
+			c.Workers[0].MaxConcurrency = config.Concurrency(limit)
+		}
+	}
+	r := startRouter(t, testConfig(t, []*fakeWorker{w}, fixed(2)))
+	sched := r.srv.Scheduler()
+	held, err := sched.Admit(context.Background(), scheduler.Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	if err := r.srv.Reload(testConfig(t, []*fakeWorker{w}, fixed(1))); err != nil {
+		t.Fatal(err)
+	}
+	ws := sched.Workers()
+	if len(ws) != 1 || ws[0].Active != 1 || ws[0].Limit != 1 {
+		t.Fatalf("after the reload: %+v; want gpu0 with 1 in flight at limit 1", ws)
+	}
+	tk := sched.Submit(scheduler.Request{Model: "m"}, nil)
+	if tk.Done() {
+		l, err := tk.Result()
+		t.Fatalf("bound %v %v next to the in-flight request at limit 1", l, err)
+	}
+	held.Release() // the old lease frees the slot for the waiting one
+	l, err := tk.Result()
+	if !tk.Done() || err != nil || l.Worker != "gpu0" {
+		t.Fatalf("waiting request after the old lease ended: done %v, %v %v", tk.Done(), l, err)
+	}
+	l.Release()
 }

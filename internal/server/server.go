@@ -349,6 +349,34 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	return nil
 }
 
+// replaceWorkerLocked applies a changed worker's settings: its scraper is
+// replaced (the URL or kind may have changed), and the scheduler's worker
+// is updated in place, keeping its in-flight count. On a bad setting the
+// running worker is left as it was.
+func (s *Server) replaceWorkerLocked(w config.Worker) error {
+	u, err := url.Parse(w.URL)
+	if err != nil {
+		return fmt.Errorf("worker %s: url: %w", w.Name, err)
+	}
+	key, err := w.ResolveAPIKey()
+	if err != nil {
+		return fmt.Errorf("worker %s: api key: %w", w.Name, err)
+	}
+	if err := s.transport.register(w, u); err != nil {
+		return err
+	}
+	if err := s.fleet.Remove(w.Name); err != nil {
+		return err
+	}
+	fw, err := s.fleet.Add(context.Background(), toFleet(w, key))
+	if err != nil {
+		return err
+	}
+	s.urls.Store(w.Name, u)
+	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
+	return s.sched.UpdateWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw})
+}
+
 // removeWorkerLocked stops scheduling to a worker and stops probing it.
 // Requests in flight on it finish normally.
 func (s *Server) removeWorkerLocked(name string) error {
@@ -386,9 +414,15 @@ func (s *Server) Reload(cfg config.Config) error {
 			kept = append(kept, w)
 			continue
 		} else if ok {
-			if err := s.removeWorkerLocked(w.Name); err != nil {
+			// Changed in place: new probes and address, the same
+			// scheduler worker, so its requests in flight keep counting.
+			if err := s.replaceWorkerLocked(w); err != nil {
 				errs = append(errs, err)
+				kept = append(kept, o)
+				continue
 			}
+			kept = append(kept, w)
+			continue
 		}
 		if err := s.addWorkerLocked(w); err != nil {
 			errs = append(errs, err)
