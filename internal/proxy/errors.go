@@ -60,7 +60,7 @@ func StatusOf(err error) int {
 	case errors.Is(err, scheduler.ErrQueueTimeout), errors.Is(err, scheduler.ErrNoHealthyWorker), errors.Is(err, scheduler.ErrClosed),
 		errors.Is(err, scheduler.ErrDeadlineUnmeetable):
 		return http.StatusServiceUnavailable
-	case errors.Is(err, scheduler.ErrUnknownClass):
+	case errors.Is(err, scheduler.ErrUnknownClass), errors.Is(err, scheduler.ErrPromptTooLong):
 		return http.StatusBadRequest
 	case errors.Is(err, scheduler.ErrUnknownModel):
 		return http.StatusNotFound

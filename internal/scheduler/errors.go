@@ -22,6 +22,9 @@ var (
 	ErrClientGone = errors.New("client disconnected while queued")
 	// ErrClosed: the scheduler is shutting down.
 	ErrClosed = errors.New("scheduler is shutting down")
+	// ErrPromptTooLong: the prompt is longer than the context of every
+	// worker serving the model (as they report it).
+	ErrPromptTooLong = errors.New("the prompt is longer than the context of every worker serving this model")
 	// ErrDeadlineUnmeetable: the work queued ahead, at the rate the
 	// model's queue drains, would keep the request waiting past its
 	// class's max_queue_wait; it is refused now rather than served late.
@@ -67,6 +70,8 @@ func reasonOf(err error) string {
 		return "shutting_down"
 	case errors.Is(err, ErrDeadlineUnmeetable):
 		return "deadline_unmeetable"
+	case errors.Is(err, ErrPromptTooLong):
+		return "context_length_exceeded"
 	case errors.Is(err, ErrUnknownClass):
 		return "unknown_priority_class"
 	}

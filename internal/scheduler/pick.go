@@ -47,6 +47,8 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 			why = whyModel
 		case slices.Contains(req.Exclude, w.spec.Name):
 			why = whyExcluded
+		case tooLong(snap, req):
+			why = whyContext
 		case !baseline && w.active >= lim.limit:
 			why = whyFull
 		default:
@@ -93,6 +95,8 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 			c.Why = modelWhy
 		case whyExcluded:
 			c.Why = "already failed this request"
+		case whyContext:
+			c.Why = fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", req.PromptTokens, snap.ContextTokens)
 		}
 		// whyFull is put in words from Active and Limit when the record
 		// is read (see explainFull).
@@ -191,6 +195,7 @@ const (
 	whyLoading
 	whyModel
 	whyExcluded
+	whyContext
 	whyFull
 )
 

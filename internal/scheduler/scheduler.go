@@ -699,7 +699,7 @@ func (s *Scheduler) whyNotWaitLocked(req Request) error {
 // is speculative: no worker is known to serve the model, but some
 // worker's models are still being discovered.
 func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) {
-	serves, undiscovered := false, false
+	serves, undiscovered, fits := false, false, false
 	for _, w := range s.workers {
 		snap := w.snapshot()
 		if snap.Models == nil && len(w.spec.Models) == 0 && snap.Health != HealthDown {
@@ -709,6 +709,10 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 			continue
 		}
 		serves = true
+		if tooLong(snap, req) {
+			continue
+		}
+		fits = true
 		if snap.Health != HealthDown && !w.draining && !slices.Contains(req.Exclude, w.spec.Name) {
 			return nil, false
 		}
@@ -718,8 +722,18 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 		return nil, !serves
 	case !serves:
 		return ErrUnknownModel, false
+	case !fits:
+		return ErrPromptTooLong, false
 	}
 	return ErrNoHealthyWorker, false
+}
+
+// tooLong reports whether req's prompt cannot fit the worker's context
+// (prompt plus completion per slot, when the worker reports it). The
+// prompt size is an estimate, so only the prompt is held against it: a
+// request the worker would surely refuse is not sent there.
+func tooLong(snap *Snapshot, req Request) bool {
+	return snap.ContextTokens > 0 && req.PromptTokens > snap.ContextTokens
 }
 
 // Cancel refuses t with cause (ErrQueueTimeout or ErrClientGone) if it is

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -732,5 +733,29 @@ func TestScheduler_DecisionIDsDifferBetweenReplicasStartedTogether(t *testing.T)
 	lb, _ := b.Admit(context.Background(), Request{Model: "m"})
 	if la == nil || lb == nil || la.Decision.ID == lb.Decision.ID {
 		t.Fatalf("ids %v and %v: want two different ids", la, lb)
+	}
+}
+
+// A prompt longer than a worker's context is not sent there; when no
+// worker can hold it, the request is refused at once as too long.
+func TestScheduler_PromptCheckedAgainstContext(t *testing.T) {
+	small := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 4096})
+	large := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 32768})
+	s := newSched(t, Config{MaxQueue: 5},
+		WorkerSpec{Name: "small", MaxConcurrency: 4, Source: small},
+		WorkerSpec{Name: "large", MaxConcurrency: 4, Source: large})
+	l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 8000})
+	if err != nil || l.Worker != "large" {
+		t.Fatalf("8,000-token prompt: %v %v, want the 32k worker", l, err)
+	}
+	rec := l.Decision.Explain()
+	if why := rec.Candidates[0].Why; !strings.Contains(why, "exceeds its context of 4096") {
+		t.Fatalf("small worker's reason %q", why)
+	}
+	l.Release()
+	_, err = s.Admit(context.Background(), Request{Model: "m", PromptTokens: 40000})
+	var ref *Refusal
+	if !errors.As(err, &ref) || !errors.Is(err, ErrPromptTooLong) || ref.Reason != "context_length_exceeded" {
+		t.Fatalf("40,000-token prompt: %v, want a context_length_exceeded refusal", err)
 	}
 }
