@@ -79,19 +79,19 @@ func (s *Server) guard(next http.Handler) http.Handler {
 			key, err := kr.Check(auth.Bearer(r))
 			if err != nil {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-				proxy.WriteError(w, http.StatusUnauthorized, "invalid_api_key", err.Error())
+				s.refuse(w, http.StatusUnauthorized, "invalid_api_key", err.Error())
 				return
 			}
 			if ok, wait := key.Limiter.Allow(); !ok {
 				w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(wait, time.Second).Seconds()))))
-				proxy.WriteError(w, http.StatusTooManyRequests, "rate_limited",
+				s.refuse(w, http.StatusTooManyRequests, "rate_limited",
 					fmt.Sprintf("API key of tenant %q is over its rate of %g requests/s", key.Identity.Tenant, key.Limiter.Rate()))
 				return
 			}
 			release, ok := key.Limiter.Acquire()
 			if !ok {
 				w.Header().Set("Retry-After", "1")
-				proxy.WriteError(w, http.StatusTooManyRequests, "too_many_concurrent",
+				s.refuse(w, http.StatusTooManyRequests, "too_many_concurrent",
 					fmt.Sprintf("API key of tenant %q already has %d requests open (its max_concurrent)", key.Identity.Tenant, key.Limiter.MaxConcurrent()))
 				return
 			}
@@ -114,4 +114,12 @@ func (s *Server) guard(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		}
 	})
+}
+
+// refuse answers an inference request the guard turns away, and counts
+// it in sluice_requests_total like the proxy's own refusals (no worker, no
+// model: the request was never read).
+func (s *Server) refuse(w http.ResponseWriter, status int, reason, msg string) {
+	proxy.WriteError(w, status, reason, msg)
+	s.metrics.observe(proxy.Result{Status: status, Reason: reason})
 }

@@ -161,6 +161,11 @@ func TestGuard_InferenceNeedsAValidKey(t *testing.T) {
 	if resp, _ := do(t, "GET", r.url+"/healthz", "", ""); resp.StatusCode != 200 {
 		t.Errorf("/healthz without a key: %d", resp.StatusCode)
 	}
+	// Refusals are counted (4: three POSTs and the GET /v1/models).
+	_, metrics := do(t, "GET", r.url+"/metrics", "", "")
+	if want := `sluice_requests_total{model="",reason="invalid_api_key",status="401",worker=""} 4`; !strings.Contains(metrics, want) {
+		t.Errorf("metrics lack %s", want)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(seenAuth) != 2 {
