@@ -384,3 +384,25 @@ func TestClassify_EveryProxiedRouteIsAClientRoute(t *testing.T) {
 		}
 	}
 }
+
+func TestGuard_KeysTenantAndClassReachTheDecisionRecord(t *testing.T) {
+	r := startRouter(t, keysConfig(t, []*fakeWorker{newFakeWorker(t, "w1")}, nil))
+	for _, tc := range []struct{ key, tenant, class string }{
+		{keyAcme, "acme", "interactive"},
+		{keyBeta, "beta", "batch"},
+	} {
+		resp, body := do(t, "POST", r.url+"/v1/chat/completions", tc.key, chat(tc.tenant, false))
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		id := resp.Header.Get("X-Sluice-Decision")
+		_, rec := do(t, "GET", r.url+"/debug/decisions/"+id, "", "")
+		var got struct{ Tenant, Class string }
+		if err := json.Unmarshal([]byte(rec), &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Tenant != tc.tenant || got.Class != tc.class {
+			t.Errorf("decision %s: tenant %q class %q, want %q %q", id, got.Tenant, got.Class, tc.tenant, tc.class)
+		}
+	}
+}
