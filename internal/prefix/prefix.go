@@ -197,7 +197,7 @@ func writeContent(hs *Hasher, raw json.RawMessage) {
 
 // body is what FromBody reads of an inference request.
 type body struct {
-	Messages json.RawMessage `json:"messages"`
+	Messages []Message       `json:"messages"`
 	Prompt   json.RawMessage `json:"prompt"`
 }
 
@@ -212,7 +212,7 @@ func FromBody(b []byte, blockBytes int) []uint64 {
 	if json.Unmarshal(b, &in) != nil {
 		return nil
 	}
-	return FromFields(in.Messages, in.Prompt, blockBytes)
+	return hashPrompt(in.Messages, in.Prompt, blockBytes)
 }
 
 // FromFields is FromBody for a body already decoded: its `messages` and
@@ -222,6 +222,11 @@ func FromFields(messages, prompt json.RawMessage, blockBytes int) []uint64 {
 	if len(messages) > 0 && string(messages) != "null" && json.Unmarshal(messages, &msgs) != nil {
 		return nil
 	}
+	return hashPrompt(msgs, prompt, blockBytes)
+}
+
+// hashPrompt hashes the rendered messages, else the prompt.
+func hashPrompt(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
 	hs := NewHasher(blockBytes)
 	switch {
 	case len(msgs) > 0:
