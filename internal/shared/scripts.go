@@ -3,16 +3,38 @@ package shared
 import "github.com/redis/go-redis/v9"
 
 // The Lua scripts. Each reads the server's clock (TIME), so expiry does not
-// depend on the replicas' clocks agreeing, and counts only what has not
-// expired. Redis runs a script to completion before any other
-// command, so what a script reads is what it writes against.
+// depend on the replicas' clocks agreeing.
+//
+// Leases live in one ZSET (member "worker/lease-id", score: expiry in ms)
+// and each worker's in-flight count in a hash. Every script that changes
+// one changes the other in the same step — a lease added or re-created
+// adds one, a lease released or expired takes one off — and Redis runs a
+// script atomically, so the count always equals the worker's live members.
+// Each script first reaps the expired leases (the oldest 256 at most; the
+// next script takes the rest) so counts never include a dead replica's
+// slots, and a pick reads all counts with one HMGET instead of counting
+// each worker's leases.
+
+// prelude defines now (ms on the server's clock) and reap(leases, counts).
+const prelude = `
+local t = redis.call('TIME')
+local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function reap(kl, kc)
+  local dead = redis.call('ZRANGEBYSCORE', kl, '-inf', nowms, 'LIMIT', 0, 256)
+  if #dead == 0 then return end
+  for _, m in ipairs(dead) do
+    local w = string.sub(m, 1, string.find(m, '/', 1, true) - 1)
+    if redis.call('HINCRBY', kc, w, -1) <= 0 then redis.call('HDEL', kc, w) end
+  end
+  redis.call('ZREM', kl, unpack(dead))
+end
+`
 
 // pickScript picks and reserves one worker.
 //
 // KEYS: 1 pick sequence (string), 2 last-pick hash (worker -> sequence),
 // 3 waiting list of the model (ZSET member -> enqueue µs), 4 waiter expiry
-// (ZSET member -> expiry ms), then one lease ZSET per candidate (lease id ->
-// expiry ms).
+// (ZSET member -> expiry ms), 5 leases, 6 in-flight counts.
 // ARGV: 1 lease id, 2 lease TTL ms, 3 waiter member ("" for a request that
 // never queued), 4 this replica's member prefix ("replica|"), then per
 // candidate: name, score without the active term, active weight, limit.
@@ -20,39 +42,34 @@ import "github.com/redis/go-redis/v9"
 // Returns {"ok", index (1-based), actives...}, {"full", actives...} or
 // {"turn", older member}. actives are the shared in-flight counts before
 // the pick, in candidate order.
-var pickScript = redis.NewScript(`
-local t = redis.call('TIME')
-local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+var pickScript = redis.NewScript(prelude + `
 local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', nowms)
 if #dead > 0 then
   redis.call('ZREM', KEYS[3], unpack(dead))
   redis.call('ZREM', KEYS[4], unpack(dead))
 end
 local me, mine = ARGV[3], ARGV[4]
-local myscore = math.huge
+local upto = '+inf'
 if me ~= '' then
   local s = redis.call('ZSCORE', KEYS[3], me)
-  if s then myscore = tonumber(s) end
+  if s then upto = '(' .. s end
 end
-local upto = '+inf'
-if myscore ~= math.huge then upto = '(' .. string.format('%.17g', myscore) end
 local older = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', upto, 'LIMIT', 0, 64)
 for _, m in ipairs(older) do
   if string.sub(m, 1, #mine) ~= mine then
     return {'turn', m}
   end
 end
+reap(KEYS[5], KEYS[6])
 local n = (#ARGV - 4) / 4
 local names = {}
 for i = 1, n do names[i] = ARGV[4 + 4 * (i - 1) + 1] end
+local counts = redis.call('HMGET', KEYS[6], unpack(names))
 local lasts = redis.call('HMGET', KEYS[2], unpack(names))
 local actives = {}
 local best, bestTotal, bestLast = 0, 0, 0
-local live = '(' .. nowms
 for i = 1, n do
-  -- Live leases only: expired ones are not counted (and are removed
-  -- below from the chosen worker, and by every count and renewal).
-  local active = redis.call('ZCOUNT', KEYS[4 + i], live, '+inf')
+  local active = math.max(0, tonumber(counts[i]) or 0)
   actives[i] = active
   local b = 4 + 4 * (i - 1)
   if active < tonumber(ARGV[b + 4]) then
@@ -67,10 +84,11 @@ if best == 0 then
   table.insert(actives, 1, 'full')
   return actives
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[4 + best], '-inf', nowms)
+local w = names[best]
 local seq = redis.call('INCR', KEYS[1])
-redis.call('HSET', KEYS[2], ARGV[4 + 4 * (best - 1) + 1], seq)
-redis.call('ZADD', KEYS[4 + best], nowms + tonumber(ARGV[2]), ARGV[1])
+redis.call('HSET', KEYS[2], w, seq)
+redis.call('ZADD', KEYS[5], nowms + tonumber(ARGV[2]), w .. '/' .. ARGV[1])
+redis.call('HINCRBY', KEYS[6], w, 1)
 if me ~= '' then
   redis.call('ZREM', KEYS[3], me)
   redis.call('ZREM', KEYS[4], me)
@@ -81,34 +99,41 @@ return actives
 `)
 
 // releaseScript removes a lease and, if it was there, tells every replica
-// a slot freed. KEYS: 1 the worker's lease ZSET. ARGV: 1 lease id, 2 the
-// wake-up channel, 3 the worker's name.
+// a slot freed. KEYS: 1 leases, 2 in-flight counts. ARGV: 1 the worker,
+// 2 the lease id, 3 the wake-up channel.
 var releaseScript = redis.NewScript(`
-local n = redis.call('ZREM', KEYS[1], ARGV[1])
-if n > 0 then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+local n = redis.call('ZREM', KEYS[1], ARGV[1] .. '/' .. ARGV[2])
+if n > 0 then
+  if redis.call('HINCRBY', KEYS[2], ARGV[1], -1) <= 0 then redis.call('HDEL', KEYS[2], ARGV[1]) end
+  redis.call('PUBLISH', ARGV[3], ARGV[1])
+end
 return n
 `)
 
 // renewScript extends (or re-creates, after Redis lost them) a replica's
-// leases and waiters. KEYS: the lease ZSET of each lease, then the waiting
+// leases and waiters. KEYS: 1 leases, 2 in-flight counts, then the waiting
 // list and waiter-expiry ZSET of each waiter. ARGV: 1 TTL ms, 2 number of
-// leases, then the lease ids, then per waiter its member and enqueue µs.
-// Returns how many leases and waiters were missing and are now back.
-var renewScript = redis.NewScript(`
-local t = redis.call('TIME')
-local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+// leases, then per lease its worker and id, then per waiter its member
+// and enqueue µs. Returns how many leases and waiters were missing and are
+// now back.
+var renewScript = redis.NewScript(prelude + `
+reap(KEYS[1], KEYS[2])
 local exp = nowms + tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 local missing = 0
 for i = 1, n do
-  missing = missing + redis.call('ZADD', KEYS[i], exp, ARGV[2 + i])
+  local w = ARGV[1 + 2 * i]
+  if redis.call('ZADD', KEYS[1], exp, w .. '/' .. ARGV[2 + 2 * i]) == 1 then
+    redis.call('HINCRBY', KEYS[2], w, 1)
+    missing = missing + 1
+  end
 end
-local w = 1
-for i = n + 1, #KEYS, 2 do
-  local m = ARGV[2 + n + w]
-  missing = missing + redis.call('ZADD', KEYS[i], 'NX', ARGV[2 + n + w + 1], m)
+local a = 3 + 2 * n
+for i = 3, #KEYS, 2 do
+  local m = ARGV[a]
+  missing = missing + redis.call('ZADD', KEYS[i], 'NX', ARGV[a + 1], m)
   redis.call('ZADD', KEYS[i + 1], exp, m)
-  w = w + 2
+  a = a + 2
 end
 return missing
 `)
@@ -122,7 +147,7 @@ local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local nowms = math.floor(us / 1000)
 redis.call('ZADD', KEYS[1], 'NX', us, ARGV[1])
 redis.call('ZADD', KEYS[2], nowms + tonumber(ARGV[2]), ARGV[1])
-return tostring(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+return redis.call('ZSCORE', KEYS[1], ARGV[1])
 `)
 
 // unwaitScript takes a request off its model's waiting list and wakes the
@@ -136,14 +161,11 @@ return n
 `)
 
 // countScript reaps expired leases and returns the in-flight count of each
-// worker. KEYS: the workers' lease ZSETs.
-var countScript = redis.NewScript(`
-local t = redis.call('TIME')
-local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+// worker. KEYS: 1 leases, 2 in-flight counts. ARGV: the workers.
+var countScript = redis.NewScript(prelude + `
+reap(KEYS[1], KEYS[2])
+local c = redis.call('HMGET', KEYS[2], unpack(ARGV))
 local out = {}
-for i = 1, #KEYS do
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', nowms)
-  out[i] = redis.call('ZCARD', KEYS[i])
-end
+for i = 1, #ARGV do out[i] = math.max(0, tonumber(c[i]) or 0) end
 return out
 `)

@@ -21,11 +21,14 @@
 //
 // # Leases, and replicas that die
 //
-// A worker's in-flight count is not a counter but the size of a ZSET of
-// lease ids scored by their expiry (server time, from TIME, so replicas'
-// clocks need not agree). Scripts count only the leases that have not
-// expired (and remove the expired ones of the worker they pick), so the
-// count is recomputed from live leases each time and cannot drift. A replica renews its leases every RenewEvery (by
+// Every reservation is a lease in a ZSET scored by its expiry (server
+// time, from TIME, so replicas' clocks need not agree), and each worker's
+// in-flight count is kept next to it in a hash that the same scripts
+// change in the same atomic step — one more for a lease added, one less
+// for a lease released or expired — so a count always equals its worker's
+// live leases and a pick reads all counts in one HMGET. Every script first
+// reaps the expired leases, so a count never includes a dead replica's
+// slots. A replica renews its leases every RenewEvery (by
 // default 1s) for LeaseTTL (5s); Release removes one. A replica that is
 // killed stops renewing, and its capacity comes back within LeaseTTL of its
 // last renewal, without anyone noticing it died.
@@ -232,9 +235,10 @@ func (l *Ledger) Wake() <-chan struct{} { return l.wake }
 func (l *Ledger) key(parts ...string) string {
 	return l.cfg.Prefix + "shared:" + strings.Join(parts, ":")
 }
-func (l *Ledger) leaseKey(worker string) string { return l.key("lease", worker) }
-func (l *Ledger) channel() string               { return l.key("wake") }
-func (l *Ledger) member(id string) string       { return l.cfg.Replica + "|" + id }
+func (l *Ledger) leasesKey() string       { return l.key("leases") }
+func (l *Ledger) countsKey() string       { return l.key("inflight") }
+func (l *Ledger) channel() string         { return l.key("wake") }
+func (l *Ledger) member(id string) string { return l.cfg.Replica + "|" + id }
 
 // Reserve picks the candidate with the lowest score plus ActiveWeight ×
 // its shared in-flight count, among those under their limit, and reserves
@@ -250,8 +254,7 @@ func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Cand
 		return Reservation{}, ErrDegraded
 	}
 	lease := l.cfg.Replica + "/" + strconv.FormatUint(l.seq.Add(1), 10)
-	keys := make([]string, 0, 4+len(cands))
-	keys = append(keys, l.key("seq"), l.key("lastpick"), l.key("wait", model), l.key("waitexp", model))
+	keys := []string{l.key("seq"), l.key("lastpick"), l.key("wait", model), l.key("waitexp", model), l.leasesKey(), l.countsKey()}
 	args := make([]any, 0, 4+4*len(cands))
 	me := ""
 	if waitID != "" {
@@ -259,7 +262,6 @@ func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Cand
 	}
 	args = append(args, lease, l.cfg.LeaseTTL.Milliseconds(), me, l.cfg.Replica+"|")
 	for _, c := range cands {
-		keys = append(keys, l.leaseKey(c.Worker))
 		args = append(args, c.Worker, strconv.FormatFloat(c.Score, 'g', -1, 64),
 			strconv.FormatFloat(c.ActiveWeight, 'g', -1, 64), c.Limit)
 	}
@@ -333,7 +335,7 @@ func (l *Ledger) Release(ctx context.Context, r Reservation) error {
 	if l.degraded.Load() {
 		return ErrDegraded
 	}
-	_, err := l.run(ctx, releaseScript, []string{l.leaseKey(r.Worker)}, r.Lease, l.channel(), r.Worker)
+	_, err := l.run(ctx, releaseScript, []string{l.leasesKey(), l.countsKey()}, r.Worker, r.Lease, l.channel())
 	if err != nil {
 		return l.fail("release", err)
 	}
@@ -386,11 +388,11 @@ func (l *Ledger) Unwait(ctx context.Context, model, id string) error {
 // InFlight returns the shared in-flight count of each worker, reaping
 // expired leases first.
 func (l *Ledger) InFlight(ctx context.Context, workers ...string) ([]int, error) {
-	keys := make([]string, len(workers))
+	args := make([]any, len(workers))
 	for i, w := range workers {
-		keys[i] = l.leaseKey(w)
+		args[i] = w
 	}
-	res, err := l.run(ctx, countScript, keys)
+	res, err := l.run(ctx, countScript, []string{l.leasesKey(), l.countsKey()}, args...)
 	if err != nil {
 		return nil, fmt.Errorf("shared: count leases: %w", err)
 	}
@@ -445,17 +447,19 @@ func (l *Ledger) Renew(ctx context.Context) {
 	l.renewMu.Lock()
 	defer l.renewMu.Unlock()
 	l.mu.Lock()
-	keys := make([]string, 0, len(l.held)+2*len(l.waiters))
-	args := make([]any, 0, 2+len(l.held)+2*len(l.waiters))
+	keys := make([]string, 0, 2+2*len(l.waiters))
+	keys = append(keys, l.leasesKey(), l.countsKey())
+	args := make([]any, 0, 2+2*len(l.held)+2*len(l.waiters))
 	args = append(args, l.cfg.LeaseTTL.Milliseconds(), 0)
+	leases := 0
 	for lease, w := range l.held {
 		if w == "" { // a Reserve in flight; its script sets the expiry
 			continue
 		}
-		keys = append(keys, l.leaseKey(w))
-		args = append(args, lease)
+		args = append(args, w, lease)
+		leases++
 	}
-	args[1] = len(keys)
+	args[1] = leases
 	// Waiters queued while degraded have no enqueue time on the server's
 	// clock; they take this replica's.
 	unknown := map[string]string{}
@@ -488,7 +492,7 @@ func (l *Ledger) Renew(ctx context.Context) {
 		l.log.Warn("shared state: re-created leases and waiters Redis had lost", "count", n)
 	}
 	if l.degraded.CompareAndSwap(true, false) {
-		l.log.Warn("shared state: Redis answers again; scheduling across replicas resumed", "leases", len(keys))
+		l.log.Warn("shared state: Redis answers again; scheduling across replicas resumed", "leases", leases)
 	}
 }
 

@@ -274,9 +274,9 @@ func TestLease_StoppedReplicaCapacityReturnsAfterTTL(t *testing.T) {
 	}
 	other := newLedger(t, srv.URL(0), "other", opts)
 	rdb := other.rdb
-	key := other.leaseKey("w0")
+	key := other.leasesKey()
 	first := zscoreOnly(t, rdb, key)
-	eventually(t, "a renewal to extend the lease", func() bool { return zscoreOnly(t, rdb, key) > first })
+	eventually(t, "a renewal to extend the leases", func() bool { return zscoreOnly(t, rdb, key) > first })
 	stop()            // the renew loop stops
 	dying.rdb.Close() // and the connection drops, with nothing released
 	if _, err := other.Reserve(ctx, "m", "", cands(1, workers4...)); !errors.Is(err, ErrFull) {
@@ -294,7 +294,7 @@ func TestLease_StoppedReplicaCapacityReturnsAfterTTL(t *testing.T) {
 
 func zscoreOnly(t *testing.T, rdb *redis.Client, key string) float64 {
 	t.Helper()
-	zs, err := rdb.ZRangeWithScores(context.Background(), key, 0, 0).Result()
+	zs, err := rdb.ZRangeWithScores(context.Background(), key, 0, 0).Result() // the soonest to expire
 	if err != nil || len(zs) != 1 {
 		t.Fatalf("lease set %s: %v %v", key, zs, err)
 	}
