@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -48,18 +49,20 @@ func OpenRedis(url, prefix string) (*RedisStore, error) {
 func (s *RedisStore) workerKey(name string) string { return s.prefix + "stats:w:" + name }
 func (s *RedisStore) setKey() string               { return s.prefix + "stats:workers" }
 
-// The hash fields, in the order the fold script reads and returns them.
+// The hash fields of the averages, in the order the fold script reads
+// them; each concurrency level k adds the fields "l<k>.tps", "l<k>.tps_n",
+// "l<k>.sq", "l<k>.sq_n", "l<k>.ttft", "l<k>.ttft_n" and "l<k>.upd_us".
 var redisFields = []string{
 	"ttft_ms", "ttft_ms_n", "e2e_ms", "e2e_ms_n",
 	"output_tokens", "output_tokens_n", "decode_tps", "decode_tps_n", "updated_us",
 }
 
 // foldScript folds observations into one worker's hash with EMA.Add's
-// arithmetic. KEYS: the worker's hash, the worker set. ARGV: worker name,
-// alpha, updated (unix µs), then per observation four samples in the order
-// TTFT ms, E2E ms, output tokens, decode tokens/s (0: not measured). It
-// returns the new fields, in redisFields order, as strings that round-trip
-// a float64 exactly.
+// arithmetic, as Tracker.fold does. KEYS: the worker's hash, the worker
+// set. ARGV: worker name, alpha, updated (unix µs), then per observation
+// five values: TTFT ms, E2E ms, output tokens, decode tokens/s (0: not
+// measured) and the concurrency level (0: unknown). It returns the whole
+// hash (HGETALL), its floats formatted to round-trip a float64 exactly.
 var foldScript = redis.NewScript(`
 local cur = redis.call('HMGET', KEYS[1], 'ttft_ms', 'ttft_ms_n', 'e2e_ms', 'e2e_ms_n',
   'output_tokens', 'output_tokens_n', 'decode_tps', 'decode_tps_n', 'updated_us')
@@ -69,32 +72,49 @@ for i = 1, 4 do
   n[i] = tonumber(cur[2*i]) or 0
 end
 local alpha = tonumber(ARGV[2])
-for j = 4, #ARGV, 4 do
+local now = tonumber(ARGV[3])
+local function add(val, cnt, x)
+  if cnt == 0 then return x, 1 end
+  return val + alpha * (x - val), cnt + 1
+end
+local function f(x) return string.format('%.17g', x) end
+for j = 4, #ARGV, 5 do
   for i = 1, 4 do
     local x = tonumber(ARGV[j+i-1])
-    if x > 0 then
-      if n[i] == 0 then v[i] = x else v[i] = v[i] + alpha * (x - v[i]) end
-      n[i] = n[i] + 1
+    if x > 0 then v[i], n[i] = add(v[i], n[i], x) end
+  end
+  local k = tonumber(ARGV[j+4])
+  local tps, ttft = tonumber(ARGV[j+3]), tonumber(ARGV[j])
+  if k > 0 and (tps > 0 or ttft > 0) then
+    local p = 'l' .. string.format('%d', k) .. '.'
+    local l = redis.call('HMGET', KEYS[1], p..'tps', p..'tps_n', p..'sq', p..'sq_n', p..'ttft', p..'ttft_n')
+    local lv, ln = {}, {}
+    for i = 1, 3 do
+      lv[i] = tonumber(l[2*i-1]) or 0
+      ln[i] = tonumber(l[2*i]) or 0
     end
+    if tps > 0 then
+      lv[1], ln[1] = add(lv[1], ln[1], tps)
+      lv[2], ln[2] = add(lv[2], ln[2], tps * tps)
+    end
+    if ttft > 0 then lv[3], ln[3] = add(lv[3], ln[3], ttft) end
+    redis.call('HSET', KEYS[1], p..'tps', f(lv[1]), p..'tps_n', string.format('%d', ln[1]),
+      p..'sq', f(lv[2]), p..'sq_n', string.format('%d', ln[2]),
+      p..'ttft', f(lv[3]), p..'ttft_n', string.format('%d', ln[3]), p..'upd_us', ARGV[3])
   end
 end
 local upd = tonumber(cur[9]) or 0
-local now = tonumber(ARGV[3])
 if now > upd then upd = now end
 local names = {'ttft_ms', 'e2e_ms', 'output_tokens', 'decode_tps'}
-local hset, out = {}, {}
+local hset = {}
 for i = 1, 4 do
-  local fv, fn = string.format('%.17g', v[i]), string.format('%d', n[i])
-  table.insert(hset, names[i]); table.insert(hset, fv)
-  table.insert(hset, names[i] .. '_n'); table.insert(hset, fn)
-  table.insert(out, fv); table.insert(out, fn)
+  table.insert(hset, names[i]); table.insert(hset, f(v[i]))
+  table.insert(hset, names[i] .. '_n'); table.insert(hset, string.format('%d', n[i]))
 end
-local fu = string.format('%d', upd)
-table.insert(hset, 'updated_us'); table.insert(hset, fu)
-table.insert(out, fu)
+table.insert(hset, 'updated_us'); table.insert(hset, string.format('%d', upd))
 redis.call('HSET', KEYS[1], unpack(hset))
 redis.call('SADD', KEYS[2], ARGV[1])
-return out
+return redis.call('HGETALL', KEYS[1])
 `)
 
 // Fold folds each worker's observations into its shared averages, one
@@ -115,11 +135,11 @@ func (s *RedisStore) Fold(ctx context.Context, alpha float64, batch map[string]F
 	cmds := make([]*redis.Cmd, 0, len(batch))
 	pipe := s.rdb.Pipeline()
 	for name, b := range batch {
-		args := make([]any, 0, 3+4*len(b.Obs))
+		args := make([]any, 0, 3+5*len(b.Obs))
 		args = append(args, name, fmtFloat(alpha), strconv.FormatInt(b.Updated.UnixMicro(), 10))
 		for _, o := range b.Obs {
 			args = append(args, fmtFloat(ms(o.TTFT)), fmtFloat(ms(o.E2E)),
-				strconv.Itoa(o.OutputTokens), fmtFloat(o.DecodeTPS))
+				strconv.Itoa(o.OutputTokens), fmtFloat(o.DecodeTPS), strconv.Itoa(o.level()))
 		}
 		names = append(names, name)
 		cmds = append(cmds, foldScript.EvalSha(ctx, pipe, []string{s.workerKey(name), s.setKey()}, args...))
@@ -131,7 +151,7 @@ func (s *RedisStore) Fold(ctx context.Context, alpha float64, batch map[string]F
 		vals, err := c.StringSlice()
 		if err == nil {
 			var ws WorkerStats
-			ws, err = decodeFields(vals)
+			ws, err = decodeHash(pairs(vals))
 			if err == nil {
 				out[names[i]] = ws
 				continue
@@ -152,9 +172,9 @@ func (s *RedisStore) Load(ctx context.Context) (map[string]WorkerStats, error) {
 		return nil, fmt.Errorf("stats store %s: list workers: %w", s.desc, err)
 	}
 	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(names))
+	cmds := make([]*redis.MapStringStringCmd, len(names))
 	for i, name := range names {
-		cmds[i] = pipe.HMGet(ctx, s.workerKey(name), redisFields...)
+		cmds[i] = pipe.HGetAll(ctx, s.workerKey(name))
 	}
 	if len(names) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
@@ -163,14 +183,7 @@ func (s *RedisStore) Load(ctx context.Context) (map[string]WorkerStats, error) {
 	}
 	out := make(map[string]WorkerStats, len(names))
 	for i, c := range cmds {
-		raw := c.Val()
-		vals := make([]string, len(raw))
-		for j, v := range raw {
-			if str, ok := v.(string); ok {
-				vals[j] = str
-			}
-		}
-		ws, err := decodeFields(vals)
+		ws, err := decodeHash(c.Val())
 		if err != nil {
 			return nil, fmt.Errorf("stats store %s: worker %q: %w", s.desc, names[i], err)
 		}
@@ -198,43 +211,90 @@ func (s *RedisStore) Save(ctx context.Context, entries map[string]WorkerStats) e
 func (s *RedisStore) Close() error { return s.rdb.Close() }
 
 func encodeFields(ws WorkerStats) []any {
-	out := make([]any, 0, 2*len(redisFields))
+	out := make([]any, 0, 2*len(redisFields)+14*len(ws.Levels))
 	for i, e := range []EMA{ws.TTFTMs, ws.E2EMs, ws.OutputTokens, ws.DecodeTPS} {
 		out = append(out, redisFields[2*i], fmtFloat(e.Value), redisFields[2*i+1], strconv.FormatInt(e.N, 10))
 	}
-	var us int64
-	if !ws.Updated.IsZero() {
-		us = ws.Updated.UnixMicro()
+	out = append(out, redisFields[8], strconv.FormatInt(unixMicro(ws.Updated), 10))
+	for k, l := range ws.Levels {
+		if l.Updated.IsZero() && !l.DecodeTPS.Known() && !l.TTFTMs.Known() {
+			continue
+		}
+		p := "l" + strconv.Itoa(k+1) + "."
+		for _, f := range []struct {
+			name string
+			e    EMA
+		}{{"tps", l.DecodeTPS}, {"sq", l.DecodeSq}, {"ttft", l.TTFTMs}} {
+			out = append(out, p+f.name, fmtFloat(f.e.Value), p+f.name+"_n", strconv.FormatInt(f.e.N, 10))
+		}
+		out = append(out, p+"upd_us", strconv.FormatInt(unixMicro(l.Updated), 10))
 	}
-	return append(out, redisFields[8], strconv.FormatInt(us, 10))
+	return out
 }
 
-// decodeFields reads values in redisFields order; empty means absent.
-func decodeFields(vals []string) (WorkerStats, error) {
-	if len(vals) != len(redisFields) {
-		return WorkerStats{}, fmt.Errorf("%d fields, want %d", len(vals), len(redisFields))
+func unixMicro(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
 	}
-	var emas [4]EMA
-	for i := range emas {
-		v, err := parseFloat(vals[2*i])
-		if err != nil {
-			return WorkerStats{}, fmt.Errorf("%s: %w", redisFields[2*i], err)
+	return t.UnixMicro()
+}
+
+func fromMicro(us int64) time.Time {
+	if us <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(us).UTC()
+}
+
+// pairs turns HGETALL's flat reply into a map.
+func pairs(flat []string) map[string]string {
+	m := make(map[string]string, len(flat)/2)
+	for i := 0; i+1 < len(flat); i += 2 {
+		m[flat[i]] = flat[i+1]
+	}
+	return m
+}
+
+// decodeHash reads a worker's hash; absent fields are zero.
+func decodeHash(h map[string]string) (WorkerStats, error) {
+	var firstErr error
+	num := func(key string) float64 {
+		v, err := parseFloat(h[key])
+		if err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("%s: %w", key, err)
 		}
-		n, err := parseInt(vals[2*i+1])
-		if err != nil {
-			return WorkerStats{}, fmt.Errorf("%s: %w", redisFields[2*i+1], err)
+		return v
+	}
+	cnt := func(key string) int64 {
+		v, err := parseInt(h[key])
+		if err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("%s: %w", key, err)
 		}
-		emas[i] = EMA{Value: v, N: n}
+		return v
 	}
-	us, err := parseInt(vals[8])
-	if err != nil {
-		return WorkerStats{}, fmt.Errorf("%s: %w", redisFields[8], err)
+	ema := func(key string) EMA { return EMA{Value: num(key), N: cnt(key + "_n")} }
+	ws := WorkerStats{
+		TTFTMs: ema("ttft_ms"), E2EMs: ema("e2e_ms"), OutputTokens: ema("output_tokens"), DecodeTPS: ema("decode_tps"),
+		Updated: fromMicro(cnt("updated_us")),
 	}
-	ws := WorkerStats{TTFTMs: emas[0], E2EMs: emas[1], OutputTokens: emas[2], DecodeTPS: emas[3]}
-	if us > 0 {
-		ws.Updated = time.UnixMicro(us).UTC()
+	top := 0
+	for key := range h {
+		if rest, ok := strings.CutPrefix(key, "l"); ok {
+			if ks, _, ok := strings.Cut(rest, "."); ok {
+				if k, err := strconv.Atoi(ks); err == nil && k > top && k <= MaxLevels {
+					top = k
+				}
+			}
+		}
 	}
-	return ws, nil
+	if top > 0 {
+		ws.Levels = make([]Level, top)
+		for k := 1; k <= top; k++ {
+			p := "l" + strconv.Itoa(k) + "."
+			ws.Levels[k-1] = Level{DecodeTPS: ema(p + "tps"), DecodeSq: ema(p + "sq"), TTFTMs: ema(p + "ttft"), Updated: fromMicro(cnt(p + "upd_us"))}
+		}
+	}
+	return ws, firstErr
 }
 
 func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }

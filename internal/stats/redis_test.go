@@ -38,6 +38,7 @@ func obs(i int) Observation {
 		E2E:          time.Duration(900+13*i) * time.Millisecond,
 		OutputTokens: 50 + i%17,
 		DecodeTPS:    30 + float64(i%5)/3,
+		Concurrency:  float64(1 + i%3),
 	}
 }
 
