@@ -32,6 +32,7 @@ func newReplica(t *testing.T, l *Ledger, limit int, withRun bool) *replica {
 	r.sched, err = scheduler.New(scheduler.Config{
 		Weights: scheduler.DefaultWeights(), MaxQueue: 64, QueueTimeout: time.Minute,
 		StaleAfter: time.Minute, Ledger: l.ForScheduler(context.Background()), IDPrefix: l.Replica(),
+		Limits:   scheduler.LimitConfig{Fixed: true}, // limits as configured: the ledger is under test, not learning
 		Recorder: func(rec *decisions.Record) { r.mu.Lock(); r.recs = append(r.recs, rec); r.mu.Unlock() },
 	}, specs...)
 	if err != nil {
