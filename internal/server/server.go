@@ -324,15 +324,8 @@ func (s *Server) addWorker(w config.Worker) error {
 }
 
 func (s *Server) addWorkerLocked(w config.Worker) error {
-	u, err := url.Parse(w.URL)
+	u, key, err := s.prepareWorkerLocked(w)
 	if err != nil {
-		return fmt.Errorf("worker %s: url: %w", w.Name, err)
-	}
-	key, err := w.ResolveAPIKey()
-	if err != nil {
-		return fmt.Errorf("worker %s: api key: %w", w.Name, err)
-	}
-	if err := s.transport.register(w, u); err != nil {
 		return err
 	}
 	fw, err := s.fleet.Add(context.Background(), toFleet(w, key))
@@ -349,20 +342,31 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	return nil
 }
 
+// prepareWorkerLocked checks what a worker needs before it is probed or
+// scheduled — its URL, its API key — and registers its TLS settings with
+// the transport.
+func (s *Server) prepareWorkerLocked(w config.Worker) (*url.URL, string, error) {
+	u, err := url.Parse(w.URL)
+	if err != nil {
+		return nil, "", fmt.Errorf("worker %s: url: %w", w.Name, err)
+	}
+	key, err := w.ResolveAPIKey()
+	if err != nil {
+		return nil, "", fmt.Errorf("worker %s: api key: %w", w.Name, err)
+	}
+	if err := s.transport.register(w, u); err != nil {
+		return nil, "", err
+	}
+	return u, key, nil
+}
+
 // replaceWorkerLocked applies a changed worker's settings: its scraper is
 // replaced (the URL or kind may have changed), and the scheduler's worker
 // is updated in place, keeping its in-flight count. On a bad setting the
 // running worker is left as it was.
 func (s *Server) replaceWorkerLocked(w config.Worker) error {
-	u, err := url.Parse(w.URL)
+	u, key, err := s.prepareWorkerLocked(w)
 	if err != nil {
-		return fmt.Errorf("worker %s: url: %w", w.Name, err)
-	}
-	key, err := w.ResolveAPIKey()
-	if err != nil {
-		return fmt.Errorf("worker %s: api key: %w", w.Name, err)
-	}
-	if err := s.transport.register(w, u); err != nil {
 		return err
 	}
 	if err := s.fleet.Remove(w.Name); err != nil {
