@@ -359,8 +359,8 @@ type Proxy struct {
 	// ResponseHeaderTimeout bounds the wait for a worker's response
 	// headers (which for a non-streaming request come with the answer).
 	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout"`
-	// StreamIdleTimeout bounds the silence between two reads of a
-	// worker's answer once its headers came: a worker that stalls
+	// StreamIdleTimeout bounds how long a read of a worker's answer may
+	// wait once its headers came: a worker that stalls
 	// mid-answer is cut off, its slot freed and the failure counted.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// TokenizeAbove, when positive, has a prompt estimated at that many

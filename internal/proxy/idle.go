@@ -14,9 +14,10 @@ import (
 var ErrStreamIdle = errors.New("worker answer idle")
 
 // idleReader reads a worker's answer and cancels the attempt's context
-// when no byte arrives for timeout: a worker that stalls after its headers
-// must not hold its slot forever. Every read that returns bytes rearms
-// the timer.
+// when a read waits longer than timeout: a worker that stalls after its
+// headers must not hold its slot forever. The timer runs only while a
+// read waits for the worker, so a slow client (whose writes hold up the
+// next read) is not taken for a silent worker.
 type idleReader struct {
 	r       io.Reader
 	timeout time.Duration
@@ -30,18 +31,18 @@ func newIdleReader(r io.Reader, timeout time.Duration, cancel context.CancelCaus
 		ir.fired.Store(true)
 		cancel(ErrStreamIdle)
 	})
+	ir.timer.Stop() // armed by each Read
 	return ir
 }
 
 // Read reads from the answer; after the timer fired it fails with an error
 // wrapping ErrStreamIdle, whatever the transport made of the cancellation.
 func (ir *idleReader) Read(p []byte) (int, error) {
+	ir.timer.Reset(ir.timeout)
 	n, err := ir.r.Read(p)
+	ir.timer.Stop()
 	if ir.fired.Load() {
 		return n, fmt.Errorf("the worker sent nothing for %v: %w", ir.timeout, ErrStreamIdle)
-	}
-	if n > 0 {
-		ir.timer.Reset(ir.timeout)
 	}
 	return n, err
 }
