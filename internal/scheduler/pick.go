@@ -81,6 +81,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		snap := snaps[i]
 		c := &rec.Candidates[i]
 		c.Worker, c.Active, c.Limit, c.Eligible = w.spec.Name, w.active, lims[i].limit, whys[i] == whyEligible
+		c.LimitSource = lims[i].source
 		switch whys[i] {
 		case whyDraining:
 			c.Why = "draining"
@@ -120,13 +121,13 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 // explainLimitsLater has rec say, when read, why each worker's limit was
 // what it was; the words are built from values copied now.
 func (s *Scheduler) explainLimitsLater(rec *decisions.Record, lims []limitState) {
-	if s.cfg.Policy != PolicySluice {
-		return
+	if s.cfg.Policy != PolicySluice || s.limits.Fixed {
+		return // a fixed limit's source, already in the record, says it all
 	}
 	frozen := slices.Clone(lims)
 	rec.AddExplain(func(r *decisions.Record) {
 		for i := range r.Candidates {
-			r.Candidates[i].LimitSource, r.Candidates[i].LimitReason = frozen[i].source, frozen[i].String()
+			r.Candidates[i].LimitReason = frozen[i].String()
 		}
 	})
 }

@@ -536,16 +536,25 @@ func TestScheduler_BaselinePolicies(t *testing.T) {
 // worker, reserve the winner, release — with the decision record built
 // (as the router does) and without it (as virtual-time runs do).
 func BenchmarkPick(b *testing.B) {
-	for _, records := range []bool{true, false} {
+	for _, mode := range []struct {
+		records bool
+		limits  LimitConfig
+		name    string
+	}{
+		{true, LimitConfig{Fixed: true}, "records=true"},
+		{false, LimitConfig{Fixed: true}, "records=false"},
+		{true, LimitConfig{MinSamples: 3}, "records=true/limits=auto"},
+	} {
+		records := mode.records
 		for _, n := range []int{8, 64, 512} {
-			b.Run(fmt.Sprintf("records=%v/workers=%d", records, n), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/workers=%d", mode.name, n), func(b *testing.B) {
 				st, _ := stats.NewTracker(context.Background(), 0.2, nil, nil)
 				ws := workers(n, 1<<30, "m")
 				for i := range ws {
 					ws[i].Source = newSource(Snapshot{Health: HealthOK, KVPressure: Reading{Value: float64(i%10) / 10, At: time.Now()}})
 					st.Observe(ws[i].Name, stats.Observation{TTFT: time.Duration(100+i) * time.Millisecond, OutputTokens: 100, DecodeTPS: float64(50 + i%7)}, time.Now())
 				}
-				s := newSched(b, Config{MaxQueue: 5, Stats: st, NoRecords: !records}, ws...)
+				s := newSched(b, Config{MaxQueue: 5, Stats: st, NoRecords: !records, Limits: mode.limits}, ws...)
 				b.ReportAllocs()
 				for b.Loop() {
 					l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 100})

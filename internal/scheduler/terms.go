@@ -172,7 +172,9 @@ func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, get func(*Snaps
 	for i := range c {
 		r := get(c[i].Snap)
 		raw[i] = r.Value
-		if w := confidence(env, r); w > 0 {
+		w := confidence(env, r)
+		norm[i] = w // the confidence, until the neutral value is known
+		if w > 0 {
 			sum += w * f(r.Value)
 			wsum += w
 		}
@@ -182,9 +184,8 @@ func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, get func(*Snaps
 		neutral = sum / wsum
 	}
 	for i := range c {
-		r := get(c[i].Snap)
-		w := confidence(env, r)
-		norm[i] = w*f(r.Value) + (1-w)*neutral
+		w := norm[i]
+		norm[i] = w*f(raw[i]) + (1-w)*neutral
 	}
 }
 
