@@ -34,6 +34,12 @@ func classify(path string) routeClass {
 	switch {
 	case path == "/healthz", path == "/readyz", path == "/metrics":
 		return routePublic
+	case path == "/", strings.HasPrefix(path, "/dashboard/"):
+		// The dashboard's page and assets hold no data (what it shows
+		// comes from /api/overview and /debug, which stay admin). A
+		// browser cannot send a bearer token when it navigates; the page
+		// takes one from the URL fragment (#token=...) for its calls.
+		return routePublic
 	case slices.Contains(inferencePaths, path), strings.HasPrefix(path, "/v1/"):
 		return routeClient
 	}

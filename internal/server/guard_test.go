@@ -215,7 +215,7 @@ func TestGuard_AdminWithoutTokenIsLoopbackOnly(t *testing.T) {
 	// A remote client does not, whatever it claims in headers.
 	for _, tc := range []struct{ method, path string }{
 		{"GET", "/api/workers"}, {"POST", "/api/workers"}, {"DELETE", "/api/workers/w1"},
-		{"POST", "/api/workers/w1/drain"}, {"GET", "/debug/decisions"}, {"GET", "/"}, {"GET", "/no/such/route"},
+		{"POST", "/api/workers/w1/drain"}, {"GET", "/debug/decisions"}, {"GET", "/api/overview"}, {"GET", "/no/such/route"},
 	} {
 		req := httptest.NewRequest(tc.method, tc.path, nil)
 		req.RemoteAddr = "203.0.113.7:40000"
@@ -226,6 +226,15 @@ func TestGuard_AdminWithoutTokenIsLoopbackOnly(t *testing.T) {
 	}
 	if got := r.srv.Scheduler().Workers(); len(got) != 1 || got[0].Draining {
 		t.Fatalf("a refused admin call changed the fleet: %+v", got)
+	}
+	// The dashboard's page itself holds no data: a remote browser gets
+	// it, and then needs the admin token for what it shows.
+	req := httptest.NewRequest("GET", "/", nil)
+	req.RemoteAddr = "203.0.113.7:40000"
+	rec := httptest.NewRecorder()
+	r.srv.Handler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "<html") {
+		t.Fatalf("remote GET /: %d, want the dashboard page", rec.Code)
 	}
 }
 
@@ -376,7 +385,7 @@ func TestClassify_EveryProxiedRouteIsAClientRoute(t *testing.T) {
 	}
 	for p, want := range map[string]routeClass{
 		"/v1/models": routeClient, "/healthz": routePublic, "/readyz": routePublic, "/metrics": routePublic,
-		"/": routeAdmin, "/dashboard/app.js": routeAdmin, "/api/overview": routeAdmin, "/api/workers": routeAdmin,
+		"/": routePublic, "/dashboard/app.js": routePublic, "/api/overview": routeAdmin, "/api/workers": routeAdmin,
 		"/debug/decisions": routeAdmin, "/anything-new": routeAdmin,
 	} {
 		if got := classify(p); got != want {
