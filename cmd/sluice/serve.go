@@ -55,7 +55,12 @@ func runServe(args []string) error {
 // serve runs a router for cfg until ctx ends. reload, when not nil, is
 // called on SIGHUP to re-read the configuration.
 func serve(ctx context.Context, cfg config.Config, log *slog.Logger, grace time.Duration, reload func() (config.Config, error)) error {
-	srv, err := server.New(cfg, server.Options{Logger: log})
+	tracer, stopTracing, err := startTracing(ctx, cfg.Tracing, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	srv, err := server.New(cfg, server.Options{Logger: log, Tracer: tracer})
 	if err != nil {
 		return err
 	}

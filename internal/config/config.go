@@ -63,6 +63,8 @@ type Config struct {
 	Limits Limits `yaml:"limits"`
 	// Discovery finds workers at run time in addition to Workers.
 	Discovery Discovery `yaml:"discovery"`
+	// Tracing exports OpenTelemetry spans; off unless OTLPEndpoint is set.
+	Tracing Tracing `yaml:"tracing"`
 }
 
 // Limits configures adaptive concurrency (see scheduler.LimitConfig for
@@ -116,6 +118,18 @@ func (l Limits) Scheduler() scheduler.LimitConfig {
 		}
 	}
 	return lc
+}
+
+// Tracing configures OpenTelemetry tracing of proxied requests.
+type Tracing struct {
+	// OTLPEndpoint is an OTLP/HTTP collector's base URL, e.g.
+	// http://otel-collector:4318; empty turns tracing off.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// ServiceName is the service.name of the spans.
+	ServiceName string `yaml:"service_name"`
+	// SampleRatio is the share of new traces recorded, in (0, 1]; a
+	// request whose client sampled its trace is always recorded.
+	SampleRatio float64 `yaml:"sample_ratio"`
 }
 
 // Discovery configures where workers are found besides the static list.
@@ -460,6 +474,7 @@ func DefaultConfig() Config {
 		Shared:    Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
 		Limits: Limits{Adaptive: true, FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
 			BorrowAfter: 2 * time.Second, DefaultCap: 64},
+		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
 	}
 }
 
@@ -665,6 +680,17 @@ func (c *Config) Validate() error {
 			if t.MinStreamTokS < 0 {
 				bad("limits.models."+m+".min_stream_tok_s", "negative (%v)", t.MinStreamTokS)
 			}
+		}
+	}
+	if t := c.Tracing; t.OTLPEndpoint != "" {
+		if err := checkURL(t.OTLPEndpoint); err != nil {
+			bad("tracing.otlp_endpoint", "%v", err)
+		}
+		if t.SampleRatio <= 0 || t.SampleRatio > 1 {
+			bad("tracing.sample_ratio", "%v is outside (0, 1]", t.SampleRatio)
+		}
+		if strings.TrimSpace(t.ServiceName) == "" {
+			bad("tracing.service_name", "empty")
 		}
 	}
 	if k := c.Discovery.Kubernetes; k != nil {

@@ -114,6 +114,8 @@ type Options struct {
 	TokenizeTimeout time.Duration
 	// Logger logs failures; discarded if nil.
 	Logger *slog.Logger
+	// Tracer, when not nil, gives each request a span (see Tracer).
+	Tracer Tracer
 }
 
 // Handler proxies inference requests. Mount it on the inference paths.
@@ -158,6 +160,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.opt.OnResult(res)
 		}
 	}()
+	r, endSpan := h.startSpan(r)
+	defer endSpan(&res)
 	if r.Method != http.MethodPost {
 		res.Status, res.Reason = writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s %s: use POST", r.Method, r.URL.Path))
 		return
@@ -280,6 +284,9 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	copyHeader(out.Header, r.Header)
 	h.setAuth(out.Header, lease.Worker)
 	setForwarded(out.Header, r)
+	if s := spanFrom(r.Context()); s != nil {
+		s.Attempt(r.Context(), lease, out.Header)
+	}
 	// Sluice must read the answer to meter it: let the transport negotiate
 	// compression with the worker and decompress, and relay plain bytes.
 	out.Header.Del("Accept-Encoding")

@@ -78,6 +78,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Transport sends requests and probes to workers.
 	Transport http.RoundTripper
+	// Tracer, when not nil, traces every proxied request.
+	Tracer proxy.Tracer
 }
 
 // New builds a router from cfg: it opens the stats store (loading the
@@ -181,6 +183,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		TokenizeAbove:   cfg.Proxy.TokenizeAbove,
 		TokenizeTimeout: cfg.Proxy.TokenizeTimeout,
 		Logger:          log,
+		Tracer:          opt.Tracer,
 	})
 	for _, w := range cfg.Workers {
 		if err := s.addWorker(w); err != nil {
