@@ -139,16 +139,16 @@ func (gpuUtil) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
 	return readingProvenance(env, c.Snap.GPUUtil)
 }
 
-func queueOf(s *Snapshot) Reading { return s.QueueLen }
-func kvOf(s *Snapshot) Reading    { return s.KVPressure }
-func gpuOf(s *Snapshot) Reading   { return s.GPUUtil }
+func queueOf(s *Snapshot) *Reading { return &s.QueueLen }
+func kvOf(s *Snapshot) *Reading    { return &s.KVPressure }
+func gpuOf(s *Snapshot) *Reading   { return &s.GPUUtil }
 
 // confidence is how much a telemetry reading is trusted: 1 while it is
 // fresher than StaleAfter, falling linearly to 0 at three times that age,
 // and 0 for a reading never made. A scrape that stopped answering thus
 // stops steering decisions within a few intervals, instead of its last
 // value winning (or losing) forever.
-func confidence(env *Env, r Reading) float64 {
+func confidence(env *Env, r *Reading) float64 {
 	if !r.Known() {
 		return 0
 	}
@@ -167,7 +167,7 @@ func confidence(env *Env, r Reading) float64 {
 // value is the confidence-weighted mean of the candidates' scaled
 // readings, or fallback when no candidate has one: missing telemetry is
 // neither the best nor the worst.
-func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, get func(*Snapshot) Reading, f func(float64) float64, fallback float64) {
+func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, get func(*Snapshot) *Reading, f func(float64) float64, fallback float64) {
 	sum, wsum := 0.0, 0.0
 	for i := range c {
 		r := get(c[i].Snap)
@@ -279,7 +279,7 @@ func ratioToMax(c []Candidate, raw, norm []float64, get func(*stats.WorkerStats)
 }
 
 func readingProvenance(env *Env, r Reading) (string, time.Time, bool) {
-	switch w := confidence(env, r); {
+	switch w := confidence(env, &r); {
 	case !r.Known():
 		return "no telemetry (neutral)", r.At, true
 	case w == 0:
