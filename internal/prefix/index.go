@@ -67,14 +67,22 @@ func NewIndex(o Options) *Index {
 // it recently served, over len(hashes). It is 0 for no hashes. Asking
 // does not refresh anything.
 func (x *Index) Match(model string, hashes []uint64, worker string) float64 {
+	f, _ := x.MatchSource(model, hashes, worker)
+	return f
+}
+
+// MatchSource is Match, and also tells whether any of the matched blocks
+// was last recorded by another replica (through Apply) rather than by this
+// router's own Record.
+func (x *Index) MatchSource(model string, hashes []uint64, worker string) (frac float64, remote bool) {
 	if len(hashes) == 0 {
-		return 0
+		return 0, false
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	c := x.caches[cacheKey{model, worker}]
 	if c == nil {
-		return 0
+		return 0, false
 	}
 	oldest := x.now().Add(-x.ttl)
 	n := 0
@@ -83,9 +91,10 @@ func (x *Index) Match(model string, hashes []uint64, worker string) float64 {
 		if !ok || c.nodes[i].at.Before(oldest) {
 			break
 		}
+		remote = remote || c.nodes[i].remote
 		n++
 	}
-	return float64(n) / float64(len(hashes))
+	return float64(n) / float64(len(hashes)), remote
 }
 
 // Record notes that worker is serving hashes for model. The blocks are
@@ -97,22 +106,57 @@ func (x *Index) Record(model string, hashes []uint64, worker string) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.recordLocked(model, hashes, worker, x.now(), false)
+}
+
+// Apply notes, as Record does, that worker served hashes for model at
+// time at, as another replica reports it: a block keeps the later of its
+// own time and at, and a block whose time is at is marked as recorded
+// elsewhere (see MatchSource). A report older than the TTL is ignored;
+// one from the future (clock skew) counts as now. The bounds are those of
+// Record.
+func (x *Index) Apply(model string, hashes []uint64, worker string, at time.Time) {
+	if len(hashes) == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	now := x.now()
+	if at.After(now) {
+		at = now
+	}
+	if at.Before(now.Add(-x.ttl)) {
+		return
+	}
+	x.recordLocked(model, hashes, worker, at, true)
+}
+
+func (x *Index) recordLocked(model string, hashes []uint64, worker string, at time.Time, remote bool) {
 	k := cacheKey{model, worker}
 	c := x.caches[k]
 	if c == nil {
-		capacity := x.capacity
-		if n, ok := x.perWorker[worker]; ok && n > 0 {
-			capacity = n
-		}
-		c = newLRU(capacity)
+		c = newLRU(x.capacityOf(worker))
 		x.caches[k] = c
 	}
-	now := x.now()
-	c.expire(now.Add(-x.ttl))
+	c.expire(x.now().Add(-x.ttl))
 	for i := len(hashes) - 1; i >= 0; i-- {
-		c.touch(hashes[i], now)
+		c.touch(hashes[i], at, remote)
 	}
 }
+
+// Capacity returns the blocks remembered per model for worker: at most
+// this many of a Record's hashes, the first, can be remembered.
+func (x *Index) Capacity(worker string) int { return x.capacityOf(worker) }
+
+func (x *Index) capacityOf(worker string) int {
+	if n, ok := x.perWorker[worker]; ok && n > 0 {
+		return n
+	}
+	return x.capacity
+}
+
+// TTL returns how long a recorded block is remembered.
+func (x *Index) TTL() time.Duration { return x.ttl }
 
 // Forget drops everything remembered of worker (it was removed).
 func (x *Index) Forget(worker string) {
@@ -149,6 +193,7 @@ type node struct {
 	hash       uint64
 	at         time.Time
 	prev, next int32
+	remote     bool // at came from another replica (Apply)
 }
 
 func newLRU(capacity int) *lru {
@@ -156,10 +201,15 @@ func newLRU(capacity int) *lru {
 }
 
 // touch makes h the most recent block, adding it (and forgetting the
-// least recent when full) if it is new.
-func (c *lru) touch(h uint64, now time.Time) {
+// least recent when full) if it is new. A block already there keeps the
+// later of its time and at (a replica's report may arrive after this
+// router's own, newer record); remote tells whether at came from another
+// replica.
+func (c *lru) touch(h uint64, at time.Time, remote bool) {
 	if i, ok := c.pos[h]; ok {
-		c.nodes[i].at = now
+		if n := &c.nodes[i]; !at.Before(n.at) {
+			n.at, n.remote = at, remote
+		}
 		c.unlink(i)
 		c.pushFront(i)
 		return
@@ -173,13 +223,17 @@ func (c *lru) touch(h uint64, now time.Time) {
 		c.unlink(i)
 		delete(c.pos, c.nodes[i].hash)
 	}
-	c.nodes[i] = node{hash: h, at: now, prev: -1, next: -1}
+	c.nodes[i] = node{hash: h, at: at, prev: -1, next: -1, remote: remote}
 	c.pos[h] = i
 	c.pushFront(i)
 }
 
-// expire forgets blocks recorded before oldest (always the least recent)
-// and keeps the slab dense by moving its last node into each hole.
+// expire forgets blocks recorded before oldest, from the least recent,
+// and keeps the slab dense by moving its last node into each hole. Record
+// keeps times in recency order; a block Apply refreshed with a time older
+// than its neighbours' is swept once it reaches the tail or is evicted by
+// capacity, and Match ignores it once expired, so the order matters to
+// memory only, which capacity bounds anyway.
 func (c *lru) expire(oldest time.Time) {
 	for c.tail >= 0 && c.nodes[c.tail].at.Before(oldest) {
 		i := c.tail

@@ -307,3 +307,49 @@ func TestIndex_WorkerCapacity(t *testing.T) {
 		t.Errorf("Match on the small worker = %v, want %v (its first two blocks)", got, want)
 	}
 }
+
+func TestIndex_Apply(t *testing.T) {
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	clk := &fakeClock{t: t0}
+	x := NewIndex(Options{Capacity: 4, TTL: time.Minute, Now: clk.now})
+	// A report 40 s old lives 20 s more, not a whole TTL.
+	x.Apply("m", []uint64{1, 2}, "a", t0.Add(-40*time.Second))
+	if got, remote := x.MatchSource("m", []uint64{1, 2}, "a"); got != 1 || !remote {
+		t.Fatalf("after Apply: MatchSource = %v, %v; want 1, true", got, remote)
+	}
+	// A local record of block 1 makes it local; block 2 stays remote.
+	x.Record("m", []uint64{1}, "a")
+	if _, remote := x.MatchSource("m", []uint64{1}, "a"); remote {
+		t.Errorf("block 1 recorded here after the report: MatchSource says remote")
+	}
+	if _, remote := x.MatchSource("m", []uint64{1, 2}, "a"); !remote {
+		t.Errorf("block 2 only reported: MatchSource says local")
+	}
+	// An older report does not set a newer block's time back.
+	x.Apply("m", []uint64{1}, "a", t0.Add(-50*time.Second))
+	clk.t = t0.Add(25 * time.Second)
+	if got, want := x.Match("m", []uint64{1, 2}, "a"), 0.5; got != want {
+		t.Fatalf("25 s on: Match = %v, want %v (block 1 recorded at 0 s, block 2 reported at -40 s expired)", got, want)
+	}
+	if _, remote := x.MatchSource("m", []uint64{1}, "a"); remote {
+		t.Errorf("an older report made block 1 remote again")
+	}
+	// A report older than the TTL is ignored, one from the future counts as now.
+	x.Apply("m", []uint64{7}, "b", clk.t.Add(-2*time.Minute))
+	if got := x.Len("m", "b"); got != 0 {
+		t.Errorf("a report older than the TTL was kept: %d blocks", got)
+	}
+	x.Apply("m", []uint64{7}, "b", clk.t.Add(time.Hour))
+	clk.t = clk.t.Add(61 * time.Second)
+	if got := x.Match("m", []uint64{7}, "b"); got != 0 {
+		t.Errorf("a report from the future outlived the TTL from now: Match = %v", got)
+	}
+	// Capacity bounds applied blocks as it bounds recorded ones.
+	x.Apply("m", []uint64{10, 11, 12, 13, 14, 15}, "c", clk.t)
+	if got, want := x.Len("m", "c"), 4; got != want {
+		t.Errorf("applied 6 blocks with capacity 4: %d remembered, want %d", got, want)
+	}
+	if got, want := x.Match("m", []uint64{10, 11, 12, 13, 14, 15}, "c"), 4.0/6; got != want {
+		t.Errorf("the first blocks are the ones kept: Match = %v, want %v", got, want)
+	}
+}
