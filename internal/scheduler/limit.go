@@ -138,6 +138,7 @@ type limitState struct {
 	satVal float64
 	borrow int           // streams borrowed over the learned limit
 	waited time.Duration // the queue wait that allowed borrowing
+	prefix float64       // >0: one stream over the learned limit for a request this much of whose prefix is cached (affinity.go)
 }
 
 const (
@@ -186,6 +187,9 @@ func (st limitState) String() string {
 	}
 	if st.borrow > 0 {
 		out += fmt.Sprintf("; borrowing +%d: the oldest queued request waited %.1fs", st.borrow, st.waited.Seconds())
+	}
+	if st.prefix > 0 {
+		out += fmt.Sprintf("; +1 for this request: %.0f%% of its prompt prefix is expected cached here, little to prefill", 100*st.prefix)
 	}
 	return out
 }

@@ -59,6 +59,9 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		snaps = append(snaps, snap)
 		lims = append(lims, lim)
 	}
+	if len(elig) == 0 && !baseline && !s.limits.Fixed && len(req.Prefix) > 0 && s.affinityOn() {
+		elig, idx = s.affinityBorrowLocked(req, whys, lims, elig, idx)
+	}
 	defer clear(snaps) // keep no snapshot alive through the scratch buffer
 	s.eligBuf, s.idxBuf, s.snapBuf, s.whyBuf, s.limBuf = elig[:0], idx[:0], snaps[:0], whys[:0], lims[:0]
 	if len(elig) == 0 && (!always || s.cfg.NoRecords) {

@@ -919,7 +919,13 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, *worker, 
 		}
 	}
 	if t := q.next(s.order); t != nil {
-		if w, rec := s.pickQueuedLocked(t, now); w != nil {
+		w, rec := s.pickQueuedLocked(t, now)
+		// A request behind the head may go first where its prefix is
+		// cached, within the aging bound (see affinity.go).
+		if u, uw, urec := s.affinityOvertakeLocked(q, t, w, now); u != nil {
+			return u, uw, urec
+		}
+		if w != nil {
 			return t, w, rec
 		}
 	}

@@ -1,0 +1,197 @@
+package scheduler
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+)
+
+// Prefix affinity under a backlog.
+//
+// The prefix term alone has a say only when a request arrives to find
+// workers with room: once requests wait, each release binds the head of
+// the queue to the worker that freed, whoever holds its prefix, and a
+// worker at its learned limit takes nobody. Measured in virtual time (see
+// docs/benchmarks.md, *Prefix-cache affinity*), that is where the
+// affinity was lost at 80% and 95% load. Two rules keep it there, both
+// only while the prefix term has a weight, and both bounded:
+//
+//   - Holder first. When the head would be bound to a worker, a request
+//     waiting behind it (same class, arrived no more than MaxOvertake
+//     after it, among the first affinityScan) that the worker is expected
+//     to hold affinitySwapMargin more of goes instead; the head takes the
+//     next worker to free. That is an overtake within the aging bound the
+//     queue already promises (no request is passed by one that came more
+//     than MaxOvertake after it), so nobody waits long past its turn.
+//   - Cheap prefill, one more stream. A request that would otherwise wait
+//     may run on a worker at its learned limit (not its cap, not while the
+//     worker says it is saturated, not while the backlog already lets it
+//     borrow, not before the floor is known) when the worker is expected to hold at least
+//     affinityBorrowMatch of its prefix. The learned limit protects the
+//     decode rate of the streams already running, and what slows them most
+//     is the prefill of a newcomer, which stalls every stream on the card
+//     for as long as it takes; a request whose prefix is cached prefills a
+//     fraction of its prompt. It is one stream over the learned limit,
+//     never more, and never while a worker has room under its own limit,
+//     so a hot prefix cannot pull a queue onto its holder.
+//
+// Neither applies with a shared Ledger: its waiting list already orders
+// binds across replicas oldest first.
+const (
+	// affinitySwapMargin is how much more of its prefix (0..1) a waiting
+	// request must be expected to find on a worker than the head does to
+	// be bound there before it.
+	affinitySwapMargin = 0.3
+	// affinityBorrowMatch is the least share of its prefix (0..1) a
+	// worker must be expected to hold for a request to run one stream over
+	// that worker's learned limit.
+	affinityBorrowMatch = 0.5
+	// affinityScan bounds how many waiting requests behind the head are
+	// looked at per bind, so a long queue costs no more than a short one.
+	affinityScan = 32
+)
+
+// affinityOn reports whether the backlog rules above apply.
+func (s *Scheduler) affinityOn() bool {
+	if s.cfg.PrefixIndex == nil || s.cfg.Policy != PolicySluice || s.cfg.Ledger != nil {
+		return false
+	}
+	for _, wt := range s.terms {
+		if wt.Term.Name() == (prefixMatch{}).Name() && wt.Weight != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// matchOnLocked is how much of req's prefix w is expected to hold, as the
+// prefix term sees it.
+func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
+	if len(req.Prefix) == 0 {
+		return 0
+	}
+	c := Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snapshot(), Stats: s.statsOf(w)}
+	s.prefixMatchLocked(req, &c)
+	return c.PrefixMatch
+}
+
+// affinityBorrowLocked is the second eligibility pass of a pick that found
+// no worker with room: workers full at their learned limit that hold
+// enough of req's prefix become eligible for one stream more (see above).
+// whys and lims are the first pass's, in configuration order; the workers
+// made eligible are appended to elig and idx.
+func (s *Scheduler) affinityBorrowLocked(req Request, whys []uint8, lims []limitState, elig []*worker, idx []int) ([]*worker, []int) {
+	for i, w := range s.workers {
+		lim := &lims[i]
+		if whys[i] != whyFull || lim.source != LimitLearned || lim.floor <= 0 || lim.sat != satNone ||
+			lim.limit != lim.learned || w.active != lim.learned || w.active >= lim.cap {
+			continue
+		}
+		m := s.matchOnLocked(req, w)
+		if m < affinityBorrowMatch {
+			continue
+		}
+		lim.limit, lim.prefix = w.active+1, m
+		w.pickLimit = lim.limit
+		whys[i] = whyEligible
+		elig = append(elig, w)
+		idx = append(idx, i)
+	}
+	return elig, idx
+}
+
+// behind returns the requests waiting behind head in its class that
+// may overtake it: arrived after it by no more than the aging bound, in
+// arrival order, at most affinityScan.
+func (q *queue) behind(head *Ticket, bound time.Duration) []*Ticket {
+	if head.front {
+		return nil
+	}
+	var out []*Ticket
+	for _, f := range q.classes[head.cls].flows {
+		for _, t := range f.arrivals {
+			if t.hidx < 0 || t == head || t.seq < head.seq {
+				continue
+			}
+			if t.enq.Sub(head.enq) > bound {
+				break
+			}
+			out = append(out, t)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
+	return out[:min(len(out), affinityScan)]
+}
+
+// affinityOvertakeLocked applies the holder-first rule to q's head, which
+// would be bound to w (nil: to nobody). It returns the request to bind
+// instead, its worker and record, or nil to bind the head as planned.
+func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, now time.Time) (*Ticket, *worker, *decisions.Record) {
+	if !s.affinityOn() {
+		return nil, nil, nil
+	}
+	waiting := q.behind(head, s.order.overtake)
+	if len(waiting) == 0 {
+		return nil, nil, nil
+	}
+	if w != nil {
+		// Someone behind the head holds much more of its prefix on w.
+		headMatch := s.matchOnLocked(head.req, w)
+		var best *Ticket
+		bestMatch := headMatch + affinitySwapMargin
+		for _, t := range waiting {
+			if m := s.matchOnLocked(t.req, w); m >= bestMatch && (best == nil || m > bestMatch) {
+				best, bestMatch = t, m
+			}
+		}
+		if best == nil {
+			return nil, nil, nil
+		}
+		if bw, rec := s.pickQueuedLocked(best, now); bw == w {
+			explainOvertake(rec, head, best, w.spec.Name, bestMatch, headMatch)
+			return best, bw, rec
+		}
+		return nil, nil, nil
+	}
+	// The head waits for room; someone behind it may run one stream over a
+	// holder's learned limit.
+	for _, t := range waiting {
+		if !s.holdsEnoughLocked(t.req) {
+			continue
+		}
+		if bw, rec := s.pickQueuedLocked(t, now); bw != nil {
+			explainOvertake(rec, head, t, bw.spec.Name, s.matchOnLocked(t.req, bw), s.matchOnLocked(head.req, bw))
+			return t, bw, rec
+		}
+	}
+	return nil, nil, nil
+}
+
+// holdsEnoughLocked reports whether some worker is expected to hold enough
+// of req's prefix for the one-more-stream rule: a cheap test before a pick.
+func (s *Scheduler) holdsEnoughLocked(req Request) bool {
+	if len(req.Prefix) == 0 {
+		return false
+	}
+	for _, w := range s.workers {
+		if s.matchOnLocked(req, w) >= affinityBorrowMatch {
+			return true
+		}
+	}
+	return false
+}
+
+// explainOvertake has rec say why its request was bound before the head.
+func explainOvertake(rec *decisions.Record, head, t *Ticket, worker string, m, headMatch float64) {
+	if rec == nil {
+		return
+	}
+	longer := t.enq.Sub(head.enq).Seconds()
+	rec.AddExplain(func(r *decisions.Record) {
+		r.Reason += fmt.Sprintf("; bound before an older waiting request (it has waited %.1fs longer): %s is expected to hold %.0f%% of this prompt's prefix against %.0f%% of that one's",
+			longer, worker, 100*m, 100*headMatch)
+	})
+}
