@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 )
@@ -63,10 +64,16 @@ type SlotState struct {
 	// ID is the slot's index.
 	ID int `json:"id"`
 	// NCtx is the slot's context size in tokens (the server's --ctx-size
-	// divided among --parallel slots).
+	// divided among --parallel slots, or all of it with a unified KV
+	// cache).
 	NCtx int `json:"n_ctx"`
 	// IsProcessing reports the slot busy with a request.
 	IsProcessing bool `json:"is_processing"`
+	// Prompt is the text of the prompt the slot holds (its current task's,
+	// or its last one's when idle), when the server reports it: see
+	// ParseLlamaCPPSlots. HasPrompt tells an empty prompt from none.
+	Prompt    string `json:"-"`
+	HasPrompt bool   `json:"has_prompt,omitempty"`
 }
 
 // Slots is what llama.cpp's GET /slots says about its slots.
@@ -78,18 +85,40 @@ type Slots struct {
 	// NCtx is the context size of one slot, the smallest among them (they
 	// are equal in practice): the longest request any slot can hold.
 	NCtx int `json:"n_ctx"`
+	// Prompts counts the slots that report their prompt text.
+	Prompts int `json:"prompts,omitempty"`
 }
 
-// ParseLlamaCPPSlots reads llama.cpp's GET /slots (enabled by default;
-// --no-slots turns it off): a JSON array of slots, each with id, n_ctx and
-// is_processing among much else. A body that is not an array, or has no
-// slot, is an error; a slot without n_ctx leaves NCtx 0 and returns the
-// rest with a *MissingError.
+// ParseLlamaCPPSlots reads llama.cpp's GET /slots: a JSON array of slots,
+// each with id, n_ctx and is_processing among much else. A body that is
+// not an array, or has no slot, is an error; a slot without n_ctx leaves
+// NCtx 0 and returns the rest with a *MissingError.
+//
+// What the endpoint gives depends on the build (tools/server/README.md
+// and server-context.cpp of ggml-org/llama.cpp):
+//
+//   - Early 2024 builds (examples/server) answered only with --slots
+//     (later --slots-endpoint-disable turned it off), with a "prompt" that
+//     was the request's own JSON prompt, a string or an array of tokens.
+//   - From late 2024 the endpoint is on by default (--no-slots turns it
+//     off, and then it answers 501 "This server does not support slots
+//     endpoint"), and each slot's "prompt" is its tokens detokenized with
+//     special tokens rendered (so it starts with the model's BOS text, and
+//     a chat request's prompt is the chat template's output).
+//   - Current builds serialise slots with server_slot::to_json(only_metrics)
+//     called as to_json(slots_debug == 0): "prompt" and "generated" are
+//     left out unless the server runs with LLAMA_SERVER_SLOTS_DEBUG=1, and
+//     a slot that never ran a task has no id_task, params or next_token.
+//
+// The endpoint is under the server's --api-key like every other. A
+// "prompt" that is a string is kept in Prompt; any other shape (the old
+// token arrays) is ignored, as if absent.
 func ParseLlamaCPPSlots(r io.Reader) (Slots, error) {
 	var raw []struct {
-		ID           int   `json:"id"`
-		NCtx         *int  `json:"n_ctx"`
-		IsProcessing *bool `json:"is_processing"`
+		ID           int             `json:"id"`
+		NCtx         *int            `json:"n_ctx"`
+		IsProcessing *bool           `json:"is_processing"`
+		Prompt       json.RawMessage `json:"prompt"`
 	}
 	if err := decodeJSON(r, &raw); err != nil {
 		return Slots{}, fmt.Errorf("parse llama.cpp slots: %w", err)
@@ -117,6 +146,10 @@ func ParseLlamaCPPSlots(r io.Reader) (Slots, error) {
 		}
 		if st.IsProcessing {
 			s.Busy++
+		}
+		if len(sl.Prompt) > 0 && sl.Prompt[0] == '"' && json.Unmarshal(sl.Prompt, &st.Prompt) == nil {
+			st.HasPrompt = true
+			s.Prompts++
 		}
 		s.Slots = append(s.Slots, st)
 	}

@@ -1,7 +1,8 @@
 // Package telemetry parses what inference workers and GPU exporters say
 // about themselves: Prometheus text from llama.cpp, vLLM, SGLang,
 // text-generation-inference and NVIDIA's dcgm-exporter; the JSON of
-// llama.cpp's /health, /props and /slots, TGI's /info, trtllm-serve's
+// llama.cpp's /health, /props and /slots (with the prompt text each slot
+// holds, when the server reports it), TGI's /info, trtllm-serve's
 // iteration statistics, Ollama's /api/ps and the OpenAI /v1/models list
 // (with vLLM's and SGLang's max_model_len).
 //

@@ -62,6 +62,11 @@ func FuzzParseVLLM(f *testing.F) {
 		for _, model := range []string{"", "meta-llama/Llama-3.1-8B-Instruct"} {
 			m, err := ParseVLLM(bytes.NewReader(b), model)
 			checkMetrics(t, m, err)
+			for _, v := range []Value{m.PrefixCache.Queries, m.PrefixCache.Hits, m.PrefixCache.KVTokens} {
+				if v.Present && (!finite(v.V) || v.V < 0) {
+					t.Fatalf("prefix cache value %+v", v)
+				}
+			}
 		}
 	})
 }
@@ -186,6 +191,8 @@ func FuzzParseEngineJSON(f *testing.F) {
 			t.Fatalf("nil error with %+v", s)
 		} else if s.Busy > len(s.Slots) || s.Busy < 0 {
 			t.Fatalf("busy %d of %d slots", s.Busy, len(s.Slots))
+		} else if s.Prompts > len(s.Slots) || s.Prompts < 0 {
+			t.Fatalf("%d prompts of %d slots", s.Prompts, len(s.Slots))
 		}
 		for _, status := range []int{200, 503} {
 			h, err := ParseOllamaRoot(status, bytes.NewReader(b))

@@ -118,6 +118,10 @@ type Props struct {
 	// NCtx is the context size of one slot, from
 	// default_generation_settings.n_ctx; 0 when absent.
 	NCtx int `json:"n_ctx,omitempty"`
+	// BOSToken is the text of the model's beginning-of-sequence token
+	// (bos_token), which starts every prompt /slots reports; empty when
+	// absent.
+	BOSToken string `json:"bos_token,omitempty"`
 }
 
 // ParseLlamaCPPProps reads llama.cpp's GET /props. A missing or
@@ -127,6 +131,7 @@ func ParseLlamaCPPProps(r io.Reader) (Props, error) {
 		TotalSlots *int   `json:"total_slots"`
 		ModelPath  string `json:"model_path"`
 		IsSleeping bool   `json:"is_sleeping"`
+		BOSToken   string `json:"bos_token"`
 		Defaults   struct {
 			NCtx int `json:"n_ctx"`
 		} `json:"default_generation_settings"`
@@ -134,7 +139,7 @@ func ParseLlamaCPPProps(r io.Reader) (Props, error) {
 	if err := decodeJSON(r, &p); err != nil {
 		return Props{}, fmt.Errorf("parse llama.cpp props: %w", err)
 	}
-	out := Props{ModelPath: p.ModelPath, IsSleeping: p.IsSleeping, NCtx: max(p.Defaults.NCtx, 0)}
+	out := Props{ModelPath: p.ModelPath, IsSleeping: p.IsSleeping, NCtx: max(p.Defaults.NCtx, 0), BOSToken: p.BOSToken}
 	if p.TotalSlots == nil || *p.TotalSlots <= 0 {
 		return out, fmt.Errorf("parse llama.cpp props: %w", &MissingError{Metrics: []string{"total_slots"}})
 	}

@@ -38,6 +38,9 @@ type Metrics struct {
 	Running Value `json:"running"`
 	// KVUsage is the fraction of the KV cache in use, 0..1.
 	KVUsage Value `json:"kv_usage"`
+	// PrefixCache is what the server says of its prefix cache (vLLM);
+	// zero when it says nothing.
+	PrefixCache PrefixCache `json:"prefix_cache,omitzero"`
 }
 
 // ErrMissing is matched (errors.Is) by every *MissingError.

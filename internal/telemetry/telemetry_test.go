@@ -191,6 +191,8 @@ func TestParseVLLM_Golden(t *testing.T) {
 				QueueLen: present(VLLMNumRequestsWaiting, 6),
 				Running:  present(VLLMNumRequestsRunning, 4),
 				KVUsage:  present(VLLMGPUCacheUsagePerc, 0.8841),
+				// One vllm:cache_config_info for the whole server.
+				PrefixCache: PrefixCache{KVTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size", 7552*16)},
 			},
 		},
 		{
@@ -199,6 +201,8 @@ func TestParseVLLM_Golden(t *testing.T) {
 				QueueLen: present(VLLMNumRequestsWaiting, 1),
 				Running:  present(VLLMNumRequestsRunning, 1),
 				KVUsage:  present(VLLMGPUCacheUsagePerc, 0.0312),
+				// One vllm:cache_config_info for the whole server.
+				PrefixCache: PrefixCache{KVTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size", 7552*16)},
 			},
 		},
 		{

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 )
 
@@ -21,6 +22,72 @@ const (
 	VLLMModelLabel = "model_name"
 )
 
+// What vLLM says of its prefix cache and KV cache size. The counters are
+// declared in vllm/v1/metrics/loggers.py as prometheus_client Counters
+// named vllm:prefix_cache_queries ("Prefix cache queries, in terms of
+// number of queried tokens.") and vllm:prefix_cache_hits ("Prefix cache
+// hits, in terms of number of cached tokens."); prometheus_client exposes
+// a Counter with "_total" appended, which is the name on the wire (and in
+// docs.vllm.ai's metrics design page, docs/design/metrics.md). Before
+// them the same counts were vllm:gpu_prefix_cache_queries/_hits (now
+// deprecated). vllm:cache_config_info is an info gauge (value 1) whose
+// labels are the engine's CacheConfig, among them block_size (tokens per
+// KV block) and num_gpu_blocks; one series per engine under data
+// parallelism.
+const (
+	VLLMPrefixCacheQueries    = "vllm:prefix_cache_queries_total"
+	VLLMPrefixCacheHits       = "vllm:prefix_cache_hits_total"
+	VLLMGPUPrefixCacheQueries = "vllm:gpu_prefix_cache_queries_total"
+	VLLMGPUPrefixCacheHits    = "vllm:gpu_prefix_cache_hits_total"
+	VLLMCacheConfigInfo       = "vllm:cache_config_info"
+)
+
+// PrefixCache is what a worker's metrics say about its prefix cache:
+// cumulative counts of prompt tokens looked up and found (so a hit rate
+// is a ratio of two scrapes' differences), and the KV cache's size.
+// Absent values are zero Values (Present false); they are optional and
+// never reported missing, since older servers and servers with prefix
+// caching off have none.
+type PrefixCache struct {
+	// Queries is the cumulative count of prompt tokens looked up in the
+	// prefix cache.
+	Queries Value `json:"queries"`
+	// Hits is the cumulative count of those tokens found cached.
+	Hits Value `json:"hits"`
+	// KVTokens is the KV cache's capacity in tokens: num_gpu_blocks ×
+	// block_size, summed over engines.
+	KVTokens Value `json:"kv_tokens"`
+}
+
+// parseVLLMPrefixCache reads the prefix-cache counters of the kept series
+// (summed over engines) and the KV cache size from vllm:cache_config_info.
+func parseVLLMPrefixCache(mfs familyMap, keep func(sample) bool) PrefixCache {
+	var pc PrefixCache
+	for _, names := range [][2]string{{VLLMPrefixCacheQueries, VLLMPrefixCacheHits}, {VLLMGPUPrefixCacheQueries, VLLMGPUPrefixCacheHits}} {
+		var miss missing
+		q := aggregate(mfs, names[0], keep, sum, &miss)
+		h := aggregate(mfs, names[1], keep, sum, &miss)
+		if q.Present && h.Present {
+			pc.Queries, pc.Hits = q, h
+			break
+		}
+	}
+	ss, _ := samples(mfs, VLLMCacheConfigInfo)
+	tokens := 0.0
+	for _, s := range ss {
+		blocks, err1 := strconv.ParseFloat(s.labels["num_gpu_blocks"], 64)
+		size, err2 := strconv.ParseFloat(s.labels["block_size"], 64)
+		if err1 != nil || err2 != nil || !finite(blocks) || !finite(size) || blocks <= 0 || size <= 0 {
+			continue // "None" before the engine has profiled its memory
+		}
+		tokens += blocks * size
+	}
+	if tokens > 0 {
+		pc.KVTokens = Value{V: tokens, Present: true, Metric: VLLMCacheConfigInfo + " num_gpu_blocks×block_size"}
+	}
+	return pc
+}
+
 // ParseVLLM reads vLLM's /metrics for one model.
 //
 // Selection: when the payload names a single model_name, its series are
@@ -33,7 +100,9 @@ const (
 // on the fullest engine.
 //
 // KVUsage comes from vllm:kv_cache_usage_perc, or from the older
-// vllm:gpu_cache_usage_perc when the newer name is absent.
+// vllm:gpu_cache_usage_perc when the newer name is absent. PrefixCache
+// carries the prefix-cache counters and the KV cache size when the
+// payload has them (see PrefixCache; never reported missing).
 //
 // Malformed text returns an error wrapping ErrMalformed. Absent metrics
 // return the partial Metrics and a *MissingError.
@@ -69,6 +138,7 @@ func ParseVLLM(r io.Reader, model string) (Metrics, error) {
 			miss.add("%s (nor %s)", kvMiss[0], VLLMGPUCacheUsagePerc)
 		}
 	}
+	m.PrefixCache = parseVLLMPrefixCache(mfs, keep)
 	if keep != nil && len(miss) > 0 {
 		for i := range miss {
 			miss[i] += fmt.Sprintf(" for %s=%q (served: %s)", VLLMModelLabel, model, strings.Join(models, ", "))
