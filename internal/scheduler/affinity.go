@@ -81,12 +81,12 @@ func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
 // affinityBorrowLocked is the second eligibility pass of a pick that found
 // no worker with room: workers full at their learned limit that hold
 // enough of req's prefix become eligible for one stream more (see above).
-// whys and lims are the first pass's, in configuration order; the workers
-// made eligible are appended to elig and idx.
-func (s *Scheduler) affinityBorrowLocked(req Request, whys []uint8, lims []limitState, elig []*worker, idx []int) ([]*worker, []int) {
+// Each worker's why and lim are the first pass's; the workers made
+// eligible are appended to elig and idx.
+func (s *Scheduler) affinityBorrowLocked(req Request, elig []*worker, idx []int) ([]*worker, []int) {
 	for i, w := range s.workers {
-		lim := &lims[i]
-		if whys[i] != whyFull || lim.source != LimitLearned || lim.floor <= 0 || lim.sat != satNone ||
+		lim := &w.lim
+		if w.why != whyFull || lim.source != LimitLearned || lim.floor <= 0 || lim.sat != satNone ||
 			lim.limit != lim.learned || w.active != lim.learned || w.active >= lim.cap {
 			continue
 		}
@@ -96,7 +96,7 @@ func (s *Scheduler) affinityBorrowLocked(req Request, whys []uint8, lims []limit
 		}
 		lim.limit, lim.prefix = w.active+1, m
 		w.pickLimit = lim.limit
-		whys[i] = whyEligible
+		w.why = whyEligible
 		elig = append(elig, w)
 		idx = append(idx, i)
 	}

@@ -212,50 +212,81 @@ func (s *Scheduler) capOf(w *worker, snap *Snapshot) (int, string) {
 // FloorFraction of the best solo rate measured among its workers (0 when
 // none has been measured alone yet).
 func (s *Scheduler) floorFor(model string) float64 {
-	if f, ok := s.limits.ModelFloors[model]; ok && f > 0 {
+	if f, ok := s.configuredFloor(model); ok {
 		return f
-	}
-	if s.limits.MinStreamTokS > 0 {
-		return s.limits.MinStreamTokS
 	}
 	best := 0.0
 	for _, w := range s.workers {
-		if !w.serves(w.snapshot(), model) {
-			continue
-		}
-		if l := s.statsOf(w).Level(1); l.DecodeTPS.Known() {
-			best = max(best, l.DecodeTPS.Value)
+		if w.serves(w.snapshot(), model) {
+			best = bestSolo(best, s.statsOf(w))
 		}
 	}
 	return s.limits.FloorFraction * best
 }
 
+// configuredFloor returns the floor set for model, if one is.
+func (s *Scheduler) configuredFloor(model string) (float64, bool) {
+	if f, ok := s.limits.ModelFloors[model]; ok && f > 0 {
+		return f, true
+	}
+	if s.limits.MinStreamTokS > 0 {
+		return s.limits.MinStreamTokS, true
+	}
+	return 0, false
+}
+
+// bestSolo returns the larger of best and ws's measured solo decode rate.
+func bestSolo(best float64, ws *stats.WorkerStats) float64 {
+	if len(ws.Levels) > 0 {
+		if l := &ws.Levels[0]; l.DecodeTPS.Known() {
+			return max(best, l.DecodeTPS.Value)
+		}
+	}
+	return best
+}
+
 // limitLocked computes w's limit for a request of a model whose floor is
-// floor, given how long that model's oldest queued request has waited.
-func (s *Scheduler) limitLocked(w *worker, snap *Snapshot, floor float64, waited time.Duration, now time.Time) limitState {
+// floor, given how long that model's oldest queued request has waited; ws
+// is w's stats.
+func (s *Scheduler) limitLocked(w *worker, snap *Snapshot, ws *stats.WorkerStats, floor float64, waited time.Duration, now time.Time) limitState {
+	var st limitState
+	s.limitInto(&st, w, snap, ws, floor, waited, now)
+	return st
+}
+
+// limitInto is limitLocked writing into st, for the pick's loop.
+func (s *Scheduler) limitInto(st *limitState, w *worker, snap *Snapshot, ws *stats.WorkerStats, floor float64, waited time.Duration, now time.Time) {
 	capN, src := s.capOf(w, snap)
-	if s.limits.Fixed {
-		return limitState{limit: capN, learned: capN, cap: capN, source: src, why: whyFixed}
+	s.limits.limitOf(st, s.cfg.StaleAfter, capN, src, w.active, ws, snap, floor, waited, now)
+}
+
+// limitOf computes a limit from its inputs alone, so that a decision
+// record can redo it from the values it kept when it is read: the cap and
+// its source, the worker's in-flight count, stats and telemetry (both
+// immutable values), the floor and the queue wait.
+func (c *LimitConfig) limitOf(st *limitState, staleAfter time.Duration, capN int, src string, active int, ws *stats.WorkerStats, snap *Snapshot, floor float64, waited time.Duration, now time.Time) {
+	if c.Fixed {
+		*st = limitState{limit: capN, learned: capN, cap: capN, source: src, why: whyFixed}
+		return
 	}
-	st := limitState{cap: capN, source: LimitLearned, floor: floor}
-	s.learn(&st, s.statsOf(w), now)
+	*st = limitState{cap: capN, source: LimitLearned, floor: floor}
+	c.learn(st, ws, now)
 	st.limit = st.learned
-	if kind, v := saturated(snap, now, s.cfg.StaleAfter); kind != satNone && w.active < st.limit {
+	if kind, v := saturated(snap, now, staleAfter); kind != satNone && active < st.limit {
 		st.sat, st.satVal = kind, v
-		st.limit = max(w.active, 1)
+		st.limit = max(active, 1)
 	}
-	if waited >= s.limits.BorrowAfter && st.limit < capN {
-		n := min(st.limit+int(waited/s.limits.BorrowAfter), capN)
+	if waited >= c.BorrowAfter && st.limit < capN {
+		n := min(st.limit+int(waited/c.BorrowAfter), capN)
 		st.borrow, st.waited = n-st.limit, waited
 		st.limit = n
 	}
-	return st
 }
 
 // learn walks the levels from 1 upwards and sets st.learned and why. See
 // LimitConfig.
-func (s *Scheduler) learn(st *limitState, ws *stats.WorkerStats, now time.Time) {
-	minN := int64(s.limits.MinSamples)
+func (c *LimitConfig) learn(st *limitState, ws *stats.WorkerStats, now time.Time) {
+	minN := int64(c.MinSamples)
 	if st.floor <= 0 {
 		// Nobody has been measured alone yet: start at one stream, the
 		// only level whose rate is the card's own.
@@ -280,7 +311,7 @@ func (s *Scheduler) learn(st *limitState, ws *stats.WorkerStats, now time.Time) 
 		case p >= st.floor:
 			st.learned = k
 			continue
-		case now.Sub(l.Updated) >= s.limits.ProbeAfter:
+		case now.Sub(l.Updated) >= c.ProbeAfter:
 			st.learned, st.why, st.age = k, whyReprobe, now.Sub(l.Updated)
 			return
 		}
@@ -304,16 +335,16 @@ type limitMove struct {
 }
 
 // noteLimitLocked remembers when the learned limit of w changed and why.
-func (w *worker) noteLimitLocked(st limitState, now time.Time) {
+func (w *worker) noteLimitLocked(st *limitState, now time.Time) {
 	if st.source != LimitLearned {
 		return
 	}
 	if !w.moved.known {
-		w.moved = limitMove{at: now, from: st.learned, known: true, state: st}
+		w.moved = limitMove{at: now, from: st.learned, known: true, state: *st}
 		return
 	}
 	if st.learned != w.moved.state.learned {
-		w.moved = limitMove{at: now, from: w.moved.state.learned, known: true, state: st}
+		w.moved = limitMove{at: now, from: w.moved.state.learned, known: true, state: *st}
 	}
 }
 
@@ -321,16 +352,18 @@ func (w *worker) noteLimitLocked(st limitState, now time.Time) {
 // than it runs: requests waiting in its own queue, or a KV cache nearly
 // full.
 func saturated(snap *Snapshot, now time.Time, staleAfter time.Duration) (uint8, float64) {
-	fresh := func(r Reading) bool {
-		return r.Known() && (staleAfter <= 0 || now.Sub(r.At) <= staleAfter)
-	}
 	switch {
-	case fresh(snap.QueueLen) && snap.QueueLen.Value >= 1:
+	case snap.QueueLen.Value >= 1 && fresh(&snap.QueueLen, now, staleAfter):
 		return satQueue, snap.QueueLen.Value
-	case fresh(snap.KVPressure) && snap.KVPressure.Value >= 0.95:
+	case snap.KVPressure.Value >= 0.95 && fresh(&snap.KVPressure, now, staleAfter):
 		return satKV, snap.KVPressure.Value
 	}
 	return satNone, 0
+}
+
+// fresh reports whether r was read, and no longer than staleAfter ago.
+func fresh(r *Reading, now time.Time, staleAfter time.Duration) bool {
+	return r.Known() && (staleAfter <= 0 || now.Sub(r.At) <= staleAfter)
 }
 
 // oldestWaitLocked is how long the oldest request queued for model has

@@ -2,10 +2,14 @@ package scheduler
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -186,5 +190,82 @@ func TestLimit_SaysWhyItLastMoved(t *testing.T) {
 	m := s.Workers()[0].LimitMoved
 	if m == nil || m.From != 4 || m.To != 2 || !m.At.Equal(clk.Now()) || !strings.Contains(m.Why, "at 3 streams the slowest decode 44.0") {
 		t.Fatalf("limit_moved %+v, want from 4 to 2 now, because of level 3", m)
+	}
+}
+
+// A record must say, whenever it is read, what was true when it was made:
+// its limits' reasons and its score breakdown are built lazily, from
+// values kept at decision time, and later picks, releases, observations
+// and telemetry must not change them. Two identical runs, one reading
+// every record at once and one only at the end, must agree.
+func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
+	run := func(readAtOnce bool) []string {
+		clk := NewManualClock(time.Unix(10000, 0))
+		tr, err := stats.NewTracker(context.Background(), 0.5, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var srcs []*mutableSource
+		ws := workers(3, 3, "m")
+		for i := range ws {
+			srcs = append(srcs, newSource(Snapshot{Health: HealthOK, KVPressure: Reading{Value: 0.1 * float64(i), Source: "kv", At: clk.Now()}}))
+			ws[i].Source = srcs[i]
+		}
+		var recs []*decisions.Record
+		var read []string
+		record := func(r *decisions.Record) {
+			recs = append(recs, r)
+			if readAtOnce {
+				b, err := json.Marshal(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				read = append(read, string(b))
+			}
+		}
+		s := newSched(t, Config{MaxQueue: 10, Stats: tr, Clock: clk, Recorder: record,
+			Limits: LimitConfig{MinSamples: 1, BorrowAfter: time.Second}}, ws...)
+		var held []*Lease
+		for i := range 24 {
+			tk := s.Submit(Request{Model: "m", PromptTokens: 10 + i}, nil)
+			if l, err := tk.Result(); err == nil && l != nil {
+				held = append(held, l)
+			}
+			// Everything the records read changes after each decision.
+			w := ws[i%len(ws)].Name
+			tr.Observe(w, stats.Observation{TTFT: time.Duration(100+10*i) * time.Millisecond, OutputTokens: 50, DecodeTPS: float64(20 + 5*(i%4)), Concurrency: float64(1 + i%3)}, clk.Now())
+			srcs[i%len(srcs)].Set(Snapshot{Health: HealthOK, QueueLen: Reading{Value: float64(i % 2), Source: "q", At: clk.Now()}, KVPressure: Reading{Value: 0.03 * float64(i), Source: "kv", At: clk.Now()}})
+			clk.Advance(700 * time.Millisecond)
+			if i%3 == 2 {
+				for _, l := range held {
+					l.Observe(40)
+					l.Release()
+				}
+				held = nil
+			}
+		}
+		for _, l := range held {
+			l.Release()
+		}
+		if !readAtOnce {
+			for _, r := range recs {
+				b, err := json.Marshal(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				read = append(read, string(b))
+			}
+		}
+		return read
+	}
+	atOnce, late := run(true), run(false)
+	if len(atOnce) < 24 {
+		t.Fatalf("%d records, want at least 24", len(atOnce))
+	}
+	if diff := cmp.Diff(atOnce, late); diff != "" {
+		t.Fatalf("records read late differ from records read at once (-at once +late):\n%s", diff)
+	}
+	if !strings.Contains(strings.Join(late, ""), "limit_reason") || !strings.Contains(strings.Join(late, ""), `"terms"`) {
+		t.Fatal("records explain neither limits nor terms: the test tests nothing")
 	}
 }

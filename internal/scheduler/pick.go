@@ -18,23 +18,37 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	s.shared.binding = !always // a refusal's record reserves nothing
 	elig := s.eligBuf[:0]
 	idx := s.idxBuf[:0] // configuration index of each eligible worker
-	snaps := s.snapBuf[:0]
-	whys := s.whyBuf[:0]
-	lims := s.limBuf[:0]
 	baseline := s.cfg.Policy != PolicySluice
+	learning := !baseline && !s.limits.Fixed
+	// Each worker's telemetry and stats are resolved once for the whole
+	// pick: the floor, the limit and the score all read them.
+	best := 0.0 // the best solo decode rate among the model's workers
+	for _, w := range s.workers {
+		w.snap, w.st = w.snapshot(), s.statsOf(w)
+		w.serving = w.serves(w.snap, req.Model)
+		if learning && w.serving {
+			best = bestSolo(best, w.st)
+		}
+	}
+	defer s.forgetPickLocked() // keep no snapshot alive on the workers
 	var floor float64
 	var waited time.Duration
-	if !baseline && !s.limits.Fixed {
-		floor, waited = s.floorFor(req.Model), s.oldestWaitLocked(req.Model, now)
+	if learning {
+		var ok bool
+		if floor, ok = s.configuredFloor(req.Model); !ok {
+			floor = s.limits.FloorFraction * best
+		}
+		waited = s.oldestWaitLocked(req.Model, now)
 	}
 	for i, w := range s.workers {
-		snap := w.snapshot()
+		snap := w.snap
 		why := whyEligible
-		var lim limitState
 		if !baseline {
-			lim = s.limitLocked(w, snap, floor, waited, now)
-			w.pickLimit = lim.limit
-			w.noteLimitLocked(lim, now)
+			s.limitInto(&w.lim, w, snap, w.st, floor, waited, now)
+			w.pickLimit = w.lim.limit
+			w.noteLimitLocked(&w.lim, now)
+		} else {
+			w.lim = limitState{}
 		}
 		switch {
 		case w.draining:
@@ -43,34 +57,31 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 			why = whyDown
 		case snap.Health == HealthLoading:
 			why = whyLoading
-		case !w.serves(snap, req.Model):
+		case !w.serving:
 			why = whyModel
 		case slices.Contains(req.Exclude, w.spec.Name):
 			why = whyExcluded
 		case tooLong(snap, req):
 			why = whyContext
-		case !baseline && w.active >= lim.limit:
+		case !baseline && w.active >= w.lim.limit:
 			why = whyFull
 		default:
 			elig = append(elig, w)
 			idx = append(idx, i)
 		}
-		whys = append(whys, why)
-		snaps = append(snaps, snap)
-		lims = append(lims, lim)
+		w.why = why
 	}
 	if len(elig) == 0 && !baseline && !s.limits.Fixed && len(req.Prefix) > 0 && s.affinityOn() {
-		elig, idx = s.affinityBorrowLocked(req, whys, lims, elig, idx)
+		elig, idx = s.affinityBorrowLocked(req, elig, idx)
 	}
-	defer clear(snaps) // keep no snapshot alive through the scratch buffer
-	s.eligBuf, s.idxBuf, s.snapBuf, s.whyBuf, s.limBuf = elig[:0], idx[:0], snaps[:0], whys[:0], lims[:0]
+	s.eligBuf, s.idxBuf = elig[:0], idx[:0]
 	if len(elig) == 0 && (!always || s.cfg.NoRecords) {
 		return nil, nil
 	}
 	if s.cfg.NoRecords {
 		cands := s.candBuf[:0]
-		for i, w := range elig {
-			cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snaps[idx[i]], Stats: s.statsOf(w)})
+		for _, w := range elig {
+			cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st})
 			s.prefixMatchLocked(req, &cands[len(cands)-1])
 		}
 		s.candBuf = cands[:0]
@@ -81,11 +92,11 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	rec.Candidates = make([]decisions.Candidate, len(s.workers))
 	modelWhy := ""
 	for i, w := range s.workers {
-		snap := snaps[i]
+		snap := w.snap
 		c := &rec.Candidates[i]
-		c.Worker, c.Active, c.Limit, c.Eligible = w.spec.Name, w.active, lims[i].limit, whys[i] == whyEligible
-		c.LimitSource = lims[i].source
-		switch whys[i] {
+		c.Worker, c.Active, c.Limit, c.Eligible = w.spec.Name, w.active, w.lim.limit, w.why == whyEligible
+		c.LimitSource = w.lim.source
+		switch w.why {
 		case whyDraining:
 			c.Why = "draining"
 		case whyDown:
@@ -108,29 +119,58 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	if len(elig) == 0 {
 		rec.Reason = "no eligible worker"
 		rec.SetExplain(explainFull)
-		s.explainLimitsLater(rec, lims)
+		s.explainLimitsLater(rec, floor, waited, now)
 		return nil, rec
 	}
 	cands := make([]Candidate, len(elig)) // the record's own, for explain
 	for i, w := range elig {
-		cands[i] = Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: snaps[idx[i]], Stats: s.statsOf(w)}
+		cands[i] = Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st}
 		s.prefixMatchLocked(req, &cands[i])
 	}
 	w := s.chooseLocked(rec, &req, cands, idx, elig, now)
-	s.explainLimitsLater(rec, lims)
+	s.explainLimitsLater(rec, floor, waited, now)
 	return w, rec
 }
 
+// forgetPickLocked drops what the pick resolved of each worker, so that no
+// snapshot or stats outlive it through the workers.
+func (s *Scheduler) forgetPickLocked() {
+	for _, w := range s.workers {
+		w.snap, w.st = nil, nil
+	}
+}
+
+// limitFacts is what a record keeps of one worker to say, when read, why
+// its limit was what it was: the limit is recomputed from them (limitOf),
+// and every one is a value of decision time (the snapshot and stats are
+// immutable).
+type limitFacts struct {
+	snap   *Snapshot
+	st     *stats.WorkerStats
+	cap    int
+	prefix float64 // limitState.prefix: one more stream for a cached prefix
+}
+
 // explainLimitsLater has rec say, when read, why each worker's limit was
-// what it was; the words are built from values copied now.
-func (s *Scheduler) explainLimitsLater(rec *decisions.Record, lims []limitState) {
+// what it was; the words are built from values kept now.
+func (s *Scheduler) explainLimitsLater(rec *decisions.Record, floor float64, waited time.Duration, now time.Time) {
 	if s.cfg.Policy != PolicySluice || s.limits.Fixed {
 		return // a fixed limit's source, already in the record, says it all
 	}
-	frozen := slices.Clone(lims)
+	facts := make([]limitFacts, len(s.workers))
+	for i, w := range s.workers {
+		facts[i] = limitFacts{snap: w.snap, st: w.st, cap: w.lim.cap, prefix: w.lim.prefix}
+	}
+	lc, staleAfter := s.limits, s.cfg.StaleAfter
 	rec.AddExplain(func(r *decisions.Record) {
 		for i := range r.Candidates {
-			r.Candidates[i].LimitReason = frozen[i].String()
+			c, f := &r.Candidates[i], &facts[i]
+			var st limitState
+			lc.limitOf(&st, staleAfter, f.cap, LimitLearned, c.Active, f.st, f.snap, floor, waited, now)
+			if f.prefix > 0 { // made one stream over by affinityBorrowLocked
+				st.limit, st.prefix = c.Active+1, f.prefix
+			}
+			c.LimitReason = st.String()
 		}
 	})
 }
@@ -306,11 +346,24 @@ func (k rankKey) less(o rankKey) bool {
 // noStats stands in for a worker without measured history.
 var noStats stats.WorkerStats
 
+// statsOf returns w's measured averages (&noStats when none). Call it
+// under the lock: a *stats.Tracker is read through w's handle.
 func (s *Scheduler) statsOf(w *worker) *stats.WorkerStats {
-	if s.cfg.Stats != nil {
-		if st := s.cfg.Stats.Stats(w.spec.Name); st != nil {
-			return st
-		}
+	var st *stats.WorkerStats
+	switch {
+	case s.statsVia != nil:
+		st = s.statsVia.StatsVia(&w.statsAt, w.spec.Name)
+	case s.cfg.Stats != nil:
+		st = s.cfg.Stats.Stats(w.spec.Name)
+	}
+	if st != nil {
+		return st
 	}
 	return &noStats
+}
+
+// statsVia is a StatsReader that reads a worker's stats through a handle
+// kept on the worker, without a map lookup per pick (*stats.Tracker).
+type statsVia interface {
+	StatsVia(h *stats.Handle, worker string) *stats.WorkerStats
 }

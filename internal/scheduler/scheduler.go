@@ -204,12 +204,13 @@ type Request struct {
 
 // Scheduler admits requests to workers. See the package doc.
 type Scheduler struct {
-	cfg     Config
-	limits  LimitConfig
-	terms   []WeightedTerm
-	clock   Clock
-	prefix  string
-	closing atomic.Bool
+	cfg      Config
+	limits   *LimitConfig // immutable: records keep it to explain limits
+	statsVia statsVia     // cfg.Stats, when it reads through handles
+	terms    []WeightedTerm
+	clock    Clock
+	prefix   string
+	closing  atomic.Bool
 
 	classes  []Class // in priority order
 	defClass int     // index of the default class
@@ -228,11 +229,8 @@ type Scheduler struct {
 	rng     *rand.Rand
 	scratch scratch
 	idxBuf  []int
-	snapBuf []*Snapshot
 	candBuf []Candidate
-	whyBuf  []uint8
 	eligBuf []*worker
-	limBuf  []limitState
 	closed  bool
 	changed chan struct{} // closed at the next state change; nil when nobody waits
 	shared  ledgerState
@@ -253,6 +251,15 @@ type worker struct {
 	lastPick uint64
 	last     *decisions.Record // the latest decision that scored it
 	lastIdx  int               // its index among last's candidates
+	statsAt  stats.Handle      // where its stats are, for statsOf
+
+	// What the pick in progress resolved of the worker, once per pick
+	// (see pickLocked); snap and st are cleared when it ends.
+	snap    *Snapshot
+	st      *stats.WorkerStats
+	lim     limitState
+	why     uint8 // one of the why* reasons of (in)eligibility
+	serving bool  // it serves the requested model
 }
 
 func (w *worker) snapshot() *Snapshot {
@@ -309,7 +316,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		rates:    map[string]*drainRate{},
 		est:      estimator{def: cfg.DefaultOutputTokens},
 		cfg:      cfg,
-		limits:   cfg.Limits.withDefaults(),
+		limits:   new(cfg.Limits.withDefaults()),
 		terms:    cfg.Terms,
 		clock:    cfg.Clock,
 		prefix:   cfg.IDPrefix,
@@ -320,6 +327,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	if s.terms == nil {
 		s.terms = DefaultTerms(cfg.Weights)
 	}
+	s.statsVia, _ = cfg.Stats.(statsVia)
 	if cfg.ShortestFirst {
 		s.order.costOvertake = cfg.MaxOvertake
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -535,29 +536,45 @@ func TestScheduler_BaselinePolicies(t *testing.T) {
 // BenchmarkPick measures one admission at n idle workers — score every
 // worker, reserve the winner, release — with the decision record built
 // (as the router does) and without it (as virtual-time runs do).
+// "default" is the router as shipped: learned limits (MinSamples 3 is
+// the default, set only so newSched does not fix the limits), default
+// weights, max_concurrency auto, and the prefix index asked about a
+// prompt of eight blocks.
 func BenchmarkPick(b *testing.B) {
 	for _, mode := range []struct {
 		records bool
 		limits  LimitConfig
+		def     bool // max_concurrency auto, a prefix index and hashes
 		name    string
 	}{
-		{true, LimitConfig{Fixed: true}, "records=true"},
-		{false, LimitConfig{Fixed: true}, "records=false"},
-		{true, LimitConfig{MinSamples: 3}, "records=true/limits=auto"},
+		{true, LimitConfig{Fixed: true}, false, "records=true"},
+		{false, LimitConfig{Fixed: true}, false, "records=false"},
+		{true, LimitConfig{MinSamples: 3}, false, "records=true/limits=auto"},
+		{true, LimitConfig{MinSamples: 3}, true, "records=true/default"},
 	} {
 		records := mode.records
 		for _, n := range []int{8, 64, 512} {
 			b.Run(fmt.Sprintf("%s/workers=%d", mode.name, n), func(b *testing.B) {
 				st, _ := stats.NewTracker(context.Background(), 0.2, nil, nil)
-				ws := workers(n, 1<<30, "m")
+				limit := 1 << 30
+				if mode.def {
+					limit = 0
+				}
+				ws := workers(n, limit, "m")
 				for i := range ws {
 					ws[i].Source = newSource(Snapshot{Health: HealthOK, KVPressure: Reading{Value: float64(i%10) / 10, At: time.Now()}})
 					st.Observe(ws[i].Name, stats.Observation{TTFT: time.Duration(100+i) * time.Millisecond, OutputTokens: 100, DecodeTPS: float64(50 + i%7)}, time.Now())
 				}
-				s := newSched(b, Config{MaxQueue: 5, Stats: st, NoRecords: !records, Limits: mode.limits}, ws...)
+				cfg := Config{MaxQueue: 5, Stats: st, NoRecords: !records, Limits: mode.limits}
+				req := Request{Model: "m", PromptTokens: 100}
+				if mode.def {
+					cfg.PrefixIndex = prefix.NewIndex(prefix.Options{})
+					req.Prefix = []uint64{1, 2, 3, 4, 5, 6, 7, 8}
+				}
+				s := newSched(b, cfg, ws...)
 				b.ReportAllocs()
 				for b.Loop() {
-					l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 100})
+					l, err := s.Admit(context.Background(), req)
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -64,9 +64,9 @@ func (s *Scheduler) Workers() []WorkerState {
 		snap := w.snapshot()
 		var lim limitState
 		if models := w.models(snap); len(models) > 0 && !s.limits.Fixed {
-			lim = s.limitLocked(w, snap, s.floorFor(models[0]), s.oldestWaitLocked(models[0], now), now)
+			lim = s.limitLocked(w, snap, s.statsOf(w), s.floorFor(models[0]), s.oldestWaitLocked(models[0], now), now)
 		} else {
-			lim = s.limitLocked(w, snap, 0, 0, now)
+			lim = s.limitLocked(w, snap, s.statsOf(w), 0, 0, now)
 		}
 		out = append(out, WorkerState{
 			Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Reason: snap.HealthReason,
@@ -77,7 +77,7 @@ func (s *Scheduler) Workers() []WorkerState {
 		lasts = append(lasts, last{w.last, w.lastIdx})
 		lims = append(lims, lim)
 		if !s.limits.Fixed {
-			w.noteLimitLocked(lim, now)
+			w.noteLimitLocked(&lim, now)
 			moves = append(moves, w.moved)
 		}
 	}

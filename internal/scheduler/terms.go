@@ -106,7 +106,7 @@ type queueLength struct{}
 func (queueLength) Name() string { return "queue_length" }
 func (queueLength) Reward() bool { return false }
 func (queueLength) Score(env *Env, c []Candidate, raw, norm []float64) {
-	telemetryTerm(env, c, raw, norm, queueOf, func(v float64) float64 { return max(v, 0) }, 0)
+	telemetryTerm(env, c, raw, norm, readQueue, 0)
 }
 func (queueLength) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
 	return readingProvenance(env, c.Snap.QueueLen)
@@ -120,7 +120,7 @@ type kvPressure struct{}
 func (kvPressure) Name() string { return "kv_pressure" }
 func (kvPressure) Reward() bool { return false }
 func (kvPressure) Score(env *Env, c []Candidate, raw, norm []float64) {
-	telemetryTerm(env, c, raw, norm, kvOf, clamp01, 0.5)
+	telemetryTerm(env, c, raw, norm, readKV, 0.5)
 }
 func (kvPressure) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
 	return readingProvenance(env, c.Snap.KVPressure)
@@ -133,15 +133,38 @@ type gpuUtil struct{}
 func (gpuUtil) Name() string { return "gpu_util" }
 func (gpuUtil) Reward() bool { return false }
 func (gpuUtil) Score(env *Env, c []Candidate, raw, norm []float64) {
-	telemetryTerm(env, c, raw, norm, gpuOf, clamp01, 0.5)
+	telemetryTerm(env, c, raw, norm, readGPU, 0.5)
 }
 func (gpuUtil) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
 	return readingProvenance(env, c.Snap.GPUUtil)
 }
 
-func queueOf(s *Snapshot) *Reading { return &s.QueueLen }
-func kvOf(s *Snapshot) *Reading    { return &s.KVPressure }
-func gpuOf(s *Snapshot) *Reading   { return &s.GPUUtil }
+// The telemetry readings a term scores: which one, and how it is scaled
+// (a queue is a count, not below 0; the others are fractions, 0..1). A
+// constant rather than a function value, so the loop over candidates
+// calls nothing.
+const (
+	readQueue uint8 = iota
+	readKV
+	readGPU
+)
+
+func readingOf(s *Snapshot, which uint8) *Reading {
+	switch which {
+	case readQueue:
+		return &s.QueueLen
+	case readKV:
+		return &s.KVPressure
+	}
+	return &s.GPUUtil
+}
+
+func scaleReading(which uint8, v float64) float64 {
+	if which == readQueue {
+		return max(v, 0)
+	}
+	return clamp01(v)
+}
 
 // confidence is how much a telemetry reading is trusted: 1 while it is
 // fresher than StaleAfter, falling linearly to 0 at three times that age,
@@ -162,20 +185,20 @@ func confidence(env *Env, r *Reading) float64 {
 	return clamp01(float64(3*env.StaleAfter-age) / float64(2*env.StaleAfter))
 }
 
-// telemetryTerm scores a scraped reading: norm is the reading scaled by f,
+// telemetryTerm scores a scraped reading: norm is the reading scaled,
 // blended with the neutral value by the reading's confidence. The neutral
 // value is the confidence-weighted mean of the candidates' scaled
 // readings, or fallback when no candidate has one: missing telemetry is
 // neither the best nor the worst.
-func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, get func(*Snapshot) *Reading, f func(float64) float64, fallback float64) {
+func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, which uint8, fallback float64) {
 	sum, wsum := 0.0, 0.0
 	for i := range c {
-		r := get(c[i].Snap)
+		r := readingOf(c[i].Snap, which)
 		raw[i] = r.Value
 		w := confidence(env, r)
 		norm[i] = w // the confidence, until the neutral value is known
 		if w > 0 {
-			sum += w * f(r.Value)
+			sum += w * scaleReading(which, r.Value)
 			wsum += w
 		}
 	}
@@ -185,7 +208,7 @@ func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, get func(*Snaps
 	}
 	for i := range c {
 		w := norm[i]
-		norm[i] = w*f(raw[i]) + (1-w)*neutral
+		norm[i] = w*scaleReading(which, raw[i]) + (1-w)*neutral
 	}
 }
 
@@ -196,10 +219,10 @@ type latency struct{}
 func (latency) Name() string { return "latency" }
 func (latency) Reward() bool { return false }
 func (latency) Score(_ *Env, c []Candidate, raw, norm []float64) {
-	ratioToMax(c, raw, norm, ttft)
+	ratioToMax(c, raw, norm, emaTTFT)
 }
 func (latency) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
-	return emaProvenance(c, ttft, "ema ttft_ms")
+	return emaProvenance(c, emaTTFT, "ema ttft_ms")
 }
 
 // throughput is the worker's per-stream decode tokens/s EMA, normalised by
@@ -209,14 +232,24 @@ type throughput struct{}
 func (throughput) Name() string { return "throughput" }
 func (throughput) Reward() bool { return true }
 func (throughput) Score(_ *Env, c []Candidate, raw, norm []float64) {
-	ratioToMax(c, raw, norm, decodeTPS)
+	ratioToMax(c, raw, norm, emaDecodeTPS)
 }
 func (throughput) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
-	return emaProvenance(c, decodeTPS, "ema decode_tps")
+	return emaProvenance(c, emaDecodeTPS, "ema decode_tps")
 }
 
-func ttft(s *stats.WorkerStats) stats.EMA      { return s.TTFTMs }
-func decodeTPS(s *stats.WorkerStats) stats.EMA { return s.DecodeTPS }
+// The measured averages a term scores (constants, as for readings).
+const (
+	emaTTFT uint8 = iota
+	emaDecodeTPS
+)
+
+func emaOf(s *stats.WorkerStats, which uint8) *stats.EMA {
+	if which == emaTTFT {
+		return &s.TTFTMs
+	}
+	return &s.DecodeTPS
+}
 
 // jobCost is the estimated outstanding tokens on the worker, normalised as
 // a fraction of the largest among candidates (0 when all are idle).
@@ -246,23 +279,23 @@ func (jobCost) Provenance(*Env, *Candidate) (string, time.Time, bool) {
 // scaling would turn 30.0 vs 30.1 tok/s into 0 vs 1). A candidate with no
 // history gets the mean of the others' normalised values — neither the best
 // nor the worst — or 0.5 when nobody has history.
-func ratioToMax(c []Candidate, raw, norm []float64, get func(*stats.WorkerStats) stats.EMA) {
+func ratioToMax(c []Candidate, raw, norm []float64, which uint8) {
 	maxv := 0.0
 	for i := range c {
-		if e := get(c[i].Stats); e.Known() {
+		e := emaOf(c[i].Stats, which)
+		raw[i], norm[i] = e.Value, -1 // -1: no history
+		if e.Known() {
+			norm[i] = 0
 			maxv = max(maxv, e.Value)
 		}
 	}
 	sum, n := 0.0, 0
 	for i := range c {
-		e := get(c[i].Stats)
-		raw[i], norm[i] = e.Value, -1
-		if !e.Known() {
+		if norm[i] < 0 {
 			continue
 		}
-		norm[i] = 0
 		if maxv > 0 {
-			norm[i] = e.Value / maxv
+			norm[i] = raw[i] / maxv
 		}
 		sum += norm[i]
 		n++
@@ -290,8 +323,8 @@ func readingProvenance(env *Env, r Reading) (string, time.Time, bool) {
 	return r.Source, r.At, false
 }
 
-func emaProvenance(c *Candidate, get func(*stats.WorkerStats) stats.EMA, name string) (string, time.Time, bool) {
-	e := get(c.Stats)
+func emaProvenance(c *Candidate, which uint8, name string) (string, time.Time, bool) {
+	e := emaOf(c.Stats, which)
 	if !e.Known() {
 		return name + " (no history: neutral)", time.Time{}, true
 	}

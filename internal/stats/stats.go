@@ -330,6 +330,28 @@ func (t *Tracker) Stats(worker string) *WorkerStats {
 	return nil
 }
 
+// Handle remembers where one worker's stats live in a Tracker, so that a
+// reader asking on every routing decision skips the map lookup for as
+// long as the tracker's set of entries is unchanged (it changes when a
+// worker is seen for the first time, and on Refresh and folds). The zero
+// Handle is ready to use; a Handle is not safe for concurrent use.
+type Handle struct {
+	m *map[string]*cell // the map c was found in
+	c *cell             // nil: worker had no entry in m
+}
+
+// StatsVia returns what Stats(worker) returns, through h, which must be
+// used for this worker only.
+func (t *Tracker) StatsVia(h *Handle, worker string) *WorkerStats {
+	if m := t.stats.Load(); m != h.m {
+		h.m, h.c = m, (*m)[worker]
+	}
+	if h.c == nil {
+		return nil
+	}
+	return h.c.p.Load()
+}
+
 // All returns a copy of every worker's stats.
 func (t *Tracker) All() map[string]WorkerStats {
 	cur := *t.stats.Load()

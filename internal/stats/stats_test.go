@@ -187,3 +187,49 @@ func BenchmarkTracker_Observe(b *testing.B) {
 		})
 	}
 }
+
+// mapStore is a Store in memory whose entries a test sets.
+type mapStore struct{ m map[string]WorkerStats }
+
+func (s *mapStore) Load(context.Context) (map[string]WorkerStats, error) { return s.m, nil }
+func (s *mapStore) Save(context.Context, map[string]WorkerStats) error   { return nil }
+func (s *mapStore) Close() error                                         { return nil }
+
+// A Handle must never serve stale stats: not after an observation, nor
+// when another worker's first observation copies the map, nor when a
+// Refresh replaces the entries.
+func TestTracker_StatsViaFollowsEveryChange(t *testing.T) {
+	store := &mapStore{m: map[string]WorkerStats{}}
+	tr, err := NewTracker(context.Background(), 0.5, store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ha, hb Handle
+	check := func(step string) {
+		t.Helper()
+		for _, c := range []struct {
+			h    *Handle
+			name string
+		}{{&ha, "a"}, {&hb, "b"}} {
+			if got, want := tr.StatsVia(c.h, c.name), tr.Stats(c.name); got != want {
+				t.Fatalf("%s: StatsVia(%s) = %v, Stats = %v", step, c.name, got, want)
+			}
+		}
+	}
+	now := time.Unix(100, 0)
+	check("empty")
+	tr.Observe("a", Observation{DecodeTPS: 40}, now)
+	check("a seen first")
+	tr.Observe("a", Observation{DecodeTPS: 20}, now)
+	check("a observed again")
+	tr.Observe("b", Observation{DecodeTPS: 10}, now)
+	check("b seen first")
+	store.m = map[string]WorkerStats{"a": {DecodeTPS: EMA{Value: 99, N: 9}}}
+	if err := tr.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	check("refreshed")
+	if got := tr.StatsVia(&ha, "a").DecodeTPS.Value; got != 99 {
+		t.Fatalf("after refresh a decodes %v, want 99", got)
+	}
+}
