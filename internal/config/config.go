@@ -312,8 +312,9 @@ type Admission struct {
 type Stats struct {
 	// Store is where averages persist: a file path (embedded bbolt
 	// store, the default), a redis:// or rediss:// URL (shared by every
-	// replica pointing at it: redis://[:password@]host:port/db), or empty
-	// for memory only.
+	// replica pointing at it: redis://[:password@]host:port/db, which
+	// then also shares the prefix index unless Shared.Redis is set), or
+	// empty for memory only.
 	Store string `yaml:"store"`
 	// RedisPrefix starts every Redis key when Store is a Redis URL;
 	// overrides the URL's prefix parameter. Default "sluice:".
@@ -327,8 +328,9 @@ type Stats struct {
 
 // Shared configures state shared between replicas.
 type Shared struct {
-	// Redis is the redis:// or rediss:// URL of the shared state; empty
-	// (the default) runs this replica alone.
+	// Redis is the redis:// or rediss:// URL of the shared state (the
+	// reservation ledger and the prefix index); empty (the default) runs
+	// this replica alone.
 	Redis string `yaml:"redis"`
 	// Replica names this replica, unique among those sharing Redis; the
 	// host name and listen port ("host-8080") when empty.

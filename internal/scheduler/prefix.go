@@ -18,11 +18,30 @@ type PrefixIndex interface {
 // worker's own report of its cache.
 const prefixSourceIndex = "router index (guess)"
 
+// prefixSourceShared is prefixSourceIndex when some of the matched blocks
+// were recorded by another replica (the index is shared through Redis).
+const prefixSourceShared = "router index (shared)"
+
+// prefixSourcer is a PrefixIndex that also tells whether a match came from
+// another replica's records (*prefix.Index and *prefixshare.Index are).
+type prefixSourcer interface {
+	MatchSource(model string, hashes []uint64, worker string) (float64, bool)
+}
+
 // prefixMatchLocked fills c's prefix match for req: how much of req's
 // prompt prefix c's worker is expected to hold.
 func (s *Scheduler) prefixMatchLocked(req Request, c *Candidate) {
 	if s.cfg.PrefixIndex == nil || len(req.Prefix) == 0 || s.cfg.Policy != PolicySluice {
 		return // the baselines do not score
+	}
+	if ms, ok := s.cfg.PrefixIndex.(prefixSourcer); ok {
+		var remote bool
+		c.PrefixMatch, remote = ms.MatchSource(req.Model, req.Prefix, c.Name)
+		c.PrefixSource = prefixSourceIndex
+		if remote {
+			c.PrefixSource = prefixSourceShared
+		}
+		return
 	}
 	c.PrefixMatch = s.cfg.PrefixIndex.Match(req.Model, req.Prefix, c.Name)
 	c.PrefixSource = prefixSourceIndex

@@ -35,6 +35,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/fleet"
 	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/prefixshare"
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
@@ -43,21 +44,24 @@ import (
 
 // Server is one Sluice router.
 type Server struct {
-	log     *slog.Logger
-	cfg     config.Config
-	sched   *scheduler.Scheduler
-	prefix  *prefix.Index // where prompt prefixes were sent
-	fleet   *fleet.Fleet
-	tracker *stats.Tracker
-	store   stats.Store
-	dlog    *decisions.Log
-	shared  *sharedState
-	metrics *metrics
-	dash    *dashboard.Dashboard
-	proxy   *proxy.Handler
-	mux     *http.ServeMux
-	handler http.Handler                 // mux behind auth and limits
-	keys    atomic.Pointer[auth.Keyring] // swapped whole on reload
+	log    *slog.Logger
+	cfg    config.Config
+	sched  *scheduler.Scheduler
+	prefix *prefix.Index // where prompt prefixes were sent
+	// prefixShare shares prefix with the other replicas; nil when the
+	// router keeps no state in Redis.
+	prefixShare *prefixshare.Index
+	fleet       *fleet.Fleet
+	tracker     *stats.Tracker
+	store       stats.Store
+	dlog        *decisions.Log
+	shared      *sharedState
+	metrics     *metrics
+	dash        *dashboard.Dashboard
+	proxy       *proxy.Handler
+	mux         *http.ServeMux
+	handler     http.Handler                 // mux behind auth and limits
+	keys        atomic.Pointer[auth.Keyring] // swapped whole on reload
 	// transport sends to workers, each with its own TLS settings.
 	transport *workerTransport
 	// stopping is set when shutdown begins: /readyz turns 503.
@@ -120,6 +124,14 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		ledger = s.shared.ledger.ForScheduler(s.shared.ctx)
 	}
 	s.prefix = prefix.NewIndex(prefix.Options{})
+	var prefixIndex scheduler.PrefixIndex = s.prefix
+	if s.prefixShare, err = openPrefixShare(cfg, s.prefix, s); err != nil {
+		s.shared.close()
+		s.closeStore()
+		return nil, err
+	} else if s.prefixShare != nil {
+		prefixIndex = s.prefixShare
+	}
 	s.sched, err = scheduler.New(scheduler.Config{
 		Ledger:        ledger,
 		IDPrefix:      s.shared.idPrefix(),
@@ -135,7 +147,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Policy:        scheduler.Policy(cfg.Policy),
 		Stats:         s.tracker,
 		Recorder:      s.record,
-		PrefixIndex:   s.prefix,
+		PrefixIndex:   prefixIndex,
 	})
 	if err != nil {
 		s.shared.close()
@@ -162,6 +174,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	})
 	s.metrics = newMetrics(func() *scheduler.Scheduler { return s.sched }, s.tracker)
 	s.metrics.reg.MustRegister(s.shared.collectors()...)
+	s.metrics.reg.MustRegister(prefixShareCollectors(s.prefixShare)...)
 	s.dash = dashboard.New(dashboard.Options{
 		Workers:     func() []scheduler.WorkerState { return s.sched.Workers() },
 		QueueDepths: func() map[string]int { return s.sched.QueueDepths() },
@@ -198,6 +211,9 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		var wg sync.WaitGroup
 		wg.Go(func() { s.dash.Run(bg) })
 		wg.Go(func() { s.shared.run(bg, s.sched.Kick) })
+		if s.prefixShare != nil {
+			wg.Go(func() { s.prefixShare.Run(bg) })
+		}
 		s.tracker.Run(bg, cfg.Stats.FlushInterval)
 		wg.Wait()
 	}()

@@ -32,24 +32,9 @@ func openShared(cfg config.Shared, listen string, s *Server) (*sharedState, erro
 	if cfg.Redis == "" {
 		return &sharedState{}, nil
 	}
-	replica := cfg.Replica
-	if replica == "" {
-		// The host name and the port: unique across hosts, and among
-		// replicas started side by side on one.
-		h, err := os.Hostname()
-		if err != nil {
-			return nil, fmt.Errorf("shared.replica: not set and no host name: %w", err)
-		}
-		replica = h
-		if _, port, err := net.SplitHostPort(listen); err == nil && port != "" {
-			replica += "-" + port
-		}
-		replica = strings.Map(func(r rune) rune {
-			if strings.ContainsRune("|/ \t\n", r) {
-				return '_'
-			}
-			return r
-		}, replica)
+	replica, err := replicaName(cfg, listen)
+	if err != nil {
+		return nil, err
 	}
 	rdb, prefix, err := redisconn.Open(cfg.Redis, "")
 	if err != nil {
@@ -67,6 +52,28 @@ func openShared(cfg config.Shared, listen string, s *Server) (*sharedState, erro
 	s.log.Info("scheduling with shared state", "replica", replica, "redis", redisconn.Redact(cfg.Redis),
 		"lease_ttl", cfg.LeaseTTL, "replicas", cfg.Replicas)
 	return &sharedState{rdb: rdb, ledger: l, ctx: ctx, cancel: cancel}, nil
+}
+
+// replicaName is shared.replica, else the host name and the listen port:
+// unique across hosts, and among replicas started side by side on one.
+func replicaName(cfg config.Shared, listen string) (string, error) {
+	if cfg.Replica != "" {
+		return cfg.Replica, nil
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("shared.replica: not set and no host name: %w", err)
+	}
+	replica := h
+	if _, port, err := net.SplitHostPort(listen); err == nil && port != "" {
+		replica += "-" + port
+	}
+	return strings.Map(func(r rune) rune {
+		if strings.ContainsRune("|/ \t\n", r) {
+			return '_'
+		}
+		return r
+	}, replica), nil
 }
 
 // idPrefix starts decision IDs with the replica's name, so replicas started

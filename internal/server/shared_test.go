@@ -107,3 +107,72 @@ func get(t *testing.T, url string) string {
 	}
 	return readAll(t, resp)
 }
+
+// TestRouter_ReplicasShareThePrefixIndex sends a conversation's first turn
+// to one replica and its second to another: the second replica learnt from
+// the first, through Redis, which worker holds the prefix, and sends the
+// turn there rather than to the least recently picked worker.
+func TestRouter_ReplicasShareThePrefixIndex(t *testing.T) {
+	rs := redistest.Start(t, redistest.Options{})
+	ws := []*fakeWorker{newFakeWorker(t, "gpu0"), newFakeWorker(t, "gpu1")}
+	east := startRouter(t, sharedConfig(t, ws, rs.URL(0), "east"))
+	west := startRouter(t, sharedConfig(t, ws, rs.URL(0), "west"))
+	sys := strings.Repeat("You answer questions about GPUs briefly and precisely. ", 40)
+	q1 := strings.Repeat("Why does a long prompt stall other streams? ", 20)
+	resp := post(t, context.Background(), east.url, chatTurns(t, "system", sys, "user", q1))
+	readAll(t, resp)
+	first := resp.Header.Get("X-Sluice-Worker")
+
+	x := west.srv.prefixShare
+	deadline := time.After(20 * time.Second)
+	for {
+		ch := x.Changed()
+		if x.Stats().Applied > 0 {
+			break
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("west never applied east's record: %+v", x.Stats())
+		}
+	}
+	resp = post(t, context.Background(), west.url, chatTurns(t, "system", sys, "user", q1, "assistant", "hi", "user", "And a short one?"))
+	readAll(t, resp)
+	if got := resp.Header.Get("X-Sluice-Worker"); got != first {
+		t.Fatalf("turn 2 on the other replica went to %s; want %s, which served turn 1", got, first)
+	}
+	term, ok := prefixTerm(record(t, west, resp), first)
+	if !ok || term.Raw < 0.9 || term.Source != "router index (shared)" {
+		t.Fatalf("prefix term of %s in turn 2's record: %+v (found %v); want a match near 1 learnt from the other replica", first, term, ok)
+	}
+	body := get(t, west.url+"/metrics")
+	for _, want := range []string{"sluice_prefix_share_applied_total 1", "sluice_prefix_share_up 1", `sluice_prefix_share_dropped_total{reason="queue_full"} 0`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestRouter_PrefixIndexSharedOnlyWithRedis(t *testing.T) {
+	rs := redistest.Start(t, redistest.Options{})
+	ws := []*fakeWorker{newFakeWorker(t, "gpu0")}
+	for _, c := range []struct {
+		name   string
+		edit   func(*config.Config)
+		shared bool
+	}{
+		{"bbolt stats, alone", func(*config.Config) {}, false},
+		{"redis stats", func(c *config.Config) { c.Stats.Store = rs.URL(0) }, true},
+		{"shared ledger", func(c *config.Config) { c.Shared.Redis = rs.URL(0) }, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := startRouter(t, testConfig(t, ws, c.edit))
+			if got := r.srv.prefixShare != nil; got != c.shared {
+				t.Fatalf("prefix index shared = %v, want %v", got, c.shared)
+			}
+			if has := strings.Contains(get(t, r.url+"/metrics"), "sluice_prefix_share_published_total"); has != c.shared {
+				t.Errorf("/metrics has the sharing's counters = %v, want %v", has, c.shared)
+			}
+		})
+	}
+}
