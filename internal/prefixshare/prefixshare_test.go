@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -293,4 +295,61 @@ func BenchmarkRecord(b *testing.B) {
 			x.Record("m", hs, "w")
 		}
 	})
+}
+
+// TestShare_RedisThatNeverAnswers points a replica at a listener that
+// accepts connections and never answers, as a hung Redis would: Record and
+// Match go on without it, the publish times out, records beyond the queue
+// are dropped and counted.
+func TestShare_RedisThatNeverAnswers(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var mu sync.Mutex
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // read nothing, answer nothing
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		<-accepted
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	opts, p, err := redisconn.Parse("redis://"+l.Addr().String()+"/0", "test:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := New(Config{
+		Redis: opts, Prefix: p, Replica: "a", Local: prefix.NewIndex(prefix.Options{}),
+		Queue: 8, Block: time.Hour, MaxBackoff: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, x)
+	for i := range 1000 {
+		x.Record("m", conv(i, 4), "w")
+		if got := x.Match("m", conv(i, 4), "w"); got != 1 {
+			t.Fatalf("Match of record %d with Redis hung = %v, want 1", i, got)
+		}
+	}
+	if s := x.Stats(); s.Dropped == 0 {
+		t.Errorf("1000 records into a queue of 8 with Redis hung: none dropped (%+v)", s)
+	}
+	waitFor(t, x, "the publish times out", func() bool { s := x.Stats(); return s.Failed > 0 && !s.Up })
 }
