@@ -42,8 +42,9 @@ type Index struct {
 	ttl       time.Duration
 	now       func() time.Time
 
-	mu     sync.Mutex
-	caches map[cacheKey]*lru
+	mu       sync.Mutex
+	caches   map[cacheKey]*lru
+	reported map[string]int // per-worker capacity from SetCapacity
 }
 
 type cacheKey struct{ model, worker string }
@@ -146,10 +147,17 @@ func (x *Index) recordLocked(model string, hashes []uint64, worker string, at ti
 
 // Capacity returns the blocks remembered per model for worker: at most
 // this many of a Record's hashes, the first, can be remembered.
-func (x *Index) Capacity(worker string) int { return x.capacityOf(worker) }
+func (x *Index) Capacity(worker string) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.capacityOf(worker)
+}
 
 func (x *Index) capacityOf(worker string) int {
 	if n, ok := x.perWorker[worker]; ok && n > 0 {
+		return n
+	}
+	if n, ok := x.reported[worker]; ok {
 		return n
 	}
 	return x.capacity
@@ -162,6 +170,7 @@ func (x *Index) TTL() time.Duration { return x.ttl }
 func (x *Index) Forget(worker string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	delete(x.reported, worker)
 	for k := range x.caches {
 		if k.worker == worker {
 			delete(x.caches, k)

@@ -1,6 +1,9 @@
 package scheduler
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // PrefixIndex tells where a request's prompt prefix is expected to be in a
 // worker's KV cache. *prefix.Index is one: the router's own record of which
@@ -13,10 +16,85 @@ type PrefixIndex interface {
 	Record(model string, hashes []uint64, worker string)
 }
 
-// prefixSourceIndex names where PrefixMatch came from when the router's
-// index supplied it: a guess from where earlier requests went, not the
-// worker's own report of its cache.
-const prefixSourceIndex = "router index (guess)"
+// PrefixCapacity is implemented by a PrefixIndex whose memory of a worker
+// can follow the size of the worker's KV cache (*prefix.Index is one): the
+// scheduler passes it each worker's Snapshot.KVCacheTokens when that
+// changes, so the index remembers no more blocks of a worker than the
+// worker can hold, and no fewer.
+type PrefixCapacity interface {
+	// SetCapacity bounds what is remembered of worker to a KV cache of
+	// tokens tokens.
+	SetCapacity(worker string, tokens int)
+}
+
+// CacheReport is a worker's own account of the prompt prefixes its KV
+// cache holds: the router's chained block hashes (see package prefix) of
+// the prompt text each of its slots holds, computed by the fleet with the
+// same block function the proxy applies to requests. It is immutable once
+// published.
+//
+// # How the prefix term merges it with the router's index
+//
+// For each candidate the term takes the router index's guess g and, when
+// the worker's report is no older than Config.StaleAfter, the report's
+// match r (the leading blocks of the request found in the report). The
+// match is max(r, g), and the record names the report as the source when
+// r > 0 and r >= g, else the index:
+//
+//   - A report says for certain what it holds: r > g means the worker
+//     holds more than the router remembers (after a router restart, for
+//     traffic of other replicas or clients, or past the index's TTL and
+//     capacity), and wins.
+//   - A report's silence is not evidence: it lists the slots' KV only
+//     (llama-server's host-memory prompt cache, --cache-ram, keeps and
+//     restores more), it lags the requests the router sent since it was
+//     taken, and a chat request's prompt is the worker's chat template's
+//     text, whose blocks are not the router's rendering (see
+//     prefix.Render), so a conversation the worker holds can be absent
+//     from the report. So r < g never lowers the guess.
+//   - A report older than StaleAfter is set aside: the guess alone
+//     decides, and the record says the report was stale.
+//
+// The guess is the index's, shared between replicas or not (a shared
+// index already holds what other replicas sent).
+type CacheReport struct {
+	// Source names the report, e.g. "llama.cpp /slots".
+	Source string `json:"source"`
+	// At is when the worker was asked.
+	At time.Time `json:"at"`
+	// Blocks holds the chained block hashes of every slot's prompt.
+	Blocks map[uint64]struct{} `json:"-"`
+	// NBlocks is len(Blocks), for /api/workers.
+	NBlocks int `json:"blocks"`
+	// Slots is the number of slots that reported a prompt.
+	Slots int `json:"slots"`
+}
+
+// Match returns the fraction of hashes, counted from the first, that the
+// report holds; 0 for no hashes or a nil report.
+func (r *CacheReport) Match(hashes []uint64) float64 {
+	if r == nil || len(hashes) == 0 {
+		return 0
+	}
+	n := 0
+	for _, h := range hashes {
+		if _, ok := r.Blocks[h]; !ok {
+			break
+		}
+		n++
+	}
+	return float64(n) / float64(len(hashes))
+}
+
+// Where PrefixMatch came from (Candidate.PrefixSource); the record's
+// words are built from them in prefixMatch.Provenance.
+const (
+	// prefixSourceIndex: the router's index, a guess from where earlier
+	// requests went (the worker reports nothing better).
+	prefixSourceIndex = "router index (guess)"
+	// prefixSourceReport: the worker's own report of its cache.
+	prefixSourceReport = "worker report"
+)
 
 // prefixSourceShared is prefixSourceIndex when some of the matched blocks
 // were recorded by another replica (the index is shared through Redis).
@@ -29,7 +107,8 @@ type prefixSourcer interface {
 }
 
 // prefixMatchLocked fills c's prefix match for req: how much of req's
-// prompt prefix c's worker is expected to hold.
+// prompt prefix c's worker is expected to hold (see CacheReport for the
+// merge with the worker's report).
 func (s *Scheduler) prefixMatchLocked(req Request, c *Candidate) {
 	if s.cfg.PrefixIndex == nil || len(req.Prefix) == 0 || s.cfg.Policy != PolicySluice {
 		return // the baselines do not score
@@ -41,17 +120,33 @@ func (s *Scheduler) prefixMatchLocked(req Request, c *Candidate) {
 		if remote {
 			c.PrefixSource = prefixSourceShared
 		}
+	} else {
+		c.PrefixMatch = s.cfg.PrefixIndex.Match(req.Model, req.Prefix, c.Name)
+		c.PrefixSource = prefixSourceIndex
+	}
+	rep := c.Snap.CacheReport
+	if rep == nil || (s.cfg.StaleAfter > 0 && s.clock.Now().Sub(rep.At) > s.cfg.StaleAfter) {
 		return
 	}
-	c.PrefixMatch = s.cfg.PrefixIndex.Match(req.Model, req.Prefix, c.Name)
-	c.PrefixSource = prefixSourceIndex
+	if r := rep.Match(req.Prefix); r > 0 && r >= c.PrefixMatch {
+		c.PrefixMatch, c.PrefixSource = r, prefixSourceReport
+	}
 }
 
-// recordPrefixLocked tells the index that w is about to serve req's prefix.
+// recordPrefixLocked tells the index that w is about to serve req's
+// prefix, and first, when the worker's reported KV cache size changed,
+// how much of it the index may remember.
 func (s *Scheduler) recordPrefixLocked(req Request, w *worker) {
-	if s.cfg.PrefixIndex != nil && len(req.Prefix) > 0 {
-		s.cfg.PrefixIndex.Record(req.Model, req.Prefix, w.spec.Name)
+	if s.cfg.PrefixIndex == nil || len(req.Prefix) == 0 {
+		return
 	}
+	if pc, ok := s.cfg.PrefixIndex.(PrefixCapacity); ok {
+		if n := w.snapshot().KVCacheTokens; n > 0 && n != w.prefixKV {
+			pc.SetCapacity(w.spec.Name, n)
+			w.prefixKV = n
+		}
+	}
+	s.cfg.PrefixIndex.Record(req.Model, req.Prefix, w.spec.Name)
 }
 
 // prefixMatch is the fraction of the request's leading prompt blocks the
@@ -75,9 +170,27 @@ func (prefixMatch) Score(_ *Env, c []Candidate, raw, norm []float64) {
 		norm[i] = clamp01(raw[i])
 	}
 }
-func (prefixMatch) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
-	if c.PrefixSource == "" {
+
+// Provenance names the source: "router index (guess)" (or "(shared)"),
+// or "worker report (llama.cpp /slots, 1.2s old)" with the report's time
+// as the value's; when a report did not win, it says how much the report
+// held, or that it was stale.
+func (prefixMatch) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
+	rep := c.Snap.CacheReport
+	switch {
+	case c.PrefixSource == "":
 		return "no prefix hashes", time.Time{}, false
+	case c.PrefixSource == prefixSourceReport:
+		return fmt.Sprintf("worker report (%s, %s old)", rep.Source, age(env.Now, rep.At)), rep.At, false
+	case rep == nil || env.Req == nil:
+		return c.PrefixSource, time.Time{}, false
+	case env.StaleAfter > 0 && env.Now.Sub(rep.At) > env.StaleAfter:
+		return fmt.Sprintf("%s; %s report %s old, stale", c.PrefixSource, rep.Source, age(env.Now, rep.At)), time.Time{}, false
 	}
-	return c.PrefixSource, time.Time{}, false
+	return fmt.Sprintf("%s; %s report %s old holds %.2f", c.PrefixSource, rep.Source, age(env.Now, rep.At), rep.Match(env.Req.Prefix)), time.Time{}, false
+}
+
+// age is now-at to a tenth of a second, for records.
+func age(now, at time.Time) time.Duration {
+	return max(now.Sub(at), 0).Round(100 * time.Millisecond)
 }

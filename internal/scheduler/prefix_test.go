@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"testing"
+	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/prefix"
@@ -107,5 +108,112 @@ func TestPrefix_BaselinesDoNotAsk(t *testing.T) {
 	defer l.Release()
 	if l.Worker != "w1" {
 		t.Fatalf("least-connections sent the second request to %s; want w1 (least recently picked)", l.Worker)
+	}
+}
+
+// reporting returns workers whose snapshots carry the given cache reports
+// (nil: none) and KV cache sizes.
+func reporting(reps []*CacheReport, kv int) []WorkerSpec {
+	ws := workers(len(reps), 4, "m")
+	for i := range ws {
+		ws[i].Source = StaticSource{S: &Snapshot{Health: HealthOK, CacheReport: reps[i], KVCacheTokens: kv}}
+	}
+	return ws
+}
+
+func blocks(hs ...uint64) map[uint64]struct{} {
+	m := map[uint64]struct{}{}
+	for _, h := range hs {
+		m[h] = struct{}{}
+	}
+	return m
+}
+
+func TestPrefix_WorkerReport(t *testing.T) {
+	t0 := time.Unix(10000, 0)
+	conv := []uint64{11, 12, 13, 14}
+	tests := []struct {
+		name       string
+		reps       []*CacheReport
+		seed       string // worker the index saw conv go to; "" none
+		wantWorker string
+		wantRaw    float64 // the chosen worker's prefix term
+		wantSource string
+		wantAgeMs  float64
+	}{
+		{
+			// The index knows nothing (say, the router restarted); w1
+			// says it holds three of the four blocks.
+			name:       "report beats an empty index",
+			reps:       []*CacheReport{nil, {Source: "llama.cpp /slots", At: t0.Add(-1500 * time.Millisecond), Blocks: blocks(11, 12, 13, 99)}},
+			wantWorker: "w1", wantRaw: 0.75,
+			wantSource: "worker report (llama.cpp /slots, 1.5s old)", wantAgeMs: 1500,
+		},
+		{
+			// w0 served conv; its report holds other prompts. Silence is
+			// not evidence (a chat template, --cache-ram): the guess stays.
+			name:       "report silent, guess kept",
+			reps:       []*CacheReport{{Source: "llama.cpp /slots", At: t0.Add(-time.Second), Blocks: blocks(7, 8)}, nil},
+			seed:       "w0",
+			wantWorker: "w0", wantRaw: 1,
+			wantSource: "router index (guess); llama.cpp /slots report 1s old holds 0.00",
+		},
+		{
+			// w1's report would win, but it is older than stale_after.
+			name:       "stale report set aside",
+			reps:       []*CacheReport{nil, {Source: "llama.cpp /slots", At: t0.Add(-10 * time.Second), Blocks: blocks(11, 12, 13, 14)}},
+			wantWorker: "w0", wantRaw: 0,
+			wantSource: "router index (guess)",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := NewManualClock(t0)
+			idx := prefix.NewIndex(prefix.Options{Now: clk.Now})
+			if tt.seed != "" {
+				idx.Record("m", conv, tt.seed)
+			}
+			s := newSched(t, Config{MaxQueue: 10, PrefixIndex: idx, Clock: clk, StaleAfter: 3 * time.Second}, reporting(tt.reps, 0)...)
+			l := admitNow(t, s, Request{Model: "m", Prefix: conv})
+			defer l.Release()
+			if l.Worker != tt.wantWorker {
+				t.Fatalf("went to %s, want %s", l.Worker, tt.wantWorker)
+			}
+			var got decisions.Term
+			for _, c := range l.Decision.Explain().Candidates {
+				if c.Worker == tt.wantWorker {
+					got = termOf(t, c, "prefix")
+				}
+			}
+			if got.Raw != tt.wantRaw || got.Source != tt.wantSource || got.AgeMs != tt.wantAgeMs {
+				t.Errorf("prefix term %+v; want raw %v, source %q, age %v ms", got, tt.wantRaw, tt.wantSource, tt.wantAgeMs)
+			}
+		})
+	}
+
+	// The stale case's record names the report it set aside.
+	clk := NewManualClock(t0)
+	s := newSched(t, Config{MaxQueue: 10, PrefixIndex: prefix.NewIndex(prefix.Options{Now: clk.Now}), Clock: clk, StaleAfter: 3 * time.Second},
+		reporting(tests[2].reps, 0)...)
+	l := admitNow(t, s, Request{Model: "m", Prefix: conv})
+	defer l.Release()
+	for _, c := range l.Decision.Explain().Candidates {
+		if c.Worker == "w1" {
+			if got, want := termOf(t, c, "prefix").Source, "router index (guess); llama.cpp /slots report 10s old, stale"; got != want {
+				t.Errorf("w1's prefix source %q, want %q", got, want)
+			}
+		}
+	}
+}
+
+func TestPrefix_IndexSizedFromReportedKV(t *testing.T) {
+	idx := prefix.NewIndex(prefix.Options{})
+	s := newSched(t, Config{MaxQueue: 10, PrefixIndex: idx}, reporting([]*CacheReport{nil}, 3*prefix.BlockTokens)...)
+	admitNow(t, s, Request{Model: "m", Prefix: []uint64{1, 2, 3, 4, 5}}).Release()
+	if got := idx.Capacity("w0"); got != 3 {
+		t.Errorf("index capacity of w0 = %d, want 3 blocks from its 3-block KV cache", got)
+	}
+	if got := idx.Len("m", "w0"); got != 3 {
+		t.Errorf("index remembers %d blocks of w0, want 3", got)
 	}
 }

@@ -260,6 +260,9 @@ type worker struct {
 	lim     limitState
 	why     uint8 // one of the why* reasons of (in)eligibility
 	serving bool  // it serves the requested model
+	// prefixKV is the KV cache size (tokens) last passed to the prefix
+	// index's PrefixCapacity, so it is told only of changes.
+	prefixKV int
 }
 
 func (w *worker) snapshot() *Snapshot {

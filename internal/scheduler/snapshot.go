@@ -80,6 +80,19 @@ type Snapshot struct {
 	KVPressure Reading `json:"kv_pressure"`
 	// GPUUtil is the GPU's utilisation, 0..1.
 	GPUUtil Reading `json:"gpu_util"`
+	// KVCacheTokens is the capacity of the worker's KV cache in tokens as
+	// the worker reports it (vLLM num_gpu_blocks × block_size, llama.cpp a
+	// slot's n_ctx); 0 when unknown. It bounds the prefix index's memory
+	// of the worker (see PrefixCapacity).
+	KVCacheTokens int `json:"kv_cache_tokens,omitempty"`
+	// PrefixHitRate is the fraction of prompt tokens the worker found in
+	// its own prefix cache between its last two scrapes (vLLM's
+	// prefix_cache_hits over prefix_cache_queries); shown, not scored.
+	PrefixHitRate Reading `json:"prefix_hit_rate,omitzero"`
+	// CacheReport is what the worker itself says its KV cache holds, when
+	// it says (llama.cpp /slots with prompt text); nil otherwise. See
+	// CacheReport for how the prefix term uses it.
+	CacheReport *CacheReport `json:"cache_report,omitempty"`
 }
 
 // Source publishes the latest Snapshot of one worker. Snapshot must not
