@@ -86,13 +86,21 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		}
 		s.candBuf = cands[:0]
 		defer clear(cands)
-		return s.chooseLocked(nil, &req, cands, idx, elig, now), nil
+		return s.chooseLocked(nil, &req, cands, idx, elig, nil, now), nil
 	}
 	rec := s.newRecordLocked(req, now)
 	rec.Candidates = make([]decisions.Candidate, len(s.workers))
+	var kept []keptWorker // what the record keeps to explain itself
+	if !baseline {
+		kept = make([]keptWorker, len(s.workers))
+	}
 	modelWhy := ""
 	for i, w := range s.workers {
 		snap := w.snap
+		if kept != nil {
+			k := &kept[i]
+			k.cand.Snap, k.cand.Stats, k.cap, k.prefix = snap, w.st, w.lim.cap, w.lim.prefix
+		}
 		c := &rec.Candidates[i]
 		c.Worker, c.Active, c.Limit, c.Eligible = w.spec.Name, w.active, w.lim.limit, w.why == whyEligible
 		c.LimitSource = w.lim.source
@@ -119,17 +127,32 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	if len(elig) == 0 {
 		rec.Reason = "no eligible worker"
 		rec.SetExplain(explainFull)
-		s.explainLimitsLater(rec, floor, waited, now)
+		s.explainLimitsLater(rec, kept, floor, waited, now)
 		return nil, rec
 	}
-	cands := make([]Candidate, len(elig)) // the record's own, for explain
-	for i, w := range elig {
-		cands[i] = Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st}
-		s.prefixMatchLocked(req, &cands[i])
+	cands := s.candBuf[:0]
+	for _, w := range elig {
+		cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st})
+		s.prefixMatchLocked(req, &cands[len(cands)-1])
 	}
-	w := s.chooseLocked(rec, &req, cands, idx, elig, now)
-	s.explainLimitsLater(rec, floor, waited, now)
+	s.candBuf = cands[:0]
+	defer clear(cands) // the record keeps copies (kept)
+	w := s.chooseLocked(rec, &req, cands, idx, elig, kept, now)
+	s.explainLimitsLater(rec, kept, floor, waited, now)
 	return w, rec
+}
+
+// keptWorker is what a record keeps of one worker to build its
+// explanation when read, all values of decision time (snapshots and stats
+// are immutable): the worker's candidate as scored (for a worker that was
+// not eligible, only its snapshot and stats), its rank key, and the facts
+// its limit is recomputed from (limitOf).
+type keptWorker struct {
+	cand     Candidate
+	lastPick uint64
+	order    int
+	cap      int
+	prefix   float64 // limitState.prefix: one more stream for a cached prefix
 }
 
 // forgetPickLocked drops what the pick resolved of each worker, so that no
@@ -140,33 +163,18 @@ func (s *Scheduler) forgetPickLocked() {
 	}
 }
 
-// limitFacts is what a record keeps of one worker to say, when read, why
-// its limit was what it was: the limit is recomputed from them (limitOf),
-// and every one is a value of decision time (the snapshot and stats are
-// immutable).
-type limitFacts struct {
-	snap   *Snapshot
-	st     *stats.WorkerStats
-	cap    int
-	prefix float64 // limitState.prefix: one more stream for a cached prefix
-}
-
 // explainLimitsLater has rec say, when read, why each worker's limit was
 // what it was; the words are built from values kept now.
-func (s *Scheduler) explainLimitsLater(rec *decisions.Record, floor float64, waited time.Duration, now time.Time) {
+func (s *Scheduler) explainLimitsLater(rec *decisions.Record, kept []keptWorker, floor float64, waited time.Duration, now time.Time) {
 	if s.cfg.Policy != PolicySluice || s.limits.Fixed {
 		return // a fixed limit's source, already in the record, says it all
-	}
-	facts := make([]limitFacts, len(s.workers))
-	for i, w := range s.workers {
-		facts[i] = limitFacts{snap: w.snap, st: w.st, cap: w.lim.cap, prefix: w.lim.prefix}
 	}
 	lc, staleAfter := s.limits, s.cfg.StaleAfter
 	rec.AddExplain(func(r *decisions.Record) {
 		for i := range r.Candidates {
-			c, f := &r.Candidates[i], &facts[i]
+			c, f := &r.Candidates[i], &kept[i]
 			var st limitState
-			lc.limitOf(&st, staleAfter, f.cap, LimitLearned, c.Active, f.st, f.snap, floor, waited, now)
+			lc.limitOf(&st, staleAfter, f.cap, LimitLearned, c.Active, f.cand.Stats, f.cand.Snap, floor, waited, now)
 			if f.prefix > 0 { // made one stream over by affinityBorrowLocked
 				st.limit, st.prefix = c.Active+1, f.prefix
 			}
@@ -177,12 +185,15 @@ func (s *Scheduler) explainLimitsLater(rec *decisions.Record, floor float64, wai
 
 // chooseLocked applies the policy to the eligible workers and returns the
 // chosen one, filling rec (when not nil) with the choice and its reason.
-func (s *Scheduler) chooseLocked(rec *decisions.Record, req *Request, cands []Candidate, idx []int, elig []*worker, now time.Time) *worker {
+//
+// kept, with rec, is the record's: scoring keeps there what it needs to
+// explain itself.
+func (s *Scheduler) chooseLocked(rec *decisions.Record, req *Request, cands []Candidate, idx []int, elig []*worker, kept []keptWorker, now time.Time) *worker {
 	var reason string
 	var best int
 	switch s.cfg.Policy {
 	case PolicySluice:
-		if best = s.scoreLocked(rec, req, cands, idx, elig, now); best < 0 {
+		if best = s.scoreLocked(rec, req, cands, idx, elig, kept, now); best < 0 {
 			return nil // the shared ledger has no room for it now
 		}
 	case PolicyRoundRobin:
@@ -258,7 +269,7 @@ func explainFull(r *decisions.Record) {
 // picked, then first in configuration order (with a Ledger, the ledger's
 // choice; -1 when it has no room). The per-term breakdown is
 // attached to the record to be computed when it is read.
-func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Candidate, idx []int, elig []*worker, now time.Time) int {
+func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Candidate, idx []int, elig []*worker, kept []keptWorker, now time.Time) int {
 	env := Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: req}
 	tot := totals(s.terms, &env, cands, &s.scratch)
 	key := func(i int) rankKey { return rankKey{tot[i], elig[i].lastPick, elig[i].order} }
@@ -280,18 +291,28 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 	}
 	// Ranks, the breakdown and the reason in words are built when the
 	// record is read, from values that from here on belong to the record.
-	keys := make([]rankKey, len(cands))
 	for i := range cands {
-		keys[i] = key(i)
+		k := key(i)
+		kept[idx[i]].cand, kept[idx[i]].lastPick, kept[idx[i]].order = cands[i], k.lastPick, k.order
 		rec.Candidates[idx[i]].Total = tot[i]
 		elig[i].last, elig[i].lastIdx = rec, idx[i]
 	}
-	frozen, at := cands, slices.Clone(idx)
 	terms := s.terms
 	reqCopy := *req
 	env.Req = &reqCopy // the record must not see later changes to the request
 	rec.SetExplain(func(r *decisions.Record) {
 		explainFull(r)
+		// The eligible candidates as scored, in configuration order.
+		var at []int
+		for i := range r.Candidates {
+			if r.Candidates[i].Eligible {
+				at = append(at, i)
+			}
+		}
+		frozen, keys := make([]Candidate, len(at)), make([]rankKey, len(at))
+		for j, i := range at {
+			frozen[j], keys[j] = kept[i].cand, rankKey{r.Candidates[i].Total, kept[i].lastPick, kept[i].order}
+		}
 		for i, ts := range explain(terms, &env, frozen) {
 			r.Candidates[at[i]].Terms = ts
 		}
