@@ -7,10 +7,13 @@
 // What is probed depends on the worker's kind:
 //
 //   - llamacpp: GET /health (503 while the model loads: HealthLoading, not
-//     eligible), /metrics, /slots (busy slots, per-slot n_ctx), /props
-//     (total_slots) and /v1/models.
-//   - vllm: GET /health, /metrics (the series of the worker's model) and
-//     /v1/models (with max_model_len).
+//     eligible), /metrics, /slots (busy slots, per-slot n_ctx, and, when
+//     the server tells them, each slot's prompt, hashed into the router's
+//     blocks as the worker's cache report), /props (total_slots, the BOS
+//     text) and /v1/models.
+//   - vllm: GET /health, /metrics (the series of the worker's model, the
+//     prefix-cache hit rate between two scrapes, the KV cache size from
+//     vllm:cache_config_info) and /v1/models (with max_model_len).
 //   - sglang: GET /health, /metrics (sglang: series) and /v1/models.
 //   - tgi: GET /health, /info (model, max_total_tokens, batch token
 //     budget) and /metrics (tgi_ series).

@@ -7,8 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/telemetry"
 )
 
@@ -213,6 +216,13 @@ func (w *Worker) scrapeSlots(ctx context.Context, now time.Time) {
 	}
 	if s.NCtx > 0 {
 		w.setContextLocked(s.NCtx)
+		// With a unified KV cache (llama-server's default in current
+		// builds) a slot's n_ctx is the whole cache; otherwise it is one
+		// slot's share, and the estimate is low by the slot count.
+		w.st.kvTokens = s.NCtx
+	}
+	if err == nil {
+		w.st.cacheReport = slotsReport(s, w.st.bos, !w.st.propsAt.IsZero(), now)
 	}
 	w.publishLocked()
 	w.mu.Unlock()
@@ -229,4 +239,56 @@ func (w *Worker) setContextLocked(n int) {
 	w.st.context = n
 	w.publishLocked()
 	w.log.Info("worker context size changed", slog.Int(keyContext, n))
+}
+
+// slotsReport turns the prompts llama.cpp's /slots reports into the
+// router's view of the worker's cache: the chained block hashes of each
+// slot's prompt, cut with the block function the proxy applies to
+// requests (prefix.Text, prefix.BlockBytes), after the model's BOS text
+// that llama-server's detokenizer puts first. It is nil when no slot
+// reports a prompt (current builds report none unless started with
+// LLAMA_SERVER_SLOTS_DEBUG=1), or before /props has told the BOS text.
+//
+// A raw prompt (/v1/completions) held by a slot then has exactly the
+// blocks the router computed for it; a chat request's prompt is the
+// worker's chat-template text, which is not the router's rendering, so it
+// matches little or nothing (see scheduler.CacheReport: silence never
+// lowers the router's guess).
+func slotsReport(s telemetry.Slots, bos string, bosKnown bool, now time.Time) *scheduler.CacheReport {
+	if s.Prompts == 0 || !bosKnown {
+		return nil
+	}
+	rep := &scheduler.CacheReport{Source: "llama.cpp /slots", At: now, Blocks: map[uint64]struct{}{}}
+	for _, sl := range s.Slots {
+		if !sl.HasPrompt {
+			continue
+		}
+		rep.Slots++
+		for _, h := range prefix.Text(strings.TrimPrefix(sl.Prompt, bos), prefix.BlockBytes) {
+			rep.Blocks[h] = struct{}{}
+		}
+	}
+	rep.NBlocks = len(rep.Blocks)
+	return rep
+}
+
+// updatePrefixCacheLocked takes what a /metrics said of the worker's prefix
+// cache (vLLM): its KV cache size, and the hit rate between this scrape's
+// counters and the previous one's, when prompt tokens were looked up in
+// between (a counter that went down, a restart, starts over). w.mu must be
+// held.
+func (w *Worker) updatePrefixCacheLocked(pc telemetry.PrefixCache, src string, now time.Time) {
+	st := &w.st
+	if pc.KVTokens.Present {
+		st.kvTokens = int(pc.KVTokens.V)
+	}
+	if !pc.Queries.Present || !pc.Hits.Present {
+		return
+	}
+	q, h := pc.Queries.V, pc.Hits.V
+	if !st.prefixAt.IsZero() && q > st.prefixQueries && h >= st.prefixHits {
+		rate := min((h-st.prefixHits)/(q-st.prefixQueries), 1)
+		st.prefixHitRate = scheduler.Reading{Value: rate, Source: src + pc.Hits.Metric + " / " + pc.Queries.Metric, At: now}
+	}
+	st.prefixQueries, st.prefixHits, st.prefixAt = q, h, now
 }

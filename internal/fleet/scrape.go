@@ -228,6 +228,7 @@ func (w *Worker) scrapeMetrics(ctx context.Context, now time.Time, path string, 
 	update(&w.st.queue, m.QueueLen, src, now)
 	update(&w.st.running, m.Running, src, now)
 	update(&w.st.kv, m.KVUsage, src, now)
+	w.updatePrefixCacheLocked(m.PrefixCache, src, now)
 	w.publishLocked()
 	w.mu.Unlock()
 	w.setTelemetryErr(&w.st.metricsErr, "metrics", url, err)
@@ -260,6 +261,9 @@ func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
 	if changed {
 		w.st.slots = p.TotalSlots
 		w.publishLocked()
+	}
+	if err == nil {
+		w.st.bos = p.BOSToken
 	}
 	if err == nil && p.NCtx > 0 && w.st.slotsErr != "" {
 		// /slots is off (--no-slots): the defaults' n_ctx stands in.

@@ -71,6 +71,18 @@ type workerState struct {
 	slotsErr string
 
 	queue, running, kv, gpu scheduler.Reading
+
+	// What the worker says of its prompt cache: llama.cpp's slots'
+	// prompts as block hashes (nil when it does not say), the model's BOS
+	// text from /props that starts each of them, the KV cache size, and
+	// vLLM's prefix-cache counters at the last scrape with the hit rate
+	// between the last two.
+	cacheReport               *scheduler.CacheReport
+	bos                       string
+	kvTokens                  int
+	prefixQueries, prefixHits float64
+	prefixAt                  time.Time
+	prefixHitRate             scheduler.Reading
 }
 
 func newWorker(cfg WorkerConfig, opts *Options) *Worker {
@@ -203,6 +215,9 @@ func (w *Worker) buildLocked() *scheduler.Snapshot {
 		QueueLen:      st.queue,
 		KVPressure:    st.kv,
 		GPUUtil:       st.gpu,
+		KVCacheTokens: st.kvTokens,
+		PrefixHitRate: st.prefixHitRate,
+		CacheReport:   st.cacheReport,
 	}
 }
 
@@ -244,6 +259,15 @@ type State struct {
 	Running    scheduler.Reading `json:"running"`
 	KVPressure scheduler.Reading `json:"kv_pressure"`
 	GPUUtil    scheduler.Reading `json:"gpu_util"`
+	// KVCacheTokens is the KV cache size the worker reports (it sizes the
+	// router's prefix index); 0 when unknown.
+	KVCacheTokens int `json:"kv_cache_tokens,omitempty"`
+	// PrefixHitRate is the share of prompt tokens the worker found in its
+	// own prefix cache between its last two scrapes (vLLM).
+	PrefixHitRate scheduler.Reading `json:"prefix_hit_rate,omitzero"`
+	// CacheReport summarises what the worker says its slots hold
+	// (llama.cpp /slots with prompts); nil when it says nothing.
+	CacheReport *scheduler.CacheReport `json:"cache_report,omitempty"`
 	// Stale lists the readings older than StaleAfter.
 	Stale []string `json:"stale,omitempty"`
 }
@@ -263,6 +287,7 @@ func (w *Worker) State() State {
 		Models: slices.Clone(st.models), ConfigModels: slices.Clone(w.cfg.Models), Slots: st.slots,
 		ContextTokens: st.context, SlotsError: st.slotsErr,
 		QueueLen: st.queue, Running: st.running, KVPressure: st.kv, GPUUtil: st.gpu,
+		KVCacheTokens: st.kvTokens, PrefixHitRate: st.prefixHitRate, CacheReport: st.cacheReport,
 	}
 	for _, r := range []struct {
 		name string
