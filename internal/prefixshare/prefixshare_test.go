@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -266,12 +267,18 @@ func BenchmarkPropagation(b *testing.B) {
 	a := replica(b, srv, "a", replicaOpts{})
 	r := replica(b, srv, "b", replicaOpts{})
 	i := 0
+	var took []time.Duration
 	for b.Loop() {
 		i++
 		c := conv(i, 4)
+		start := time.Now()
 		a.Record("m", c, "w")
 		waitFor(b, r, "B sees the record", func() bool { return r.Match("m", c, "w") == 1 })
+		took = append(took, time.Since(start))
 	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds()), "p99-µs")
 }
 
 // BenchmarkRecord measures the pick path's Record: the local index plus a
