@@ -140,13 +140,20 @@ type Message struct {
 	Content json.RawMessage `json:"content"`
 }
 
+// TextWriter is what Render writes to: a *Hasher, or a *strings.Builder
+// for the text itself (PromptText).
+type TextWriter interface {
+	Write(p []byte) (int, error)
+	WriteString(s string) (int, error)
+}
+
 // Render writes the canonical text of a chat conversation to hs: for each
 // message in order, "<|role|>\n", its content and "\n". It approximates a
 // chat template (each template wraps role and content in its own markers;
 // the router does not know which the worker applies) and keeps the
 // property that matters: a conversation's rendering is a prefix of the
 // rendering of the same conversation with more messages.
-func Render(hs *Hasher, msgs []Message) {
+func Render(hs TextWriter, msgs []Message) {
 	for _, m := range msgs {
 		hs.WriteString("<|")
 		hs.WriteString(m.Role)
@@ -159,7 +166,7 @@ func Render(hs *Hasher, msgs []Message) {
 // writeContent writes a message content: a string as its text, an array
 // of parts as the text of each part (other parts, e.g. images, by their
 // JSON), anything else as its JSON.
-func writeContent(hs *Hasher, raw json.RawMessage) {
+func writeContent(hs TextWriter, raw json.RawMessage) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return
 	}

@@ -190,6 +190,9 @@ type Request struct {
 	// PrefixBlockTokens below 1: no prefix caching for this request.
 	Prefix            []uint64
 	PrefixBlockTokens int
+	// Text is the prompt's text as the worker's /slots reports it; the
+	// engine only hands it back (SlotState.Prompt).
+	Text string
 }
 
 // Result is what a finished (or cancelled) sequence reports.
@@ -272,9 +275,10 @@ type Engine struct {
 	now     time.Time
 	nextID  uint64
 
-	queue   []*Seq // FIFO of deferred sequences, front first
-	running []*Seq // resident sequences in admission order
-	slots   []*Seq // slot id -> occupant
+	queue   []*Seq   // FIFO of deferred sequences, front first
+	running []*Seq   // resident sequences in admission order
+	slots   []*Seq   // slot id -> occupant
+	texts   []string // slot id -> Request.Text of its latest occupant
 	kvUsed  int
 
 	busy         bool
@@ -325,6 +329,7 @@ func NewEngine(p Params, start time.Time) *Engine {
 		created: start,
 		now:     start,
 		slots:   make([]*Seq, p.Slots),
+		texts:   make([]string, p.Slots),
 		factor:  1,
 	}
 }
@@ -503,6 +508,7 @@ func (e *Engine) admit() {
 		for i, o := range e.slots {
 			if o == nil {
 				e.slots[i], s.slot = s, i
+				e.texts[i] = s.req.Text
 				break
 			}
 		}
@@ -791,6 +797,9 @@ type SlotState struct {
 	PromptTokens int
 	Decoded      int
 	Remaining    int
+	// Prompt is the Request.Text of the occupant, or of the slot's latest
+	// one when it is free (llama-server reports the last task's prompt).
+	Prompt string
 }
 
 // Slots advances to now and returns the state of every slot, by id.
@@ -798,9 +807,9 @@ func (e *Engine) Slots(now time.Time) []SlotState {
 	e.advance(now)
 	out := make([]SlotState, len(e.slots))
 	for i, s := range e.slots {
-		out[i].ID = i
+		out[i].ID, out[i].Prompt = i, e.texts[i]
 		if s != nil {
-			out[i] = SlotState{ID: i, Busy: true, SeqID: s.id, PromptTokens: s.req.PromptTokens, Decoded: s.generated, Remaining: s.target - s.generated}
+			out[i] = SlotState{ID: i, Busy: true, SeqID: s.id, PromptTokens: s.req.PromptTokens, Decoded: s.generated, Remaining: s.target - s.generated, Prompt: e.texts[i]}
 		}
 	}
 	return out

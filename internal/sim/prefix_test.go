@@ -2,9 +2,14 @@ package sim
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/telemetry"
 )
 
 // runOne submits r alone at now on e, drains e and returns its result.
@@ -109,5 +114,58 @@ func TestServer_PromptCache(t *testing.T) {
 	}
 	if got, want := second.Timings.PromptN, first.Timings.PromptN-8*128; got != want {
 		t.Fatalf("second request: prompt_n %d, want %d (the uncached rest)", got, want)
+	}
+}
+
+// TestServer_SlotsReportPrompts: after a chat request, then a raw prompt,
+// /slots shows the slot's prompt as llama-server does (BOS text first),
+// and the fleet's reading of it (the router's blocks after the BOS) is
+// exactly the blocks the router computes for the request.
+func TestServer_SlotsReportPrompts(t *testing.T) {
+	_, hs := newTestServer(t, testParams(), 1000)
+	get := func(path string) io.ReadCloser {
+		t.Helper()
+		resp, err := http.Get(hs.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Body
+	}
+	body := get("/props")
+	props, err := telemetry.ParseLlamaCPPProps(body)
+	body.Close()
+	if err != nil || props.BOSToken == "" {
+		t.Fatalf("props %+v, %v", props, err)
+	}
+	long := strings.Repeat("the same long document ", 60)
+	for _, tt := range []struct{ path, body string }{
+		{"/v1/chat/completions", fmt.Sprintf(`{"messages":[{"role":"system","content":%q},{"role":"user","content":"hi"}],"max_tokens":2}`, long)},
+		{"/completion", fmt.Sprintf(`{"prompt":%q,"n_predict":2}`, long+"Q:")},
+	} {
+		post(t, hs.URL+tt.path, tt.body).Body.Close()
+		body := get("/slots")
+		slots, err := telemetry.ParseLlamaCPPSlots(body)
+		body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := map[uint64]bool{}
+		for _, s := range slots.Slots {
+			if s.Prompt != "" && !strings.HasPrefix(s.Prompt, props.BOSToken) {
+				t.Errorf("slot %d prompt does not start with the BOS text %q: %.40q", s.ID, props.BOSToken, s.Prompt)
+			}
+			for _, h := range prefix.Text(strings.TrimPrefix(s.Prompt, props.BOSToken), prefix.BlockBytes) {
+				held[h] = true
+			}
+		}
+		hashes := prefix.FromBody([]byte(tt.body), prefix.BlockBytes)
+		if len(hashes) < 2 {
+			t.Fatalf("test prompt too short: %d blocks", len(hashes))
+		}
+		for i, h := range hashes {
+			if !held[h] {
+				t.Errorf("%s: block %d of the request not in /slots", tt.path, i)
+			}
+		}
 	}
 }

@@ -298,7 +298,7 @@ func (s *Server) slotJSON(st SlotState) map[string]any {
 			"stream":      true,
 			"ignore_eos":  false,
 		},
-		"prompt": "",
+		"prompt": st.Prompt,
 		"next_token": map[string]any{
 			"has_next_token": st.Busy,
 			"has_new_line":   false,
@@ -309,6 +309,14 @@ func (s *Server) slotJSON(st SlotState) map[string]any {
 	}
 }
 
+// simBOS is the simulated model's BOS text (/props bos_token), which
+// starts every prompt /slots reports.
+const simBOS = "<|begin_of_text|>"
+
+// handleSlots writes llama-server's GET /slots: every slot with the prompt
+// it holds (its occupant's, or its latest one's when free), as builds
+// before the prompt went behind LLAMA_SERVER_SLOTS_DEBUG, and current
+// ones with it, do.
 func (s *Server) handleSlots(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	slots := s.eng.Slots(s.modelNow())
@@ -328,7 +336,7 @@ func (s *Server) handleProps(w http.ResponseWriter, _ *http.Request) {
 		"model_path":                  "/models/" + s.p.Model + ".gguf",
 		"modalities":                  map[string]bool{"vision": false, "audio": false},
 		"chat_template":               "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n{{ message['content'] }}<|eot_id|>{% endfor %}",
-		"bos_token":                   "<|begin_of_text|>",
+		"bos_token":                   simBOS,
 		"eos_token":                   "<|eot_id|>",
 		"build_info":                  "sluice-sim",
 	})
@@ -467,6 +475,10 @@ func parseGenRequest(kind genKind, body io.Reader) (genRequest, error) {
 		// The prompt cache: blocks of the rendered text, as the router
 		// guesses them (a real server's blocks are of real tokens).
 		g.req.Prefix, g.req.PrefixBlockTokens = prefix.FromFields(wr.Messages, wr.Prompt, prefix.BlockBytes), prefix.BlockTokens
+		// What /slots shows the slot holding: llama-server's detokenized
+		// prompt starts with the BOS text /props names, and the rest is
+		// this server's "chat template", the router's rendering.
+		g.req.Text = simBOS + prefix.PromptText(wr.Messages, wr.Prompt)
 	}
 	limit := -1
 	for _, v := range []*int{wr.NPredict, wr.MaxTokens, wr.MaxCompletionTokens} {
