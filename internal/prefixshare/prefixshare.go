@@ -12,8 +12,10 @@
 // queued to one stream, prefix + "prefix:records", with XADD MAXLEN ~ N,
 // several records per round trip. A follower goroutine reads the stream
 // with XREAD BLOCK from the last entry it saw and applies the other
-// replicas' records (each entry names its replica; its own are skipped) to
-// the local index with prefix.Index.Apply, timed by the entry's ID.
+// replicas' records to the local index with prefix.Index.Apply, timed by
+// the entry's ID. Each entry names its replica and when its Index was
+// made: the follower skips its own Index's entries, not those a replica of
+// the same name recorded before it restarted.
 //
 // A stream rather than the alternatives:
 //
@@ -136,8 +138,10 @@ type Config struct {
 	Redis *redis.Options
 	// Prefix starts the stream's key (e.g. "sluice:").
 	Prefix string
-	// Replica names this router, unique among the replicas: its own
-	// entries are skipped.
+	// Replica names this router, unique among the replicas. Entries
+	// carry it with the time this Index was made, and the follower skips
+	// those of this Index only: a replica restarted under the same name
+	// warms up from what it recorded before.
 	Replica string
 	// Local is the replica's index: Match reads it, Record and the other
 	// replicas' records update it. Its TTL is the stream's window.
@@ -161,6 +165,7 @@ type Config struct {
 // Record also published (see the package doc).
 type Index struct {
 	cfg   Config
+	self  string // this Index's tag in its entries: replica and start
 	local *prefix.Index
 	key   string
 	queue chan record
@@ -207,6 +212,7 @@ func New(cfg Config) (*Index, error) {
 	}
 	return &Index{
 		cfg: cfg, local: cfg.Local, key: cfg.Prefix + "prefix:records",
+		self:  cfg.Replica + "@" + strconv.FormatInt(time.Now().UnixNano(), 36),
 		queue: make(chan record, cfg.Queue), changed: make(chan struct{}),
 	}, nil
 }
@@ -363,7 +369,7 @@ func (x *Index) publish(ctx context.Context, pub *redis.Client) {
 			for _, r := range batch {
 				p.XAdd(ctx, &redis.XAddArgs{
 					Stream: x.key, MaxLen: x.cfg.MaxLen, Approx: true,
-					Values: []any{"r", x.cfg.Replica, "m", r.model, "w", r.worker, "h", r.hashes},
+					Values: []any{"r", x.self, "m", r.model, "w", r.worker, "h", r.hashes},
 				})
 			}
 			p.PExpire(ctx, x.key, x.local.TTL())
@@ -463,12 +469,14 @@ func (x *Index) apply(v map[string]any, id streamID, offset time.Duration, live 
 	model, _ := v["m"].(string)
 	worker, _ := v["w"].(string)
 	raw, _ := v["h"].(string)
-	if replica == x.cfg.Replica || model == "" || worker == "" || len(raw) == 0 || len(raw)%8 != 0 {
+	if replica == x.self || model == "" || worker == "" || len(raw) == 0 || len(raw)%8 != 0 {
 		return false
 	}
-	hashes := make([]uint64, 0, min(len(raw)/8, x.local.Capacity(worker)))
-	for i := 0; i+8 <= len(raw) && len(hashes) < cap(hashes); i += 8 {
-		hashes = append(hashes, binary.LittleEndian.Uint64([]byte(raw[i:i+8])))
+	hashes := make([]uint64, min(len(raw)/8, x.local.Capacity(worker)))
+	for i := range hashes {
+		b := raw[8*i : 8*i+8]
+		hashes[i] = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
+			uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 	}
 	at := time.UnixMilli(int64(id.ms)).Add(offset)
 	x.local.Apply(model, hashes, worker, at)

@@ -258,6 +258,16 @@ func TestShare_LateReplicaWarmsUp(t *testing.T) {
 	if s := late.Stats(); s.Lag != 0 {
 		t.Errorf("warm-up entries counted in the lag: %v", s.Lag)
 	}
+
+	// A restarted A (same name, new process) warms up from what it
+	// recorded before: only the running Index's own entries are skipped.
+	again := replica(t, srv, "a", replicaOpts{ttl: ttl})
+	waitFor(t, again, "the restarted replica applies its earlier records", func() bool { return again.Stats().Applied == uint64(len(convs)) })
+	for i, c := range convs {
+		if got := again.Match("m", c, "w"); got != 1 {
+			t.Errorf("conversation %d on the restarted replica: Match = %v, want 1", i, got)
+		}
+	}
 }
 
 // BenchmarkPropagation measures the delay from a Record on one replica to
