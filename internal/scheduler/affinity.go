@@ -73,7 +73,7 @@ func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
 	if len(req.Prefix) == 0 {
 		return 0
 	}
-	c := Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snapshot(), Stats: s.statsOf(w)}
+	c := Candidate{Name: w.spec.Name, Active: w.active, Snap: w.snapshot()}
 	s.prefixMatchLocked(req, &c)
 	return c.PrefixMatch
 }
