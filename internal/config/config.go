@@ -299,8 +299,9 @@ type Admission struct {
 	// tenant not listed weighs 1.
 	TenantWeights map[string]float64 `yaml:"tenant_weights"`
 	// MaxOvertake is the aging bound of the queue order: no request is
-	// overtaken by a higher class, or by a cheaper request of its tenant,
-	// that arrived more than this after it.
+	// overtaken by a higher class, by a cheaper request of its tenant, or
+	// by a request whose prompt prefix the freed worker holds, that
+	// arrived more than this after it.
 	MaxOvertake time.Duration `yaml:"max_overtake"`
 	// ShortestFirst orders each tenant's requests cheapest first (prompt
 	// plus expected output tokens), bounded by MaxOvertake; off, they go

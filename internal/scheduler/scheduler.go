@@ -121,7 +121,8 @@ type Config struct {
 	// MaxOvertake is the aging bound of the queue order: no request is
 	// bound before a waiting one that arrived more than MaxOvertake
 	// earlier, unless it is a retry or of the same class and another
-	// tenant (fair share decides there). DefaultMaxOvertake when 0.
+	// tenant (fair share decides there). Prefix affinity under a backlog
+	// overtakes within it too (affinity.go). DefaultMaxOvertake when 0.
 	MaxOvertake time.Duration
 	// ShortestFirst orders each tenant's requests cheapest first (by
 	// expected tokens), bounded by MaxOvertake; otherwise they go in
