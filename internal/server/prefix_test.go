@@ -3,11 +3,16 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/sim"
 )
 
 // chatTurns renders a chat request body from role/content pairs.
@@ -80,5 +85,72 @@ func TestRouter_ConversationReturnsToItsWorker(t *testing.T) {
 	readAll(t, resp)
 	if got := resp.Header.Get("X-Sluice-Worker"); got == first {
 		t.Fatalf("an unrelated conversation went to %s too; want the least recently picked worker", got)
+	}
+}
+
+// TestRouter_WorkerReportBeatsTheGuess: a simulated llama-server served a
+// long prompt that never went through the router (another client, or a
+// router restarted since). Its /slots says it holds the prompt; the next
+// request extending that prompt goes there, not to the worker the tie
+// would give it to, and the record names the worker's report. The other
+// worker reports too, holding none of it, and the guess stays the source
+// there.
+func TestRouter_WorkerReportBeatsTheGuess(t *testing.T) {
+	var specs []sim.WorkerSpec
+	for _, name := range []string{"gpu0", "gpu1"} {
+		p := sim.DefaultParams()
+		p.StartupDelay = 0
+		specs = append(specs, sim.WorkerSpec{Name: name, Params: p, TimeScale: 100})
+	}
+	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Close()
+	cfg := config.DefaultConfig()
+	cfg.Stats.Store = filepath.Join(t.TempDir(), "stats.db")
+	cfg.Telemetry.Interval = time.Hour // scraped below, when the test says
+	cfg.Telemetry.StaleAfter = time.Hour
+	var urls []string
+	for _, w := range fl.Workers() {
+		<-w.Server.Ready()
+		urls = append(urls, w.URL)
+		cfg.Workers = append(cfg.Workers, config.Worker{Name: w.Name, URL: w.URL, Kind: "llamacpp"})
+	}
+	r := startRouter(t, cfg)
+	model := specs[0].Params.Model
+
+	doc := strings.Repeat("A long shared document about KV caches and prefill. ", 60)
+	direct, err := http.Post(urls[1]+"/completion", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"prompt":%q,"n_predict":2}`, doc)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, direct)
+	for _, name := range []string{"gpu0", "gpu1"} {
+		if err := r.srv.fleet.ScrapeNow(context.Background(), name); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	resp, err := http.Post(r.url+"/v1/completions", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"model":%q,"max_tokens":2,"prompt":%q}`, model, doc+"Summarise it.")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, text)
+	}
+	if got := resp.Header.Get("X-Sluice-Worker"); got != "gpu1" {
+		t.Fatalf("the request went to %s; want gpu1, whose /slots holds its prefix", got)
+	}
+	rec := record(t, r, resp)
+	held, ok := prefixTerm(rec, "gpu1")
+	if !ok || held.Raw < 0.9 || !strings.HasPrefix(held.Source, "worker report (llama.cpp /slots, ") || held.AgeMs <= 0 {
+		t.Errorf("gpu1's prefix term %+v (found %v); want a match near 1 from its /slots report, with the report's age", held, ok)
+	}
+	other, ok := prefixTerm(rec, "gpu0")
+	if !ok || other.Raw != 0 || !strings.HasPrefix(other.Source, "router index (guess); llama.cpp /slots report ") {
+		t.Errorf("gpu0's prefix term %+v (found %v); want 0 from the router index, its report holding none", other, ok)
 	}
 }
