@@ -86,7 +86,7 @@ func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
 func (s *Scheduler) affinityBorrowLocked(req Request, elig []*worker, idx []int) ([]*worker, []int) {
 	for i, w := range s.workers {
 		lim := &w.lim
-		if w.why != whyFull || lim.source != LimitLearned || lim.floor <= 0 || lim.sat != satNone ||
+		if w.why != whyFull || lim.source != srcLearned || lim.floor <= 0 || lim.sat != satNone ||
 			lim.limit != lim.learned || w.active != lim.learned || w.active >= lim.cap {
 			continue
 		}

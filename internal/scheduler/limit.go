@@ -123,10 +123,10 @@ const (
 // the reason is put in words only when a record or API is read, so the
 // hot path formats nothing.
 type limitState struct {
-	limit   int    // in force for a new request
-	learned int    // what the controller learned (limit without borrowing)
-	cap     int    // the most it may ever be
-	source  string // one of the Limit* constants
+	limit   int         // in force for a new request
+	learned int         // what the controller learned (limit without borrowing)
+	cap     int         // the most it may ever be
+	source  limitSource // where it came from
 	floor   float64
 
 	why    uint8         // one of the why* constants below
@@ -139,6 +139,34 @@ type limitState struct {
 	borrow int           // streams borrowed over the learned limit
 	waited time.Duration // the queue wait that allowed borrowing
 	prefix float64       // >0: one stream over the learned limit for a request this much of whose prefix is cached (affinity.go)
+}
+
+// limitSource is where a limit came from, one of the Limit* sources as a
+// number, so that a limitState, written for every worker on every pick,
+// holds no pointer. The zero value is none (a baseline policy's).
+type limitSource uint8
+
+const (
+	srcNone limitSource = iota
+	srcConfig
+	srcSlots
+	srcDefault
+	srcLearned
+)
+
+// String returns the source's name (LimitFromConfig, ...), "" for none.
+func (s limitSource) String() string {
+	switch s {
+	case srcConfig:
+		return LimitFromConfig
+	case srcSlots:
+		return LimitFromSlots
+	case srcDefault:
+		return LimitFromDefault
+	case srcLearned:
+		return LimitLearned
+	}
+	return ""
 }
 
 const (
@@ -196,16 +224,16 @@ func (st limitState) String() string {
 
 // capOf is the most a worker may run: its max_concurrency, else its
 // reported slots, else the default cap (learning) or 1 (fixed).
-func (s *Scheduler) capOf(w *worker, snap *Snapshot) (int, string) {
+func (s *Scheduler) capOf(w *worker, snap *Snapshot) (int, limitSource) {
 	switch {
 	case w.spec.MaxConcurrency > 0:
-		return w.spec.MaxConcurrency, LimitFromConfig
+		return w.spec.MaxConcurrency, srcConfig
 	case snap.Slots > 0:
-		return snap.Slots, LimitFromSlots
+		return snap.Slots, srcSlots
 	case s.limits.Fixed:
-		return 1, LimitFromDefault
+		return 1, srcDefault
 	}
-	return s.limits.DefaultCap, LimitFromDefault
+	return s.limits.DefaultCap, srcDefault
 }
 
 // floorFor returns the decode-rate floor for model: configured, or
@@ -264,12 +292,12 @@ func (s *Scheduler) limitInto(st *limitState, w *worker, snap *Snapshot, ws *sta
 // record can redo it from the values it kept when it is read: the cap and
 // its source, the worker's in-flight count, stats and telemetry (both
 // immutable values), the floor and the queue wait.
-func (c *LimitConfig) limitOf(st *limitState, staleAfter time.Duration, capN int, src string, active int, ws *stats.WorkerStats, snap *Snapshot, floor float64, waited time.Duration, now time.Time) {
+func (c *LimitConfig) limitOf(st *limitState, staleAfter time.Duration, capN int, src limitSource, active int, ws *stats.WorkerStats, snap *Snapshot, floor float64, waited time.Duration, now time.Time) {
 	if c.Fixed {
 		*st = limitState{limit: capN, learned: capN, cap: capN, source: src, why: whyFixed}
 		return
 	}
-	*st = limitState{cap: capN, source: LimitLearned, floor: floor}
+	*st = limitState{cap: capN, source: srcLearned, floor: floor}
 	c.learn(st, ws, now)
 	st.limit = st.learned
 	if kind, v := saturated(snap, now, staleAfter); kind != satNone && active < st.limit {
@@ -336,7 +364,7 @@ type limitMove struct {
 
 // noteLimitLocked remembers when the learned limit of w changed and why.
 func (w *worker) noteLimitLocked(st *limitState, now time.Time) {
-	if st.source != LimitLearned {
+	if st.source != srcLearned {
 		return
 	}
 	if !w.moved.known {

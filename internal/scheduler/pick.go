@@ -30,7 +30,6 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 			best = bestSolo(best, w.st)
 		}
 	}
-	defer s.forgetPickLocked() // keep no snapshot alive on the workers
 	var floor float64
 	var waited time.Duration
 	if learning {
@@ -85,7 +84,6 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 			s.prefixMatchLocked(req, &cands[len(cands)-1])
 		}
 		s.candBuf = cands[:0]
-		defer clear(cands)
 		return s.chooseLocked(nil, &req, cands, idx, elig, nil, now), nil
 	}
 	rec := s.newRecordLocked(req, now)
@@ -103,7 +101,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		}
 		c := &rec.Candidates[i]
 		c.Worker, c.Active, c.Limit, c.Eligible = w.spec.Name, w.active, w.lim.limit, w.why == whyEligible
-		c.LimitSource = w.lim.source
+		c.LimitSource = w.lim.source.String()
 		switch w.why {
 		case whyDraining:
 			c.Why = "draining"
@@ -135,8 +133,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st})
 		s.prefixMatchLocked(req, &cands[len(cands)-1])
 	}
-	s.candBuf = cands[:0]
-	defer clear(cands) // the record keeps copies (kept)
+	s.candBuf = cands[:0] // the record keeps copies (kept)
 	w := s.chooseLocked(rec, &req, cands, idx, elig, kept, now)
 	s.explainLimitsLater(rec, kept, floor, waited, now)
 	return w, rec
@@ -155,14 +152,6 @@ type keptWorker struct {
 	prefix   float64 // limitState.prefix: one more stream for a cached prefix
 }
 
-// forgetPickLocked drops what the pick resolved of each worker, so that no
-// snapshot or stats outlive it through the workers.
-func (s *Scheduler) forgetPickLocked() {
-	for _, w := range s.workers {
-		w.snap, w.st = nil, nil
-	}
-}
-
 // explainLimitsLater has rec say, when read, why each worker's limit was
 // what it was; the words are built from values kept now.
 func (s *Scheduler) explainLimitsLater(rec *decisions.Record, kept []keptWorker, floor float64, waited time.Duration, now time.Time) {
@@ -174,7 +163,7 @@ func (s *Scheduler) explainLimitsLater(rec *decisions.Record, kept []keptWorker,
 		for i := range r.Candidates {
 			c, f := &r.Candidates[i], &kept[i]
 			var st limitState
-			lc.limitOf(&st, staleAfter, f.cap, LimitLearned, c.Active, f.cand.Stats, f.cand.Snap, floor, waited, now)
+			lc.limitOf(&st, staleAfter, f.cap, srcLearned, c.Active, f.cand.Stats, f.cand.Snap, floor, waited, now)
 			if f.prefix > 0 { // made one stream over by affinityBorrowLocked
 				st.limit, st.prefix = c.Active+1, f.prefix
 			}

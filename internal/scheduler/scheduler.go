@@ -254,8 +254,11 @@ type worker struct {
 	lastIdx  int               // its index among last's candidates
 	statsAt  stats.Handle      // where its stats are, for statsOf
 
-	// What the pick in progress resolved of the worker, once per pick
-	// (see pickLocked); snap and st are cleared when it ends.
+	// What the latest pick resolved of the worker, once per pick (see
+	// pickLocked). They are not cleared after it, as the candidate buffer
+	// is not: clearing costs a write per worker on every pick, and what
+	// they keep alive until the next is only the snapshot and stats the
+	// worker last published.
 	snap    *Snapshot
 	st      *stats.WorkerStats
 	lim     limitState

@@ -71,7 +71,7 @@ func (s *Scheduler) Workers() []WorkerState {
 		out = append(out, WorkerState{
 			Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Reason: snap.HealthReason,
 			Draining: w.draining, Active: w.active, JobCost: w.cost,
-			Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, LimitSource: lim.source, Floor: lim.floor,
+			Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, LimitSource: lim.source.String(), Floor: lim.floor,
 			Snapshot: snap,
 		})
 		lasts = append(lasts, last{w.last, w.lastIdx})
