@@ -39,8 +39,14 @@ end
 // never queued), 4 this replica's member prefix ("replica|"), then per
 // candidate: name, score without the active term, active weight, limit.
 //
+// The turn is the replica's whose waiter is the oldest of the model: any
+// request of that replica may go (its own queue order chose it, and may
+// have let a cheaper one overtake its oldest), the others' wait. Comparing
+// each request's own age instead would deadlock two replicas whose queues
+// each picked a request younger than one of the other's.
+//
 // Returns {"ok", index (1-based), actives...}, {"full", actives...} or
-// {"turn", older member}. actives are the shared in-flight counts before
+// {"turn", oldest member}. actives are the shared in-flight counts before
 // the pick, in candidate order.
 var pickScript = redis.NewScript(prelude + `
 local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', nowms)
@@ -49,16 +55,9 @@ if #dead > 0 then
   redis.call('ZREM', KEYS[4], unpack(dead))
 end
 local me, mine = ARGV[3], ARGV[4]
-local upto = '+inf'
-if me ~= '' then
-  local s = redis.call('ZSCORE', KEYS[3], me)
-  if s then upto = '(' .. s end
-end
-local older = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', upto, 'LIMIT', 0, 64)
-for _, m in ipairs(older) do
-  if string.sub(m, 1, #mine) ~= mine then
-    return {'turn', m}
-  end
+local oldest = redis.call('ZRANGE', KEYS[3], 0, 0)
+if #oldest > 0 and string.sub(oldest[1], 1, #mine) ~= mine then
+  return {'turn', oldest[1]}
 end
 reap(KEYS[5], KEYS[6])
 local n = (#ARGV - 4) / 4

@@ -36,17 +36,20 @@
 // # Freed slots, across replicas
 //
 // Each replica keeps its own admission queue. So that a freed slot goes to
-// the oldest waiting request of any replica, and a busy replica cannot
+// the replica whose request has waited longest, and a busy replica cannot
 // starve the others by re-binding its own queue the instant its request
-// ends, the head of each replica's queue for a model is on a shared waiting
-// list (a ZSET scored by enqueue time on the server's clock, with expiry
-// renewed like a lease). The pick script refuses ("not your turn") a
-// request while an older request of another replica waits for the same
-// model. Release and leaving the waiting list publish on a channel every
-// replica subscribes to, so the one whose turn it is retries at once rather
-// than at its next poll. Pub/sub is only the wake-up: a lost message costs
-// latency (the renew tick retries too), never correctness, which lives in
-// the script.
+// ends, every request queued at a replica is on a shared waiting list for
+// its model (a ZSET scored by enqueue time on the server's clock, with
+// expiry renewed like a lease). The turn is the replica's with the oldest
+// waiter: the pick script refuses ("not your turn") the other replicas'
+// requests while it waits. Which of its requests that replica places is
+// its own queue's choice — priorities and the cost order may let a
+// cheaper one overtake its oldest, as in one router — so two replicas
+// never each wait for the other. Release and leaving the waiting list
+// publish on a channel every replica subscribes to, so the one whose turn
+// it is retries at once rather than at its next poll. Pub/sub is only the
+// wake-up: a lost message costs latency (the renew tick retries too),
+// never correctness, which lives in the script.
 //
 // # Redis failover, restart and outage
 //
@@ -94,8 +97,8 @@ const (
 var (
 	// ErrFull means no candidate has a free slot in the shared view.
 	ErrFull = errors.New("shared: every candidate is at its limit")
-	// ErrNotYourTurn means an older request of another replica waits for
-	// the model; the request stays queued until a wake-up.
+	// ErrNotYourTurn means another replica holds the model's oldest
+	// waiting request; the request stays queued until a wake-up.
 	ErrNotYourTurn = errors.New("shared: an older request of another replica waits for this model")
 	// ErrDegraded means Redis is unreachable or slow: the caller falls
 	// back to its local view (see the package doc).
@@ -166,7 +169,8 @@ type Ledger struct {
 	degraded atomic.Bool
 	lastOK   atomic.Int64 // unix ns of the last successful round trip
 
-	subscribed chan struct{} // tests: closed once Run listens for wake-ups
+	subscribed  chan struct{} // tests: closed once Run listens for wake-ups
+	beforeRenew func()        // tests: runs between a renewal's snapshot and its script
 }
 
 type waiter struct {
@@ -463,6 +467,7 @@ func (l *Ledger) Renew(ctx context.Context) {
 	// Waiters queued while degraded have no enqueue time on the server's
 	// clock; they take this replica's.
 	unknown := map[string]string{}
+	sent := make(map[string]string, len(l.waiters)) // member -> model
 	for m, wt := range l.waiters {
 		us := wt.us
 		if us == "" {
@@ -471,13 +476,18 @@ func (l *Ledger) Renew(ctx context.Context) {
 		}
 		keys = append(keys, l.key("wait", wt.model), l.key("waitexp", wt.model))
 		args = append(args, m, us)
+		sent[m] = wt.model
 	}
 	l.mu.Unlock()
+	if l.beforeRenew != nil {
+		l.beforeRenew()
+	}
 	res, err := l.run(ctx, renewScript, keys, args...)
 	if err != nil {
 		_ = l.fail("renew", err)
 		return
 	}
+	l.unwaitBound(ctx, sent)
 	if len(unknown) > 0 {
 		l.mu.Lock()
 		for m, us := range unknown {
@@ -493,6 +503,29 @@ func (l *Ledger) Renew(ctx context.Context) {
 	}
 	if l.degraded.CompareAndSwap(true, false) {
 		l.log.Warn("shared state: Redis answers again; scheduling across replicas resumed", "leases", leases)
+	}
+}
+
+// unwaitBound takes off the waiting list again the waiters of sent that a
+// Reserve bound while the renewal was on its way — Reserve, unlike
+// Release and Unwait, does not wait for a renewal — which the renewal may
+// have put back: left there, one would hold every other replica's turn
+// until it expired.
+func (l *Ledger) unwaitBound(ctx context.Context, sent map[string]string) {
+	l.mu.Lock()
+	var bound []string
+	for m := range sent {
+		if _, ok := l.waiters[m]; !ok {
+			bound = append(bound, m)
+		}
+	}
+	l.mu.Unlock()
+	for _, m := range bound {
+		model := sent[m]
+		if _, err := l.run(ctx, unwaitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.channel(), model); err != nil {
+			_ = l.fail("renew", err)
+			return
+		}
 	}
 }
 

@@ -240,6 +240,73 @@ func TestWait_OldestRequestOfAnyReplicaBindsFirst(t *testing.T) {
 	}
 }
 
+// TestWait_QueueOrderCannotDeadlockReplicas: a replica's queue need not
+// place its oldest request first (a cheaper one may overtake it within
+// max_overtake), so the turn belongs to the replica holding the oldest
+// waiter, whichever of its requests it places. Were it each request's own
+// age, r0 placing its younger a2 would wait for r1's b1, and r1 placing
+// b2 for r0's a1: neither would ever bind.
+func TestWait_QueueOrderCannotDeadlockReplicas(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	r0 := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
+	r1 := newLedger(t, srv.URL(0), "r1", ledgerOpts{})
+	for _, w := range []struct {
+		l  *Ledger
+		id string
+	}{{r0, "a1"}, {r1, "b1"}, {r0, "a2"}, {r1, "b2"}} {
+		if err := w.l.Wait(ctx, "m", w.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one := cands(1, "w0", "w1")
+	if _, err := r1.Reserve(ctx, "m", "b2", one); !errors.Is(err, ErrNotYourTurn) {
+		t.Fatalf("r1's b2 while r0's a1 is the oldest waiter: %v, want ErrNotYourTurn", err)
+	}
+	if _, err := r0.Reserve(ctx, "m", "a2", one); err != nil {
+		t.Fatalf("r0 holds the oldest waiter, its queue picked a2: %v, want a reservation", err)
+	}
+	if _, err := r1.Reserve(ctx, "m", "b2", one); !errors.Is(err, ErrNotYourTurn) {
+		t.Fatalf("r1's b2 while r0's a1 still waits: %v, want ErrNotYourTurn", err)
+	}
+	if _, err := r0.Reserve(ctx, "m", "a1", one); err != nil {
+		t.Fatalf("r0's a1: %v", err)
+	}
+	if _, err := r1.Reserve(ctx, "m", "b2", one); !errors.Is(err, ErrFull) {
+		t.Fatalf("r1's b2 once r0 waits no more, the two workers taken: %v, want ErrFull", err)
+	}
+}
+
+// TestWait_BoundDuringRenewalLeavesNoWaiter binds a waiter between a
+// renewal's snapshot of the waiters and its script, which re-creates
+// every waiter of the snapshot that Redis lacks: the bound one must not
+// stay on the list, where it would hold the other replicas' turn until it
+// expired.
+func TestWait_BoundDuringRenewalLeavesNoWaiter(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	r0 := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
+	r1 := newLedger(t, srv.URL(0), "r1", ledgerOpts{})
+	if err := r0.Wait(ctx, "m", "a"); err != nil {
+		t.Fatal(err)
+	}
+	r0.beforeRenew = func() {
+		if _, err := r0.Reserve(ctx, "m", "a", cands(1, "w0")); err != nil {
+			t.Errorf("reserve during the renewal: %v", err)
+		}
+	}
+	r0.Renew(ctx)
+	r0.beforeRenew = nil
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	if n, err := rdb.ZCard(ctx, "sluice:shared:wait:m").Result(); err != nil || n != 0 {
+		t.Fatalf("waiting list holds %d members after the waiter was bound (err %v), want 0", n, err)
+	}
+	if _, err := r1.Reserve(ctx, "m", "", cands(1, "w1")); err != nil {
+		t.Fatalf("r1 once r0 waits no more: %v", err)
+	}
+}
+
 func TestWait_AbandonedWaiterStopsBlocking(t *testing.T) {
 	srv := startRedis(t)
 	ctx := context.Background()
