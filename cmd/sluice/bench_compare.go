@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
 	"github.com/sluice-router/sluice/internal/vsim"
@@ -53,6 +54,11 @@ type compareOpts struct {
 	fleetFile      string
 	out            string
 	timeout        time.Duration
+	// replicas, above 1, adds the row "sluice ×N": N routers sharing the
+	// fleet through Redis (redis, or a private redis-server when empty)
+	// behind a round-robin front, next to the one-router row.
+	replicas int
+	redis    string
 	// router, when set, supplies weights, admission, telemetry and stats
 	// settings (and max_concurrency) instead of the defaults.
 	router *config.Config
@@ -89,6 +95,8 @@ func benchCompare(args []string) error {
 	fs.StringVar(&o.fleetFile, "fleet", "", "fleet file (sluice sim --fleet format); default the demo fleet")
 	fs.StringVar(&o.out, "out", "bench-compare", "output directory")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "real HTTP only: per-request timeout (model time)")
+	fs.IntVar(&o.replicas, "replicas", 1, "real HTTP only: above 1, also run Sluice as this many replicas sharing the fleet through Redis (ledger and stats store) behind a round-robin front: the row \"sluice ×N\"")
+	fs.StringVar(&o.redis, "redis", "", "with --replicas: the redis:// URL the replicas share (keys under a prefix of the run's own, deleted at the end); empty starts a private redis-server from PATH")
 	routerFile := fs.String("config", "", "router config (sluice serve format) whose weights, admission, telemetry and stats settings to use; its workers and policy are ignored")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -116,6 +124,19 @@ func benchCompare(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	return runCompare(ctx, o, os.Stderr)
+}
+
+// checkReplicas rejects --replicas and --redis where they cannot apply.
+func checkReplicas(o compareOpts) error {
+	switch {
+	case o.replicas < 0:
+		return fmt.Errorf("--replicas %d: want 1 (one router) or more", o.replicas)
+	case o.replicas > 1 && o.virtual:
+		return errors.New("--replicas is real HTTP only: replicas share state through Redis, which virtual time does not simulate")
+	case o.replicas <= 1 && o.redis != "":
+		return errors.New("--redis is for --replicas above 1")
+	}
+	return nil
 }
 
 func joinPolicies(ps []scheduler.Policy) string {
@@ -213,6 +234,9 @@ func scenarios(o compareOpts, items []bench.Item, capacity float64) ([]scenario,
 // runCompare runs every scenario under every policy and writes the
 // reports; progress goes to logw.
 func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
+	if err := checkReplicas(o); err != nil {
+		return err
+	}
 	fleet := sim.DemoFleet()
 	fleetName := "sim.DemoFleet() (gpu-0, gpu-1 reference A100; gpu-2-slow speed 0.6; gpu-3-small-kv 8,192 KV tokens)"
 	if o.fleetFile != "" {
@@ -233,6 +257,22 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	scens, err := scenarios(o, items, capacity)
 	if err != nil {
 		return err
+	}
+	redisDesc := ""
+	if o.replicas > 1 {
+		if o.redis == "" {
+			r, err := startPrivateRedis(ctx)
+			if err != nil {
+				return err
+			}
+			defer r.Stop()
+			o.redis = r.URL()
+			redisDesc = "a private redis-server on " + r.addr + ", started for the run"
+			fmt.Fprintf(logw, "redis: started a private redis-server on %s for the %d replicas; it stops at the end (--redis URL to use another)\n", r.addr, o.replicas)
+		} else {
+			redisDesc = redisconn.Redact(o.redis)
+			fmt.Fprintf(logw, "redis: the %d replicas share %s (keys under a prefix of each run's own, deleted at its end)\n", o.replicas, redisDesc)
+		}
 	}
 	mode := fmt.Sprintf("real HTTP on loopback (sim fleet at time scale %g; times converted back to model time)", o.timeScale)
 	if o.virtual {
@@ -258,28 +298,44 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	if o.router != nil {
 		admission = fmt.Sprintf("max_queue %d, queue_timeout %v, weights %+v (from --config)", o.router.Admission.MaxQueue, o.router.Admission.QueueTimeout, o.router.Weights)
 	}
-	fmt.Fprintf(&md, "- Sluice max_concurrency: %s; baselines ignore it. Router: %s.\n\n", mc, admission)
+	fmt.Fprintf(&md, "- Sluice max_concurrency: %s; baselines ignore it. Router: %s.\n", mc, admission)
+	if o.replicas > 1 {
+		fmt.Fprintf(&md, "- Row \"%s\": %d Sluice routers in this process sharing the fleet through %s — the reservation ledger (shared.redis) and the stats store (stats.store) — behind a round-robin HTTP front on loopback (request i to replica i mod %d); the other rows are one router each, without the front.\n",
+			replicasRow(o.replicas), o.replicas, redisDesc, o.replicas)
+	}
+	fmt.Fprintln(&md)
 
 	for _, sc := range scens {
 		var runs []bench.NamedRun
 		var limits []scheduler.WorkerState
+		var one, many *vsim.HTTPStats
 		for _, p := range o.policies {
 			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, p, len(sc.items))
-			res, ws, err := runPolicy(ctx, o, fleet, p, sc.items, logw)
+			res, ws, hs, err := runPolicy(ctx, o, fleet, p, 1, sc.items, logw)
 			if err != nil {
 				return fmt.Errorf("%s, policy %s: %w", sc.name, p, err)
 			}
 			if p == scheduler.PolicySluice {
-				limits = ws
+				limits, one = ws, &hs
 			}
 			runs = append(runs, bench.NamedRun{Name: string(p), Results: res})
+		}
+		if o.replicas > 1 {
+			name := replicasRow(o.replicas)
+			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, name, len(sc.items))
+			res, _, hs, err := runPolicy(ctx, o, fleet, scheduler.PolicySluice, o.replicas, sc.items, logw)
+			if err != nil {
+				return fmt.Errorf("%s, %s: %w", sc.name, name, err)
+			}
+			many = &hs
+			runs = append(runs, bench.NamedRun{Name: name, Results: res})
 		}
 		dir := filepath.Join(o.out, sc.name)
 		if _, err := bench.WriteReport(dir, runs); err != nil {
 			return err
 		}
 		for _, r := range runs {
-			if err := writeFile(filepath.Join(dir, r.Name+".csv"), func(f *os.File) error { return bench.WriteCSV(f, r.Results) }); err != nil {
+			if err := writeFile(filepath.Join(dir, csvName(r.Name)), func(f *os.File) error { return bench.WriteCSV(f, r.Results) }); err != nil {
 				return err
 			}
 		}
@@ -289,6 +345,7 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 		}
 		fmt.Fprintf(&md, "```\n\n")
 		writeGoals(&md, sc, runs, o.virtual, o.timeScale)
+		writeReplicas(&md, runs, one, many)
 		writeLimits(&md, limits)
 	}
 	path := filepath.Join(o.out, "summary.md")
@@ -300,8 +357,9 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	return nil
 }
 
-// runPolicy runs one scenario under one policy, with a fresh fleet.
-func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p scheduler.Policy, items []bench.Item, logw *os.File) ([]bench.Result, []scheduler.WorkerState, error) {
+// runPolicy runs one scenario under one policy, with a fresh fleet, and
+// over real HTTP through that many router replicas.
+func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p scheduler.Policy, replicas int, items []bench.Item, logw *os.File) ([]bench.Result, []scheduler.WorkerState, vsim.HTTPStats, error) {
 	cfg := vsim.DefaultConfig(fleet)
 	if o.router != nil {
 		cfg = vsim.FromRouterConfig(*o.router, fleet)
@@ -309,11 +367,83 @@ func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p sch
 	cfg.Policy, cfg.Seed, cfg.MaxConcurrency = p, o.seed, o.maxConcurrency
 	if o.virtual {
 		res, st, err := vsim.RunStats(cfg, items)
-		return res, st.Workers, err
+		return res, st.Workers, vsim.HTTPStats{}, err
 	}
-	res, err := vsim.RunHTTP(ctx, vsim.HTTPConfig{Router: cfg, TimeScale: o.timeScale, Timeout: o.timeout,
-		Progress: bench.ProgressBar(logw, term.IsTerminal(int(logw.Fd())))}, items)
-	return res, nil, err
+	hc := vsim.HTTPConfig{Router: cfg, TimeScale: o.timeScale, Timeout: o.timeout,
+		Progress: bench.ProgressBar(logw, term.IsTerminal(int(logw.Fd())))}
+	if replicas > 1 {
+		hc.Replicas, hc.Redis = replicas, o.redis
+	}
+	res, hs, err := vsim.RunHTTPStats(ctx, hc, items)
+	return res, nil, hs, err
+}
+
+// replicasRow names the row of n replicas.
+func replicasRow(n int) string { return fmt.Sprintf("sluice ×%d", n) }
+
+// csvName is the file of a run's rows: its name, "sluice ×3" as
+// "sluice-x3".
+func csvName(run string) string {
+	return strings.NewReplacer(" ×", "-x", " ", "-", "/", "-").Replace(run) + ".csv"
+}
+
+// writeReplicas sets the replicas' row against the one router's and
+// states what they kept: the workers' limits across replicas, every
+// request decided once by a replica naming itself, every reservation
+// released.
+func writeReplicas(md *bytes.Buffer, runs []bench.NamedRun, one, many *vsim.HTTPStats) {
+	if many == nil {
+		return
+	}
+	sum := map[string]bench.Summary{}
+	var name string
+	for _, r := range runs {
+		sum[r.Name] = r.Summary()
+		if strings.HasPrefix(r.Name, "sluice ×") {
+			name = r.Name
+		}
+	}
+	m := sum[name]
+	fmt.Fprintf(md, "%d replicas against one:\n\n", len(many.Replicas))
+	if s, ok := sum[string(scheduler.PolicySluice)]; ok {
+		ratio := func(a, b float64) string {
+			if b == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f", a/b)
+		}
+		fmt.Fprintf(md, "| | sluice | %s | ratio |\n| --- | ---: | ---: | ---: |\n", name)
+		fmt.Fprintf(md, "| TTFT p50 (ms) | %.0f | %.0f | %s |\n", s.TTFT.P50, m.TTFT.P50, ratio(m.TTFT.P50, s.TTFT.P50))
+		fmt.Fprintf(md, "| TTFT p99 (ms) | %.0f | %.0f | %s |\n", s.TTFT.P99, m.TTFT.P99, ratio(m.TTFT.P99, s.TTFT.P99))
+		fmt.Fprintf(md, "| output (tok/s) | %.1f | %.1f | %s |\n", s.OutputTokensPerSec, m.OutputTokensPerSec, ratio(m.OutputTokensPerSec, s.OutputTokensPerSec))
+		fmt.Fprintf(md, "| errors | %d | %d | |\n\n", s.Errors, m.Errors)
+	}
+	peaks := func(st *vsim.HTTPStats) string {
+		var parts []string
+		over := false
+		for _, w := range st.Workers {
+			p := st.PeakInFlight[w.Name]
+			parts = append(parts, fmt.Sprintf("%s %d of %d", w.Name, p, w.Cap))
+			over = over || p > w.Cap
+		}
+		out := strings.Join(parts, ", ")
+		if over {
+			out += " — **over a worker's cap**"
+		}
+		return out
+	}
+	fmt.Fprintf(md, "- most requests open at once on each worker, all replicas together, against its cap: %s\n", peaks(many))
+	if one != nil && len(one.Workers) > 0 {
+		fmt.Fprintf(md, "- the same for one router: %s\n", peaks(one))
+	}
+	bound, sent := 0, 0
+	for _, r := range many.Replicas {
+		bound += r.Bound
+		sent += r.Sent
+		fmt.Fprintf(md, "- %s: sent %d, bound %d, refused %d, records not naming it %d, degraded %d, oldest shared state used %.0f ms (wall)\n",
+			r.Name, r.Sent, r.Bound, r.Refused, r.Misnamed, r.Degraded, r.MaxStateAgeMs)
+	}
+	fmt.Fprintf(md, "- requests %d, sent by the front %d, bound (retries included) %d; in flight in the shared ledger after the run: %d\n\n", m.Count, sent, bound, many.LeftInFlight)
 }
 
 // writeLimits lists where each worker's concurrency limit ended a run and

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/redistest"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
@@ -53,6 +54,75 @@ func TestRunCompare_WritesReport(t *testing.T) {
 		if !strings.Contains(string(sum), want) {
 			t.Errorf("summary.md does not mention %q:\n%s", want, sum)
 		}
+	}
+}
+
+// TestRunCompare_ThreeReplicasRow runs a small real-HTTP comparison with
+// --replicas 3 against a real Redis and checks that the replicas' row and
+// its accounting are in the summary: every request sent to a replica in
+// turn and bound there, no worker over its cap, nothing left in the
+// ledger.
+func TestRunCompare_ThreeReplicasRow(t *testing.T) {
+	rs := redistest.Start(t, redistest.Options{})
+	out := t.TempDir()
+	o := compareOpts{
+		trace: "synthetic", limit: 12, seed: 3, loads: []float64{80},
+		policies:  []scheduler.Policy{scheduler.PolicySluice},
+		timeScale: 20, out: out, timeout: 10 * time.Minute,
+		replicas: 3, redis: rs.URL(0),
+	}
+	logf, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := runCompare(ctx, o, logf); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"load-80/sluice.csv", "load-80/sluice-x3.csv", "load-80/report.md"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("missing or empty %s: %v", f, err)
+		}
+	}
+	sum, err := os.ReadFile(filepath.Join(out, "summary.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"sluice ×3", "3 replicas against one", "| TTFT p99 (ms) |",
+		"- r1: sent 4, bound 4, refused 0, records not naming it 0, degraded 0",
+		"- r3: sent 4, bound 4, refused 0, records not naming it 0, degraded 0",
+		"requests 12, sent by the front 12, bound (retries included) 12; in flight in the shared ledger after the run: 0",
+	} {
+		if !strings.Contains(string(sum), want) {
+			t.Errorf("summary.md lacks %q:\n%s", want, sum)
+		}
+	}
+	if strings.Contains(string(sum), "over a worker's cap") {
+		t.Errorf("a worker went over its cap:\n%s", sum)
+	}
+}
+
+func TestRunCompare_ReplicasNeedRealHTTPAndRedis(t *testing.T) {
+	t.Setenv("PATH", t.TempDir()) // no redis-server to start
+	for _, c := range []struct {
+		name string
+		o    compareOpts
+		want string
+	}{
+		{"virtual", compareOpts{virtual: true, replicas: 3}, "real HTTP only"},
+		{"negative", compareOpts{replicas: -1}, "--replicas -1"},
+		{"redis alone", compareOpts{replicas: 1, redis: "redis://127.0.0.1:1/0"}, "--redis is for --replicas above 1"},
+		{"no redis", compareOpts{replicas: 3, trace: "synthetic", limit: 4, loads: []float64{50}, out: t.TempDir()}, "put redis-server on PATH"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := runCompare(context.Background(), c.o, os.Stderr)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want one saying %q", err, c.want)
+			}
+		})
 	}
 }
 

@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/scheduler"
-	"github.com/sluice-router/sluice/internal/server"
 	"github.com/sluice-router/sluice/internal/sim"
 )
 
@@ -34,6 +32,16 @@ type HTTPConfig struct {
 	Logger *slog.Logger
 	// Progress, if set, is bench.Run's progress callback.
 	Progress func(bench.Progress)
+	// Replicas, when above 1, runs that many routers in front of the one
+	// fleet, sharing it as replicas in production do: the reservation
+	// ledger (shared.redis) and the stats store (stats.store) on Redis,
+	// and a round-robin front on loopback as their load balancer.
+	Replicas int
+	// Redis is the redis:// URL the replicas share; required when
+	// Replicas is above 1. The run keeps its keys under a prefix of its
+	// own and deletes them at the end, so runs never see each other's
+	// state.
+	Redis string
 }
 
 // RouterConfig returns the router configuration RunHTTP uses for the
@@ -80,6 +88,9 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 			MaxConcurrency: config.Concurrency(c.limitOf(w.Name)), GPUMetrics: urls[i] + "/dcgm/metrics"})
 	}
 	rc.Limits = routerLimits(c.Concurrency, scale)
+	// Replicas sharing a Redis stats store see each other's samples at
+	// each flush: as often in model time as a real router would.
+	rc.Stats.FlushInterval = sd(rc.Stats.FlushInterval)
 	return rc
 }
 
@@ -121,9 +132,21 @@ func routerLimits(lc scheduler.LimitConfig, scale float64) config.Limits {
 // QueueMs multiplied by the time scale, DecodeRate divided by it). It
 // starts the load once the router has scraped every worker as healthy.
 func RunHTTP(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]bench.Result, error) {
+	res, _, err := RunHTTPStats(ctx, hc, items)
+	return res, err
+}
+
+// RunHTTPStats is RunHTTP that also says what the routers did (HTTPStats):
+// with hc.Replicas above 1 it runs that many routers sharing the fleet
+// through Redis, behind a round-robin front.
+func RunHTTPStats(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]bench.Result, HTTPStats, error) {
+	var st HTTPStats
 	c := hc.Router
 	if len(c.Workers) == 0 {
-		return nil, errors.New("vsim: http: no workers")
+		return nil, st, errors.New("vsim: http: no workers")
+	}
+	if hc.Replicas > 1 && hc.Redis == "" {
+		return nil, st, fmt.Errorf("vsim: http: %d replicas need a Redis to share state through", hc.Replicas)
 	}
 	scale := hc.TimeScale
 	if scale <= 0 {
@@ -142,37 +165,26 @@ func RunHTTP(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]bench.Re
 	defer cancel()
 	fl, err := sim.StartFleetLogged(ctx, specs, "127.0.0.1", 0, log)
 	if err != nil {
-		return nil, fmt.Errorf("vsim: http: start fleet: %w", err)
+		return nil, st, fmt.Errorf("vsim: http: start fleet: %w", err)
 	}
 	defer fl.Close()
 	for _, w := range fl.Workers() {
 		select {
 		case <-w.Server.Ready():
 		case <-ctx.Done():
-			return nil, fmt.Errorf("vsim: http: waiting for %s to load: %w", w.Name, ctx.Err())
+			return nil, st, fmt.Errorf("vsim: http: waiting for %s to load: %w", w.Name, ctx.Err())
 		}
 	}
 	rc := RouterConfig(c, fl.URLs(), scale)
-	if err := rc.Validate(); err != nil {
-		return nil, fmt.Errorf("vsim: http: router config: %w", err)
+	// Keep every decision of the run for the per-replica counts.
+	rc.Decisions.RingSize = max(rc.Decisions.RingSize, 2*len(items)+64)
+	peaks := newPeakCounter(fl)
+	rs, err := startRouters(ctx, rc, hc, peaks, log)
+	if rs != nil {
+		defer rs.stop()
 	}
-	tr := &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute, DisableCompression: true}
-	defer tr.CloseIdleConnections()
-	srv, err := server.New(rc, server.Options{Logger: log, Transport: tr})
 	if err != nil {
-		return nil, fmt.Errorf("vsim: http: router: %w", err)
-	}
-	defer srv.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("vsim: http: listen: %w", err)
-	}
-	serveCtx, stopServe := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(serveCtx, ln, time.Second) }()
-	defer func() { stopServe(); <-served }()
-	if err := waitHealthy(ctx, srv.Scheduler(), len(specs)); err != nil {
-		return nil, err
+		return nil, st, err
 	}
 
 	scaled := make([]bench.Item, len(items))
@@ -186,10 +198,10 @@ func RunHTTP(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]bench.Re
 	if hc.Timeout > 0 {
 		timeout = time.Duration(float64(hc.Timeout) / scale)
 	}
-	results, err := bench.Run(ctx, bench.RunConfig{Target: "http://" + ln.Addr().String(), Items: scaled, Model: rc.Workers[0].Models[0],
+	results, err := bench.Run(ctx, bench.RunConfig{Target: rs.target, Items: scaled, Model: rc.Workers[0].Models[0],
 		Stream: true, Timeout: timeout, Client: client}, hc.Progress)
 	if err != nil {
-		return results, fmt.Errorf("vsim: http: run: %w", err)
+		return results, st, fmt.Errorf("vsim: http: run: %w", err)
 	}
 	up := func(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
 	for i := range results {
@@ -202,7 +214,8 @@ func RunHTTP(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]bench.Re
 			r.QueueMs *= scale
 		}
 	}
-	return results, nil
+	st, err = rs.finish(peaks)
+	return results, st, err
 }
 
 // waitHealthy waits until the router has scraped n workers as healthy,
