@@ -431,7 +431,9 @@ func (x *Index) followOnce(ctx context.Context, sub *redis.Client, last *streamI
 		// clock is behind the entries seen: read the whole window.
 		*last = window
 	}
-	live := streamID{ms: uint64(server.UnixMilli())} // entries after it were added while following
+	// Entries from the next millisecond on were added while following
+	// (those of this millisecond may be older than TIME's answer).
+	live := streamID{ms: uint64(server.UnixMilli()) + 1}
 	x.setUp(nil)
 	for {
 		res, err := sub.XRead(ctx, &redis.XReadArgs{
