@@ -223,8 +223,9 @@ func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
 				read = append(read, string(b))
 			}
 		}
+		other := WorkerSpec{Name: "other", Models: []string{"x"}, MaxConcurrency: 2} // never eligible
 		s := newSched(t, Config{MaxQueue: 10, Stats: tr, Clock: clk, Recorder: record,
-			Limits: LimitConfig{MinSamples: 1, BorrowAfter: time.Second}}, ws...)
+			Limits: LimitConfig{MinSamples: 1, BorrowAfter: time.Second}}, append(ws, other)...)
 		var held []*Lease
 		for i := range 24 {
 			tk := s.Submit(Request{Model: "m", PromptTokens: 10 + i}, nil)

@@ -88,16 +88,23 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	}
 	rec := s.newRecordLocked(req, now)
 	rec.Candidates = make([]decisions.Candidate, len(s.workers))
-	var kept []keptWorker // what the record keeps to explain itself
+	// What the record keeps to explain itself (see keptWorker).
+	var kept []keptWorker
+	var off []keptOff
 	if !baseline {
 		kept = make([]keptWorker, len(s.workers))
+		if learning && len(elig) < len(s.workers) {
+			off = make([]keptOff, 0, len(s.workers)-len(elig))
+		}
 	}
 	modelWhy := ""
 	for i, w := range s.workers {
 		snap := w.snap
 		if kept != nil {
-			k := &kept[i]
-			k.cand.Snap, k.cand.Stats, k.cap, k.prefix = snap, w.st, w.lim.cap, w.lim.prefix
+			kept[i] = keptWorker{lastPick: w.lastPick, order: w.order, cap: w.lim.cap, prefix: w.lim.prefix}
+			if off != nil && w.why != whyEligible {
+				off = append(off, keptOff{snap, w.st})
+			}
 		}
 		c := &rec.Candidates[i]
 		c.Worker, c.Active, c.Limit, c.Eligible = w.spec.Name, w.active, w.lim.limit, w.why == whyEligible
@@ -125,45 +132,62 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	if len(elig) == 0 {
 		rec.Reason = "no eligible worker"
 		rec.SetExplain(explainFull)
-		s.explainLimitsLater(rec, kept, floor, waited, now)
+		s.explainLimitsLater(rec, nil, kept, off, floor, waited, now)
 		return nil, rec
 	}
-	cands := s.candBuf[:0]
-	for _, w := range elig {
-		cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st})
-		s.prefixMatchLocked(req, &cands[len(cands)-1])
+	cands := make([]Candidate, len(elig)) // the record's own, for explain
+	for i, w := range elig {
+		cands[i] = Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st}
+		s.prefixMatchLocked(req, &cands[i])
 	}
-	s.candBuf = cands[:0] // the record keeps copies (kept)
 	w := s.chooseLocked(rec, &req, cands, idx, elig, kept, now)
-	s.explainLimitsLater(rec, kept, floor, waited, now)
+	s.explainLimitsLater(rec, cands, kept, off, floor, waited, now)
 	return w, rec
 }
 
-// keptWorker is what a record keeps of one worker to build its
-// explanation when read, all values of decision time (snapshots and stats
-// are immutable): the worker's candidate as scored (for a worker that was
-// not eligible, only its snapshot and stats), its rank key, and the facts
-// its limit is recomputed from (limitOf).
+// keptWorker is what a record keeps of each worker, besides the eligible
+// candidates as scored, to build its explanation when read: its rank key
+// and what its limit is recomputed from (limitOf) with its snapshot and
+// stats, which for a worker not eligible are in a keptOff (all values of
+// decision time: snapshots and stats are immutable). It holds no pointer,
+// so the GC need not scan it.
 type keptWorker struct {
-	cand     Candidate
 	lastPick uint64
 	order    int
 	cap      int
 	prefix   float64 // limitState.prefix: one more stream for a cached prefix
 }
 
+// keptOff is the snapshot and stats of a worker that was not eligible,
+// kept while limits are learned (to explain them).
+type keptOff struct {
+	snap *Snapshot
+	st   *stats.WorkerStats
+}
+
 // explainLimitsLater has rec say, when read, why each worker's limit was
 // what it was; the words are built from values kept now.
-func (s *Scheduler) explainLimitsLater(rec *decisions.Record, kept []keptWorker, floor float64, waited time.Duration, now time.Time) {
+// cands are the eligible candidates (their snapshots and stats), off the
+// others'.
+func (s *Scheduler) explainLimitsLater(rec *decisions.Record, cands []Candidate, kept []keptWorker, off []keptOff, floor float64, waited time.Duration, now time.Time) {
 	if s.cfg.Policy != PolicySluice || s.limits.Fixed {
 		return // a fixed limit's source, already in the record, says it all
 	}
 	lc, staleAfter := s.limits, s.cfg.StaleAfter
 	rec.AddExplain(func(r *decisions.Record) {
+		nextCand, nextOff := 0, 0
 		for i := range r.Candidates {
 			c, f := &r.Candidates[i], &kept[i]
+			var of keptOff
+			if c.Eligible {
+				of = keptOff{cands[nextCand].Snap, cands[nextCand].Stats}
+				nextCand++
+			} else {
+				of = off[nextOff]
+				nextOff++
+			}
 			var st limitState
-			lc.limitOf(&st, staleAfter, f.cap, srcLearned, c.Active, f.cand.Stats, f.cand.Snap, floor, waited, now)
+			lc.limitOf(&st, staleAfter, f.cap, srcLearned, c.Active, of.st, of.snap, floor, waited, now)
 			if f.prefix > 0 { // made one stream over by affinityBorrowLocked
 				st.limit, st.prefix = c.Active+1, f.prefix
 			}
@@ -281,11 +305,10 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 	// Ranks, the breakdown and the reason in words are built when the
 	// record is read, from values that from here on belong to the record.
 	for i := range cands {
-		k := key(i)
-		kept[idx[i]].cand, kept[idx[i]].lastPick, kept[idx[i]].order = cands[i], k.lastPick, k.order
 		rec.Candidates[idx[i]].Total = tot[i]
 		elig[i].last, elig[i].lastIdx = rec, idx[i]
 	}
+	frozen := cands
 	terms := s.terms
 	reqCopy := *req
 	env.Req = &reqCopy // the record must not see later changes to the request
@@ -298,9 +321,9 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 				at = append(at, i)
 			}
 		}
-		frozen, keys := make([]Candidate, len(at)), make([]rankKey, len(at))
+		keys := make([]rankKey, len(at))
 		for j, i := range at {
-			frozen[j], keys[j] = kept[i].cand, rankKey{r.Candidates[i].Total, kept[i].lastPick, kept[i].order}
+			keys[j] = rankKey{r.Candidates[i].Total, kept[i].lastPick, kept[i].order}
 		}
 		for i, ts := range explain(terms, &env, frozen) {
 			r.Candidates[at[i]].Terms = ts
