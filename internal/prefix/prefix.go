@@ -29,7 +29,8 @@
 // What workers say of their own caches complements the guess:
 //
 //   - llama.cpp's GET /slots names each slot's prompt (always in builds
-//     up to late 2025, under LLAMA_SERVER_SLOTS_DEBUG=1 since). The fleet
+//     before October 2025, under LLAMA_SERVER_SLOTS_DEBUG=1 since
+//     ggml-org/llama.cpp#16482). The fleet
 //     cuts it with Text into these same blocks, and the scheduler takes
 //     that report where it holds more than the guess (see
 //     scheduler.CacheReport for the merge and why a report never lowers

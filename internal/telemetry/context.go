@@ -105,10 +105,13 @@ type Slots struct {
 //     endpoint"), and each slot's "prompt" is its tokens detokenized with
 //     special tokens rendered (so it starts with the model's BOS text, and
 //     a chat request's prompt is the chat template's output).
-//   - Current builds serialise slots with server_slot::to_json(only_metrics)
-//     called as to_json(slots_debug == 0): "prompt" and "generated" are
-//     left out unless the server runs with LLAMA_SERVER_SLOTS_DEBUG=1, and
-//     a slot that never ran a task has no id_task, params or next_token.
+//   - Since October 2025 (ggml-org/llama.cpp#16482, "server : add option
+//     to debug the slot contents") slots are serialised with
+//     server_slot::to_json(only_metrics) called as to_json(slots_debug ==
+//     0): "prompt" and "generated" are left out unless the server runs
+//     with LLAMA_SERVER_SLOTS_DEBUG=1, and a slot that never ran a task has
+//     no id_task, params or next_token. In router mode (several models)
+//     /slots takes ?model=.
 //
 // The endpoint is under the server's --api-key like every other. A
 // "prompt" that is a string is kept in Prompt; any other shape (the old
