@@ -38,16 +38,17 @@
 //
 // In Redis: the stream keeps about MaxLen entries (XADD's approximate
 // trim removes whole nodes of entries, stream-node-max-entries, 100 by
-// default, so it may hold up to that many more), each carrying at most the
-// worker's index capacity of hashes (8 bytes each) — the first ones, the
-// only ones a Record of a longer prompt can leave in the index anyway —
-// and the key expires TTL after the last publish, so a fleet whose
-// replicas all stopped leaves nothing behind. Entries older than the TTL
-// are never applied. In each process: the queue holds at most Queue
-// records of at most the capacity of hashes (4,096 × 2 KiB = 8 MiB at
-// most by default), and applied records go into the local index, whose
-// per-model, per-worker capacity and TTL bound them as they bound local
-// ones.
+// default, so it may hold up to that many more), each carrying at most
+// MaxHashes hashes (8 bytes each), the first of the prompt, and the key
+// expires TTL after the last publish, so a fleet whose replicas all
+// stopped leaves nothing behind. Entries older than the TTL are never
+// applied. A prompt longer than MaxHashes blocks (256, 32k tokens, by
+// default) is known to the other replicas by its first MaxHashes blocks
+// only: a partial match, which still tells its worker from the others. In
+// each process: the queue holds at most Queue records of at most MaxHashes
+// hashes (4,096 × 2 KiB = 8 MiB by default), and applied records go into
+// the local index, whose per-model, per-worker capacity and TTL bound them
+// as they bound local ones.
 //
 // # Propagation delay
 //
@@ -118,6 +119,9 @@ const (
 	DefaultMaxLen = 16384
 	// DefaultQueue bounds the records waiting to be published.
 	DefaultQueue = 4096
+	// DefaultMaxHashes bounds the hashes of one entry: the router's
+	// default index capacity, 256 blocks or about 32k tokens.
+	DefaultMaxHashes = prefix.DefaultCapacity
 	// DefaultBlock is how long one XREAD waits for new entries before it
 	// asks again.
 	DefaultBlock = 5 * time.Second
@@ -154,6 +158,9 @@ type Config struct {
 	// Queue bounds the records waiting to be published; DefaultQueue
 	// when zero.
 	Queue int
+	// MaxHashes bounds the hashes one entry carries, the first of the
+	// prompt; DefaultMaxHashes when zero.
+	MaxHashes int
 	// Block is how long one XREAD waits; DefaultBlock when zero.
 	Block time.Duration
 	// MaxBackoff bounds the wait between attempts while Redis fails;
@@ -204,6 +211,9 @@ func New(cfg Config) (*Index, error) {
 	if cfg.Queue <= 0 {
 		cfg.Queue = DefaultQueue
 	}
+	if cfg.MaxHashes <= 0 {
+		cfg.MaxHashes = DefaultMaxHashes
+	}
 	if cfg.Block <= 0 {
 		cfg.Block = DefaultBlock
 	}
@@ -242,7 +252,7 @@ func (x *Index) Record(model string, hashes []uint64, worker string) {
 		return
 	}
 	x.local.Record(model, hashes, worker)
-	hashes = hashes[:min(len(hashes), x.local.Capacity(worker))]
+	hashes = hashes[:min(len(hashes), x.cfg.MaxHashes)]
 	b := make([]byte, 8*len(hashes))
 	for i, h := range hashes {
 		binary.LittleEndian.PutUint64(b[8*i:], h)
@@ -477,7 +487,7 @@ func (x *Index) apply(v map[string]any, id streamID, offset time.Duration, live 
 	if replica == x.self || model == "" || worker == "" || len(raw) == 0 || len(raw)%8 != 0 {
 		return false
 	}
-	hashes := make([]uint64, min(len(raw)/8, x.local.Capacity(worker)))
+	hashes := make([]uint64, min(len(raw)/8, x.cfg.MaxHashes))
 	for i := range hashes {
 		b := raw[8*i : 8*i+8]
 		hashes[i] = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |

@@ -22,11 +22,12 @@ import (
 const waitLimit = 20 * time.Second
 
 type replicaOpts struct {
-	maxLen   int64
-	queue    int
-	capacity int
-	ttl      time.Duration
-	noRun    bool
+	maxLen    int64
+	queue     int
+	capacity  int
+	maxHashes int
+	ttl       time.Duration
+	noRun     bool
 }
 
 // replica returns an Index named name on srv's Redis, running until the
@@ -40,7 +41,7 @@ func replica(t testing.TB, srv *redistest.Server, name string, o replicaOpts) *I
 	x, err := New(Config{
 		Redis: opts, Prefix: p, Replica: name,
 		Local:  prefix.NewIndex(prefix.Options{Capacity: o.capacity, TTL: o.ttl}),
-		MaxLen: o.maxLen, Queue: o.queue,
+		MaxLen: o.maxLen, Queue: o.queue, MaxHashes: o.maxHashes,
 		Block:      time.Hour, // shutdown must not wait for a blocked XREAD
 		MaxBackoff: 50 * time.Millisecond,
 	})
@@ -127,16 +128,20 @@ func TestShare_RecordOnAMatchOnB(t *testing.T) {
 
 func TestShare_Bounds(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	const maxLen, capacity, records = 100, 8, 1000
+	// Prompts of 24 blocks, entries of at most 16, B remembers 8 of a
+	// worker and C 64.
+	const maxLen, maxHashes, capacity, records = 100, 16, 8, 1000
 	ttl := time.Minute
-	a := replica(t, srv, "a", replicaOpts{maxLen: maxLen, capacity: capacity, ttl: ttl, queue: records})
+	a := replica(t, srv, "a", replicaOpts{maxLen: maxLen, maxHashes: maxHashes, ttl: ttl, queue: records})
 	b := replica(t, srv, "b", replicaOpts{capacity: capacity, ttl: ttl})
+	c := replica(t, srv, "c", replicaOpts{capacity: 64, ttl: ttl})
 	for i := range records {
-		a.Record("m", conv(i, 3*capacity), "w") // longer than the capacity
+		a.Record("m", conv(i, 3*capacity), "w")
 	}
 	// B may miss entries trimmed before it read them, never the last.
 	lastConv := conv(records-1, 3*capacity)
 	waitFor(t, b, "B applies A's last record", func() bool { return b.Match("m", lastConv, "w") > 0 })
+	waitFor(t, c, "C applies A's last record", func() bool { return c.Match("m", lastConv, "w") > 0 })
 	waitFor(t, a, "A publishes every record", func() bool { return a.Stats().Published == records })
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
@@ -152,8 +157,8 @@ func TestShare_Bounds(t *testing.T) {
 	if len(last) != 1 {
 		t.Fatalf("stream has no last entry")
 	}
-	if h, _ := last[0].Values["h"].(string); len(h) != 8*capacity {
-		t.Errorf("an entry carries %d bytes of hashes, want %d (the %d the index can keep)", len(h), 8*capacity, capacity)
+	if h, _ := last[0].Values["h"].(string); len(h) != 8*maxHashes {
+		t.Errorf("an entry carries %d bytes of hashes, want %d (MaxHashes %d)", len(h), 8*maxHashes, maxHashes)
 	}
 	if got := b.local.Len("m", "w"); got > capacity {
 		t.Errorf("B's index holds %d blocks of the worker, over its capacity %d", got, capacity)
@@ -162,7 +167,10 @@ func TestShare_Bounds(t *testing.T) {
 		t.Errorf("B applied %d records of %d", got, records)
 	}
 	if got, want := b.Match("m", lastConv, "w"), 1.0/3; got != want {
-		t.Errorf("B's match of A's last conversation = %v, want %v (its first %d blocks)", got, want, capacity)
+		t.Errorf("B's match of A's last conversation = %v, want %v (its first %d blocks, B's capacity)", got, want, capacity)
+	}
+	if got, want := c.Match("m", lastConv, "w"), 2.0/3; got != want {
+		t.Errorf("C's match of A's last conversation = %v, want %v (its first %d blocks, an entry's)", got, want, maxHashes)
 	}
 }
 

@@ -9,6 +9,14 @@ import (
 	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/prefixshare"
 	"github.com/sluice-router/sluice/internal/redisconn"
+	"github.com/sluice-router/sluice/internal/scheduler"
+)
+
+// A shared index is what the scheduler takes of a local one: matches,
+// records, and sizing from the workers' reported KV caches.
+var (
+	_ scheduler.PrefixIndex    = (*prefixshare.Index)(nil)
+	_ scheduler.PrefixCapacity = (*prefixshare.Index)(nil)
 )
 
 // openPrefixShare shares the prefix index with the other replicas when the
