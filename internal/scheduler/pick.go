@@ -283,8 +283,12 @@ func explainFull(r *decisions.Record) {
 // choice; -1 when it has no room). The per-term breakdown is
 // attached to the record to be computed when it is read.
 func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Candidate, idx []int, elig []*worker, kept []keptWorker, now time.Time) int {
-	env := Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: req}
-	tot := totals(s.terms, &env, cands, &s.scratch)
+	// The terms see the request through the scratch space: an Env on the
+	// stack would escape through the Term interface, and the request with it.
+	sc := &s.scratch
+	sc.req = *req
+	sc.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &sc.req}
+	tot := totals(s.terms, &sc.env, cands, sc)
 	key := func(i int) rankKey { return rankKey{tot[i], elig[i].lastPick, elig[i].order} }
 	best := 0
 	if s.cfg.Ledger != nil && s.shared.binding {
@@ -310,9 +314,10 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 	}
 	frozen := cands
 	terms := s.terms
-	reqCopy := *req
-	env.Req = &reqCopy // the record must not see later changes to the request
+	in := &explainInput{env: sc.env, req: *req}
+	in.env.Req = &in.req // the record must not see later changes to the request
 	rec.SetExplain(func(r *decisions.Record) {
+		env := &in.env
 		explainFull(r)
 		// The eligible candidates as scored, in configuration order.
 		var at []int
@@ -325,7 +330,7 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 		for j, i := range at {
 			keys[j] = rankKey{r.Candidates[i].Total, kept[i].lastPick, kept[i].order}
 		}
-		for i, ts := range explain(terms, &env, frozen) {
+		for i, ts := range explain(terms, env, frozen) {
 			r.Candidates[at[i]].Terms = ts
 		}
 		order := make([]int, len(keys))
@@ -355,6 +360,13 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 		}
 	})
 	return best
+}
+
+// explainInput is the decision's Env and request as a record keeps them,
+// in one allocation.
+type explainInput struct {
+	env Env
+	req Request
 }
 
 // rankKey orders candidates: lowest total, then least recently picked,

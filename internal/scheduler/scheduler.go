@@ -1098,8 +1098,9 @@ func (s *Scheduler) finish(done []*Ticket) {
 
 func (s *Scheduler) newRecordLocked(req Request, now time.Time) *decisions.Record {
 	s.ids++
+	var id [64]byte
 	rec := &decisions.Record{
-		ID:           s.prefix + "-" + strconv.FormatUint(s.ids, 10),
+		ID:           string(strconv.AppendUint(append(append(id[:0], s.prefix...), '-'), s.ids, 10)),
 		Time:         now,
 		Model:        req.Model,
 		Policy:       string(s.cfg.Policy),

@@ -356,6 +356,8 @@ type WeightedTerm struct {
 type scratch struct {
 	raw, norm, total []float64
 	order            []int
+	env              Env     // of the pick being scored
+	req              Request // its request, which env points to
 }
 
 func (sc *scratch) grow(n int) {
