@@ -125,7 +125,10 @@ type Candidate struct {
 	// Why says why an ineligible worker was skipped.
 	Why string `json:"why,omitempty"`
 	// Active and Limit are Sluice's in-flight count and the worker's
-	// concurrency limit at decision time (before the reservation).
+	// concurrency limit at decision time (before the reservation). With
+	// replicas sharing the fleet, an eligible worker's Active is the
+	// count across them that the shared ledger scored; an ineligible
+	// one's, this replica's own.
 	Active int `json:"active"`
 	Limit  int `json:"limit"`
 	// LimitSource says where the limit came from ("learned", "config",

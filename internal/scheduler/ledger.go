@@ -28,6 +28,8 @@ type Ledger interface {
 	// returns ErrLedgerBusy when nothing can be reserved for it now (all
 	// full, or an older request of another replica waits for the model)
 	// and ErrLedgerDown when the shared state is unavailable.
+	// With ErrLedgerBusy the pick may carry the counts it saw (Active,
+	// Index -1), when the ledger read them (all full, not "not your turn").
 	Reserve(model, waitID string, cands []SharedCandidate) (SharedPick, error)
 	// Adopt records a reservation made on the local view while down, so
 	// the ledger publishes it when it is back; it returns its lease.
@@ -121,13 +123,28 @@ func (s *Scheduler) reserveSharedLocked(rec *decisions.Record, req *Request, can
 	}
 	switch {
 	case err == nil && pick.Index >= 0 && pick.Index < len(cands) && len(pick.Active) == len(cands):
+		now := s.clock.Now()
 		for i := range cands {
 			cands[i].Active = pick.Active[i]
 			tot[i] = sc[i].Score + aw*float64(pick.Active[i])
+			s.setRemoteLocked(elig[i], pick.Active[i]-elig[i].active, now)
 		}
 		s.shared.lease = pick.Lease
 		return pick.Index
+	case errors.Is(err, ErrLedgerBusy) && len(pick.Active) == len(cands):
+		// Full: the counts are the fleet at its busiest, the levels its
+		// streams run at now.
+		now := s.clock.Now()
+		for i := range cands {
+			s.setRemoteLocked(elig[i], pick.Active[i]-elig[i].active, now)
+		}
 	case errors.Is(err, ErrLedgerDown):
+		// The local view is all there is: levels count this replica's
+		// streams only until the ledger answers again.
+		now := s.clock.Now()
+		for _, w := range s.workers {
+			s.setRemoteLocked(w, 0, now)
+		}
 		best := -1
 		for i := range cands {
 			if elig[i].active >= l.LocalLimit(sc[i].Limit) {
@@ -143,6 +160,21 @@ func (s *Scheduler) reserveSharedLocked(rec *decisions.Record, req *Request, can
 		return best
 	}
 	return -1
+}
+
+// setRemoteLocked notes that n requests of other replicas are in flight
+// on w, for the concurrency level of w's streams (MeanConcurrency). The
+// count is as of this replica's latest answer from the ledger — a pick,
+// or a refusal because every candidate was full — and stays until the
+// next: a refusal for another replica's turn carries no counts, and
+// releases elsewhere are not pushed.
+func (s *Scheduler) setRemoteLocked(w *worker, n int, now time.Time) {
+	n = max(n, 0)
+	if n == w.remote {
+		return
+	}
+	w.busy.move(w.inFlight(), now)
+	w.remote = n
 }
 
 // sharedBindLocked hands the pick's lease to the new Lease and takes a

@@ -101,7 +101,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	for i, w := range s.workers {
 		snap := w.snap
 		if kept != nil {
-			kept[i] = keptWorker{lastPick: w.lastPick, order: w.order, cap: w.lim.cap, prefix: w.lim.prefix}
+			kept[i] = keptWorker{lastPick: w.lastPick, order: w.order, cap: w.lim.cap, active: w.active, prefix: w.lim.prefix}
 			if off != nil && w.why != whyEligible {
 				off = append(off, keptOff{snap, w.st})
 			}
@@ -155,6 +155,7 @@ type keptWorker struct {
 	lastPick uint64
 	order    int
 	cap      int
+	active   int     // this replica's in-flight count, which the limit saw
 	prefix   float64 // limitState.prefix: one more stream for a cached prefix
 }
 
@@ -187,9 +188,9 @@ func (s *Scheduler) explainLimitsLater(rec *decisions.Record, cands []Candidate,
 				nextOff++
 			}
 			var st limitState
-			lc.limitOf(&st, staleAfter, f.cap, srcLearned, c.Active, of.st, of.snap, floor, waited, now)
+			lc.limitOf(&st, staleAfter, f.cap, srcLearned, f.active, of.st, of.snap, floor, waited, now)
 			if f.prefix > 0 { // made one stream over by affinityBorrowLocked
-				st.limit, st.prefix = c.Active+1, f.prefix
+				st.limit, st.prefix = f.active+1, f.prefix
 			}
 			c.LimitReason = st.String()
 		}
@@ -309,7 +310,8 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 	// Ranks, the breakdown and the reason in words are built when the
 	// record is read, from values that from here on belong to the record.
 	for i := range cands {
-		rec.Candidates[idx[i]].Total = tot[i]
+		// Active as scored: with a Ledger, the count across replicas.
+		rec.Candidates[idx[i]].Active, rec.Candidates[idx[i]].Total = cands[i].Active, tot[i]
 		elig[i].last, elig[i].lastIdx = rec, idx[i]
 	}
 	frozen := cands

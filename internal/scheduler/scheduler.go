@@ -241,7 +241,11 @@ type worker struct {
 	spec   WorkerSpec
 	order  int
 	active int
-	busy   busy // integral of active over time
+	// remote is the other replicas' requests in flight on the worker as
+	// the shared ledger last said (0 without one): the level a stream
+	// runs at is the worker's, not this replica's share of it.
+	remote int
+	busy   busy // integral of active+remote over time
 	// pickLimit is the limit the latest pick computed for the worker.
 	pickLimit int
 	// moved is the latest change of the learned limit.
@@ -554,7 +558,7 @@ func (l *Lease) Release() {
 	s := l.s
 	now := s.clock.Now()
 	s.mu.Lock()
-	l.w.busy.move(l.w.active, now)
+	l.w.busy.move(l.w.inFlight(), now)
 	l.w.active--
 	l.w.cost -= l.cost
 	if l.w.active == 0 {
@@ -1020,7 +1024,7 @@ func (s *Scheduler) drainedLocked(l *Lease, now time.Time) {
 
 func (s *Scheduler) bindLocked(t *Ticket, w *worker, rec *decisions.Record, now time.Time) {
 	cost := s.expectedCost(w, t.req)
-	w.busy.move(w.active, now)
+	w.busy.move(w.inFlight(), now)
 	w.active++
 	w.cost += cost
 	s.picks++

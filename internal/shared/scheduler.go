@@ -32,7 +32,7 @@ func (a schedLedger) Reserve(model, waitID string, cands []scheduler.SharedCandi
 	case errors.Is(err, ErrDegraded):
 		return scheduler.SharedPick{}, scheduler.ErrLedgerDown
 	}
-	return scheduler.SharedPick{}, scheduler.ErrLedgerBusy
+	return scheduler.SharedPick{Index: -1, Active: r.Active}, scheduler.ErrLedgerBusy
 }
 
 func (a schedLedger) Adopt(worker string) string { return a.l.Adopt(worker).Lease }

@@ -193,3 +193,88 @@ func TestScheduler_RedisDownServesLocalShareThenResyncs(t *testing.T) {
 		l.Release()
 	}
 }
+
+// levelReplica builds a scheduler over one worker w0 of the given limit
+// sharing a Redis ledger named name on srv, on clock.
+func levelReplica(t *testing.T, url, name string, limit int, clock *scheduler.ManualClock) (*Ledger, *scheduler.Scheduler) {
+	t.Helper()
+	l := newLedger(t, url, name, ledgerOpts{})
+	s, err := scheduler.New(scheduler.Config{
+		Weights: scheduler.DefaultWeights(), MaxQueue: 8, QueueTimeout: time.Hour, StaleAfter: time.Hour,
+		Ledger: l.ForScheduler(context.Background()), Clock: clock, Limits: scheduler.LimitConfig{Fixed: true},
+	}, scheduler.WorkerSpec{Name: "w0", Models: []string{"m"}, MaxConcurrency: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return l, s
+}
+
+// TestScheduler_ConcurrencyLevelCountsOtherReplicas: the level a stream's
+// decode rate is filed under, which adaptive concurrency learns limits
+// from, is the worker's in-flight count across replicas — what the card
+// really ran — not this replica's share of it, as the ledger last reported
+// it at this replica's picks. The record shows the count it scored.
+func TestScheduler_ConcurrencyLevelCountsOtherReplicas(t *testing.T) {
+	srv := startRedis(t)
+	clock := scheduler.NewManualClock(time.Unix(1_700_000_000, 0))
+	_, a := levelReplica(t, srv.URL(0), "a", 4, clock)
+	_, b := levelReplica(t, srv.URL(0), "b", 4, clock)
+	req := scheduler.Request{Model: "m"}
+	a1, a2 := bound(t, a.Submit(req, nil)), bound(t, a.Submit(req, nil))
+	b1 := bound(t, b.Submit(req, nil)) // the ledger says a has two on w0
+	if got := b1.Decision.Candidates[0].Active; got != 2 {
+		t.Fatalf("b's record: w0 active %d, want the 2 the ledger scored", got)
+	}
+	clock.Advance(10 * time.Second)
+	if got := b1.MeanConcurrency(); got != 3 {
+		t.Fatalf("b's stream beside a's two: level %v, want 3", got)
+	}
+	a1.Release()
+	a2.Release()
+	b2 := bound(t, b.Submit(req, nil)) // the ledger now says b alone: b1
+	clock.Advance(10 * time.Second)
+	if got := b1.MeanConcurrency(); got != 2.5 {
+		t.Fatalf("b's stream: 10 s at 3, then 10 s at 2: level %v, want 2.5", got)
+	}
+	if got := b2.MeanConcurrency(); got != 2 {
+		t.Fatalf("b's second stream: level %v, want 2", got)
+	}
+	b1.Release()
+	b2.Release()
+}
+
+// TestScheduler_ConcurrencyLevelFromFullAndDegraded: a refusal because the
+// worker is full carries the counts too, so a stream's level follows the
+// fleet at its busiest; while Redis is down the level is this replica's
+// own count, the only one it knows.
+func TestScheduler_ConcurrencyLevelFromFullAndDegraded(t *testing.T) {
+	srv := startRedis(t)
+	clock := scheduler.NewManualClock(time.Unix(1_700_000_000, 0))
+	_, a := levelReplica(t, srv.URL(0), "a", 3, clock)
+	lb, b := levelReplica(t, srv.URL(0), "b", 3, clock)
+	req := scheduler.Request{Model: "m"}
+	b1 := bound(t, b.Submit(req, nil)) // alone on w0
+	a1, a2 := bound(t, a.Submit(req, nil)), bound(t, a.Submit(req, nil))
+	queued := b.Submit(req, nil) // w0 is full: the ledger says 3 in flight
+	if queued.Done() {
+		t.Fatal("a fourth request was placed on a worker of limit 3")
+	}
+	clock.Advance(10 * time.Second)
+	if got := b1.MeanConcurrency(); got != 3 {
+		t.Fatalf("b's stream beside a's two, learnt from the full answer: level %v, want 3", got)
+	}
+	b.Cancel(queued, context.Canceled)
+	srv.Stop()
+	b2 := bound(t, b.Submit(req, nil)) // degraded: placed on b's local view
+	if !lb.Degraded() {
+		t.Fatal("the ledger is not degraded with Redis stopped")
+	}
+	clock.Advance(10 * time.Second)
+	if got := b1.MeanConcurrency(); got != 2.5 {
+		t.Fatalf("b's stream: 10 s at 3, then 10 s at b's own 2 while degraded: level %v, want 2.5", got)
+	}
+	for _, l := range []*scheduler.Lease{a1, a2, b1, b2} {
+		l.Release()
+	}
+}

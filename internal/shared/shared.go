@@ -248,8 +248,8 @@ func (l *Ledger) member(id string) string { return l.cfg.Replica + "|" + id }
 // its shared in-flight count, among those under their limit, and reserves
 // it, in one atomic step across replicas. waitID names the request on the
 // waiting list (see Wait) when it queued; "" for a request that did not.
-// It returns ErrFull, ErrNotYourTurn, or ErrDegraded without touching
-// Redis while Redis is known to be down.
+// It returns ErrFull (with the counts it read in Active), ErrNotYourTurn,
+// or ErrDegraded without touching Redis while Redis is known to be down.
 func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Candidate) (Reservation, error) {
 	if len(cands) == 0 {
 		return Reservation{}, ErrFull
@@ -289,7 +289,14 @@ func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Cand
 		return Reservation{}, ErrNotYourTurn
 	case "full":
 		l.forget(lease)
-		return Reservation{}, ErrFull
+		r := Reservation{Index: -1}
+		if len(vals) == 1+len(cands) {
+			r.Active = make([]int, len(cands))
+			for i := range cands {
+				r.Active[i] = int(toInt(vals[1+i]))
+			}
+		}
+		return r, ErrFull
 	case "ok":
 	default:
 		l.forget(lease)
