@@ -316,6 +316,10 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 	}
 	frozen := cands
 	terms := s.terms
+	won := -1 // with a Ledger, its choice: ties and shared limits were its
+	if s.cfg.Ledger != nil && s.shared.binding {
+		won = best
+	}
 	in := &explainInput{env: sc.env, req: *req}
 	in.env.Req = &in.req // the record must not see later changes to the request
 	rec.SetExplain(func(r *decisions.Record) {
@@ -340,10 +344,14 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 			order[i] = i
 		}
 		slices.SortFunc(order, func(a, b int) int {
-			if keys[a].less(keys[b]) {
+			switch {
+			case a == won:
 				return -1
-			}
-			if keys[b].less(keys[a]) {
+			case b == won:
+				return 1
+			case keys[a].less(keys[b]):
+				return -1
+			case keys[b].less(keys[a]):
 				return 1
 			}
 			return 0
@@ -355,6 +363,11 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 		switch {
 		case len(order) == 1:
 			r.Reason = fmt.Sprintf("only eligible worker (score %.2f)", first)
+		case won >= 0 && keys[order[1]].total < first:
+			c := &r.Candidates[at[order[1]]]
+			r.Reason = fmt.Sprintf("lowest score %.2f with room across replicas; %s at %.2f is at its limit there (%d/%d)", first, frozen[order[1]].Name, keys[order[1]].total, c.Active, c.Limit)
+		case won >= 0 && keys[order[1]].total == first:
+			r.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; the least recently picked by any replica (the shared ledger's pick sequence), then the first listed, wins", first, frozen[order[1]].Name)
 		case keys[order[1]].total == first:
 			r.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; the least recently picked, then the first listed, wins", first, frozen[order[1]].Name)
 		default:

@@ -116,6 +116,18 @@ func TestScheduler_ThreeReplicasBurstOnePerWorker(t *testing.T) {
 	if rec.Replica != "r1" || rec.Degraded || rec.ID[:3] != "r1-" {
 		t.Fatalf("record of r1: replica %q degraded %v id %q", rec.Replica, rec.Degraded, rec.ID)
 	}
+	// Ties between idle workers are broken by the ledger's pick sequence,
+	// shared by the replicas: every record ranks first the worker chosen.
+	for _, r := range rs {
+		for _, rec := range r.recs {
+			rec.Explain()
+			for _, c := range rec.Candidates {
+				if (c.Rank == 1) != (c.Worker == rec.Chosen) {
+					t.Fatalf("record %s chose %s but ranks %s %d: %s", rec.ID, rec.Chosen, c.Worker, c.Rank, rec.Reason)
+				}
+			}
+		}
+	}
 }
 
 func TestScheduler_FreedSlotGoesToOldestRequestOfAnyReplica(t *testing.T) {
