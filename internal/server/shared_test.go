@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -63,6 +64,17 @@ func TestRouter_TwoReplicasShareTheFleet(t *testing.T) {
 		for i, id := range ids {
 			if want := []string{"east-", "west-"}[i%2]; !strings.HasPrefix(id, want) {
 				t.Fatalf("decision id %q from replica %s", id, want)
+			}
+			// The record names the replica that decided and how old the
+			// shared state it used was: just answered, well under the
+			// lease TTL.
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(get(t, routers[i%2].url+"/debug/decisions/"+id)), &rec); err != nil {
+				t.Fatalf("record %s: %v", id, err)
+			}
+			age, ok := rec["shared_state_age_ms"].(float64)
+			if want := []string{"east", "west"}[i%2]; rec["replica"] != want || !ok || age < 0 || age > 2000 {
+				t.Fatalf("record %s: replica %v, shared_state_age_ms %v; want %s and an age within the lease TTL", id, rec["replica"], rec["shared_state_age_ms"], want)
 			}
 		}
 	}

@@ -64,6 +64,36 @@
 // published at the first renewal that reaches Redis again. No request
 // waits on Redis being down.
 //
+// # Learned limits and decision counters
+//
+// Adaptive concurrency needs no state of its own here. Each replica learns
+// a worker's limit from the per-level decode rates in the stats store
+// (stats.store, on the same Redis), into which every replica folds its
+// streams' samples, so all of them read one curve. A stream is filed under
+// the worker's in-flight count across replicas — this replica's own plus
+// the others' as the latest pick (or "full" answer) of this Ledger
+// reported them — not under its replica's share: a card running one
+// stream per replica ran three, and its limit must be learned at three.
+// The limit a replica sends with Reserve is then checked against the
+// shared count, so between two stats flushes the replicas' limits may
+// differ by a probe, but no pick takes a worker past the limit of the
+// replica that makes it.
+//
+// The decision counters are not shared; they are named. The metrics that
+// count decisions (sluice_requests_total by worker, status and reason,
+// sluice_retries_total, the token counters) count what this replica
+// decided, and Prometheus, which scrapes every replica, sums them into
+// the fleet's: the same totals one router would show, without a Redis
+// round trip per request for a counter, and without a gap while Redis is
+// down. Of the counters that decide, the one that must be common is: the
+// pick sequence that breaks ties between equal scores lives in the ledger
+// (the script's seq and lastpick), so "least recently picked" means by any
+// replica, and a record ranks the ledger's choice first and says so.
+// Every decision record names the replica that made it (replica; its ID
+// starts with the replica's name) and how old the shared state it used
+// was (shared_state_age_ms, since Redis last answered; absent while it
+// never has), and degraded marks a decision made on the local view.
+//
 // # Concurrency Model
 //
 // A Ledger is safe for concurrent use. A mutex guards the set of held
