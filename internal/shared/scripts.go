@@ -1,6 +1,11 @@
 package shared
 
-import "github.com/redis/go-redis/v9"
+import (
+	"encoding/binary"
+	"math"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // The Lua scripts. Each reads the server's clock (TIME), so expiry does not
 // depend on the replicas' clocks agreeing.
@@ -36,14 +41,22 @@ end
 // 3 waiting list of the model (ZSET member -> enqueue µs), 4 waiter expiry
 // (ZSET member -> expiry ms), 5 leases, 6 in-flight counts.
 // ARGV: 1 lease id, 2 lease TTL ms, 3 waiter member ("" for a request that
-// never queued), 4 this replica's member prefix ("replica|"), then per
-// candidate: name, score without the active term, active weight, limit.
+// never queued), 4 this replica's member prefix ("replica|"), 5 the
+// candidates packed by packCandidates: two MessagePack arrays, the names,
+// then score without the active term, active weight and limit of each.
+// One cmsgpack.unpack turns them into Lua strings and numbers at once;
+// sent as four text arguments per candidate they cost Redis a string per
+// argument and a tonumber (strtod) per number, which was most of the
+// script's run time at 64 candidates.
 //
 // The turn is the replica's whose waiter is the oldest of the model: any
 // request of that replica may go (its own queue order chose it, and may
 // have let a cheaper one overtake its oldest), the others' wait. Comparing
 // each request's own age instead would deadlock two replicas whose queues
 // each picked a request younger than one of the other's.
+//
+// The last picks are read only for the candidates tied at the lowest
+// total, the only ones they can decide between.
 //
 // Returns {"ok", index (1-based), actives...}, {"full", actives...} or
 // {"turn", oldest member}. actives are the shared in-flight counts before
@@ -60,28 +73,42 @@ if #oldest > 0 and string.sub(oldest[1], 1, #mine) ~= mine then
   return {'turn', oldest[1]}
 end
 reap(KEYS[5], KEYS[6])
-local n = (#ARGV - 4) / 4
-local names = {}
-for i = 1, n do names[i] = ARGV[4 + 4 * (i - 1) + 1] end
+local names, nums = cmsgpack.unpack(ARGV[5])
+local n = #names
 local counts = redis.call('HMGET', KEYS[6], unpack(names))
-local lasts = redis.call('HMGET', KEYS[2], unpack(names))
 local actives = {}
-local best, bestTotal, bestLast = 0, 0, 0
+local best, bestTotal, ties, tied = 0, 0, 0, {}
 for i = 1, n do
-  local active = math.max(0, tonumber(counts[i]) or 0)
+  local active = tonumber(counts[i]) or 0
+  if active < 0 then active = 0 end
   actives[i] = active
-  local b = 4 + 4 * (i - 1)
-  if active < tonumber(ARGV[b + 4]) then
-    local total = tonumber(ARGV[b + 2]) + tonumber(ARGV[b + 3]) * active
-    local last = tonumber(lasts[i]) or 0
-    if best == 0 or total < bestTotal or (total == bestTotal and last < bestLast) then
-      best, bestTotal, bestLast = i, total, last
+  local b = 3 * i
+  if active < nums[b] then
+    local total = nums[b - 2] + nums[b - 1] * active
+    if best == 0 or total < bestTotal then
+      best, bestTotal, ties = i, total, 1
+      tied[1] = i
+    elseif total == bestTotal then
+      ties = ties + 1
+      tied[ties] = i
     end
   end
 end
 if best == 0 then
   table.insert(actives, 1, 'full')
   return actives
+end
+if ties > 1 then
+  -- the least recently picked of the tied; never picked counts as 0,
+  -- equal last picks go to the first in candidate order
+  local tn = {}
+  for j = 1, ties do tn[j] = names[tied[j]] end
+  local lasts = redis.call('HMGET', KEYS[2], unpack(tn))
+  local bestLast = tonumber(lasts[1]) or 0
+  for j = 2, ties do
+    local last = tonumber(lasts[j]) or 0
+    if last < bestLast then best, bestLast = tied[j], last end
+  end
 end
 local w = names[best]
 local seq = redis.call('INCR', KEYS[1])
@@ -168,3 +195,59 @@ local out = {}
 for i = 1, #ARGV do out[i] = math.max(0, tonumber(c[i]) or 0) end
 return out
 `)
+
+// packCandidates appends to buf the candidates as the pick script reads
+// them (ARGV 5): a MessagePack array of the names, then one of score,
+// active weight and limit of each, all three as float64 so the script
+// compares exactly the numbers the replica computed.
+func packCandidates(buf []byte, cands []Candidate) []byte {
+	buf = packArray(buf, len(cands))
+	for _, c := range cands {
+		buf = packString(buf, c.Worker)
+	}
+	buf = packArray(buf, 3*len(cands))
+	for _, c := range cands {
+		buf = packFloat(buf, c.Score)
+		buf = packFloat(buf, c.ActiveWeight)
+		buf = packFloat(buf, float64(c.Limit))
+	}
+	return buf
+}
+
+// packedSize is the length of packCandidates' output, give or take the
+// string headers' varying length.
+func packedSize(cands []Candidate) int {
+	n := 2*5 + 3*9*len(cands)
+	for _, c := range cands {
+		n += 5 + len(c.Worker)
+	}
+	return n
+}
+
+func packArray(buf []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(buf, 0x90|byte(n))
+	case n <= math.MaxUint16:
+		return binary.BigEndian.AppendUint16(append(buf, 0xdc), uint16(n))
+	}
+	return binary.BigEndian.AppendUint32(append(buf, 0xdd), uint32(n))
+}
+
+// packString uses fixstr, str 16 or str 32; not str 8, which older
+// MessagePack decoders lack.
+func packString(buf []byte, s string) []byte {
+	switch {
+	case len(s) < 32:
+		buf = append(buf, 0xa0|byte(len(s)))
+	case len(s) <= math.MaxUint16:
+		buf = binary.BigEndian.AppendUint16(append(buf, 0xda), uint16(len(s)))
+	default:
+		buf = binary.BigEndian.AppendUint32(append(buf, 0xdb), uint32(len(s)))
+	}
+	return append(buf, s...)
+}
+
+func packFloat(buf []byte, f float64) []byte {
+	return binary.BigEndian.AppendUint64(append(buf, 0xcb), math.Float64bits(f))
+}

@@ -289,22 +289,17 @@ func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Cand
 	}
 	lease := l.cfg.Replica + "/" + strconv.FormatUint(l.seq.Add(1), 10)
 	keys := []string{l.key("seq"), l.key("lastpick"), l.key("wait", model), l.key("waitexp", model), l.leasesKey(), l.countsKey()}
-	args := make([]any, 0, 4+4*len(cands))
 	me := ""
 	if waitID != "" {
 		me = l.member(waitID)
 	}
-	args = append(args, lease, l.cfg.LeaseTTL.Milliseconds(), me, l.cfg.Replica+"|")
-	for _, c := range cands {
-		args = append(args, c.Worker, strconv.FormatFloat(c.Score, 'g', -1, 64),
-			strconv.FormatFloat(c.ActiveWeight, 'g', -1, 64), c.Limit)
-	}
+	packed := packCandidates(make([]byte, 0, packedSize(cands)), cands)
 	// Hold the lease as ours before the script creates it, so a renewal
 	// running meanwhile already keeps it alive.
 	l.mu.Lock()
 	l.held[lease] = ""
 	l.mu.Unlock()
-	res, err := l.run(ctx, pickScript, keys, args...)
+	res, err := l.run(ctx, pickScript, keys, lease, l.cfg.LeaseTTL.Milliseconds(), me, l.cfg.Replica+"|", packed)
 	vals, _ := res.([]any)
 	if err != nil || len(vals) == 0 {
 		l.forget(lease)

@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,6 +199,76 @@ func TestReserve_LowestTotalThenLeastRecentlyPickedThenOrder(t *testing.T) {
 	}
 	if _, err := a.Reserve(ctx, "m", "", []Candidate{c[2]}); !errors.Is(err, ErrFull) {
 		t.Fatalf("reserve on a full worker: %v, want ErrFull", err)
+	}
+}
+
+// The candidates reach the script packed (packCandidates): names of every
+// header length and numbers one ulp apart must arrive intact, and the tie
+// between the lowest totals must be settled among exactly those tied.
+func TestReserve_PackedCandidatesPickExactly(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	name := func(prefix string, n int) string { return prefix + strings.Repeat("x", n-len(prefix)) }
+	tests := []struct {
+		name  string
+		cands []Candidate
+		picks []string // successive picks, none released
+	}{
+		{
+			name: "names of 31, 32, 300 and 70000 bytes",
+			cands: []Candidate{
+				{Worker: name("a", 31), Score: 4, Limit: 1},
+				{Worker: name("b", 32), Score: 3, Limit: 1},
+				{Worker: name("c", 300), Score: 2, Limit: 1},
+				{Worker: name("d", 70000), Score: 1, Limit: 1},
+				{Worker: "gpü-é", Score: 5, Limit: 1},
+			},
+			picks: []string{name("d", 70000), name("c", 300), name("b", 32), name("a", 31), "gpü-é"},
+		},
+		{
+			name: "scores one ulp apart",
+			cands: []Candidate{
+				{Worker: "p", Score: math.Nextafter(0.3, 1), Limit: 1},
+				{Worker: "q", Score: 0.3, Limit: 1},
+			},
+			picks: []string{"q", "p"},
+		},
+		{
+			name: "weight times the shared count",
+			cands: []Candidate{
+				{Worker: "u", Score: 0, ActiveWeight: 1.5, Limit: 3},
+				{Worker: "v", Score: 1.25, ActiveWeight: 0.5, Limit: 3},
+			},
+			// totals u 0, 1.5, 3, full; v 1.25, 1.75, 2.25, full
+			picks: []string{"u", "v", "u", "v", "v", "u"},
+		},
+		{
+			name: "ties among the lowest only, wherever they stand",
+			cands: []Candidate{
+				{Worker: "e", Score: 2, Limit: 9},
+				{Worker: "f", Score: 2, Limit: 9},
+				{Worker: "g", Score: 1, Limit: 9},
+				{Worker: "h", Score: 2, Limit: 9},
+				{Worker: "i", Score: 1, Limit: 9},
+			},
+			picks: []string{"g", "i", "g", "i"},
+		},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newLedger(t, srv.URL(i), "a", ledgerOpts{})
+			var got []string
+			for range tt.picks {
+				r, err := l.Reserve(ctx, "m", "", tt.cands)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, r.Worker)
+			}
+			if !slices.Equal(got, tt.picks) {
+				t.Fatalf("picks %v, want %v", got, tt.picks)
+			}
+		})
 	}
 }
 
