@@ -556,6 +556,10 @@ func (l *Lease) Release() {
 		return
 	}
 	s := l.s
+	// The shared slot first: the dispatch below asks the ledger, which
+	// must already count it free, or this replica's own queue could not
+	// take the slot it just freed and would wait for the wake-up.
+	s.sharedRelease(l)
 	now := s.clock.Now()
 	s.mu.Lock()
 	l.w.busy.move(l.w.inFlight(), now)
@@ -568,7 +572,6 @@ func (l *Lease) Release() {
 	done := s.dispatchLocked()
 	s.notifyLocked()
 	s.mu.Unlock()
-	s.sharedRelease(l)
 	s.finish(done)
 }
 
