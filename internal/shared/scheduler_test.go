@@ -290,3 +290,24 @@ func TestScheduler_ConcurrencyLevelFromFullAndDegraded(t *testing.T) {
 		l.Release()
 	}
 }
+
+// TestScheduler_ReleaseHandsTheSlotToItsOwnQueue: a replica's release
+// frees the shared slot before its queue is served, so its own oldest
+// request takes the slot at once, as in one router, without waiting for
+// the wake-up round trip (this replica gets none: no Run).
+func TestScheduler_ReleaseHandsTheSlotToItsOwnQueue(t *testing.T) {
+	srv := startRedis(t)
+	clock := scheduler.NewManualClock(time.Unix(1_700_000_000, 0))
+	_, s := levelReplica(t, srv.URL(0), "a", 1, clock)
+	req := scheduler.Request{Model: "m"}
+	first := bound(t, s.Submit(req, nil))
+	queued := s.Submit(req, nil)
+	if queued.Done() {
+		t.Fatal("a second request was placed on a worker of limit 1")
+	}
+	first.Release()
+	if !queued.Done() {
+		t.Fatal("the queued request did not take the slot its replica's release freed")
+	}
+	bound(t, queued).Release()
+}

@@ -47,13 +47,16 @@ end
 // One cmsgpack.unpack turns them into Lua strings and numbers at once;
 // sent as four text arguments per candidate they cost Redis a string per
 // argument and a tonumber (strtod) per number, which was most of the
-// script's run time at 64 candidates.
+// script's run time at 64 candidates. 6 the wake-up channel.
 //
 // The turn is the replica's whose waiter is the oldest of the model: any
 // request of that replica may go (its own queue order chose it, and may
 // have let a cheaper one overtake its oldest), the others' wait. Comparing
 // each request's own age instead would deadlock two replicas whose queues
-// each picked a request younger than one of the other's.
+// each picked a request younger than one of the other's. A waiter
+// bound here leaves the waiting list; when that hands the turn to
+// another replica's waiter the script publishes a wake-up, as leaving it
+// by Unwait does, or that replica would wait for the next release.
 //
 // The last picks are read only for the candidates tied at the lowest
 // total, the only ones they can decide between.
@@ -116,8 +119,13 @@ redis.call('HSET', KEYS[2], w, seq)
 redis.call('ZADD', KEYS[5], nowms + tonumber(ARGV[2]), w .. '/' .. ARGV[1])
 redis.call('HINCRBY', KEYS[6], w, 1)
 if me ~= '' then
-  redis.call('ZREM', KEYS[3], me)
   redis.call('ZREM', KEYS[4], me)
+  if redis.call('ZREM', KEYS[3], me) > 0 then
+    local nxt = redis.call('ZRANGE', KEYS[3], 0, 0)
+    if #nxt > 0 and string.sub(nxt[1], 1, #mine) ~= mine then
+      redis.call('PUBLISH', ARGV[6], 'turn')
+    end
+  end
 end
 table.insert(actives, 1, best)
 table.insert(actives, 1, 'ok')

@@ -46,8 +46,11 @@
 // its own queue's choice — priorities and the cost order may let a
 // cheaper one overtake its oldest, as in one router — so two replicas
 // never each wait for the other. Release and leaving the waiting list
-// publish on a channel every replica subscribes to, so the one whose turn
-// it is retries at once rather than at its next poll. Pub/sub is only the
+// (Unwait, or a pick that binds a waiter and so passes the turn to
+// another replica) publish on a channel every replica subscribes to, so
+// the one whose turn it is retries at once rather than at its next poll.
+// A replica releases its shared slot before serving its own queue, so
+// its own oldest request takes the slot at once, as in one router. Pub/sub is only the
 // wake-up: a lost message costs latency (the renew tick retries too),
 // never correctness, which lives in the script.
 //
@@ -299,7 +302,7 @@ func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Cand
 	l.mu.Lock()
 	l.held[lease] = ""
 	l.mu.Unlock()
-	res, err := l.run(ctx, pickScript, keys, lease, l.cfg.LeaseTTL.Milliseconds(), me, l.cfg.Replica+"|", packed)
+	res, err := l.run(ctx, pickScript, keys, lease, l.cfg.LeaseTTL.Milliseconds(), me, l.cfg.Replica+"|", packed, l.channel())
 	vals, _ := res.([]any)
 	if err != nil || len(vals) == 0 {
 		l.forget(lease)

@@ -312,6 +312,39 @@ func TestWait_OldestRequestOfAnyReplicaBindsFirst(t *testing.T) {
 	}
 }
 
+// TestWait_BoundWaiterWakesTheNextTurn: a waiter bound by its pick hands
+// the turn to the replica with the next oldest waiter, which is woken at
+// once, not at the next release: with two slots free and one wake-up
+// between them, the second slot would otherwise idle.
+func TestWait_BoundWaiterWakesTheNextTurn(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	r0 := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
+	r1 := newLedger(t, srv.URL(0), "r1", ledgerOpts{})
+	run(t, r1)
+	two := cands(1, "w0", "w1")
+	if err := r0.Wait(ctx, "m", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r1.Wait(ctx, "m", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r1.Reserve(ctx, "m", "b", two); !errors.Is(err, ErrNotYourTurn) {
+		t.Fatalf("r1's younger waiter: %v, want ErrNotYourTurn", err)
+	}
+	if _, err := r0.Reserve(ctx, "m", "a", two); err != nil {
+		t.Fatalf("r0's oldest waiter: %v", err)
+	}
+	select {
+	case <-r1.Wake(): // renewals are an hour apart: only pub/sub wakes it
+	case <-time.After(10 * time.Second):
+		t.Fatal("r1, whose waiter is now the oldest, was not woken")
+	}
+	if _, err := r1.Reserve(ctx, "m", "b", two); err != nil {
+		t.Fatalf("r1's waiter, now the oldest: %v", err)
+	}
+}
+
 // TestWait_QueueOrderCannotDeadlockReplicas: a replica's queue need not
 // place its oldest request first (a cheaper one may overtake it within
 // max_overtake), so the turn belongs to the replica holding the oldest
