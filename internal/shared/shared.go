@@ -26,7 +26,7 @@
 // in-flight count is kept next to it in a hash that the same scripts
 // change in the same atomic step — one more for a lease added, one less
 // for a lease released or expired — so a count always equals its worker's
-// live leases and a pick reads all counts in one HMGET. Every script first
+// live leases and a pick reads all counts in one command. Every script first
 // reaps the expired leases, so a count never includes a dead replica's
 // slots. A replica renews its leases every RenewEvery (by
 // default 1s) for LeaseTTL (5s); Release removes one. A replica that is

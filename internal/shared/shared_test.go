@@ -203,17 +203,44 @@ func TestReserve_LowestTotalThenLeastRecentlyPickedThenOrder(t *testing.T) {
 }
 
 // The candidates reach the script packed (packCandidates): names of every
-// header length and numbers one ulp apart must arrive intact, and the tie
-// between the lowest totals must be settled among exactly those tied.
+// header length and numbers one ulp apart must arrive intact, the tie
+// between the lowest totals must be settled among exactly those tied, and
+// the counts must be the same whether the script reads the whole count
+// hash or only the candidates' fields.
 func TestReserve_PackedCandidatesPickExactly(t *testing.T) {
 	srv := startRedis(t)
 	ctx := context.Background()
 	name := func(prefix string, n int) string { return prefix + strings.Repeat("x", n-len(prefix)) }
 	tests := []struct {
-		name  string
-		cands []Candidate
-		picks []string // successive picks, none released
+		name   string
+		busy   map[string]int // slots reserved first, worker by worker
+		cands  []Candidate
+		picks  []string // successive picks, none released
+		active []int    // the first pick's shared counts
 	}{
+		{
+			name: "counts of two among many busy workers",
+			busy: map[string]int{"s": 2, "o1": 1, "o2": 1, "o3": 1, "o4": 1, "o5": 3},
+			cands: []Candidate{
+				{Worker: "s", Score: 0, ActiveWeight: 1, Limit: 9},
+				{Worker: "t", Score: 1.5, ActiveWeight: 1, Limit: 9},
+			},
+			// totals s 2, 2, 3; t 1.5, 2.5, 2.5
+			picks:  []string{"t", "s", "t"},
+			active: []int{2, 0},
+		},
+		{
+			name: "counts of two busy workers and an idle one",
+			busy: map[string]int{"s": 2, "t": 1},
+			cands: []Candidate{
+				{Worker: "r", Score: 3.5, ActiveWeight: 1, Limit: 9},
+				{Worker: "s", Score: 0, ActiveWeight: 1, Limit: 9},
+				{Worker: "t", Score: 1.5, ActiveWeight: 1, Limit: 9},
+			},
+			// totals r 3.5, 3.5; s 2, 3; t 2.5, 2.5
+			picks:  []string{"s", "t", "s"},
+			active: []int{0, 2, 1},
+		},
 		{
 			name: "names of 31, 32, 300 and 70000 bytes",
 			cands: []Candidate{
@@ -257,13 +284,23 @@ func TestReserve_PackedCandidatesPickExactly(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := newLedger(t, srv.URL(i), "a", ledgerOpts{})
+			for w, n := range tt.busy {
+				for range n {
+					if _, err := l.Reserve(ctx, "m", "", cands(9, w)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
 			var got []string
-			for range tt.picks {
+			for j := range tt.picks {
 				r, err := l.Reserve(ctx, "m", "", tt.cands)
 				if err != nil {
 					t.Fatal(err)
 				}
 				got = append(got, r.Worker)
+				if j == 0 && tt.active != nil && !slices.Equal(r.Active, tt.active) {
+					t.Errorf("shared counts before the first pick %v, want %v", r.Active, tt.active)
+				}
 			}
 			if !slices.Equal(got, tt.picks) {
 				t.Fatalf("picks %v, want %v", got, tt.picks)
