@@ -43,11 +43,11 @@ end
 // ARGV: 1 lease id, 2 lease TTL ms, 3 waiter member ("" for a request that
 // never queued), 4 this replica's member prefix ("replica|"), 5 the
 // candidates packed by packCandidates: two MessagePack arrays, the names,
-// then score without the active term, active weight and limit of each.
-// One cmsgpack.unpack turns them into Lua strings and numbers at once;
-// sent as four text arguments per candidate they cost Redis a string per
-// argument and a tonumber (strtod) per number, which was most of the
-// script's run time at 64 candidates. 6 the wake-up channel.
+// then score without the active term, active weight and limit of each;
+// 6 the wake-up channel. One cmsgpack.unpack turns the candidates into
+// Lua strings and numbers at once; sent as four text arguments per
+// candidate they cost Redis a string per argument and a tonumber (strtod)
+// per number, which was most of the script's run time at 64 candidates.
 //
 // The turn is the replica's whose waiter is the oldest of the model: any
 // request of that replica may go (its own queue order chose it, and may
