@@ -29,7 +29,7 @@ func benchReserve(b *testing.B, benchWorkers int) {
 	for i := range cs {
 		cs[i] = Candidate{Worker: fmt.Sprintf("w%02d", i), Score: float64(i%7) / 10, ActiveWeight: 1, Limit: 4}
 	}
-	// A few leases everywhere, so each set has members to reap and count.
+	// A slot taken on every worker, so each has a count to read.
 	for range benchWorkers {
 		if _, err := l.Reserve(ctx, "m", "", cs); err != nil {
 			b.Fatal(err)
@@ -60,31 +60,39 @@ func benchReserve(b *testing.B, benchWorkers int) {
 	// The scripts' own run time inside Redis, free of the client's and
 	// the network's scheduling: Redis's mean per call of EVALSHA (both
 	// the pick and the release script).
-	b.ReportMetric(evalshaMean(b, l), "redis-evalsha-µs")
-	// The pick script's alone, over as many picks as workers, released
-	// only afterwards: each worker gets one more slot, within its limit.
-	if err := l.rdb.ConfigResetStat(ctx).Err(); err != nil {
-		b.Fatal(err)
-	}
+	calls, usec := evalshaStats(b, l)
+	b.ReportMetric(float64(usec)/float64(calls), "redis-evalsha-µs")
+	// The pick script's alone, over rounds of as many picks as workers,
+	// each released after the round: each worker gets one more slot, within
+	// its limit.
+	calls, usec = 0, 0
 	held := make([]Reservation, 0, benchWorkers)
-	for range benchWorkers {
-		r, err := l.Reserve(ctx, "m", "", cs)
-		if err != nil {
+	for range 16 {
+		if err := l.rdb.ConfigResetStat(ctx).Err(); err != nil {
 			b.Fatal(err)
 		}
-		held = append(held, r)
-	}
-	b.ReportMetric(evalshaMean(b, l), "redis-pick-µs")
-	for _, r := range held {
-		if err := l.Release(ctx, r); err != nil {
-			b.Fatal(err)
+		for range benchWorkers {
+			r, err := l.Reserve(ctx, "m", "", cs)
+			if err != nil {
+				b.Fatal(err)
+			}
+			held = append(held, r)
 		}
+		c, u := evalshaStats(b, l)
+		calls, usec = calls+c, usec+u
+		for _, r := range held {
+			if err := l.Release(ctx, r); err != nil {
+				b.Fatal(err)
+			}
+		}
+		held = held[:0]
 	}
+	b.ReportMetric(float64(usec)/float64(calls), "redis-pick-µs")
 }
 
-// evalshaMean is Redis's mean run time in µs per EVALSHA since its
-// statistics were last reset.
-func evalshaMean(b *testing.B, l *Ledger) float64 {
+// evalshaStats is how many EVALSHA Redis ran since its statistics were
+// last reset, and their total run time in µs.
+func evalshaStats(b *testing.B, l *Ledger) (calls, usec int64) {
 	b.Helper()
 	info, err := l.rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
@@ -96,17 +104,26 @@ func evalshaMean(b *testing.B, l *Ledger) float64 {
 			continue
 		}
 		for _, kv := range strings.Split(stats, ",") {
-			if v, ok := strings.CutPrefix(kv, "usec_per_call="); ok {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					b.Fatalf("commandstats: %q: %v", line, err)
-				}
-				return f
+			k, v, _ := strings.Cut(kv, "=")
+			var dst *int64
+			switch k {
+			case "calls":
+				dst = &calls
+			case "usec":
+				dst = &usec
+			default:
+				continue
 			}
+			if *dst, err = strconv.ParseInt(v, 10, 64); err != nil {
+				b.Fatalf("commandstats: %q: %v", line, err)
+			}
+		}
+		if calls > 0 {
+			return calls, usec
 		}
 	}
 	b.Fatalf("commandstats: no EVALSHA in %q", info)
-	return 0
+	return 0, 0
 }
 
 // BenchmarkPing is the floor under BenchmarkReserve64: one PING round trip
