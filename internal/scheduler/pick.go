@@ -361,6 +361,9 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 		}
 		first := keys[order[0]].total
 		switch {
+		case r.Chosen == "":
+			// A refusal's record: the ranks say who would have gone
+			// first, its reason why nobody did (refuseWithLocked).
 		case len(order) == 1:
 			r.Reason = fmt.Sprintf("only eligible worker (score %.2f)", first)
 		case won >= 0 && keys[order[1]].total < first:

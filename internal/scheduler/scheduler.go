@@ -1050,6 +1050,10 @@ func (s *Scheduler) refuseWithLocked(t *Ticket, rec *decisions.Record, cause err
 	wait := s.clock.Now().Sub(t.enq)
 	ref := &Refusal{Err: cause, Reason: reasonOf(cause), RetryAfter: s.retryAfterLocked(t), QueueWait: wait}
 	if rec != nil {
+		// The record's pick chose nobody for it: it reserves nothing, and
+		// with a Ledger it saw only this replica's view, by which a worker
+		// full across replicas looks free.
+		rec.Chosen = ""
 		rec.Outcome = ref.Reason
 		rec.Reason = cause.Error()
 		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)

@@ -311,3 +311,36 @@ func TestScheduler_ReleaseHandsTheSlotToItsOwnQueue(t *testing.T) {
 	}
 	bound(t, queued).Release()
 }
+
+// TestScheduler_RefusalRecordChoosesNobody: a request that timed out in
+// the queue of one replica while the worker was full with another's is
+// refused; its record, made on this replica's view where the worker looks
+// free, must not name it as chosen nor replace the refusal's reason with
+// a score.
+func TestScheduler_RefusalRecordChoosesNobody(t *testing.T) {
+	srv := startRedis(t)
+	clock := scheduler.NewManualClock(time.Unix(1_700_000_000, 0))
+	_, a := levelReplica(t, srv.URL(0), "a", 1, clock)
+	var got *decisions.Record
+	l := newLedger(t, srv.URL(0), "b", ledgerOpts{})
+	b, err := scheduler.New(scheduler.Config{
+		Weights: scheduler.DefaultWeights(), MaxQueue: 8, QueueTimeout: time.Hour, StaleAfter: time.Hour,
+		Ledger: l.ForScheduler(context.Background()), Clock: clock, Limits: scheduler.LimitConfig{Fixed: true},
+		Recorder: func(r *decisions.Record) { got = r },
+	}, scheduler.WorkerSpec{Name: "w0", Models: []string{"m"}, MaxConcurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	req := scheduler.Request{Model: "m"}
+	held := bound(t, a.Submit(req, nil))
+	tk := b.Submit(req, nil)
+	if !b.Cancel(tk, scheduler.ErrQueueTimeout) {
+		t.Fatal("the request was not queued")
+	}
+	got.Explain()
+	if got.Outcome != "queue_timeout" || got.Chosen != "" || got.Reason != scheduler.ErrQueueTimeout.Error() || got.Replica != "b" {
+		t.Fatalf("refusal record: outcome %q chosen %q reason %q replica %q", got.Outcome, got.Chosen, got.Reason, got.Replica)
+	}
+	held.Release()
+}
