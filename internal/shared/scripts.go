@@ -94,7 +94,10 @@ else
 end
 local best, bestTotal, ties, tied = 0, 0, 0, {}
 for i = 1, n do
-  local active = tonumber(actives[i]) or 0
+  -- a count is HINCRBY's integer or false: + 0 converts it with one
+  -- strtod, tonumber with two
+  local active = actives[i]
+  if active then active = active + 0 else active = 0 end
   if active < 0 then active = 0 end
   actives[i] = active
   local b = 3 * i
