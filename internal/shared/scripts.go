@@ -237,8 +237,8 @@ func packCandidates(buf []byte, cands []Candidate) []byte {
 	return buf
 }
 
-// packedSize is the length of packCandidates' output, give or take the
-// string headers' varying length.
+// packedSize bounds the length of packCandidates' output: every header at
+// its longest.
 func packedSize(cands []Candidate) int {
 	n := 2*5 + 3*9*len(cands)
 	for _, c := range cands {
