@@ -52,6 +52,10 @@ const (
 	// affinityScan bounds how many waiting requests behind the head are
 	// looked at per bind, so a long queue costs no more than a short one.
 	affinityScan = 32
+	// affinityMatchBudget bounds the prefix lookups one bind makes for the
+	// one-more-stream rule behind the head, so a large fleet costs no more
+	// than a small one.
+	affinityMatchBudget = 256
 )
 
 // affinityOn reports whether the backlog rules above apply.
@@ -85,11 +89,10 @@ func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
 // eligible are appended to elig and idx.
 func (s *Scheduler) affinityBorrowLocked(req Request, elig []*worker, idx []int) ([]*worker, []int) {
 	for i, w := range s.workers {
-		lim := &w.lim
-		if w.why != whyFull || lim.source != srcLearned || lim.floor <= 0 || lim.sat != satNone ||
-			lim.limit != lim.learned || w.active != lim.learned || w.active >= lim.cap {
+		if !oneMoreRoom(w) {
 			continue
 		}
+		lim := &w.lim
 		m := s.matchOnLocked(req, w)
 		if m < affinityBorrowMatch {
 			continue
@@ -103,27 +106,46 @@ func (s *Scheduler) affinityBorrowLocked(req Request, elig []*worker, idx []int)
 	return elig, idx
 }
 
-// behind returns the requests waiting behind head in its class that
-// may overtake it: arrived after it by no more than the aging bound, in
-// arrival order, at most affinityScan.
-func (q *queue) behind(head *Ticket, bound time.Duration) []*Ticket {
+// oneMoreRoom reports whether w, as the last pick left it, is full at its
+// learned limit and could run one stream more for a cached prefix.
+func oneMoreRoom(w *worker) bool {
+	return w.why == whyFull && atLearnedLimit(w)
+}
+
+// atLearnedLimit reports whether w runs exactly its learned limit, which
+// is below its cap, with the floor known and no saturation reported.
+func atLearnedLimit(w *worker) bool {
+	lim := &w.lim
+	return lim.source == srcLearned && lim.floor > 0 && lim.sat == satNone &&
+		lim.limit == lim.learned && w.active == lim.learned && w.active < lim.cap
+}
+
+// behind appends to buf the requests waiting behind head in its class
+// that may overtake it: arrived after it by no more than the aging bound,
+// in arrival order, at most affinityScan.
+func (q *queue) behind(buf []*Ticket, head *Ticket, bound time.Duration) []*Ticket {
 	if head.front {
-		return nil
+		return buf
 	}
-	var out []*Ticket
 	for _, f := range q.classes[head.cls].flows {
+		n := 0 // a flow's arrivals are in order: its first affinityScan will do
 		for _, t := range f.arrivals {
+			if n == affinityScan || t.enq.Sub(head.enq) > bound {
+				break
+			}
 			if t.hidx < 0 || t == head || t.seq < head.seq {
 				continue
 			}
-			if t.enq.Sub(head.enq) > bound {
-				break
-			}
-			out = append(out, t)
+			buf = append(buf, t)
+			n++
 		}
 	}
-	slices.SortFunc(out, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
-	return out[:min(len(out), affinityScan)]
+	slices.SortFunc(buf, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
+	if len(buf) > affinityScan {
+		clear(buf[affinityScan:]) // the buffer is kept: it must not keep tickets
+		buf = buf[:affinityScan]
+	}
+	return buf
 }
 
 // affinityOvertakeLocked applies the holder-first rule to q's head, which
@@ -133,7 +155,9 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, no
 	if !s.affinityOn() {
 		return nil, nil, nil
 	}
-	waiting := q.behind(head, s.order.overtake)
+	waiting := q.behind(s.behindBuf[:0], head, s.order.overtake)
+	s.behindBuf = waiting[:0]
+	defer clear(waiting)
 	if len(waiting) == 0 {
 		return nil, nil, nil
 	}
@@ -157,9 +181,35 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, no
 		return nil, nil, nil
 	}
 	// The head waits for room; someone behind it may run one stream over a
-	// holder's learned limit.
+	// holder's learned limit. Only the workers the head's pick found full
+	// at their learned limit can be that holder (or too short for the
+	// head's prompt but at their learned limit: a shorter one may fit): a
+	// cheap test before a pick, within a budget of lookups.
+	room := s.affBuf[:0]
+	for _, w := range s.workers {
+		if (w.why == whyFull || w.why == whyContext) && atLearnedLimit(w) {
+			room = append(room, w)
+		}
+	}
+	s.affBuf = room[:0]
+	defer clear(room)
+	budget := affinityMatchBudget
 	for _, t := range waiting {
-		if !s.holdsEnoughLocked(t.req) {
+		if len(t.req.Prefix) == 0 {
+			continue
+		}
+		holds := false
+		for _, w := range room {
+			if budget == 0 {
+				return nil, nil, nil
+			}
+			budget--
+			if s.matchOnLocked(t.req, w) >= affinityBorrowMatch {
+				holds = true
+				break
+			}
+		}
+		if !holds {
 			continue
 		}
 		if bw, rec := s.pickQueuedLocked(t, now); bw != nil {
@@ -168,20 +218,6 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, no
 		}
 	}
 	return nil, nil, nil
-}
-
-// holdsEnoughLocked reports whether some worker is expected to hold enough
-// of req's prefix for the one-more-stream rule: a cheap test before a pick.
-func (s *Scheduler) holdsEnoughLocked(req Request) bool {
-	if len(req.Prefix) == 0 {
-		return false
-	}
-	for _, w := range s.workers {
-		if s.matchOnLocked(req, w) >= affinityBorrowMatch {
-			return true
-		}
-	}
-	return false
 }
 
 // explainOvertake has rec say why its request was bound before the head.

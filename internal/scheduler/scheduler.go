@@ -232,9 +232,12 @@ type Scheduler struct {
 	idxBuf  []int
 	candBuf []Candidate
 	eligBuf []*worker
-	closed  bool
-	changed chan struct{} // closed at the next state change; nil when nobody waits
-	shared  ledgerState
+	affBuf  []*worker // workers with room for one stream more (affinity.go)
+	// behindBuf holds the requests that may overtake the head (affinity.go).
+	behindBuf []*Ticket
+	closed    bool
+	changed   chan struct{} // closed at the next state change; nil when nobody waits
+	shared    ledgerState
 }
 
 type worker struct {

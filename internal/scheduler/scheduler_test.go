@@ -605,6 +605,38 @@ func BenchmarkQueueWhileFull(b *testing.B) {
 	}
 }
 
+// BenchmarkQueueWhileFullPrefix is BenchmarkQueueWhileFull with what the
+// default router has under a backlog: learned limits below each worker's
+// cap, a prefix index and prompt hashes that miss everywhere, so that each
+// arrival also looks behind the head for a request that could run one
+// stream over a holder's learned limit (affinity.go), within its budget.
+func BenchmarkQueueWhileFullPrefix(b *testing.B) {
+	for _, n := range []int{64, 1000} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			now := time.Now()
+			fs := fakeStats{}
+			ws := workers(n, 4, "m")
+			for _, w := range ws {
+				fs[w.Name] = levels(now, [3]float64{80, 1, 5}, [3]float64{30, 1, 5}) // learned 1 of 4
+			}
+			s := newSched(b, Config{MaxQueue: 1 << 30, NoRecords: true, Stats: fs, PrefixIndex: prefix.NewIndex(prefix.Options{}),
+				Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}}, ws...)
+			for i := range n + 64 {
+				s.Submit(Request{Model: "m", Prefix: []uint64{uint64(i), 1, 2, 3}}, nil)
+			}
+			b.ReportAllocs()
+			i := uint64(1 << 20)
+			for b.Loop() {
+				i++
+				t := s.Submit(Request{Model: "m", Prefix: []uint64{i, 1, 2, 3}}, nil)
+				if t.Done() {
+					b.Fatal("bound while every worker is full")
+				}
+			}
+		})
+	}
+}
+
 func TestScheduler_NoRecordsPicksTheSame(t *testing.T) {
 	run := func(noRecords bool) []string {
 		st := fakeStats{"w1": {DecodeTPS: stats.EMA{Value: 80, N: 3}}, "w2": {TTFTMs: stats.EMA{Value: 900, N: 3}}}
