@@ -61,8 +61,15 @@ type Record struct {
 	Chosen string `json:"chosen,omitempty"`
 	// Reason says in words why Chosen won (or why nothing did).
 	Reason string `json:"reason"`
-	// Candidates lists every configured worker, eligible or not.
+	// Candidates lists every configured worker, eligible or not. A
+	// record's maker may leave it to be built by the explanation (see
+	// SetExplain): read it after Explain, or use Summary.
 	Candidates []Candidate `json:"candidates"`
+	// Summary is what the record says of its candidates without building
+	// them, for readers on the hot path (a log line per decision). It is
+	// set when the record is made, before it is logged, and Explain never
+	// writes it, so it may be read while another goroutine explains.
+	Summary Summary `json:"-"`
 	// Replica names the router replica that decided, when several share
 	// the fleet through shared state.
 	Replica string `json:"replica,omitempty"`
@@ -80,9 +87,11 @@ type Record struct {
 	explain func(*Record)
 }
 
-// SetExplain registers fn to fill the candidates' Terms the first time the
-// record is read (Explain or JSON). fn must compute from values captured
-// at decision time, never from live state.
+// SetExplain registers fn to fill in the breakdown the first time the
+// record is read (Explain or JSON): the candidates' Terms, or the
+// Candidates themselves, and whatever else is cheaper to put in words
+// later than at decision time. fn must compute from values captured at
+// decision time, never from live state.
 func (r *Record) SetExplain(fn func(*Record)) { r.explain = fn }
 
 // AddExplain registers fn to run after the explanation already set, with
@@ -114,6 +123,17 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	r.Explain()
 	type plain Record // without methods, so no recursion
 	return json.Marshal((*plain)(r))
+}
+
+// Summary counts a record's candidates and gives the chosen one's score.
+type Summary struct {
+	// Candidates is the number of workers considered (len(Candidates)).
+	Candidates int
+	// Eligible is how many of them could take the request.
+	Eligible int
+	// Score is the chosen worker's Total; 0 when none was chosen or the
+	// policy does not score.
+	Score float64
 }
 
 // Candidate is one worker's part in a decision.

@@ -77,137 +77,36 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	if len(elig) == 0 && (!always || s.cfg.NoRecords) {
 		return nil, nil
 	}
+	cands := s.candBuf[:0]
+	for _, w := range elig {
+		cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st})
+		s.prefixMatchLocked(req, &cands[len(cands)-1])
+	}
+	s.candBuf = cands[:0]
 	if s.cfg.NoRecords {
-		cands := s.candBuf[:0]
-		for _, w := range elig {
-			cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st})
-			s.prefixMatchLocked(req, &cands[len(cands)-1])
-		}
-		s.candBuf = cands[:0]
-		return s.chooseLocked(nil, &req, cands, idx, elig, nil, now), nil
+		return s.chooseLocked(nil, &req, cands, idx, elig, now), nil
 	}
-	rec := s.newRecordLocked(req, now)
-	rec.Candidates = make([]decisions.Candidate, len(s.workers))
-	// What the record keeps to explain itself (see keptWorker).
-	var kept []keptWorker
-	var off []keptOff
-	if !baseline {
-		kept = make([]keptWorker, len(s.workers))
-		if learning && len(elig) < len(s.workers) {
-			off = make([]keptOff, 0, len(s.workers)-len(elig))
-		}
-	}
-	modelWhy := ""
-	for i, w := range s.workers {
-		snap := w.snap
-		if kept != nil {
-			kept[i] = keptWorker{lastPick: w.lastPick, order: w.order, cap: w.lim.cap, active: w.active, prefix: w.lim.prefix}
-			if off != nil && w.why != whyEligible {
-				off = append(off, keptOff{snap, w.st})
-			}
-		}
-		c := &rec.Candidates[i]
-		c.Worker, c.Active, c.Limit, c.Eligible = w.spec.Name, w.active, w.lim.limit, w.why == whyEligible
-		c.LimitSource = w.lim.source.String()
-		switch w.why {
-		case whyDraining:
-			c.Why = "draining"
-		case whyDown:
-			c.Why = "unhealthy: " + snap.HealthReason
-		case whyLoading:
-			c.Why = "loading model"
-		case whyModel:
-			if modelWhy == "" {
-				modelWhy = fmt.Sprintf("does not serve model %q", req.Model)
-			}
-			c.Why = modelWhy
-		case whyExcluded:
-			c.Why = "already failed this request"
-		case whyContext:
-			c.Why = fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", req.PromptTokens, snap.ContextTokens)
-		}
-		// whyFull is put in words from Active and Limit when the record
-		// is read (see explainFull).
-	}
+	pr := s.newPickRecordLocked(req, now, floor, waited)
+	rec := &pr.rec
+	var w *worker
 	if len(elig) == 0 {
 		rec.Reason = "no eligible worker"
-		rec.SetExplain(explainFull)
-		s.explainLimitsLater(rec, nil, kept, off, floor, waited, now)
-		return nil, rec
+	} else {
+		w = s.chooseLocked(pr, &req, cands, idx, elig, now)
 	}
-	cands := make([]Candidate, len(elig)) // the record's own, for explain
-	for i, w := range elig {
-		cands[i] = Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st}
-		s.prefixMatchLocked(req, &cands[i])
-	}
-	w := s.chooseLocked(rec, &req, cands, idx, elig, kept, now)
-	s.explainLimitsLater(rec, cands, kept, off, floor, waited, now)
+	pr.keepLocked(s, cands, idx)
+	rec.SetExplain(pr.explain)
 	return w, rec
 }
 
-// keptWorker is what a record keeps of each worker, besides the eligible
-// candidates as scored, to build its explanation when read: its rank key
-// and what its limit is recomputed from (limitOf) with its snapshot and
-// stats, which for a worker not eligible are in a keptOff (all values of
-// decision time: snapshots and stats are immutable). It holds no pointer,
-// so the GC need not scan it.
-type keptWorker struct {
-	lastPick uint64
-	order    int
-	cap      int
-	active   int     // this replica's in-flight count, which the limit saw
-	prefix   float64 // limitState.prefix: one more stream for a cached prefix
-}
-
-// keptOff is the snapshot and stats of a worker that was not eligible,
-// kept while limits are learned (to explain them).
-type keptOff struct {
-	snap *Snapshot
-	st   *stats.WorkerStats
-}
-
-// explainLimitsLater has rec say, when read, why each worker's limit was
-// what it was; the words are built from values kept now.
-// cands are the eligible candidates (their snapshots and stats), off the
-// others'.
-func (s *Scheduler) explainLimitsLater(rec *decisions.Record, cands []Candidate, kept []keptWorker, off []keptOff, floor float64, waited time.Duration, now time.Time) {
-	if s.cfg.Policy != PolicySluice || s.limits.Fixed {
-		return // a fixed limit's source, already in the record, says it all
-	}
-	lc, staleAfter := s.limits, s.cfg.StaleAfter
-	rec.AddExplain(func(r *decisions.Record) {
-		nextCand, nextOff := 0, 0
-		for i := range r.Candidates {
-			c, f := &r.Candidates[i], &kept[i]
-			var of keptOff
-			if c.Eligible {
-				of = keptOff{cands[nextCand].Snap, cands[nextCand].Stats}
-				nextCand++
-			} else {
-				of = off[nextOff]
-				nextOff++
-			}
-			var st limitState
-			lc.limitOf(&st, staleAfter, f.cap, srcLearned, f.active, of.st, of.snap, floor, waited, now)
-			if f.prefix > 0 { // made one stream over by affinityBorrowLocked
-				st.limit, st.prefix = f.active+1, f.prefix
-			}
-			c.LimitReason = st.String()
-		}
-	})
-}
-
 // chooseLocked applies the policy to the eligible workers and returns the
-// chosen one, filling rec (when not nil) with the choice and its reason.
-//
-// kept, with rec, is the record's: scoring keeps there what it needs to
-// explain itself.
-func (s *Scheduler) chooseLocked(rec *decisions.Record, req *Request, cands []Candidate, idx []int, elig []*worker, kept []keptWorker, now time.Time) *worker {
+// chosen one, filling pr (when not nil) with the choice and its reason.
+func (s *Scheduler) chooseLocked(pr *pickRecord, req *Request, cands []Candidate, idx []int, elig []*worker, now time.Time) *worker {
 	var reason string
 	var best int
 	switch s.cfg.Policy {
 	case PolicySluice:
-		if best = s.scoreLocked(rec, req, cands, idx, elig, kept, now); best < 0 {
+		if best = s.scoreLocked(pr, req, cands, elig, now); best < 0 {
 			return nil // the shared ledger has no room for it now
 		}
 	case PolicyRoundRobin:
@@ -221,7 +120,7 @@ func (s *Scheduler) chooseLocked(rec *decisions.Record, req *Request, cands []Ca
 				best = i
 			}
 		}
-		if rec != nil {
+		if pr != nil {
 			reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", elig[best].active)
 		}
 	case PolicyRandom:
@@ -238,19 +137,18 @@ func (s *Scheduler) chooseLocked(rec *decisions.Record, req *Request, cands []Ca
 		if elig[b].active < elig[a].active {
 			best = b
 		}
-		if rec != nil {
+		if pr != nil {
 			reason = fmt.Sprintf("fewer active of two random (%s, %s)", elig[a].spec.Name, elig[b].spec.Name)
 		}
 	}
 	w := elig[best]
-	if rec == nil {
+	if pr == nil {
 		return w
 	}
-	rec.Chosen = w.spec.Name
+	pr.rec.Chosen = w.spec.Name
+	pr.chosen = idx[best]
 	if s.cfg.Policy != PolicySluice {
-		rec.Reason = reason
-		rec.Candidates[idx[best]].Rank = 1
-		rec.SetExplain(explainFull)
+		pr.rec.Reason = reason
 	}
 	return w
 }
@@ -268,22 +166,13 @@ const (
 	whyFull
 )
 
-// explainFull fills in the reason of candidates skipped for being at their
-// concurrency limit: the only ineligible ones left without words.
-func explainFull(r *decisions.Record) {
-	for i := range r.Candidates {
-		if c := &r.Candidates[i]; !c.Eligible && c.Why == "" {
-			c.Why = fmt.Sprintf("at max_concurrency (%d/%d)", c.Active, c.Limit)
-		}
-	}
-}
-
-// scoreLocked scores the eligible candidates, fills their records and
-// returns the index of the winner: lowest total, then least recently
-// picked, then first in configuration order (with a Ledger, the ledger's
-// choice; -1 when it has no room). The per-term breakdown is
-// attached to the record to be computed when it is read.
-func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Candidate, idx []int, elig []*worker, kept []keptWorker, now time.Time) int {
+// scoreLocked scores the eligible candidates and returns the index of the
+// winner: lowest total, then least recently picked, then first in
+// configuration order (with a Ledger, the ledger's choice; -1 when it has
+// no room). The totals are left in s.scratch for pr (when not nil) to keep;
+// ranks, the per-term breakdown and the reason in words are computed when
+// the record is read (pickRecord.explain).
+func (s *Scheduler) scoreLocked(pr *pickRecord, req *Request, cands []Candidate, elig []*worker, now time.Time) int {
 	// The terms see the request through the scratch space: an Env on the
 	// stack would escape through the Term interface, and the request with it.
 	sc := &s.scratch
@@ -293,6 +182,10 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 	key := func(i int) rankKey { return rankKey{tot[i], elig[i].lastPick, elig[i].order} }
 	best := 0
 	if s.cfg.Ledger != nil && s.shared.binding {
+		var rec *decisions.Record
+		if pr != nil {
+			rec = &pr.rec
+		}
 		best = s.reserveSharedLocked(rec, req, cands, tot, elig, key)
 	} else {
 		for i := 1; i < len(cands); i++ { // one pass: only the winner is needed now
@@ -301,90 +194,10 @@ func (s *Scheduler) scoreLocked(rec *decisions.Record, req *Request, cands []Can
 			}
 		}
 	}
-	if best < 0 {
-		return -1
+	if best >= 0 && pr != nil {
+		pr.scored = true
 	}
-	if rec == nil {
-		return best
-	}
-	// Ranks, the breakdown and the reason in words are built when the
-	// record is read, from values that from here on belong to the record.
-	for i := range cands {
-		// Active as scored: with a Ledger, the count across replicas.
-		rec.Candidates[idx[i]].Active, rec.Candidates[idx[i]].Total = cands[i].Active, tot[i]
-		elig[i].last, elig[i].lastIdx = rec, idx[i]
-	}
-	frozen := cands
-	terms := s.terms
-	won := -1 // with a Ledger, its choice: ties and shared limits were its
-	if s.cfg.Ledger != nil && s.shared.binding {
-		won = best
-	}
-	in := &explainInput{env: sc.env, req: *req}
-	in.env.Req = &in.req // the record must not see later changes to the request
-	rec.SetExplain(func(r *decisions.Record) {
-		env := &in.env
-		explainFull(r)
-		// The eligible candidates as scored, in configuration order.
-		var at []int
-		for i := range r.Candidates {
-			if r.Candidates[i].Eligible {
-				at = append(at, i)
-			}
-		}
-		keys := make([]rankKey, len(at))
-		for j, i := range at {
-			keys[j] = rankKey{r.Candidates[i].Total, kept[i].lastPick, kept[i].order}
-		}
-		for i, ts := range explain(terms, env, frozen) {
-			r.Candidates[at[i]].Terms = ts
-		}
-		order := make([]int, len(keys))
-		for i := range order {
-			order[i] = i
-		}
-		slices.SortFunc(order, func(a, b int) int {
-			switch {
-			case a == won:
-				return -1
-			case b == won:
-				return 1
-			case keys[a].less(keys[b]):
-				return -1
-			case keys[b].less(keys[a]):
-				return 1
-			}
-			return 0
-		})
-		for rank, i := range order {
-			r.Candidates[at[i]].Rank = rank + 1
-		}
-		first := keys[order[0]].total
-		switch {
-		case r.Chosen == "":
-			// A refusal's record: the ranks say who would have gone
-			// first, its reason why nobody did (refuseWithLocked).
-		case len(order) == 1:
-			r.Reason = fmt.Sprintf("only eligible worker (score %.2f)", first)
-		case won >= 0 && keys[order[1]].total < first:
-			c := &r.Candidates[at[order[1]]]
-			r.Reason = fmt.Sprintf("lowest score %.2f with room across replicas; %s at %.2f is at its limit there (%d/%d)", first, frozen[order[1]].Name, keys[order[1]].total, c.Active, c.Limit)
-		case won >= 0 && keys[order[1]].total == first:
-			r.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; the least recently picked by any replica (the shared ledger's pick sequence), then the first listed, wins", first, frozen[order[1]].Name)
-		case keys[order[1]].total == first:
-			r.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; the least recently picked, then the first listed, wins", first, frozen[order[1]].Name)
-		default:
-			r.Reason = fmt.Sprintf("lowest score %.2f (next: %s at %.2f)", first, frozen[order[1]].Name, keys[order[1]].total)
-		}
-	})
 	return best
-}
-
-// explainInput is the decision's Env and request as a record keeps them,
-// in one allocation.
-type explainInput struct {
-	env Env
-	req Request
 }
 
 // rankKey orders candidates: lowest total, then least recently picked,

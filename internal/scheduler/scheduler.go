@@ -1111,9 +1111,17 @@ func (s *Scheduler) finish(done []*Ticket) {
 }
 
 func (s *Scheduler) newRecordLocked(req Request, now time.Time) *decisions.Record {
+	rec := new(decisions.Record)
+	s.fillRecordLocked(rec, req, now)
+	return rec
+}
+
+// fillRecordLocked fills in a new record's header: its ID and what it
+// says of the request.
+func (s *Scheduler) fillRecordLocked(rec *decisions.Record, req Request, now time.Time) {
 	s.ids++
 	var id [64]byte
-	rec := &decisions.Record{
+	*rec = decisions.Record{
 		ID:           string(strconv.AppendUint(append(append(id[:0], s.prefix...), '-'), s.ids, 10)),
 		Time:         now,
 		Model:        req.Model,
@@ -1128,5 +1136,4 @@ func (s *Scheduler) newRecordLocked(req Request, now time.Time) *decisions.Recor
 	s.stampSharedLocked(rec)
 	out, src := s.est.estimate(&req)
 	rec.ExpectedOutputTokens, rec.EstimateSource = int(math.Round(out)), src
-	return rec
 }

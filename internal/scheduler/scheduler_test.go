@@ -817,3 +817,120 @@ func TestScheduler_PromptCheckedAgainstContext(t *testing.T) {
 		t.Fatalf("40,000-token prompt: %v, want a context_length_exceeded refusal", err)
 	}
 }
+
+// A record is built from what the pick kept, whenever it is read: read
+// after the fleet has moved on, and by several goroutines while the
+// scheduler goes on picking, it says exactly what it says when read at
+// once, and its Summary agrees with its candidates.
+func TestScheduler_RecordReadLateSaysWhatItSaidAtOnce(t *testing.T) {
+	run := func(t *testing.T, late bool) []string {
+		clock := &fakeClock{t: time.Unix(1000, 0)}
+		srcs := make([]*mutableSource, 6)
+		ws := workers(len(srcs), 2, "m")
+		for i := range srcs {
+			srcs[i] = newSource(Snapshot{Health: HealthOK, KVPressure: Reading{Value: 0.1 * float64(i), Source: "test", At: clock.t}})
+			ws[i].Source = srcs[i]
+		}
+		ws[4].Models = []string{"other"}
+		st, _ := stats.NewTracker(context.Background(), 0.2, nil, nil)
+		var mu sync.Mutex
+		var recs []*decisions.Record
+		var out []string
+		marshal := func(r *decisions.Record) string {
+			b, err := r.MarshalJSON()
+			if err != nil {
+				t.Error(err)
+			}
+			return string(b)
+		}
+		s := newSched(t, Config{MaxQueue: 1, Clock: clock, Stats: st, StaleAfter: time.Second, PrefixIndex: prefix.NewIndex(prefix.Options{}),
+			Limits: LimitConfig{MinSamples: 3}, Recorder: func(r *decisions.Record) {
+				mu.Lock()
+				defer mu.Unlock()
+				recs = append(recs, r)
+				if !late {
+					out = append(out, marshal(r))
+				}
+			}}, ws...)
+		// Late readers explain records while the scheduler picks.
+		stop := make(chan struct{})
+		var readers sync.WaitGroup
+		for range 3 {
+			readers.Add(1)
+			go func() {
+				defer readers.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					mu.Lock()
+					var r *decisions.Record
+					if len(recs) > 0 {
+						r = recs[len(recs)-1]
+					}
+					mu.Unlock()
+					if late && r != nil {
+						_ = r.Summary.Score
+						marshal(r)
+					}
+				}
+			}()
+		}
+		var pending []*Ticket
+		var held []*Lease
+		for i := range 40 {
+			clock.t = clock.t.Add(300 * time.Millisecond)
+			srcs[i%len(srcs)].Set(Snapshot{Health: []Health{HealthOK, HealthDown}[i%7/6], HealthReason: "probe failed",
+				KVPressure: Reading{Value: float64(i%5) / 5, Source: "test", At: clock.t}})
+			pending = append(pending, s.Submit(Request{Model: "m", PromptTokens: 10 + i, Prefix: []uint64{uint64(i % 3), 7}}, nil))
+			pending = slices.DeleteFunc(pending, func(tk *Ticket) bool {
+				if !tk.Done() {
+					return false
+				}
+				if l, err := tk.Result(); err == nil {
+					held = append(held, l)
+				}
+				return true
+			})
+			if len(held) > 3 || (i%4 == 3 && len(held) > 0) {
+				l := held[0]
+				held = held[1:]
+				st.Observe(l.Worker, stats.Observation{TTFT: time.Duration(100+i) * time.Millisecond, OutputTokens: 100, DecodeTPS: float64(40 + i%9)}, clock.t)
+				l.Release()
+			}
+		}
+		close(stop)
+		readers.Wait()
+		if late {
+			for _, r := range recs {
+				out = append(out, marshal(r))
+			}
+		}
+		for _, r := range recs {
+			sum := decisions.Summary{Candidates: len(r.Candidates)}
+			for _, c := range r.Candidates {
+				if c.Eligible {
+					sum.Eligible++
+				}
+				if c.Worker == r.Chosen && r.Policy == string(PolicySluice) {
+					sum.Score = c.Total
+				}
+			}
+			if r.Summary != sum {
+				t.Errorf("record %s: summary %+v, its candidates say %+v", r.ID, r.Summary, sum)
+			}
+		}
+		return out
+	}
+	atOnce, late := run(t, false), run(t, true)
+	if len(atOnce) != 40 || len(late) != 40 {
+		t.Fatalf("%d and %d records, want 40 each", len(atOnce), len(late))
+	}
+	for i := range atOnce {
+		if atOnce[i] != late[i] {
+			t.Fatalf("record %d read late:\n%s\nread at once:\n%s", i, late[i], atOnce[i])
+		}
+	}
+}

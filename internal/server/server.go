@@ -275,23 +275,13 @@ func (s *Server) record(r *decisions.Record) {
 	s.dlog.Add(r)
 	s.dash.Decision(r)
 	attrs := []any{"id", r.ID, "model", r.Model, "outcome", r.Outcome, "queue_ms", r.QueueWaitMs, "attempt", r.Attempt}
-	// Another reader (GET /api/workers, the dashboard) may be filling in
-	// the record's breakdown right now: read only the fields that Explain
-	// never writes (Worker, Eligible, Total; Reason of a refusal).
+	// Another reader (GET /api/workers, the dashboard) may be building the
+	// record's candidates right now: read only what Explain never writes
+	// (the Summary; Reason of a refusal).
 	if r.Chosen != "" {
-		for i := range r.Candidates {
-			if c := &r.Candidates[i]; c.Worker == r.Chosen {
-				attrs = append(attrs, "worker", r.Chosen, "score", c.Total)
-			}
-		}
+		attrs = append(attrs, "worker", r.Chosen, "score", r.Summary.Score)
 	}
-	eligible := 0
-	for i := range r.Candidates {
-		if r.Candidates[i].Eligible {
-			eligible++
-		}
-	}
-	attrs = append(attrs, "eligible", eligible, "candidates", len(r.Candidates))
+	attrs = append(attrs, "eligible", r.Summary.Eligible, "candidates", r.Summary.Candidates)
 	if r.Chosen == "" && r.Reason != "" { // refusals; a binding's reason is built when its record is read
 		attrs = append(attrs, "reason", r.Reason)
 	}

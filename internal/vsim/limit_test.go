@@ -70,7 +70,7 @@ func TestController_BacksOffWhenACardSlowsAndRecovers(t *testing.T) {
 	cfg.Recorder = func(r *decisions.Record) {
 		mu.Lock()
 		defer mu.Unlock()
-		ds = append(ds, decision{r.Time.Sub(Epoch), r.Candidates[0].Limit})
+		ds = append(ds, decision{r.Time.Sub(Epoch), r.Explain().Candidates[0].Limit})
 	}
 	if _, err := Run(cfg, steady(2400, 2)); err != nil {
 		t.Fatal(err)

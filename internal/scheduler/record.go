@@ -1,0 +1,196 @@
+package scheduler
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// pickRecord is a decision record as a pick makes it. A record lists every
+// worker with the words and numbers that explain it, but it is read
+// rarely (the API, the dashboard, the decision log file) while a pick is
+// made for every request: so a pick keeps one slot of plain values per
+// worker, and the record's Candidates are built from them, with every
+// term and limit recomputed, when the record is first read
+// (pickRecord.explain, run by decisions.Record.Explain). Everything here
+// is of decision time and never changes afterwards: snapshots and stats
+// are immutable values.
+type pickRecord struct {
+	rec   decisions.Record
+	slots []slot // one per worker, in configuration order
+
+	// What the terms and limits are recomputed from.
+	env    Env     // of the decision; env.Req is &req
+	req    Request // the request, as placed
+	terms  []WeightedTerm
+	limits *LimitConfig // the learning limits, nil when fixed or not scored
+	floor  float64
+	waited time.Duration
+
+	chosen int  // slot of the chosen worker, -1 when none
+	scored bool // the eligible workers were scored and one chosen
+}
+
+// slot is what a record keeps of one worker: its telemetry and stats
+// (pointers to immutable values), what its limit was computed from and,
+// for an eligible worker, what it was scored on. It is 104 bytes at most:
+// the record costs one of these per worker on every pick.
+type slot struct {
+	name        string
+	snap        *Snapshot
+	st          *stats.WorkerStats
+	jobCost     float64 // Candidate.JobCost as scored
+	prefixMatch float64 // Candidate.PrefixMatch as scored
+	total       float64 // the score, when scored
+	prefix      float64 // limitState.prefix: one more stream for a cached prefix
+	lastPick    uint64  // for the rank's tie-break
+	limit, cap  int
+	active      int32 // Sluice's in-flight count (the record's Active)
+	scored      int32 // the in-flight count as scored (the shared ledger's, when it answered)
+	why         uint8 // one of the why* reasons
+	source      limitSource
+	prefixSrc   uint8 // Candidate.PrefixSource, an index into prefixSources
+}
+
+// prefixSources are the values of Candidate.PrefixSource, as a slot keeps
+// them: a number instead of a string. A source prefixMatchLocked may set
+// must be listed here.
+var prefixSources = [...]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared}
+
+func prefixSourceCode(src string) uint8 {
+	for i, s := range prefixSources {
+		if s == src {
+			return uint8(i)
+		}
+	}
+	panic(fmt.Sprintf("scheduler: prefix source %q missing from prefixSources", src))
+}
+
+// newPickRecordLocked starts the record of a pick made at now; floor and
+// waited are the pick's limit inputs (when limits are learned).
+func (s *Scheduler) newPickRecordLocked(req Request, now time.Time, floor float64, waited time.Duration) *pickRecord {
+	pr := &pickRecord{req: req, terms: s.terms, floor: floor, waited: waited, chosen: -1}
+	pr.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &pr.req}
+	if s.cfg.Policy == PolicySluice && !s.limits.Fixed {
+		pr.limits = s.limits
+	}
+	s.fillRecordLocked(&pr.rec, req, now)
+	return pr
+}
+
+// keepLocked fills pr's slots from the workers as the pick left them:
+// cands are the eligible ones as chosen among (idx their configuration
+// indexes), and, when pr was scored, s.scratch holds their totals.
+func (pr *pickRecord) keepLocked(s *Scheduler, cands []Candidate, idx []int) {
+	pr.slots = make([]slot, len(s.workers))
+	for i, w := range s.workers {
+		pr.slots[i] = slot{name: w.spec.Name, snap: w.snap, st: w.st, prefix: w.lim.prefix, lastPick: w.lastPick,
+			limit: w.lim.limit, cap: w.lim.cap, active: int32(w.active), why: w.why, source: w.lim.source}
+	}
+	for j, i := range idx[:len(cands)] {
+		sl, c := &pr.slots[i], &cands[j]
+		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
+		if pr.scored {
+			sl.total = s.scratch.total[j]
+			s.workers[i].last, s.workers[i].lastIdx = &pr.rec, i
+		}
+	}
+	pr.rec.Summary = decisions.Summary{Candidates: len(pr.slots), Eligible: len(cands)}
+	if pr.scored && pr.chosen >= 0 {
+		pr.rec.Summary.Score = pr.slots[pr.chosen].total
+	}
+}
+
+// explain builds r's candidates from pr's slots; r is &pr.rec.
+func (pr *pickRecord) explain(r *decisions.Record) {
+	cs := make([]decisions.Candidate, len(pr.slots))
+	var cands []Candidate // the eligible ones as scored
+	var at []int          // their indexes in cs
+	modelWhy := ""
+	for i := range pr.slots {
+		sl, c := &pr.slots[i], &cs[i]
+		c.Worker, c.Active, c.Limit, c.Eligible = sl.name, int(sl.active), sl.limit, sl.why == whyEligible
+		c.LimitSource = sl.source.String()
+		switch sl.why {
+		case whyEligible:
+			cands = append(cands, Candidate{Name: sl.name, Active: int(sl.scored), JobCost: sl.jobCost, Snap: sl.snap, Stats: sl.st,
+				PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc]})
+			at = append(at, i)
+			if pr.scored {
+				c.Total = sl.total
+			}
+		case whyDraining:
+			c.Why = "draining"
+		case whyDown:
+			c.Why = "unhealthy: " + sl.snap.HealthReason
+		case whyLoading:
+			c.Why = "loading model"
+		case whyModel:
+			if modelWhy == "" {
+				modelWhy = fmt.Sprintf("does not serve model %q", pr.req.Model)
+			}
+			c.Why = modelWhy
+		case whyExcluded:
+			c.Why = "already failed this request"
+		case whyContext:
+			c.Why = fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, sl.snap.ContextTokens)
+		case whyFull:
+			c.Why = fmt.Sprintf("at max_concurrency (%d/%d)", c.Active, c.Limit)
+		}
+		if pr.limits != nil {
+			var st limitState
+			pr.limits.limitOf(&st, pr.env.StaleAfter, sl.cap, srcLearned, c.Active, sl.st, sl.snap, pr.floor, pr.waited, pr.env.Now)
+			if sl.prefix > 0 { // made one stream over by affinityBorrowLocked
+				st.limit, st.prefix = c.Active+1, sl.prefix
+			}
+			c.LimitReason = st.String()
+		}
+	}
+	r.Candidates = cs
+	switch {
+	case pr.scored:
+		pr.explainScores(r, cands, at)
+	case pr.chosen >= 0: // a baseline policy's choice
+		cs[pr.chosen].Rank = 1
+	}
+}
+
+// explainScores fills in the terms and ranks of the eligible candidates
+// (cands, at their indexes at in r.Candidates) and the reason in words.
+func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at []int) {
+	keys := make([]rankKey, len(at))
+	for j, i := range at {
+		keys[j] = rankKey{pr.slots[i].total, pr.slots[i].lastPick, i}
+	}
+	for j, ts := range explain(pr.terms, &pr.env, cands) {
+		r.Candidates[at[j]].Terms = ts
+	}
+	order := make([]int, len(keys))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if keys[a].less(keys[b]) {
+			return -1
+		}
+		if keys[b].less(keys[a]) {
+			return 1
+		}
+		return 0
+	})
+	for rank, j := range order {
+		r.Candidates[at[j]].Rank = rank + 1
+	}
+	first := keys[order[0]].total
+	switch {
+	case len(order) == 1:
+		r.Reason = fmt.Sprintf("only eligible worker (score %.2f)", first)
+	case keys[order[1]].total == first:
+		r.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; the least recently picked, then the first listed, wins", first, cands[order[1]].Name)
+	default:
+		r.Reason = fmt.Sprintf("lowest score %.2f (next: %s at %.2f)", first, cands[order[1]].Name, keys[order[1]].total)
+	}
+}
