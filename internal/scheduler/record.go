@@ -87,8 +87,12 @@ func (s *Scheduler) newPickRecordLocked(req Request, now time.Time, floor float6
 func (pr *pickRecord) keepLocked(s *Scheduler, cands []Candidate, idx []int) {
 	pr.slots = make([]slot, len(s.workers))
 	for i, w := range s.workers {
-		pr.slots[i] = slot{name: w.spec.Name, snap: w.snap, st: w.st, prefix: w.lim.prefix, lastPick: w.lastPick,
-			limit: w.lim.limit, cap: w.lim.cap, active: int32(w.active), why: w.why, source: w.lim.source}
+		// Field by field: a struct literal would be copied in with a bulk
+		// write barrier, much slower while the GC runs.
+		sl := &pr.slots[i]
+		sl.name, sl.snap, sl.st = w.spec.Name, w.snap, w.st
+		sl.prefix, sl.lastPick, sl.limit, sl.cap = w.lim.prefix, w.lastPick, w.lim.limit, w.lim.cap
+		sl.active, sl.why, sl.source = int32(w.active), w.why, w.lim.source
 	}
 	for j, i := range idx[:len(cands)] {
 		sl, c := &pr.slots[i], &cands[j]
