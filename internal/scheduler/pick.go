@@ -39,6 +39,13 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		}
 		waited = s.oldestWaitLocked(req.Model, now)
 	}
+	// The eligible workers' candidates, and with records every worker's
+	// slot, are written in the same pass, while the worker is in cache.
+	slots := s.pickSlotsLocked()
+	cands := s.candBuf[:0]
+	if cap(cands) < len(s.workers) {
+		cands = make([]Candidate, 0, len(s.workers))
+	}
 	for i, w := range s.workers {
 		snap := w.snap
 		why := whyEligible
@@ -67,22 +74,34 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		default:
 			elig = append(elig, w)
 			idx = append(idx, i)
+			cands = s.appendCandLocked(req, cands, w)
 		}
 		w.why = why
+		if slots != nil {
+			// Field by field, every one: a struct literal would be copied
+			// in with a bulk write barrier, slow while the GC runs, and
+			// the slots may be a dead record's.
+			sl := &slots[i]
+			sl.name, sl.snap, sl.st = w.spec.Name, snap, w.st
+			sl.prefix, sl.lastPick, sl.limit, sl.cap = w.lim.prefix, w.lastPick, w.lim.limit, w.lim.cap
+			sl.active, sl.why, sl.source = int32(w.active), why, w.lim.source
+			sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc = 0, 0, 0, 0, 0
+		}
 	}
 	if len(elig) == 0 && !baseline && !s.limits.Fixed && len(req.Prefix) > 0 && s.affinityOn() {
 		elig, idx = s.affinityBorrowLocked(req, elig, idx)
+		for j, w := range elig {
+			cands = s.appendCandLocked(req, cands, w)
+			if slots != nil {
+				sl := &slots[idx[j]]
+				sl.why, sl.limit, sl.prefix = w.why, w.lim.limit, w.lim.prefix
+			}
+		}
 	}
-	s.eligBuf, s.idxBuf = elig[:0], idx[:0]
+	s.eligBuf, s.idxBuf, s.candBuf = elig[:0], idx[:0], cands[:0]
 	if len(elig) == 0 && (!always || s.cfg.NoRecords) {
-		return nil, nil
+		return nil, nil // the slots stay in s.scratch for the next pick
 	}
-	cands := s.candBuf[:0]
-	for _, w := range elig {
-		cands = append(cands, Candidate{Name: w.spec.Name, Active: w.active, JobCost: w.cost, Snap: w.snap, Stats: w.st})
-		s.prefixMatchLocked(req, &cands[len(cands)-1])
-	}
-	s.candBuf = cands[:0]
 	if s.cfg.NoRecords {
 		return s.chooseLocked(nil, &req, cands, idx, elig, now), nil
 	}
@@ -94,9 +113,22 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	} else {
 		w = s.chooseLocked(pr, &req, cands, idx, elig, now)
 	}
-	pr.keepLocked(s, cands, idx)
+	pr.keepLocked(s, slots, cands, idx)
 	rec.SetExplain(pr.explain)
 	return w, rec
+}
+
+// appendCandLocked appends eligible w's candidate to cands, which has
+// room for it.
+func (s *Scheduler) appendCandLocked(req Request, cands []Candidate, w *worker) []Candidate {
+	cands = cands[:len(cands)+1]
+	// Field by field, every one, over the previous pick's: a struct
+	// literal (or a zeroed append) is copied in with a bulk write barrier.
+	c := &cands[len(cands)-1]
+	c.Name, c.Active, c.JobCost, c.Snap, c.Stats = w.spec.Name, w.active, w.cost, w.snap, w.st
+	c.PrefixMatch, c.PrefixSource = 0, ""
+	s.prefixMatchLocked(req, c)
+	return cands
 }
 
 // chooseLocked applies the policy to the eligible workers and returns the

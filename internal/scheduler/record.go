@@ -81,30 +81,38 @@ func (s *Scheduler) newPickRecordLocked(req Request, now time.Time, floor float6
 	return pr
 }
 
-// keepLocked fills pr's slots from the workers as the pick left them:
-// cands are the eligible ones as chosen among (idx their configuration
-// indexes), and, when pr was scored, s.scratch holds their totals.
-func (pr *pickRecord) keepLocked(s *Scheduler, cands []Candidate, idx []int) {
-	pr.slots = make([]slot, len(s.workers))
-	for i, w := range s.workers {
-		// Field by field: a struct literal would be copied in with a bulk
-		// write barrier, much slower while the GC runs.
-		sl := &pr.slots[i]
-		sl.name, sl.snap, sl.st = w.spec.Name, w.snap, w.st
-		sl.prefix, sl.lastPick, sl.limit, sl.cap = w.lim.prefix, w.lastPick, w.lim.limit, w.lim.cap
-		sl.active, sl.why, sl.source = int32(w.active), w.why, w.lim.source
+// pickSlotsLocked returns the slots the pick in progress fills in when
+// it makes records (nil when it does not): those of s.scratch, left by a
+// pick that made no record, or new ones. Their values may be left over
+// and must all be written.
+func (s *Scheduler) pickSlotsLocked() []slot {
+	if s.cfg.NoRecords {
+		return nil
 	}
+	n := len(s.workers)
+	if cap(s.scratch.slots) < n {
+		s.scratch.slots = make([]slot, n)
+	}
+	return s.scratch.slots[:n]
+}
+
+// keepLocked hands the pick's slots to pr and fills in what they say of
+// the eligible workers: cands, as chosen among (idx their configuration
+// indexes), and, when pr was scored, their totals in s.scratch.
+func (pr *pickRecord) keepLocked(s *Scheduler, slots []slot, cands []Candidate, idx []int) {
+	s.scratch.slots = nil // the record's now
+	pr.slots = slots
 	for j, i := range idx[:len(cands)] {
-		sl, c := &pr.slots[i], &cands[j]
+		sl, c := &slots[i], &cands[j]
 		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
 		if pr.scored {
 			sl.total = s.scratch.total[j]
 			s.workers[i].last, s.workers[i].lastIdx = &pr.rec, i
 		}
 	}
-	pr.rec.Summary = decisions.Summary{Candidates: len(pr.slots), Eligible: len(cands)}
+	pr.rec.Summary = decisions.Summary{Candidates: len(slots), Eligible: len(cands)}
 	if pr.scored && pr.chosen >= 0 {
-		pr.rec.Summary.Score = pr.slots[pr.chosen].total
+		pr.rec.Summary.Score = slots[pr.chosen].total
 	}
 }
 

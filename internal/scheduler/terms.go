@@ -358,6 +358,8 @@ type scratch struct {
 	order            []int
 	env              Env     // of the pick being scored
 	req              Request // its request, which env points to
+	// slots are those of the pick in progress (see pickSlotsLocked).
+	slots []slot
 }
 
 func (sc *scratch) grow(n int) {
