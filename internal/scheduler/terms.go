@@ -360,13 +360,17 @@ type scratch struct {
 	req              Request // its request, which env points to
 	// slots are those of the pick in progress (see pickSlotsLocked).
 	slots []slot
+	// tele and ratio are builtinTotals' space.
+	tele  []teleInputs
+	ratio [2][]float64
 }
 
 func (sc *scratch) grow(n int) {
 	if cap(sc.raw) < n {
 		sc.raw, sc.norm, sc.total, sc.order = make([]float64, n), make([]float64, n), make([]float64, n), make([]int, n)
+		sc.tele = make([]teleInputs, n)
 	}
-	sc.raw, sc.norm, sc.total, sc.order = sc.raw[:n], sc.norm[:n], sc.total[:n], sc.order[:n]
+	sc.raw, sc.norm, sc.total, sc.order, sc.tele = sc.raw[:n], sc.norm[:n], sc.total[:n], sc.order[:n], sc.tele[:n]
 }
 
 // totals runs every term over cands and returns each candidate's weighted
@@ -375,6 +379,9 @@ func (sc *scratch) grow(n int) {
 func totals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []float64 {
 	sc.grow(len(cands))
 	out := sc.total
+	if builtinTotals(terms, env, cands, sc) {
+		return out
+	}
 	clear(out)
 	for _, wt := range terms {
 		wt.Term.Score(env, cands, sc.raw, sc.norm)
