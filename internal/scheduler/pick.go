@@ -42,6 +42,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	// The eligible workers' candidates, and with records every worker's
 	// slot, are written in the same pass, while the worker is in cache.
 	slots := s.pickSlotsLocked()
+	prefixOn := s.cfg.PrefixIndex != nil && len(req.Prefix) > 0 && !baseline // as prefixMatchLocked tests
 	cands := s.candBuf[:0]
 	if cap(cands) < len(s.workers) {
 		cands = make([]Candidate, 0, len(s.workers))
@@ -65,16 +66,16 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 			why = whyLoading
 		case !w.serving:
 			why = whyModel
-		case slices.Contains(req.Exclude, w.spec.Name):
+		case len(req.Exclude) > 0 && slices.Contains(req.Exclude, w.spec.Name):
 			why = whyExcluded
-		case tooLong(snap, req):
+		case snap.ContextTokens > 0 && req.PromptTokens > snap.ContextTokens: // tooLong
 			why = whyContext
 		case !baseline && w.active >= w.lim.limit:
 			why = whyFull
 		default:
 			elig = append(elig, w)
 			idx = append(idx, i)
-			cands = s.appendCandLocked(req, cands, w)
+			cands = s.appendCandLocked(&req, cands, w, prefixOn)
 		}
 		w.why = why
 		if slots != nil {
@@ -91,7 +92,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	if len(elig) == 0 && !baseline && !s.limits.Fixed && len(req.Prefix) > 0 && s.affinityOn() {
 		elig, idx = s.affinityBorrowLocked(req, elig, idx)
 		for j, w := range elig {
-			cands = s.appendCandLocked(req, cands, w)
+			cands = s.appendCandLocked(&req, cands, w, prefixOn)
 			if slots != nil {
 				sl := &slots[idx[j]]
 				sl.why, sl.limit, sl.prefix = w.why, w.lim.limit, w.lim.prefix
@@ -119,15 +120,17 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 }
 
 // appendCandLocked appends eligible w's candidate to cands, which has
-// room for it.
-func (s *Scheduler) appendCandLocked(req Request, cands []Candidate, w *worker) []Candidate {
+// room for it, with its prefix match for req when prefixOn.
+func (s *Scheduler) appendCandLocked(req *Request, cands []Candidate, w *worker, prefixOn bool) []Candidate {
 	cands = cands[:len(cands)+1]
 	// Field by field, every one, over the previous pick's: a struct
 	// literal (or a zeroed append) is copied in with a bulk write barrier.
 	c := &cands[len(cands)-1]
 	c.Name, c.Active, c.JobCost, c.Snap, c.Stats = w.spec.Name, w.active, w.cost, w.snap, w.st
 	c.PrefixMatch, c.PrefixSource = 0, ""
-	s.prefixMatchLocked(req, c)
+	if prefixOn {
+		s.prefixMatchLocked(*req, c)
+	}
 	return cands
 }
 
@@ -211,18 +214,19 @@ func (s *Scheduler) scoreLocked(pr *pickRecord, req *Request, cands []Candidate,
 	sc.req = *req
 	sc.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &sc.req}
 	tot := totals(s.terms, &sc.env, cands, sc)
-	key := func(i int) rankKey { return rankKey{tot[i], elig[i].lastPick, elig[i].order} }
 	best := 0
 	if s.cfg.Ledger != nil && s.shared.binding {
 		var rec *decisions.Record
 		if pr != nil {
 			rec = &pr.rec
 		}
+		key := func(i int) rankKey { return rankKey{tot[i], elig[i].lastPick, elig[i].order} }
 		best = s.reserveSharedLocked(rec, req, cands, tot, elig, key)
 	} else {
+		bk := rankKey{tot[0], elig[0].lastPick, elig[0].order}
 		for i := 1; i < len(cands); i++ { // one pass: only the winner is needed now
-			if key(i).less(key(best)) {
-				best = i
+			if k := (rankKey{tot[i], elig[i].lastPick, elig[i].order}); k.less(bk) {
+				best, bk = i, k
 			}
 		}
 	}

@@ -57,14 +57,19 @@ type slot struct {
 
 // prefixSources are the values of Candidate.PrefixSource, as a slot keeps
 // them: a number instead of a string. A source prefixMatchLocked may set
-// must be listed here.
-var prefixSources = [...]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared}
+// must be listed here and in prefixSourceCode.
+var prefixSources = [4]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared}
 
 func prefixSourceCode(src string) uint8 {
-	for i, s := range prefixSources {
-		if s == src {
-			return uint8(i)
-		}
+	switch src { // a switch, not a loop: it runs for every eligible worker
+	case "":
+		return 0
+	case prefixSourceIndex:
+		return 1
+	case prefixSourceReport:
+		return 2
+	case prefixSourceShared:
+		return 3
 	}
 	panic(fmt.Sprintf("scheduler: prefix source %q missing from prefixSources", src))
 }
