@@ -232,6 +232,7 @@ func (s *Scheduler) scoreLocked(pr *pickRecord, req *Request, cands []Candidate,
 	}
 	if best >= 0 && pr != nil {
 		pr.scored = true
+		pr.shared = s.cfg.Ledger != nil && s.shared.binding
 	}
 	return best
 }

@@ -32,6 +32,7 @@ type pickRecord struct {
 
 	chosen int  // slot of the chosen worker, -1 when none
 	scored bool // the eligible workers were scored and one chosen
+	shared bool // the shared ledger chose: its choice ranks first
 }
 
 // slot is what a record keeps of one worker: its telemetry and stats
@@ -137,7 +138,8 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 				PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc]})
 			at = append(at, i)
 			if pr.scored {
-				c.Total = sl.total
+				// Active as scored: with a Ledger, the count across replicas.
+				c.Active, c.Total = int(sl.scored), sl.total
 			}
 		case whyDraining:
 			c.Why = "draining"
@@ -158,10 +160,12 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 			c.Why = fmt.Sprintf("at max_concurrency (%d/%d)", c.Active, c.Limit)
 		}
 		if pr.limits != nil {
+			// This replica's in-flight count, which the limit saw.
+			active := int(sl.active)
 			var st limitState
-			pr.limits.limitOf(&st, pr.env.StaleAfter, sl.cap, srcLearned, c.Active, sl.st, sl.snap, pr.floor, pr.waited, pr.env.Now)
+			pr.limits.limitOf(&st, pr.env.StaleAfter, sl.cap, srcLearned, active, sl.st, sl.snap, pr.floor, pr.waited, pr.env.Now)
 			if sl.prefix > 0 { // made one stream over by affinityBorrowLocked
-				st.limit, st.prefix = c.Active+1, sl.prefix
+				st.limit, st.prefix = active+1, sl.prefix
 			}
 			c.LimitReason = st.String()
 		}
@@ -179,8 +183,12 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 // (cands, at their indexes at in r.Candidates) and the reason in words.
 func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at []int) {
 	keys := make([]rankKey, len(at))
+	won := -1 // with a Ledger, its choice: ties and shared limits were its
 	for j, i := range at {
 		keys[j] = rankKey{pr.slots[i].total, pr.slots[i].lastPick, i}
+		if pr.shared && i == pr.chosen {
+			won = j
+		}
 	}
 	for j, ts := range explain(pr.terms, &pr.env, cands) {
 		r.Candidates[at[j]].Terms = ts
@@ -190,10 +198,14 @@ func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at [
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int {
-		if keys[a].less(keys[b]) {
+		switch {
+		case a == won:
 			return -1
-		}
-		if keys[b].less(keys[a]) {
+		case b == won:
+			return 1
+		case keys[a].less(keys[b]):
+			return -1
+		case keys[b].less(keys[a]):
 			return 1
 		}
 		return 0
@@ -203,8 +215,16 @@ func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at [
 	}
 	first := keys[order[0]].total
 	switch {
+	case r.Chosen == "":
+		// A refusal's record: the ranks say who would have gone first,
+		// its reason why nobody did (refuseWithLocked).
 	case len(order) == 1:
 		r.Reason = fmt.Sprintf("only eligible worker (score %.2f)", first)
+	case won >= 0 && keys[order[1]].total < first:
+		c := &r.Candidates[at[order[1]]]
+		r.Reason = fmt.Sprintf("lowest score %.2f with room across replicas; %s at %.2f is at its limit there (%d/%d)", first, cands[order[1]].Name, keys[order[1]].total, c.Active, c.Limit)
+	case won >= 0 && keys[order[1]].total == first:
+		r.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; the least recently picked by any replica (the shared ledger's pick sequence), then the first listed, wins", first, cands[order[1]].Name)
 	case keys[order[1]].total == first:
 		r.Reason = fmt.Sprintf("lowest score %.2f, tied with %s; the least recently picked, then the first listed, wins", first, cands[order[1]].Name)
 	default:

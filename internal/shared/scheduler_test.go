@@ -235,7 +235,7 @@ func TestScheduler_ConcurrencyLevelCountsOtherReplicas(t *testing.T) {
 	req := scheduler.Request{Model: "m"}
 	a1, a2 := bound(t, a.Submit(req, nil)), bound(t, a.Submit(req, nil))
 	b1 := bound(t, b.Submit(req, nil)) // the ledger says a has two on w0
-	if got := b1.Decision.Candidates[0].Active; got != 2 {
+	if got := b1.Decision.Explain().Candidates[0].Active; got != 2 {
 		t.Fatalf("b's record: w0 active %d, want the 2 the ledger scored", got)
 	}
 	clock.Advance(10 * time.Second)
