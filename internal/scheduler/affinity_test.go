@@ -125,3 +125,31 @@ func TestAffinity_CachedPrefixRunsOneOverTheLearnedLimit(t *testing.T) {
 		t.Fatalf("a request was bound past the limit rule: again %v, other %v", again.Done(), other.Done())
 	}
 }
+
+// The one stream more for a cached prefix is found behind a head whose
+// prompt is too long for the holder: the head's pick does not rule the
+// holder out for a shorter prompt.
+func TestAffinity_OneOverBehindAHeadTooLongForTheHolder(t *testing.T) {
+	clk := NewManualClock(time.Unix(10000, 0))
+	learned1 := levels(clk.Now(), [3]float64{80, 1, 5}, [3]float64{30, 1, 5}) // level 2 under the floor
+	small := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 1000})
+	large := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 32768})
+	s := newSched(t, Config{MaxQueue: 10, Clock: clk, Stats: fakeStats{"small": learned1, "large": learned1},
+		PrefixIndex: prefix.NewIndex(prefix.Options{}), Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
+		WorkerSpec{Name: "small", MaxConcurrency: 4, Source: small},
+		WorkerSpec{Name: "large", MaxConcurrency: 4, Source: large})
+	long := admitNow(t, s, Request{Model: "m", PromptTokens: 5000, Prefix: []uint64{20, 21}})
+	defer long.Release()
+	conv := []uint64{1, 2, 3, 4}
+	a := admitNow(t, s, Request{Model: "m", PromptTokens: 500, Prefix: conv})
+	defer a.Release()
+	if long.Worker != "large" || a.Worker != "small" {
+		t.Fatalf("first requests on %s and %s, want large and small", long.Worker, a.Worker)
+	}
+	head := queued(t, s, Request{Model: "m", PromptTokens: 5000, Prefix: []uint64{30, 31}})
+	turn2 := s.Submit(Request{Model: "m", PromptTokens: 600, Prefix: append(conv[:4:4], 5)}, nil)
+	boundTo(t, turn2, "small").Release()
+	if head.Done() {
+		t.Fatalf("the head was bound; want it waiting for large")
+	}
+}
