@@ -282,6 +282,9 @@ func (w *Worker) updatePrefixCacheLocked(pc telemetry.PrefixCache, src string, n
 	if pc.KVTokens.Present {
 		st.kvTokens = int(pc.KVTokens.V)
 	}
+	if pc.KVPoolTokens.Present {
+		st.kvPool = int(pc.KVPoolTokens.V)
+	}
 	if !pc.Queries.Present || !pc.Hits.Present {
 		return
 	}

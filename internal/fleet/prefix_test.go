@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -140,6 +141,9 @@ func TestWorker_VLLMPrefixCache(t *testing.T) {
 	if got, want := snap.KVCacheTokens, 2*29127*16; got != want {
 		t.Errorf("KVCacheTokens = %d, want %d (num_gpu_blocks × block_size, two engines)", got, want)
 	}
+	if got, want := snap.KVPoolTokens, 29127*16; got != want {
+		t.Errorf("KVPoolTokens = %d, want %d (one engine's: a request runs on one)", got, want)
+	}
 	if snap.PrefixHitRate.Known() {
 		t.Errorf("a hit rate from one scrape: %+v", snap.PrefixHitRate)
 	}
@@ -166,5 +170,37 @@ func TestWorker_VLLMPrefixCache(t *testing.T) {
 	h.scrape(t, "v")
 	if got := w.Snapshot().PrefixHitRate; got != want {
 		t.Errorf("after a counter reset PrefixHitRate = %+v, want the last one %+v", got, want)
+	}
+}
+
+// TestWorker_LlamaCPPKVPool: a slot's n_ctx is taken for the KV cache the
+// slots share only when the whole cache, as /metrics imply it, is no
+// larger (a unified cache); a slot's share of a larger cache, or a build
+// that does not say, leaves the pool unknown.
+func TestWorker_LlamaCPPKVPool(t *testing.T) {
+	metrics := func(used int, ratio float64) string {
+		return fmt.Sprintf("llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\nllamacpp:kv_cache_usage_ratio %g\nllamacpp:kv_cache_tokens %d\n", ratio, used)
+	}
+	for _, tc := range []struct {
+		name    string
+		metrics string
+		nCtx    int
+		want    int
+	}{
+		{name: "unified cache", metrics: metrics(3456, 0.421875), nCtx: 8192, want: 8192},
+		{name: "a slot's share", metrics: metrics(3456, 0.421875), nCtx: 2048, want: 0},
+		{name: "nothing in use yet", metrics: metrics(0, 0), nCtx: 8192, want: 0},
+		{name: "newer build", metrics: "llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n", nCtx: 8192, want: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Options{})
+			fs := llamaServer(t)
+			fs.set("/metrics", 200, tc.metrics)
+			fs.set("/slots", 200, fmt.Sprintf(`[{"id":0,"n_ctx":%d,"is_processing":true},{"id":1,"n_ctx":%d,"is_processing":false}]`, tc.nCtx, tc.nCtx))
+			w := h.add(t, WorkerConfig{Name: "a", URL: serve(t, fs).URL, Kind: KindLlamaCPP})
+			if got := w.Snapshot().KVPoolTokens; got != tc.want {
+				t.Errorf("KVPoolTokens = %d, want %d", got, tc.want)
+			}
+		})
 	}
 }

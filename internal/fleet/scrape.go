@@ -228,6 +228,9 @@ func (w *Worker) scrapeMetrics(ctx context.Context, now time.Time, path string, 
 	update(&w.st.queue, m.QueueLen, src, now)
 	update(&w.st.running, m.Running, src, now)
 	update(&w.st.kv, m.KVUsage, src, now)
+	if m.KVUsedTokens.Present && m.KVUsage.Present && m.KVUsage.V > 0 {
+		w.st.kvCells = m.KVUsedTokens.V / m.KVUsage.V
+	}
 	w.updatePrefixCacheLocked(m.PrefixCache, src, now)
 	w.publishLocked()
 	w.mu.Unlock()

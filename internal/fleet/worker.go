@@ -83,6 +83,13 @@ type workerState struct {
 	prefixQueries, prefixHits float64
 	prefixAt                  time.Time
 	prefixHitRate             scheduler.Reading
+
+	// kvPool is the KV cache one request draws from as vLLM reports it
+	// (its smallest engine's); kvCells is the whole cache's size as
+	// llama.cpp's /metrics imply it (cells in use over the fraction in
+	// use), 0 until it has said both with some in use. See poolLocked.
+	kvPool  int
+	kvCells float64
 }
 
 func newWorker(cfg WorkerConfig, opts *Options) *Worker {
@@ -216,9 +223,32 @@ func (w *Worker) buildLocked() *scheduler.Snapshot {
 		KVPressure:    st.kv,
 		GPUUtil:       st.gpu,
 		KVCacheTokens: st.kvTokens,
+		KVPoolTokens:  w.poolLocked(),
 		PrefixHitRate: st.prefixHitRate,
 		CacheReport:   st.cacheReport,
 	}
+}
+
+// poolLocked is the capacity of the KV cache the worker's running
+// requests share (Snapshot.KVPoolTokens), 0 when not known to be one
+// pool. vLLM says it (num_gpu_blocks × block_size). llama.cpp says a
+// slot's n_ctx, which is the whole cache when the slots share one
+// (llama-server's unified KV cache) and a slot's own share otherwise,
+// where a free slot always has room; the two differ only in the whole
+// cache's size, which older builds' /metrics imply (kv_cache_tokens over
+// kv_cache_usage_ratio): a slot's n_ctx is taken as the pool only when
+// the whole cache is no larger (1% for rounding). Newer builds report
+// neither, and the pool stays unknown: the KV-fit rule then does nothing
+// for the worker rather than take a slot's share for a shared cache.
+func (w *Worker) poolLocked() int {
+	st := &w.st
+	switch {
+	case st.kvPool > 0:
+		return st.kvPool
+	case st.kvCells > 0 && st.kvTokens > 0 && st.kvCells <= 1.01*float64(st.kvTokens):
+		return st.kvTokens
+	}
+	return 0
 }
 
 // State is a worker's condition for the admin API.

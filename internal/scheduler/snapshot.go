@@ -85,6 +85,16 @@ type Snapshot struct {
 	// slot's n_ctx); 0 when unknown. It bounds the prefix index's memory
 	// of the worker (see PrefixCapacity).
 	KVCacheTokens int `json:"kv_cache_tokens,omitempty"`
+	// KVPoolTokens is the capacity in tokens of the one KV cache every
+	// request running on the worker draws from, when its reports show
+	// there is one: vLLM num_gpu_blocks × block_size (of the smallest
+	// engine under data parallelism: a request runs on one), llama.cpp
+	// the cache's size when its slots share it (a unified cache), the
+	// simulators' KV cache. 0 when unknown, and when each slot has a cache
+	// of its own (llama.cpp without a unified cache), where a free slot
+	// always has room and the context check alone decides. The KV-fit
+	// rule reads it (see kvfit.go).
+	KVPoolTokens int `json:"kv_pool_tokens,omitempty"`
 	// PrefixHitRate is the fraction of prompt tokens the worker found in
 	// its own prefix cache between its last two scrapes (vLLM's
 	// prefix_cache_hits over prefix_cache_queries); shown, not scored.

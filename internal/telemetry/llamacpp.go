@@ -15,12 +15,16 @@ const (
 	LlamaCPPRequestsProcessing = "llamacpp:requests_processing"
 	LlamaCPPRequestsDeferred   = "llamacpp:requests_deferred"
 	LlamaCPPKVCacheUsageRatio  = "llamacpp:kv_cache_usage_ratio"
+	// LlamaCPPKVCacheTokens ("KV-cache tokens.") is the cells in use,
+	// dropped by newer builds with the ratio; optional.
+	LlamaCPPKVCacheTokens = "llamacpp:kv_cache_tokens"
 )
 
 // ParseLlamaCPP reads llama.cpp's /metrics. Running comes from
 // llamacpp:requests_processing, QueueLen from llamacpp:requests_deferred
 // (requests waiting for a free slot) and KVUsage from
-// llamacpp:kv_cache_usage_ratio. Should a proxy add labels and several
+// llamacpp:kv_cache_usage_ratio; KVUsedTokens from llamacpp:kv_cache_tokens
+// when present (never reported missing). Should a proxy add labels and several
 // series appear, counts are summed and the KV fraction is the largest.
 //
 // Malformed text returns an error wrapping ErrMalformed (and the
@@ -36,6 +40,10 @@ func ParseLlamaCPP(r io.Reader) (Metrics, error) {
 		Running:  aggregate(mfs, LlamaCPPRequestsProcessing, nil, sum, &miss),
 		QueueLen: aggregate(mfs, LlamaCPPRequestsDeferred, nil, sum, &miss),
 		KVUsage:  aggregate(mfs, LlamaCPPKVCacheUsageRatio, nil, maxFraction, &miss),
+	}
+	var optional missing
+	if v := aggregate(mfs, LlamaCPPKVCacheTokens, nil, sum, &optional); v.Present {
+		m.KVUsedTokens = v
 	}
 	if err := miss.err(); err != nil {
 		return m, fmt.Errorf("parse llama.cpp metrics: %w", err)

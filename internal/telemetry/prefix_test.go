@@ -92,7 +92,7 @@ func TestParseVLLM_PrefixCache(t *testing.T) {
 	want := PrefixCache{
 		Queries:  present(VLLMPrefixCacheQueries, 200000),
 		Hits:     present(VLLMPrefixCacheHits, 120000),
-		KVTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size", 2*29127*16),
+		KVTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size", 2*29127*16), KVPoolTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size, smallest engine", 29127*16),
 	}
 	if diff := cmp.Diff(want, got.PrefixCache); diff != "" {
 		t.Errorf("PrefixCache mismatch (-want +got):\n%s", diff)
@@ -102,7 +102,7 @@ func TestParseVLLM_PrefixCache(t *testing.T) {
 	// prefix caching off and no counters.
 	got, err = ParseVLLM(open(t, "vllm_metrics_v0.txt"), "mistralai/Mistral-7B-Instruct-v0.3")
 	checkErr(t, err, "")
-	want = PrefixCache{KVTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size", 7552*16)}
+	want = PrefixCache{KVTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size", 7552*16), KVPoolTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size, smallest engine", 7552*16)}
 	if diff := cmp.Diff(want, got.PrefixCache); diff != "" {
 		t.Errorf("v0 PrefixCache mismatch (-want +got):\n%s", diff)
 	}

@@ -38,6 +38,10 @@ type Metrics struct {
 	Running Value `json:"running"`
 	// KVUsage is the fraction of the KV cache in use, 0..1.
 	KVUsage Value `json:"kv_usage"`
+	// KVUsedTokens is the number of KV cache cells in use (llama.cpp
+	// kv_cache_tokens, older builds); with KVUsage it tells the cache's
+	// whole size.
+	KVUsedTokens Value `json:"kv_used_tokens,omitzero"`
 	// PrefixCache is what the server says of its prefix cache (vLLM);
 	// zero when it says nothing.
 	PrefixCache PrefixCache `json:"prefix_cache,omitzero"`

@@ -68,6 +68,8 @@ func TestParseLlamaCPP_Golden(t *testing.T) {
 				QueueLen: present(LlamaCPPRequestsDeferred, 5),
 				Running:  present(LlamaCPPRequestsProcessing, 2),
 				KVUsage:  present(LlamaCPPKVCacheUsageRatio, 0.421875),
+				// 3456 cells of 8192 in use.
+				KVUsedTokens: present(LlamaCPPKVCacheTokens, 3456),
 			},
 		},
 		{
@@ -192,7 +194,7 @@ func TestParseVLLM_Golden(t *testing.T) {
 				Running:  present(VLLMNumRequestsRunning, 4),
 				KVUsage:  present(VLLMGPUCacheUsagePerc, 0.8841),
 				// One vllm:cache_config_info for the whole server.
-				PrefixCache: PrefixCache{KVTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size", 7552*16)},
+				PrefixCache: PrefixCache{KVTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size", 7552*16), KVPoolTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size, smallest engine", 7552*16)},
 			},
 		},
 		{
@@ -202,7 +204,7 @@ func TestParseVLLM_Golden(t *testing.T) {
 				Running:  present(VLLMNumRequestsRunning, 1),
 				KVUsage:  present(VLLMGPUCacheUsagePerc, 0.0312),
 				// One vllm:cache_config_info for the whole server.
-				PrefixCache: PrefixCache{KVTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size", 7552*16)},
+				PrefixCache: PrefixCache{KVTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size", 7552*16), KVPoolTokens: present(VLLMCacheConfigInfo+" num_gpu_blocks×block_size, smallest engine", 7552*16)},
 			},
 		},
 		{

@@ -57,6 +57,10 @@ type PrefixCache struct {
 	// KVTokens is the KV cache's capacity in tokens: num_gpu_blocks ×
 	// block_size, summed over engines.
 	KVTokens Value `json:"kv_tokens"`
+	// KVPoolTokens is the KV cache one request draws from: the smallest
+	// engine's num_gpu_blocks × block_size (a request runs on one engine
+	// under data parallelism).
+	KVPoolTokens Value `json:"kv_pool_tokens"`
 }
 
 // parseVLLMPrefixCache reads the prefix-cache counters of the kept series
@@ -73,7 +77,7 @@ func parseVLLMPrefixCache(mfs familyMap, keep func(sample) bool) PrefixCache {
 		}
 	}
 	ss, _ := samples(mfs, VLLMCacheConfigInfo)
-	tokens := 0.0
+	tokens, pool := 0.0, 0.0
 	for _, s := range ss {
 		blocks, err1 := strconv.ParseFloat(s.labels["num_gpu_blocks"], 64)
 		size, err2 := strconv.ParseFloat(s.labels["block_size"], 64)
@@ -81,9 +85,13 @@ func parseVLLMPrefixCache(mfs familyMap, keep func(sample) bool) PrefixCache {
 			continue // "None" before the engine has profiled its memory
 		}
 		tokens += blocks * size
+		if pool == 0 || blocks*size < pool {
+			pool = blocks * size
+		}
 	}
 	if tokens > 0 {
 		pc.KVTokens = Value{V: tokens, Present: true, Metric: VLLMCacheConfigInfo + " num_gpu_blocks×block_size"}
+		pc.KVPoolTokens = Value{V: pool, Present: true, Metric: VLLMCacheConfigInfo + " num_gpu_blocks×block_size, smallest engine"}
 	}
 	return pc
 }

@@ -666,5 +666,10 @@ func snapshotOf(vw *vworker, m sim.Metrics, now time.Time) *scheduler.Snapshot {
 		QueueLen:   scheduler.Reading{Value: float64(m.RequestsDeferred), Source: srcQueue, At: now},
 		KVPressure: scheduler.Reading{Value: m.KVCacheUsageRatio, Source: srcKV, At: now},
 		GPUUtil:    scheduler.Reading{Value: m.GPUUtilization, Source: srcGPU, At: now},
+		// The engine's one KV cache, shared by its slots: what the HTTP
+		// simulator's /slots n_ctx and /metrics tell the fleet (see
+		// fleet's llama.cpp scrape).
+		KVCacheTokens: p.KVTokens,
+		KVPoolTokens:  p.KVTokens,
 	}
 }
