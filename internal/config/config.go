@@ -307,6 +307,10 @@ type Admission struct {
 	// plus expected output tokens), bounded by MaxOvertake; off, they go
 	// in arrival order.
 	ShortestFirst bool `yaml:"shortest_first"`
+	// KVFit passes over a worker whose KV cache cannot take a request's
+	// prompt now, and holds the request in the queue when none can; off
+	// by default (see scheduler.Config.KVFit).
+	KVFit bool `yaml:"kv_fit"`
 }
 
 // Stats configures the moving averages.

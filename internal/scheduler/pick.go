@@ -99,6 +99,10 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 			}
 		}
 	}
+	s.kvHeld = false
+	if !baseline && s.cfg.KVFit {
+		elig, idx, cands = s.kvFitLocked(&req, elig, idx, cands, slots, now)
+	}
 	s.eligBuf, s.idxBuf, s.candBuf = elig[:0], idx[:0], cands[:0]
 	if len(elig) == 0 && (!always || s.cfg.NoRecords) {
 		return nil, nil // the slots stay in s.scratch for the next pick
@@ -199,6 +203,7 @@ const (
 	whyExcluded
 	whyContext
 	whyFull
+	whyKVFit // eligible, passed over by the KV-fit rule (kvfit.go)
 )
 
 // scoreLocked scores the eligible candidates and returns the index of the

@@ -158,6 +158,9 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 			c.Why = fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, sl.snap.ContextTokens)
 		case whyFull:
 			c.Why = fmt.Sprintf("at max_concurrency (%d/%d)", c.Active, c.Limit)
+		case whyKVFit: // the slot keeps the job cost the rule read
+			room := kvRoomOf(sl.snap, sl.jobCost, int(sl.active), pr.env.Now, pr.env.StaleAfter)
+			c.Why = room.why(pr.req.PromptTokens)
 		}
 		if pr.limits != nil {
 			// This replica's in-flight count, which the limit saw.

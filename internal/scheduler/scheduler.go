@@ -130,6 +130,13 @@ type Config struct {
 	// virtual time it raised p99 TTFT (see README, Priorities and fair
 	// share).
 	ShortestFirst bool
+	// KVFit turns on the KV-fit rule (kvfit.go): a worker whose shared KV
+	// cache cannot take the request's prompt now is passed over, and the
+	// request waits in the queue rather than inside a worker when none
+	// can. Off by default: in virtual time it shortened the tail on
+	// traffic with long prompts at 50% and 80% load but lengthened the
+	// median at 95% (docs/benchmarks.md, KV fit).
+	KVFit bool
 	// Seed seeds the random baselines; Sluice's own policy uses no
 	// randomness.
 	Seed uint64
@@ -238,6 +245,10 @@ type Scheduler struct {
 	closed    bool
 	changed   chan struct{} // closed at the next state change; nil when nobody waits
 	shared    ledgerState
+
+	// kvHeld says that the latest pick found no worker because the KV-fit
+	// rule passed over every eligible one (kvfit.go).
+	kvHeld bool
 }
 
 type worker struct {
@@ -945,6 +956,7 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, *worker, 
 	}
 	if t := q.next(s.order); t != nil {
 		w, rec := s.pickQueuedLocked(t, now)
+		held := s.kvHeld
 		// A request behind the head may go first where its prefix is
 		// cached, within the aging bound (see affinity.go).
 		if u, uw, urec := s.affinityOvertakeLocked(q, t, w, now); u != nil {
@@ -952,6 +964,9 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, *worker, 
 		}
 		if w != nil {
 			return t, w, rec
+		}
+		if held { // the head's prompt fits no cache now (kvfit.go)
+			return s.kvOvertakeLocked(q, t, now)
 		}
 	}
 	return nil, nil, nil

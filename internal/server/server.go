@@ -142,6 +142,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		TenantWeights: cfg.Admission.TenantWeights,
 		MaxOvertake:   cfg.Admission.MaxOvertake,
 		ShortestFirst: cfg.Admission.ShortestFirst,
+		KVFit:         cfg.Admission.KVFit,
 		StaleAfter:    cfg.Telemetry.StaleAfter,
 		Limits:        cfg.Limits.Scheduler(),
 		Policy:        scheduler.Policy(cfg.Policy),

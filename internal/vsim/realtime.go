@@ -68,6 +68,7 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 		rc.Admission.MaxOvertake = sd(scheduler.DefaultMaxOvertake)
 	}
 	rc.Admission.ShortestFirst = c.ShortestFirst
+	rc.Admission.KVFit = c.KVFit
 	interval := c.ScrapeInterval
 	if interval <= 0 {
 		interval = time.Second

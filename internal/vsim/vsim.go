@@ -53,6 +53,8 @@ type Config struct {
 	MaxOvertake time.Duration
 	// ShortestFirst is admission.shortest_first.
 	ShortestFirst bool
+	// KVFit is admission.kv_fit.
+	KVFit bool
 	// ScrapeInterval is the telemetry interval; 0 means 1s.
 	ScrapeInterval time.Duration
 	// StaleAfter marks telemetry older than this stale in records.
@@ -90,6 +92,7 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		QueueTimeout:   rc.Admission.QueueTimeout,
 		MaxOvertake:    rc.Admission.MaxOvertake,
 		ShortestFirst:  rc.Admission.ShortestFirst,
+		KVFit:          rc.Admission.KVFit,
 		ScrapeInterval: rc.Telemetry.Interval,
 		StaleAfter:     rc.Telemetry.StaleAfter,
 		Alpha:          rc.Stats.Alpha,
@@ -324,6 +327,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		QueueTimeout:  cfg.QueueTimeout,
 		MaxOvertake:   cfg.MaxOvertake,
 		ShortestFirst: cfg.ShortestFirst,
+		KVFit:         cfg.KVFit,
 		StaleAfter:    cfg.StaleAfter,
 		Policy:        cfg.Policy,
 		Seed:          cfg.Seed,
