@@ -41,7 +41,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	}
 	// The eligible workers' candidates, and with records every worker's
 	// slot, are written in the same pass, while the worker is in cache.
-	slots := s.pickSlotsLocked()
+	slots, refs := s.pickSlotsLocked()
 	prefixOn := s.cfg.PrefixIndex != nil && len(req.Prefix) > 0 && !baseline // as prefixMatchLocked tests
 	cands := s.candBuf[:0]
 	if cap(cands) < len(s.workers) {
@@ -82,8 +82,8 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 			// Field by field, every one: a struct literal would be copied
 			// in with a bulk write barrier, slow while the GC runs, and
 			// the slots may be a dead record's.
-			sl := &slots[i]
-			sl.name, sl.snap, sl.st = w.spec.Name, snap, w.st
+			ref, sl := &refs[i], &slots[i]
+			ref.name, ref.snap, ref.st = w.spec.Name, snap, w.st
 			sl.prefix, sl.lastPick, sl.limit, sl.cap = w.lim.prefix, w.lastPick, w.lim.limit, w.lim.cap
 			sl.active, sl.why, sl.source = int32(w.active), why, w.lim.source
 			sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc = 0, 0, 0, 0, 0
@@ -118,7 +118,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	} else {
 		w = s.chooseLocked(pr, &req, cands, idx, elig, now)
 	}
-	pr.keepLocked(s, slots, cands, idx)
+	pr.keepLocked(s, slots, refs, cands, idx)
 	rec.SetExplain(pr.explain)
 	return w, rec
 }

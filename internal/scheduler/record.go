@@ -2,7 +2,9 @@ package scheduler
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
@@ -20,7 +22,8 @@ import (
 // are immutable values.
 type pickRecord struct {
 	rec   decisions.Record
-	slots []slot // one per worker, in configuration order
+	slots []slot     // one per worker, in configuration order
+	refs  []slotRefs // likewise
 
 	// What the terms and limits are recomputed from.
 	env    Env     // of the decision; env.Req is &req
@@ -35,14 +38,12 @@ type pickRecord struct {
 	shared bool // the shared ledger chose: its choice ranks first
 }
 
-// slot is what a record keeps of one worker: its telemetry and stats
-// (pointers to immutable values), what its limit was computed from and,
-// for an eligible worker, what it was scored on. It is 104 bytes at most:
-// the record costs one of these per worker on every pick.
+// slot is what a record keeps of one worker besides its slotRefs: what
+// its limit was computed from and, for an eligible worker, what it was
+// scored on. It holds no pointer, so the GC never scans a record's slots
+// and a dead record's can be reused as they are (see slabs). It is 72
+// bytes: the record costs one of these per worker on every pick.
 type slot struct {
-	name        string
-	snap        *Snapshot
-	st          *stats.WorkerStats
 	jobCost     float64 // Candidate.JobCost as scored
 	prefixMatch float64 // Candidate.PrefixMatch as scored
 	total       float64 // the score, when scored
@@ -55,6 +56,26 @@ type slot struct {
 	source      limitSource
 	prefixSrc   uint8 // Candidate.PrefixSource, an index into prefixSources
 }
+
+// slotRefs is what a record keeps of one worker by reference: its name,
+// telemetry and stats (immutable values).
+type slotRefs struct {
+	name string
+	snap *Snapshot
+	st   *stats.WorkerStats
+}
+
+// slabs holds the slots of records nobody can read any more, for new
+// records to reuse. A record's slots are put back by a cleanup
+// (runtime.AddCleanup) that runs only once the GC has found the record
+// unreachable, out of the ring buffer and off every lease, worker and
+// reader: no one can see a record's slots change under it. Slots hold no
+// pointer, so slabs waiting here cost the GC nothing. (Reusing the refs
+// as well made picks slower: they must be cleared, and scanned.)
+var slabs sync.Pool // of *[]slot
+
+// freeSlots is a record's cleanup: its slots go back to slabs.
+func freeSlots(p *[]slot) { slabs.Put(p) }
 
 // prefixSources are the values of Candidate.PrefixSource, as a slot keeps
 // them: a number instead of a string. A source prefixMatchLocked may set
@@ -87,27 +108,39 @@ func (s *Scheduler) newPickRecordLocked(req Request, now time.Time, floor float6
 	return pr
 }
 
-// pickSlotsLocked returns the slots the pick in progress fills in when
-// it makes records (nil when it does not): those of s.scratch, left by a
-// pick that made no record, or new ones. Their values may be left over
-// and must all be written.
-func (s *Scheduler) pickSlotsLocked() []slot {
+// pickSlotsLocked returns the slots and refs the pick in progress fills
+// in when it makes records (nil when it does not): those of s.scratch,
+// left by a pick that made no record, or a dead record's, or new ones.
+// Their values may be left over and must all be written.
+func (s *Scheduler) pickSlotsLocked() ([]slot, []slotRefs) {
 	if s.cfg.NoRecords {
-		return nil
+		return nil, nil
 	}
 	n := len(s.workers)
-	if cap(s.scratch.slots) < n {
-		s.scratch.slots = make([]slot, n)
+	sc := &s.scratch
+	if sc.slab == nil {
+		if p, ok := slabs.Get().(*[]slot); ok {
+			sc.slab = p
+		} else {
+			sc.slab = new([]slot)
+		}
 	}
-	return s.scratch.slots[:n]
+	if cap(*sc.slab) < n {
+		*sc.slab = make([]slot, n)
+	}
+	if cap(sc.refs) < n {
+		sc.refs = make([]slotRefs, n)
+	}
+	return (*sc.slab)[:n], sc.refs[:n]
 }
 
 // keepLocked hands the pick's slots to pr and fills in what they say of
 // the eligible workers: cands, as chosen among (idx their configuration
 // indexes), and, when pr was scored, their totals in s.scratch.
-func (pr *pickRecord) keepLocked(s *Scheduler, slots []slot, cands []Candidate, idx []int) {
-	s.scratch.slots = nil // the record's now
-	pr.slots = slots
+func (pr *pickRecord) keepLocked(s *Scheduler, slots []slot, refs []slotRefs, cands []Candidate, idx []int) {
+	pr.slots, pr.refs = slots, refs
+	runtime.AddCleanup(pr, freeSlots, s.scratch.slab)
+	s.scratch.slab, s.scratch.refs = nil, nil // the record's now
 	for j, i := range idx[:len(cands)] {
 		sl, c := &slots[i], &cands[j]
 		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
@@ -129,12 +162,12 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 	var at []int          // their indexes in cs
 	modelWhy := ""
 	for i := range pr.slots {
-		sl, c := &pr.slots[i], &cs[i]
-		c.Worker, c.Active, c.Limit, c.Eligible = sl.name, int(sl.active), sl.limit, sl.why == whyEligible
+		sl, ref, c := &pr.slots[i], &pr.refs[i], &cs[i]
+		c.Worker, c.Active, c.Limit, c.Eligible = ref.name, int(sl.active), sl.limit, sl.why == whyEligible
 		c.LimitSource = sl.source.String()
 		switch sl.why {
 		case whyEligible:
-			cands = append(cands, Candidate{Name: sl.name, Active: int(sl.scored), JobCost: sl.jobCost, Snap: sl.snap, Stats: sl.st,
+			cands = append(cands, Candidate{Name: ref.name, Active: int(sl.scored), JobCost: sl.jobCost, Snap: ref.snap, Stats: ref.st,
 				PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc]})
 			at = append(at, i)
 			if pr.scored {
@@ -144,7 +177,7 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 		case whyDraining:
 			c.Why = "draining"
 		case whyDown:
-			c.Why = "unhealthy: " + sl.snap.HealthReason
+			c.Why = "unhealthy: " + ref.snap.HealthReason
 		case whyLoading:
 			c.Why = "loading model"
 		case whyModel:
@@ -155,7 +188,7 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 		case whyExcluded:
 			c.Why = "already failed this request"
 		case whyContext:
-			c.Why = fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, sl.snap.ContextTokens)
+			c.Why = fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, ref.snap.ContextTokens)
 		case whyFull:
 			c.Why = fmt.Sprintf("at max_concurrency (%d/%d)", c.Active, c.Limit)
 		case whyKVFit: // the slot keeps the job cost the rule read
@@ -166,7 +199,7 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 			// This replica's in-flight count, which the limit saw.
 			active := int(sl.active)
 			var st limitState
-			pr.limits.limitOf(&st, pr.env.StaleAfter, sl.cap, srcLearned, active, sl.st, sl.snap, pr.floor, pr.waited, pr.env.Now)
+			pr.limits.limitOf(&st, pr.env.StaleAfter, sl.cap, srcLearned, active, ref.st, ref.snap, pr.floor, pr.waited, pr.env.Now)
 			if sl.prefix > 0 { // made one stream over by affinityBorrowLocked
 				st.limit, st.prefix = active+1, sl.prefix
 			}

@@ -358,8 +358,10 @@ type scratch struct {
 	order            []int
 	env              Env     // of the pick being scored
 	req              Request // its request, which env points to
-	// slots are those of the pick in progress (see pickSlotsLocked).
-	slots []slot
+	// slab and refs are the slots of the pick in progress (see
+	// pickSlotsLocked).
+	slab *[]slot
+	refs []slotRefs
 	// tele and ratio are builtinTotals' space.
 	tele  []teleInputs
 	ratio [2][]float64
