@@ -192,7 +192,7 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 		case whyFull:
 			c.Why = fmt.Sprintf("at max_concurrency (%d/%d)", c.Active, c.Limit)
 		case whyKVFit: // the slot keeps the job cost the rule read
-			room := kvRoomOf(sl.snap, sl.jobCost, int(sl.active), pr.env.Now, pr.env.StaleAfter)
+			room := kvRoomOf(ref.snap, sl.jobCost, int(sl.active), pr.env.Now, pr.env.StaleAfter)
 			c.Why = room.why(pr.req.PromptTokens)
 		}
 		if pr.limits != nil {
