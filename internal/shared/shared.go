@@ -64,7 +64,11 @@
 // with ErrDegraded without waiting on the network: the caller schedules on
 // its local view with its share (limit / Replicas, at least 1) of each
 // worker, and records those reservations with Adopt, so that they are
-// published at the first renewal that reaches Redis again. No request
+// published at the first renewal that reaches Redis again. That renewal
+// also releases the leases released and removes the waiters gone
+// meanwhile: left to expire, a released lease would hold its slot for up
+// to LeaseTTL, and a gone waiter, still the oldest, every other replica's
+// turn. No request
 // waits on Redis being down.
 //
 // # Learned limits and decision counters
@@ -198,6 +202,12 @@ type Ledger struct {
 	mu      sync.Mutex
 	held    map[string]string // lease id -> worker
 	waiters map[string]waiter // member -> its model and enqueue µs
+	// Leases released and waiters gone while Redis could not be told
+	// (lease id -> worker, member -> model): removed by the first renewal
+	// that reaches it, or they would hold a slot, and a waiter the turn
+	// of every other replica, until they expired.
+	staleLeases  map[string]string
+	staleWaiters map[string]string
 
 	degraded atomic.Bool
 	lastOK   atomic.Int64 // unix ns of the last successful round trip
@@ -241,6 +251,7 @@ func New(cfg Config) (*Ledger, error) {
 	return &Ledger{
 		cfg: cfg, rdb: cfg.Client, log: log.With("replica", cfg.Replica),
 		wake: make(chan struct{}, 1), held: map[string]string{}, waiters: map[string]waiter{},
+		staleLeases: map[string]string{}, staleWaiters: map[string]string{},
 	}, nil
 }
 
@@ -372,13 +383,22 @@ func (l *Ledger) Release(ctx context.Context, r Reservation) error {
 		return nil
 	}
 	if l.degraded.Load() {
+		l.stale(l.staleLeases, r.Lease, r.Worker)
 		return ErrDegraded
 	}
 	_, err := l.run(ctx, releaseScript, []string{l.leasesKey(), l.countsKey()}, r.Worker, r.Lease, l.channel())
 	if err != nil {
+		l.stale(l.staleLeases, r.Lease, r.Worker)
 		return l.fail("release", err)
 	}
 	return nil
+}
+
+// stale notes in m (staleLeases or staleWaiters) a removal Redis missed.
+func (l *Ledger) stale(m map[string]string, id, v string) {
+	l.mu.Lock()
+	m[id] = v
+	l.mu.Unlock()
 }
 
 // Wait puts request id of model on the shared waiting list, so that no
@@ -413,12 +433,16 @@ func (l *Ledger) Unwait(ctx context.Context, model, id string) error {
 	l.mu.Lock()
 	_, ok := l.waiters[m]
 	delete(l.waiters, m)
+	if ok && l.degraded.Load() {
+		l.staleWaiters[m] = model
+	}
 	l.mu.Unlock()
 	if !ok || l.degraded.Load() {
 		return nil
 	}
 	_, err := l.run(ctx, unwaitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.channel(), model)
 	if err != nil {
+		l.stale(l.staleWaiters, m, model)
 		return l.fail("unwait", err)
 	}
 	return nil
@@ -523,6 +547,7 @@ func (l *Ledger) Renew(ctx context.Context) {
 		return
 	}
 	l.unwaitBound(ctx, sent)
+	l.removeStale(ctx)
 	if len(unknown) > 0 {
 		l.mu.Lock()
 		for m, us := range unknown {
@@ -561,6 +586,41 @@ func (l *Ledger) unwaitBound(ctx context.Context, sent map[string]string) {
 			_ = l.fail("renew", err)
 			return
 		}
+	}
+}
+
+// removeStale releases the leases and takes off the waiting lists the
+// waiters that left while Redis could not be told; each removal wakes the
+// replicas, as Release and Unwait do. What fails stays for the next
+// renewal.
+func (l *Ledger) removeStale(ctx context.Context) {
+	l.mu.Lock()
+	leases, waiters := l.staleLeases, l.staleWaiters
+	if len(leases) == 0 && len(waiters) == 0 {
+		l.mu.Unlock()
+		return
+	}
+	l.staleLeases, l.staleWaiters = map[string]string{}, map[string]string{}
+	l.mu.Unlock()
+	var err error
+	for lease, w := range leases {
+		if err == nil {
+			_, err = l.run(ctx, releaseScript, []string{l.leasesKey(), l.countsKey()}, w, lease, l.channel())
+		}
+		if err != nil {
+			l.stale(l.staleLeases, lease, w)
+		}
+	}
+	for m, model := range waiters {
+		if err == nil {
+			_, err = l.run(ctx, unwaitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.channel(), model)
+		}
+		if err != nil {
+			l.stale(l.staleWaiters, m, model)
+		}
+	}
+	if err != nil {
+		_ = l.fail("renew", err)
 	}
 }
 

@@ -382,6 +382,42 @@ func TestWait_BoundWaiterWakesTheNextTurn(t *testing.T) {
 	}
 }
 
+// TestRenew_RemovesWhatLeftWhileDegraded: a lease released and a waiter
+// gone while Redis could not be told are removed at the first renewal
+// that reaches it. Left to expire, the lease would hold its slot and the
+// waiter, the oldest, every other replica's turn for up to LeaseTTL.
+func TestRenew_RemovesWhatLeftWhileDegraded(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	r0 := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
+	r1 := newLedger(t, srv.URL(0), "r1", ledgerOpts{})
+	one := cands(1, "w0")
+	held, err := r0.Reserve(ctx, "m", "", one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r0.Wait(ctx, "m", "a"); err != nil {
+		t.Fatal(err)
+	}
+	r0.degraded.Store(true) // as after a call that timed out
+	if err := r0.Release(ctx, held); !errors.Is(err, ErrDegraded) {
+		t.Fatalf("release while degraded: %v, want ErrDegraded", err)
+	}
+	if err := r0.Unwait(ctx, "m", "a"); err != nil {
+		t.Fatal(err)
+	}
+	r0.Renew(ctx)
+	if r0.Degraded() {
+		t.Fatal("still degraded after a renewal that reached Redis")
+	}
+	if n := inFlight(t, r1, "w0"); n[0] != 0 {
+		t.Fatalf("w0 in flight after the renewal: %d, want 0 (the lease was released)", n[0])
+	}
+	if _, err := r1.Reserve(ctx, "m", "", one); err != nil {
+		t.Fatalf("r1 on the free worker: %v (a gone waiter still holds the turn?)", err)
+	}
+}
+
 // TestWait_QueueOrderCannotDeadlockReplicas: a replica's queue need not
 // place its oldest request first (a cheaper one may overtake it within
 // max_overtake), so the turn belongs to the replica holding the oldest
