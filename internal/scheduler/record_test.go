@@ -1,11 +1,49 @@
 package scheduler
 
-import "testing"
+import (
+	"context"
+	"strings"
+	"testing"
+)
 
 func TestPrefixSourceCode_RoundTrips(t *testing.T) {
 	for i, src := range prefixSources {
 		if got := prefixSourceCode(src); got != uint8(i) || prefixSources[got] != src {
 			t.Errorf("source %q coded %d, listed at %d", src, got, i)
 		}
+	}
+}
+
+// A record lists the workers configured when it was made, read after the
+// fleet changed.
+func TestRecord_ListsTheFleetOfItsDecision(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 5}, workers(3, 4, "m")...)
+	names := func(l *Lease) []string {
+		var out []string
+		for _, c := range l.Decision.Explain().Candidates {
+			out = append(out, c.Worker)
+		}
+		return out
+	}
+	admit := func() *Lease {
+		l, err := s.Admit(context.Background(), Request{Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	before := admit()
+	if err := s.RemoveWorker("w1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.AddWorker(WorkerSpec{Name: "x", Models: []string{"m"}, MaxConcurrency: 4}); err != nil {
+		t.Fatal(err)
+	}
+	after := admit()
+	if got, want := strings.Join(names(before), ","), "w0,w1,w2"; got != want {
+		t.Errorf("record made before the change lists %s, want %s", got, want)
+	}
+	if got, want := strings.Join(names(after), ","), "w0,w2,x"; got != want {
+		t.Errorf("record made after the change lists %s, want %s", got, want)
 	}
 }
