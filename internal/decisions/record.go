@@ -7,8 +7,11 @@
 // # Concurrency Model
 //
 // A Record is built by the scheduler and never modified after it is handed
-// to a Log. Log is safe for concurrent use: one mutex guards the ring and
-// the file writer.
+// to a Log, except by its explanation: the first Explain (or MarshalJSON)
+// fills in the breakdown, the Candidates themselves for the scheduler's
+// records, once for every reader. Read Candidates after Explain; the other
+// fields, and Summary, may be read at any time. Log is safe for concurrent
+// use: one mutex guards the ring and the file writer.
 package decisions
 
 import (
@@ -80,8 +83,8 @@ type Record struct {
 	// the shared state was unavailable.
 	Degraded bool `json:"degraded,omitempty"`
 
-	// explain fills the Terms of the candidates. The score is computed on
-	// the hot path from plain numbers; the per-term breakdown is built
+	// explain fills in the candidates or their Terms. The score is
+	// computed on the hot path from plain numbers; the breakdown is built
 	// from the same inputs only when someone reads the record.
 	once    sync.Once
 	explain func(*Record)
@@ -106,8 +109,8 @@ func (r *Record) AddExplain(fn func(*Record)) {
 	}
 }
 
-// Explain fills in the per-term breakdown if it is not there yet and
-// returns r. It is safe to call concurrently and more than once.
+// Explain fills in the breakdown if it is not there yet and returns r.
+// It is safe to call concurrently and more than once.
 func (r *Record) Explain() *Record {
 	r.once.Do(func() {
 		if r.explain != nil {
