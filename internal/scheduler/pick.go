@@ -81,7 +81,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		if slots != nil {
 			// Field by field, every one: a struct literal would be copied
 			// in with a bulk write barrier, slow while the GC runs, and
-			// the slots may be a dead record's.
+			// the slots are the previous pick's.
 			ref, sl := &refs[i], &slots[i]
 			ref.name, ref.snap, ref.st = w.spec.Name, snap, w.st
 			sl.prefix, sl.lastPick, sl.limit, sl.cap = w.lim.prefix, w.lastPick, w.lim.limit, w.lim.cap

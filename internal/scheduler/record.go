@@ -2,10 +2,9 @@ package scheduler
 
 import (
 	"fmt"
-	"runtime"
 	"slices"
-	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/stats"
@@ -21,9 +20,9 @@ import (
 // is of decision time and never changes afterwards: snapshots and stats
 // are immutable values.
 type pickRecord struct {
-	rec   decisions.Record
-	slots []slot     // one per worker, in configuration order
-	refs  []slotRefs // likewise
+	rec    decisions.Record
+	chunks []*slotChunk // the slots, chunkLen workers a chunk, in configuration order
+	n      int          // how many workers: the slots in use
 
 	// What the terms and limits are recomputed from.
 	env    Env     // of the decision; env.Req is &req
@@ -40,9 +39,7 @@ type pickRecord struct {
 
 // slot is what a record keeps of one worker besides its slotRefs: what
 // its limit was computed from and, for an eligible worker, what it was
-// scored on. It holds no pointer, so the GC never scans a record's slots
-// and a dead record's can be reused as they are (see slabs). It is 72
-// bytes: the record costs one of these per worker on every pick.
+// scored on. It is 72 bytes.
 type slot struct {
 	jobCost     float64 // Candidate.JobCost as scored
 	prefixMatch float64 // Candidate.PrefixMatch as scored
@@ -65,17 +62,43 @@ type slotRefs struct {
 	st   *stats.WorkerStats
 }
 
-// slabs holds the slots of records nobody can read any more, for new
-// records to reuse. A record's slots are put back by a cleanup
-// (runtime.AddCleanup) that runs only once the GC has found the record
-// unreachable, out of the ring buffer and off every lease, worker and
-// reader: no one can see a record's slots change under it. Slots hold no
-// pointer, so slabs waiting here cost the GC nothing. (Reusing the refs
-// as well made picks slower: they must be cleared, and scanned.)
-var slabs sync.Pool // of *[]slot
+// chunkLen is how many workers' slots a slotChunk holds.
+const chunkLen = 8
 
-// freeSlots is a record's cleanup: its slots go back to slabs.
-func freeSlots(p *[]slot) { slabs.Put(p) }
+// slotChunk is the slots and refs of chunkLen consecutive workers, as a
+// record keeps them. A chunk is never written once a record holds it, so
+// records share one where nothing in it changed between their picks: from
+// one pick to the next most workers' slots are the same (an idle worker's
+// all are; the chosen one's last pick moves), and a pick then allocates
+// one chunk or two instead of every worker's slots. The GC frees a chunk
+// when no record holds it.
+type slotChunk struct {
+	slots [chunkLen]slot
+	refs  [chunkLen]slotRefs
+}
+
+// holds reports whether ch holds exactly sl and rf (at most chunkLen), bit
+// for bit: the same numbers, and the same name, snapshot and stats by
+// address. It compares memory, padding included, which is always zero:
+// slots are only ever written field by field or copied, into the zeroed
+// memory of make and new. (Were it not, the chunk would be copied anew:
+// equal bytes are equal values either way.)
+func (ch *slotChunk) holds(sl []slot, rf []slotRefs) bool {
+	return string(bytesOf(ch.slots[:len(sl)])) == string(bytesOf(sl)) &&
+		string(bytesOf(ch.refs[:len(rf)])) == string(bytesOf(rf))
+}
+
+// bytesOf is the memory of s, to be compared, never written.
+func bytesOf[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
+}
+
+// slot returns worker i's slot; ref its refs.
+func (pr *pickRecord) slot(i int) *slot    { return &pr.chunks[i/chunkLen].slots[i%chunkLen] }
+func (pr *pickRecord) ref(i int) *slotRefs { return &pr.chunks[i/chunkLen].refs[i%chunkLen] }
 
 // prefixSources are the values of Candidate.PrefixSource, as a slot keeps
 // them: a number instead of a string. A source prefixMatchLocked may set
@@ -109,38 +132,25 @@ func (s *Scheduler) newPickRecordLocked(req Request, now time.Time, floor float6
 }
 
 // pickSlotsLocked returns the slots and refs the pick in progress fills
-// in when it makes records (nil when it does not): those of s.scratch,
-// left by a pick that made no record, or a dead record's, or new ones.
-// Their values may be left over and must all be written.
+// in when it makes records (nil when it does not), s.scratch's. Their
+// values are the previous pick's and must all be written.
 func (s *Scheduler) pickSlotsLocked() ([]slot, []slotRefs) {
 	if s.cfg.NoRecords {
 		return nil, nil
 	}
 	n := len(s.workers)
 	sc := &s.scratch
-	if sc.slab == nil {
-		if p, ok := slabs.Get().(*[]slot); ok {
-			sc.slab = p
-		} else {
-			sc.slab = new([]slot)
-		}
+	if cap(sc.slots) < n {
+		sc.slots, sc.refs = make([]slot, n), make([]slotRefs, n)
 	}
-	if cap(*sc.slab) < n {
-		*sc.slab = make([]slot, n)
-	}
-	if cap(sc.refs) < n {
-		sc.refs = make([]slotRefs, n)
-	}
-	return (*sc.slab)[:n], sc.refs[:n]
+	return sc.slots[:n], sc.refs[:n]
 }
 
-// keepLocked hands the pick's slots to pr and fills in what they say of
-// the eligible workers: cands, as chosen among (idx their configuration
-// indexes), and, when pr was scored, their totals in s.scratch.
+// keepLocked fills in what the pick's slots say of the eligible workers:
+// cands, as chosen among (idx their configuration indexes), and, when pr
+// was scored, their totals in s.scratch. Then it gives pr its chunks of
+// them: the latest record's where they hold the same, new ones elsewhere.
 func (pr *pickRecord) keepLocked(s *Scheduler, slots []slot, refs []slotRefs, cands []Candidate, idx []int) {
-	pr.slots, pr.refs = slots, refs
-	runtime.AddCleanup(pr, freeSlots, s.scratch.slab)
-	s.scratch.slab, s.scratch.refs = nil, nil // the record's now
 	for j, i := range idx[:len(cands)] {
 		sl, c := &slots[i], &cands[j]
 		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
@@ -149,7 +159,23 @@ func (pr *pickRecord) keepLocked(s *Scheduler, slots []slot, refs []slotRefs, ca
 			s.workers[i].last, s.workers[i].lastIdx = &pr.rec, i
 		}
 	}
-	pr.rec.Summary = decisions.Summary{Candidates: len(slots), Eligible: len(cands)}
+	n := len(slots)
+	prev := s.scratch.chunks
+	chunks := make([]*slotChunk, (n+chunkLen-1)/chunkLen)
+	for c := range chunks {
+		lo, hi := c*chunkLen, min(n, (c+1)*chunkLen)
+		if c < len(prev) && prev[c].holds(slots[lo:hi], refs[lo:hi]) {
+			chunks[c] = prev[c]
+			continue
+		}
+		ch := new(slotChunk)
+		copy(ch.slots[:], slots[lo:hi])
+		copy(ch.refs[:], refs[lo:hi])
+		chunks[c] = ch
+	}
+	pr.chunks, pr.n = chunks, n
+	s.scratch.chunks = chunks
+	pr.rec.Summary = decisions.Summary{Candidates: n, Eligible: len(cands)}
 	if pr.scored && pr.chosen >= 0 {
 		pr.rec.Summary.Score = slots[pr.chosen].total
 	}
@@ -157,12 +183,12 @@ func (pr *pickRecord) keepLocked(s *Scheduler, slots []slot, refs []slotRefs, ca
 
 // explain builds r's candidates from pr's slots; r is &pr.rec.
 func (pr *pickRecord) explain(r *decisions.Record) {
-	cs := make([]decisions.Candidate, len(pr.slots))
+	cs := make([]decisions.Candidate, pr.n)
 	var cands []Candidate // the eligible ones as scored
 	var at []int          // their indexes in cs
 	modelWhy := ""
-	for i := range pr.slots {
-		sl, ref, c := &pr.slots[i], &pr.refs[i], &cs[i]
+	for i := range pr.n {
+		sl, ref, c := pr.slot(i), pr.ref(i), &cs[i]
 		c.Worker, c.Active, c.Limit, c.Eligible = ref.name, int(sl.active), sl.limit, sl.why == whyEligible
 		c.LimitSource = sl.source.String()
 		switch sl.why {
@@ -221,7 +247,8 @@ func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at [
 	keys := make([]rankKey, len(at))
 	won := -1 // with a Ledger, its choice: ties and shared limits were its
 	for j, i := range at {
-		keys[j] = rankKey{pr.slots[i].total, pr.slots[i].lastPick, i}
+		sl := pr.slot(i)
+		keys[j] = rankKey{sl.total, sl.lastPick, i}
 		if pr.shared && i == pr.chosen {
 			won = j
 		}

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -45,5 +46,34 @@ func TestRecord_ListsTheFleetOfItsDecision(t *testing.T) {
 	}
 	if got, want := strings.Join(names(after), ","), "w0,w2,x"; got != want {
 		t.Errorf("record made after the change lists %s, want %s", got, want)
+	}
+}
+
+// A record shares the chunks of slots that did not change since the
+// previous record: picking again over an idle fleet copies only the chunk
+// of the worker picked last, whose last pick moved.
+func TestRecord_SharesTheChunksThatDidNotChange(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 5}, workers(2*chunkLen+3, 4, "m")...)
+	pick := func() ([]*slotChunk, string) {
+		l, err := s.Admit(context.Background(), Request{Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Release()
+		return s.scratch.chunks, l.Worker
+	}
+	first, chosen := pick()
+	second, _ := pick()
+	if len(first) != 3 || len(second) != 3 {
+		t.Fatalf("%d and %d chunks of 19 workers, want 3", len(first), len(second))
+	}
+	var at int
+	if _, err := fmt.Sscanf(chosen, "w%d", &at); err != nil {
+		t.Fatalf("chosen %q: %v", chosen, err)
+	}
+	for c := range first {
+		if shared, want := first[c] == second[c], c != at/chunkLen; shared != want {
+			t.Errorf("chunk %d shared %t after %s was picked, want %t", c, shared, chosen, want)
+		}
 	}
 }

@@ -821,9 +821,10 @@ func TestScheduler_PromptCheckedAgainstContext(t *testing.T) {
 
 // A record is built from what the pick kept, whenever it is read: read
 // after the fleet has moved on, by several goroutines while the scheduler
-// goes on picking, and while the slots of records dropped meanwhile are
-// reused by new picks, it says exactly what it says when read at once,
-// and its Summary agrees with its candidates.
+// goes on picking (later records share the chunks of its slots that did
+// not change), and after records made meanwhile were dropped, it says
+// exactly what it says when read at once, and its Summary agrees with its
+// candidates.
 func TestScheduler_RecordReadLateSaysWhatItSaidAtOnce(t *testing.T) {
 	run := func(t *testing.T, late bool) []string {
 		clock := &fakeClock{t: time.Unix(1000, 0)}
@@ -905,8 +906,8 @@ func TestScheduler_RecordReadLateSaysWhatItSaidAtOnce(t *testing.T) {
 				l.Release()
 			}
 			if late {
-				// Drop two records in three; the GC lets their slots go
-				// to the next picks.
+				// Drop two records in three; the GC frees the chunks no
+				// kept record shares.
 				mu.Lock()
 				for j := range recs {
 					if j%3 != 0 {

@@ -358,10 +358,12 @@ type scratch struct {
 	order            []int
 	env              Env     // of the pick being scored
 	req              Request // its request, which env points to
-	// slab and refs are the slots of the pick in progress (see
-	// pickSlotsLocked).
-	slab *[]slot
-	refs []slotRefs
+	// slots and refs are the slots of the pick in progress (see
+	// pickSlotsLocked); chunks are the latest record's, which the next
+	// record shares where nothing changed (pickRecord.keepLocked).
+	slots  []slot
+	refs   []slotRefs
+	chunks []*slotChunk
 	// tele and ratio are builtinTotals' space.
 	tele  []teleInputs
 	ratio [2][]float64
