@@ -256,22 +256,15 @@ type worker struct {
 	spec   WorkerSpec
 	order  int
 	active int
-	// remote is the other replicas' requests in flight on the worker as
-	// the shared ledger last said (0 without one): the level a stream
-	// runs at is the worker's, not this replica's share of it.
-	remote int
-	busy   busy // integral of active+remote over time
 	// pickLimit is the limit the latest pick computed for the worker.
 	pickLimit int
-	// moved is the latest change of the learned limit.
-	moved    limitMove
-	cost     float64
-	draining bool
-	removed  bool
-	lastPick uint64
-	last     *decisions.Record // the latest decision that scored it
-	lastIdx  int               // its index among last's candidates
-	statsAt  stats.Handle      // where its stats are, for statsOf
+	cost      float64
+	draining  bool
+	removed   bool
+	lastPick  uint64
+	last      *decisions.Record // the latest decision that scored it
+	lastIdx   int               // its index among last's candidates
+	statsAt   stats.Handle      // where its stats are, for statsOf
 
 	// What the latest pick resolved of the worker, once per pick (see
 	// pickLocked). They are not cleared after it, as the candidate buffer
@@ -286,6 +279,18 @@ type worker struct {
 	// prefixKV is the KV cache size (tokens) last passed to the prefix
 	// index's PrefixCapacity, so it is told only of changes.
 	prefixKV int
+
+	// Above, what a pick reads and writes of every worker, together in
+	// as few cache lines as may be; below, what it reads of a few or
+	// little of (moved: one line, when limits are learned).
+
+	// remote is the other replicas' requests in flight on the worker as
+	// the shared ledger last said (0 without one): the level a stream
+	// runs at is the worker's, not this replica's share of it.
+	remote int
+	busy   busy // integral of active+remote over time
+	// moved is the latest change of the learned limit.
+	moved limitMove
 }
 
 func (w *worker) snapshot() *Snapshot {
