@@ -274,3 +274,42 @@ func packString(buf []byte, s string) []byte {
 func packFloat(buf []byte, f float64) []byte {
 	return binary.BigEndian.AppendUint64(append(buf, 0xcb), math.Float64bits(f))
 }
+
+// reconcileScript removes this replica's leases and waiters that it no
+// longer holds (see Ledger.reconcile). KEYS: 1 leases, 2 in-flight counts,
+// then the waiting list and waiter-expiry ZSET of each model the replica
+// has queued for. ARGV: 1 its lease-id prefix ("replica/"), 2 its member
+// prefix ("replica|"), 3 the last lease number it issued, 4 the wake-up
+// channel, then the lease ids and members it holds. A lease is removed
+// only if numbered up to ARGV[3]. Returns how many it removed; wakes the
+// replicas if any.
+var reconcileScript = redis.NewScript(`
+local lp, wp, last = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local keep = {}
+for i = 5, #ARGV do keep[ARGV[i]] = true end
+local removed = 0
+for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local slash = string.find(m, '/', 1, true)
+  local lease = string.sub(m, slash + 1)
+  if string.sub(lease, 1, #lp) == lp and not keep[lease] then
+    local n = tonumber(string.sub(lease, #lp + 1))
+    if n and n <= last then
+      local w = string.sub(m, 1, slash - 1)
+      redis.call('ZREM', KEYS[1], m)
+      if redis.call('HINCRBY', KEYS[2], w, -1) <= 0 then redis.call('HDEL', KEYS[2], w) end
+      removed = removed + 1
+    end
+  end
+end
+for i = 3, #KEYS, 2 do
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[i], 0, -1)) do
+    if string.sub(m, 1, #wp) == wp and not keep[m] then
+      redis.call('ZREM', KEYS[i], m)
+      redis.call('ZREM', KEYS[i + 1], m)
+      removed = removed + 1
+    end
+  end
+end
+if removed > 0 then redis.call('PUBLISH', ARGV[4], '') end
+return removed
+`)

@@ -64,12 +64,19 @@
 // with ErrDegraded without waiting on the network: the caller schedules on
 // its local view with its share (limit / Replicas, at least 1) of each
 // worker, and records those reservations with Adopt, so that they are
-// published at the first renewal that reaches Redis again. That renewal
-// also releases the leases released and removes the waiters gone
-// meanwhile: left to expire, a released lease would hold its slot for up
-// to LeaseTTL, and a gone waiter, still the oldest, every other replica's
-// turn. No request
+// published at the first renewal that reaches Redis again. No request
 // waits on Redis being down.
+//
+// Every renewal that reaches Redis then reconciles: it removes any lease
+// or waiter of this replica that the replica no longer holds — released
+// or gone while Redis could not be told, left by a pick whose answer came
+// too late, or put back by a renewal racing a pick. Left to expire, such a
+// lease would hold its slot for up to LeaseTTL, and such a waiter, still
+// the oldest, every other replica's turn. The replica is the authority on
+// what it holds, so whatever path left a stray entry, it is gone within
+// RenewEvery. The cost is one more script per renewal, reading the lease
+// set and this replica's waiting lists: about one entry per request in
+// flight or queued in the fleet.
 //
 // # Learned limits and decision counters
 //
@@ -104,8 +111,9 @@
 // # Concurrency Model
 //
 // A Ledger is safe for concurrent use. A mutex guards the set of held
-// leases and waiters; a read-write lock orders releases against renewals
-// so that a renewal cannot re-create a lease just released. Run owns the
+// leases and waiters and the lease numbers; a read-write lock orders
+// releases, waits and unwaits against renewals, so that a renewal cannot
+// re-create a lease just released nor take for stray a waiter just added. Run owns the
 // renew loop and the subscription; the calls into Redis happen outside the
 // mutex.
 package shared
@@ -196,18 +204,13 @@ type Ledger struct {
 	rdb  *redis.Client
 	log  *slog.Logger
 	wake chan struct{}
-	seq  atomic.Uint64
 
 	renewMu sync.RWMutex // Lock: a renewal in flight; RLock: a release
 	mu      sync.Mutex
-	held    map[string]string // lease id -> worker
+	seq     uint64            // the last lease number issued
+	held    map[string]string // lease id -> worker ("" while its Reserve runs)
 	waiters map[string]waiter // member -> its model and enqueue µs
-	// Leases released and waiters gone while Redis could not be told
-	// (lease id -> worker, member -> model): removed by the first renewal
-	// that reaches it, or they would hold a slot, and a waiter the turn
-	// of every other replica, until they expired.
-	staleLeases  map[string]string
-	staleWaiters map[string]string
+	models  map[string]bool   // every model this replica has queued for
 
 	degraded atomic.Bool
 	lastOK   atomic.Int64 // unix ns of the last successful round trip
@@ -251,7 +254,7 @@ func New(cfg Config) (*Ledger, error) {
 	return &Ledger{
 		cfg: cfg, rdb: cfg.Client, log: log.With("replica", cfg.Replica),
 		wake: make(chan struct{}, 1), held: map[string]string{}, waiters: map[string]waiter{},
-		staleLeases: map[string]string{}, staleWaiters: map[string]string{},
+		models: map[string]bool{},
 	}, nil
 }
 
@@ -301,7 +304,6 @@ func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Cand
 	if l.degraded.Load() {
 		return Reservation{}, ErrDegraded
 	}
-	lease := l.cfg.Replica + "/" + strconv.FormatUint(l.seq.Add(1), 10)
 	keys := []string{l.key("seq"), l.key("lastpick"), l.key("wait", model), l.key("waitexp", model), l.leasesKey(), l.countsKey()}
 	me := ""
 	if waitID != "" {
@@ -309,8 +311,11 @@ func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Cand
 	}
 	packed := packCandidates(make([]byte, 0, packedSize(cands)), cands)
 	// Hold the lease as ours before the script creates it, so a renewal
-	// running meanwhile already keeps it alive.
+	// running meanwhile keeps it; its number is taken under the same lock,
+	// so a renewal's reconciliation sees every lease numbered up to the
+	// last it saw issued either held here or given up.
 	l.mu.Lock()
+	lease := l.newLeaseLocked()
 	l.held[lease] = ""
 	l.mu.Unlock()
 	res, err := l.run(ctx, pickScript, keys, lease, l.cfg.LeaseTTL.Milliseconds(), me, l.cfg.Replica+"|", packed, l.channel())
@@ -363,12 +368,21 @@ func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Cand
 // view; the next renewal that reaches Redis publishes it, so the other
 // replicas count it once Redis is back.
 func (l *Ledger) Adopt(worker string) Reservation {
-	lease := l.cfg.Replica + "/" + strconv.FormatUint(l.seq.Add(1), 10)
 	l.mu.Lock()
+	lease := l.newLeaseLocked()
 	l.held[lease] = worker
 	l.mu.Unlock()
 	return Reservation{Worker: worker, Lease: lease}
 }
+
+// newLeaseLocked numbers a new lease of this replica; l.mu held.
+func (l *Ledger) newLeaseLocked() string {
+	l.seq++
+	return l.leasePrefix() + strconv.FormatUint(l.seq, 10)
+}
+
+// leasePrefix starts every lease id of this replica.
+func (l *Ledger) leasePrefix() string { return l.cfg.Replica + "/" }
 
 // Release gives a reservation back and wakes the replicas waiting for the
 // slot. If Redis cannot be reached the lease expires by itself within
@@ -383,28 +397,26 @@ func (l *Ledger) Release(ctx context.Context, r Reservation) error {
 		return nil
 	}
 	if l.degraded.Load() {
-		l.stale(l.staleLeases, r.Lease, r.Worker)
-		return ErrDegraded
+		return ErrDegraded // the first renewal that reaches Redis removes it
 	}
 	_, err := l.run(ctx, releaseScript, []string{l.leasesKey(), l.countsKey()}, r.Worker, r.Lease, l.channel())
 	if err != nil {
-		l.stale(l.staleLeases, r.Lease, r.Worker)
 		return l.fail("release", err)
 	}
 	return nil
-}
-
-// stale notes in m (staleLeases or staleWaiters) a removal Redis missed.
-func (l *Ledger) stale(m map[string]string, id, v string) {
-	l.mu.Lock()
-	m[id] = v
-	l.mu.Unlock()
 }
 
 // Wait puts request id of model on the shared waiting list, so that no
 // other replica binds a younger request for the model before it.
 func (l *Ledger) Wait(ctx context.Context, model, id string) error {
 	m := l.member(id)
+	// Not during a renewal: its reconciliation would take a waiter the
+	// script had added but l.waiters did not yet hold for a stray one.
+	l.renewMu.RLock()
+	defer l.renewMu.RUnlock()
+	l.mu.Lock()
+	l.models[model] = true
+	l.mu.Unlock()
 	us := "" // unknown until Redis answers; the renewal then sets it
 	if !l.degraded.Load() {
 		res, err := l.run(ctx, waitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.cfg.LeaseTTL.Milliseconds())
@@ -433,16 +445,12 @@ func (l *Ledger) Unwait(ctx context.Context, model, id string) error {
 	l.mu.Lock()
 	_, ok := l.waiters[m]
 	delete(l.waiters, m)
-	if ok && l.degraded.Load() {
-		l.staleWaiters[m] = model
-	}
 	l.mu.Unlock()
 	if !ok || l.degraded.Load() {
-		return nil
+		return nil // while degraded, the first renewal that reaches Redis removes it
 	}
 	_, err := l.run(ctx, unwaitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.channel(), model)
 	if err != nil {
-		l.stale(l.staleWaiters, m, model)
 		return l.fail("unwait", err)
 	}
 	return nil
@@ -546,8 +554,10 @@ func (l *Ledger) Renew(ctx context.Context) {
 		_ = l.fail("renew", err)
 		return
 	}
-	l.unwaitBound(ctx, sent)
-	l.removeStale(ctx)
+	if err := l.reconcile(ctx); err != nil {
+		_ = l.fail("renew", err)
+		return
+	}
 	if len(unknown) > 0 {
 		l.mu.Lock()
 		for m, us := range unknown {
@@ -566,62 +576,47 @@ func (l *Ledger) Renew(ctx context.Context) {
 	}
 }
 
-// unwaitBound takes off the waiting list again the waiters of sent that a
-// Reserve bound while the renewal was on its way — Reserve, unlike
-// Release and Unwait, does not wait for a renewal — which the renewal may
-// have put back: left there, one would hold every other replica's turn
-// until it expired.
-func (l *Ledger) unwaitBound(ctx context.Context, sent map[string]string) {
+// reconcile makes Redis hold no lease or waiter of this replica but the
+// ones it holds now. A renewal sends only what it holds; what this replica
+// gave up without Redis hearing of it would otherwise stay until it
+// expired, a lease holding its slot and a waiter, still the oldest, every
+// other replica's turn, for up to LeaseTTL:
+//   - leases released and waiters gone while Redis could not be told;
+//   - a pick whose script ran but whose answer came too late, given up
+//     here, its lease (and, if it bound a waiter, the waiter) left there;
+//   - a waiter a Reserve bound while the renewal was on its way, which the
+//     renewal's script put back;
+//   - anything of an earlier process under this replica's name.
+//
+// The set kept is read after the renewal's script, under l.mu: every
+// lease numbered up to l.seq is held there or was given up, since Reserve
+// and Adopt number a lease and hold it in one step, and Wait, Unwait and
+// Release do not run during a renewal. Leases numbered later are left
+// alone; a Reserve in flight holds its lease already.
+func (l *Ledger) reconcile(ctx context.Context) error {
 	l.mu.Lock()
-	var bound []string
-	for m := range sent {
-		if _, ok := l.waiters[m]; !ok {
-			bound = append(bound, m)
-		}
+	keys := make([]string, 0, 2+2*len(l.models))
+	keys = append(keys, l.leasesKey(), l.countsKey())
+	for model := range l.models {
+		keys = append(keys, l.key("wait", model), l.key("waitexp", model))
+	}
+	args := make([]any, 0, 4+len(l.held)+len(l.waiters))
+	args = append(args, l.leasePrefix(), l.cfg.Replica+"|", l.seq, l.channel())
+	for lease := range l.held {
+		args = append(args, lease)
+	}
+	for m := range l.waiters {
+		args = append(args, m)
 	}
 	l.mu.Unlock()
-	for _, m := range bound {
-		model := sent[m]
-		if _, err := l.run(ctx, unwaitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.channel(), model); err != nil {
-			_ = l.fail("renew", err)
-			return
-		}
-	}
-}
-
-// removeStale releases the leases and takes off the waiting lists the
-// waiters that left while Redis could not be told; each removal wakes the
-// replicas, as Release and Unwait do. What fails stays for the next
-// renewal.
-func (l *Ledger) removeStale(ctx context.Context) {
-	l.mu.Lock()
-	leases, waiters := l.staleLeases, l.staleWaiters
-	if len(leases) == 0 && len(waiters) == 0 {
-		l.mu.Unlock()
-		return
-	}
-	l.staleLeases, l.staleWaiters = map[string]string{}, map[string]string{}
-	l.mu.Unlock()
-	var err error
-	for lease, w := range leases {
-		if err == nil {
-			_, err = l.run(ctx, releaseScript, []string{l.leasesKey(), l.countsKey()}, w, lease, l.channel())
-		}
-		if err != nil {
-			l.stale(l.staleLeases, lease, w)
-		}
-	}
-	for m, model := range waiters {
-		if err == nil {
-			_, err = l.run(ctx, unwaitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.channel(), model)
-		}
-		if err != nil {
-			l.stale(l.staleWaiters, m, model)
-		}
-	}
+	res, err := l.run(ctx, reconcileScript, keys, args...)
 	if err != nil {
-		_ = l.fail("renew", err)
+		return err
 	}
+	if n := toInt(res); n > 0 {
+		l.log.Info("shared state: removed leases and waiters this replica no longer holds", "count", n)
+	}
+	return nil
 }
 
 func (l *Ledger) notify() {

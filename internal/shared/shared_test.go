@@ -689,3 +689,80 @@ func TestLedger_RedisRestartUnderLoad(t *testing.T) {
 }
 
 func startRedis(t testing.TB) *redistest.Server { return redistest.Start(t, redistest.Options{}) }
+
+// TestRenew_ReconcilesWhatThisReplicaNoLongerHolds: a pick whose script ran
+// but whose answer came too late is given up here while its lease stays
+// in Redis, and a waiter can be left there that this replica no longer
+// queues (a renewal re-adding one a Reserve bound meanwhile, say). The
+// next renewal removes both, and nothing this replica still holds, nor
+// another replica's, nor a lease numbered after what it saw issued.
+func TestRenew_ReconcilesWhatThisReplicaNoLongerHolds(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	r0 := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
+	r1 := newLedger(t, srv.URL(0), "r1", ledgerOpts{})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+
+	late, err := r0.Reserve(ctx, "m", "", cands(1, "w0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0.forget(late.Lease) // as when the answer times out after the script ran
+	kept, err := r0.Reserve(ctx, "m", "", cands(1, "w1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := r1.Reserve(ctx, "m", "", cands(1, "w2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A lease of r0 numbered after the last it issued: a Reserve of a
+	// later renewal's time, which this one must leave alone.
+	if err := rdb.ZAdd(ctx, "sluice:shared:leases", redis.Z{Score: 1e15, Member: "w3/r0/999"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HIncrBy(ctx, "sluice:shared:inflight", "w3", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"stray", "queued"} {
+		if err := r0.Wait(ctx, "m", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r0.mu.Lock()
+	delete(r0.waiters, r0.member("stray")) // no longer queued here; Redis not told
+	r0.mu.Unlock()
+
+	if got := inFlight(t, r1, "w0", "w1", "w2", "w3"); !slices.Equal(got, []int{1, 1, 1, 1}) {
+		t.Fatalf("before the renewal: in flight %v, want [1 1 1 1]", got)
+	}
+	r0.Renew(ctx)
+	if got := inFlight(t, r1, "w0", "w1", "w2", "w3"); !slices.Equal(got, []int{0, 1, 1, 1}) {
+		t.Fatalf("after the renewal: in flight %v, want [0 1 1 1] (only the given-up lease gone)", got)
+	}
+	members, err := rdb.ZRange(ctx, "sluice:shared:wait:m", 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"r0|queued"}; !slices.Equal(members, want) {
+		t.Fatalf("waiting list after the renewal: %v, want %v", members, want)
+	}
+	if _, err := r1.Reserve(ctx, "m", "", cands(1, "w0")); !errors.Is(err, ErrNotYourTurn) {
+		t.Fatalf("r1 while r0's queued request still waits: %v, want ErrNotYourTurn", err)
+	}
+	if err := r0.Unwait(ctx, "m", "queued"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r1.Reserve(ctx, "m", "", cands(1, "w0")); err != nil {
+		t.Fatalf("r1 on w0, freed by the renewal: %v", err)
+	}
+	for _, r := range []struct {
+		l   *Ledger
+		res Reservation
+	}{{r0, kept}, {r1, theirs}} {
+		if err := r.l.Release(ctx, r.res); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
