@@ -81,15 +81,48 @@ func (x *Index) MatchSource(model string, hashes []uint64, worker string) (frac 
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	var oldest ttlCut
+	return x.matchLocked(model, hashes, worker, &oldest)
+}
+
+// MatchSources is MatchSource for each of workers at once, under one lock
+// and one reading of the clock: frac[i] and remote[i] (both of
+// len(workers)) are workers[i]'s. A pick asks it about every candidate.
+func (x *Index) MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool) {
+	if len(hashes) == 0 {
+		clear(frac[:len(workers)])
+		clear(remote[:len(workers)])
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var oldest ttlCut
+	for i, w := range workers {
+		frac[i], remote[i] = x.matchLocked(model, hashes, w, &oldest)
+	}
+}
+
+// ttlCut is the time before which a block is forgotten, read from the
+// clock once it is needed.
+type ttlCut struct {
+	t    time.Time
+	read bool
+}
+
+// matchLocked is MatchSource under x.mu, hashes not empty, with the TTL's
+// cut read into oldest the first time it is needed.
+func (x *Index) matchLocked(model string, hashes []uint64, worker string, oldest *ttlCut) (frac float64, remote bool) {
 	c := x.caches[cacheKey{model, worker}]
 	if c == nil {
 		return 0, false
 	}
-	oldest := x.now().Add(-x.ttl)
+	if !oldest.read {
+		oldest.t, oldest.read = x.now().Add(-x.ttl), true
+	}
 	n := 0
 	for _, h := range hashes {
 		i, ok := c.pos[h]
-		if !ok || c.nodes[i].at.Before(oldest) {
+		if !ok || c.nodes[i].at.Before(oldest.t) {
 			break
 		}
 		remote = remote || c.nodes[i].remote

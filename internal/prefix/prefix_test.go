@@ -3,6 +3,7 @@ package prefix
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -351,5 +352,39 @@ func TestIndex_Apply(t *testing.T) {
 	}
 	if got, want := x.Match("m", []uint64{10, 11, 12, 13, 14, 15}, "c"), 4.0/6; got != want {
 		t.Errorf("the first blocks are the ones kept: Match = %v, want %v", got, want)
+	}
+}
+
+// MatchSources answers for each worker what MatchSource answers for it:
+// blocks recorded here and by other replicas, some past the TTL, for
+// workers with and without a cache of the model.
+func TestIndex_MatchSourcesIsMatchSourceForEach(t *testing.T) {
+	now := time.Unix(5000, 0)
+	x := NewIndex(Options{TTL: time.Minute, Now: func() time.Time { return now }})
+	rng := rand.New(rand.NewPCG(1, 2))
+	workers := []string{"a", "b", "c", "d", "e"}
+	for range 200 {
+		w := workers[rng.IntN(len(workers)-1)] // e is never recorded
+		hashes := []uint64{uint64(rng.IntN(3)), uint64(rng.IntN(4)), uint64(rng.IntN(5))}
+		if rng.IntN(3) == 0 {
+			x.Apply("m", hashes, w, now.Add(-time.Duration(rng.IntN(90))*time.Second))
+		} else {
+			x.Record("m", hashes, w)
+		}
+		now = now.Add(time.Duration(rng.IntN(20)) * time.Second)
+		for _, ask := range [][]uint64{nil, {0}, {0, 1}, {1, 2, 3}, hashes} {
+			for _, model := range []string{"m", "other"} {
+				frac, remote := make([]float64, len(workers)), make([]bool, len(workers))
+				for i := range frac {
+					frac[i], remote[i] = 9, true // overwritten, every one
+				}
+				x.MatchSources(model, ask, workers, frac, remote)
+				for i, w := range workers {
+					if f, r := x.MatchSource(model, ask, w); f != frac[i] || r != remote[i] {
+						t.Fatalf("%s, %s, %v: MatchSources says %v, %t; MatchSource %v, %t", w, model, ask, frac[i], remote[i], f, r)
+					}
+				}
+			}
+		}
 	}
 }

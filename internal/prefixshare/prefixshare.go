@@ -255,6 +255,12 @@ func (x *Index) MatchSource(model string, hashes []uint64, worker string) (float
 	return x.local.MatchSource(model, hashes, worker)
 }
 
+// MatchSources is the local index's MatchSources: MatchSource for each of
+// workers at once.
+func (x *Index) MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool) {
+	x.local.MatchSources(model, hashes, workers, frac, remote)
+}
+
 // Record records in the local index and queues the record for the other
 // replicas without waiting: when the queue is full the record is dropped
 // (counted in Stats.Dropped).

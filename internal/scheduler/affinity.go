@@ -78,7 +78,7 @@ func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
 		return 0
 	}
 	c := Candidate{Name: w.spec.Name, Active: w.active, Snap: w.snapshot()}
-	s.prefixMatchLocked(req, &c)
+	s.prefixMatchLocked(&req, &c)
 	return c.PrefixMatch
 }
 

@@ -43,6 +43,10 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	// slot, are written in the same pass, while the worker is in cache.
 	slots, refs := s.pickSlotsLocked()
 	prefixOn := s.cfg.PrefixIndex != nil && len(req.Prefix) > 0 && !baseline // as prefixMatchLocked tests
+	// An index that answers for all candidates at once is asked once
+	// they are all known.
+	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)
+	prefixEach := prefixOn && batch == nil
 	cands := s.candBuf[:0]
 	if cap(cands) < len(s.workers) {
 		cands = make([]Candidate, 0, len(s.workers))
@@ -75,7 +79,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 		default:
 			elig = append(elig, w)
 			idx = append(idx, i)
-			cands = s.appendCandLocked(&req, cands, w, prefixOn)
+			cands = s.appendCandLocked(&req, cands, w, prefixEach)
 		}
 		w.why = why
 		if slots != nil {
@@ -92,12 +96,15 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	if len(elig) == 0 && !baseline && !s.limits.Fixed && len(req.Prefix) > 0 && s.affinityOn() {
 		elig, idx = s.affinityBorrowLocked(req, elig, idx)
 		for j, w := range elig {
-			cands = s.appendCandLocked(&req, cands, w, prefixOn)
+			cands = s.appendCandLocked(&req, cands, w, prefixEach)
 			if slots != nil {
 				sl := &slots[idx[j]]
 				sl.why, sl.limit, sl.prefix = w.why, w.lim.limit, w.lim.prefix
 			}
 		}
+	}
+	if prefixOn && batch != nil && len(cands) > 0 {
+		s.prefixMatchesLocked(&req, cands, batch)
 	}
 	s.kvHeld = false
 	if !baseline && s.cfg.KVFit {
@@ -133,7 +140,7 @@ func (s *Scheduler) appendCandLocked(req *Request, cands []Candidate, w *worker,
 	c.Name, c.Active, c.JobCost, c.Snap, c.Stats = w.spec.Name, w.active, w.cost, w.snap, w.st
 	c.PrefixMatch, c.PrefixSource = 0, ""
 	if prefixOn {
-		s.prefixMatchLocked(*req, c)
+		s.prefixMatchLocked(req, c)
 	}
 	return cands
 }

@@ -106,10 +106,17 @@ type prefixSourcer interface {
 	MatchSource(model string, hashes []uint64, worker string) (float64, bool)
 }
 
+// prefixBatcher is a PrefixIndex that answers for several workers at once
+// (*prefix.Index and *prefixshare.Index are): a pick asks about all its
+// candidates under one lock instead of one each.
+type prefixBatcher interface {
+	MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool)
+}
+
 // prefixMatchLocked fills c's prefix match for req: how much of req's
 // prompt prefix c's worker is expected to hold (see CacheReport for the
 // merge with the worker's report).
-func (s *Scheduler) prefixMatchLocked(req Request, c *Candidate) {
+func (s *Scheduler) prefixMatchLocked(req *Request, c *Candidate) {
 	if s.cfg.PrefixIndex == nil || len(req.Prefix) == 0 || s.cfg.Policy != PolicySluice {
 		return // the baselines do not score
 	}
@@ -124,6 +131,36 @@ func (s *Scheduler) prefixMatchLocked(req Request, c *Candidate) {
 		c.PrefixMatch = s.cfg.PrefixIndex.Match(req.Model, req.Prefix, c.Name)
 		c.PrefixSource = prefixSourceIndex
 	}
+	s.reportMatchLocked(req, c)
+}
+
+// prefixMatchesLocked is prefixMatchLocked for every one of cands, asking
+// b about them all at once.
+func (s *Scheduler) prefixMatchesLocked(req *Request, cands []Candidate, b prefixBatcher) {
+	sc := &s.scratch
+	names := sc.names[:0]
+	for i := range cands {
+		names = append(names, cands[i].Name)
+	}
+	if cap(sc.frac) < len(cands) {
+		sc.frac, sc.remote = make([]float64, len(cands)), make([]bool, len(cands))
+	}
+	frac, remote := sc.frac[:len(cands)], sc.remote[:len(cands)]
+	b.MatchSources(req.Model, req.Prefix, names, frac, remote)
+	sc.names = names[:0]
+	for i := range cands {
+		c := &cands[i]
+		c.PrefixMatch, c.PrefixSource = frac[i], prefixSourceIndex
+		if remote[i] {
+			c.PrefixSource = prefixSourceShared
+		}
+		s.reportMatchLocked(req, c)
+	}
+}
+
+// reportMatchLocked raises c's prefix match to what its worker's own
+// cache report says, when the report is fresh and says more.
+func (s *Scheduler) reportMatchLocked(req *Request, c *Candidate) {
 	rep := c.Snap.CacheReport
 	if rep == nil || (s.cfg.StaleAfter > 0 && s.clock.Now().Sub(rep.At) > s.cfg.StaleAfter) {
 		return

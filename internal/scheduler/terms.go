@@ -364,6 +364,10 @@ type scratch struct {
 	slots  []slot
 	refs   []slotRefs
 	chunks []*slotChunk
+	// names, frac and remote are prefixMatchesLocked's space.
+	names  []string
+	frac   []float64
+	remote []bool
 	// tele and ratio are builtinTotals' space.
 	tele  []teleInputs
 	ratio [2][]float64
