@@ -41,7 +41,8 @@ func (c *lru) resize(capacity int) {
 }
 
 // dropTail forgets the least recent block and keeps the slab dense by
-// moving its last node into the hole (as expire does).
+// moving its last node into the hole; expire and capacity eviction both
+// drop this way.
 func (c *lru) dropTail() {
 	i := c.tail
 	c.unlink(i)

@@ -278,26 +278,7 @@ func (c *lru) touch(h uint64, at time.Time, remote bool) {
 // memory only, which capacity bounds anyway.
 func (c *lru) expire(oldest time.Time) {
 	for c.tail >= 0 && c.nodes[c.tail].at.Before(oldest) {
-		i := c.tail
-		c.unlink(i)
-		delete(c.pos, c.nodes[i].hash)
-		// Compact: move the slab's last node into the hole.
-		last := int32(len(c.nodes) - 1)
-		if i != last {
-			c.nodes[i] = c.nodes[last]
-			c.pos[c.nodes[i].hash] = i
-			if p := c.nodes[i].prev; p >= 0 {
-				c.nodes[p].next = i
-			} else {
-				c.head = i
-			}
-			if n := c.nodes[i].next; n >= 0 {
-				c.nodes[n].prev = i
-			} else {
-				c.tail = i
-			}
-		}
-		c.nodes = c.nodes[:last]
+		c.dropTail()
 	}
 }
 
