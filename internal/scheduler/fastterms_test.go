@@ -13,15 +13,7 @@ import (
 func genericTotals(terms []WeightedTerm, env *Env, cands []Candidate) []float64 {
 	var sc scratch
 	sc.grow(len(cands))
-	out := sc.total
-	for _, wt := range terms {
-		wt.Term.Score(env, cands, sc.raw, sc.norm)
-		w := signedWeight(wt)
-		for i, n := range sc.norm {
-			out[i] += w * n
-		}
-	}
-	return out
+	return termTotals(terms, env, cands, &sc)
 }
 
 // customTerm is a term builtinTotals does not know.

@@ -390,6 +390,13 @@ func totals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []fl
 	if builtinTotals(terms, env, cands, sc) {
 		return out
 	}
+	return termTotals(terms, env, cands, sc)
+}
+
+// termTotals is totals through each term's own Score: the path for any
+// term list, and what builtinTotals must equal bit for bit. sc is grown.
+func termTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []float64 {
+	out := sc.total
 	clear(out)
 	for _, wt := range terms {
 		wt.Term.Score(env, cands, sc.raw, sc.norm)
