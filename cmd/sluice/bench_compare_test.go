@@ -23,16 +23,7 @@ func TestRunCompare_WritesReport(t *testing.T) {
 		policies:  []scheduler.Policy{scheduler.PolicySluice, scheduler.PolicyLeastConnections},
 		timeScale: 20, out: out, timeout: 10 * time.Minute,
 	}
-	logf, err := os.Create(filepath.Join(t.TempDir(), "log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := runCompare(ctx, o, logf); err != nil {
-		t.Fatal(err)
-	}
+	compare(t, o)
 	for _, f := range []string{
 		"summary.md",
 		"load-50/report.md", "load-50/ttft_cdf.svg", "load-50/tpot_cdf.svg", "load-50/e2e_cdf.svg", "load-50/decode_rate_cdf.svg",
@@ -71,16 +62,7 @@ func TestRunCompare_ThreeReplicasRow(t *testing.T) {
 		timeScale: 20, out: out, timeout: 10 * time.Minute,
 		replicas: 3, redis: rs.URL(0),
 	}
-	logf, err := os.Create(filepath.Join(t.TempDir(), "log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := runCompare(ctx, o, logf); err != nil {
-		t.Fatal(err)
-	}
+	compare(t, o)
 	for _, f := range []string{"load-80/sluice.csv", "load-80/sluice-x3.csv", "load-80/report.md"} {
 		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("missing or empty %s: %v", f, err)
@@ -152,5 +134,21 @@ func TestBaseItems_AutoIsTheBuiltInTrace(t *testing.T) {
 	// The first row of the Azure conversation trace: 374 prompt, 44 output tokens.
 	if items[0].PromptTokens != 374 || items[0].OutputTokens != 44 {
 		t.Fatalf("first item %+v, want the trace's first row (374, 44)", items[0])
+	}
+}
+
+// compare runs o within a minute, its progress logged to a file of the
+// test's own, and fails the test if the run fails.
+func compare(t *testing.T, o compareOpts) {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := runCompare(ctx, o, logf); err != nil {
+		t.Fatal(err)
 	}
 }
