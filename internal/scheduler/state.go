@@ -16,6 +16,11 @@ type WorkerState struct {
 	Reason   string   `json:"health_reason,omitempty"`
 	Draining bool     `json:"draining"`
 	Active   int      `json:"active"`
+	// OtherReplicas is the other replicas' requests in flight on the
+	// worker as the shared ledger last reported them, at one of this
+	// replica's picks or refusals (0 without a ledger): Active plus
+	// OtherReplicas is what the worker runs.
+	OtherReplicas int `json:"active_other_replicas,omitempty"`
 	// Limit is the concurrency limit in force for a new request of the
 	// worker's first model; Learned is the controller's limit before any
 	// borrowing, Cap the most it may be, LimitSource where it came from
@@ -70,7 +75,7 @@ func (s *Scheduler) Workers() []WorkerState {
 		}
 		out = append(out, WorkerState{
 			Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Reason: snap.HealthReason,
-			Draining: w.draining, Active: w.active, JobCost: w.cost,
+			Draining: w.draining, Active: w.active, OtherReplicas: w.remote, JobCost: w.cost,
 			Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, LimitSource: lim.source.String(), Floor: lim.floor,
 			Snapshot: snap,
 		})

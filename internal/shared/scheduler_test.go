@@ -235,6 +235,9 @@ func TestScheduler_ConcurrencyLevelCountsOtherReplicas(t *testing.T) {
 	req := scheduler.Request{Model: "m"}
 	a1, a2 := bound(t, a.Submit(req, nil)), bound(t, a.Submit(req, nil))
 	b1 := bound(t, b.Submit(req, nil)) // the ledger says a has two on w0
+	if ws := b.Workers()[0]; ws.Active != 1 || ws.OtherReplicas != 2 {
+		t.Fatalf("b's view of w0: %d active here, %d at other replicas; want 1 and 2", ws.Active, ws.OtherReplicas)
+	}
 	if got := b1.Decision.Explain().Candidates[0].Active; got != 2 {
 		t.Fatalf("b's record: w0 active %d, want the 2 the ledger scored", got)
 	}
