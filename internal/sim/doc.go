@@ -21,17 +21,20 @@
 // # Model
 //
 // The engine runs in steps, as llama-server's continuous batching loop
-// calls llama_decode once per iteration. A step carries every resident
-// sequence: those just admitted are prefilled (and get their first token
-// from it), the others decode one token each. Its duration is
+// calls llama_decode once per iteration. A step carries one token for each
+// decoding sequence, then prompt tokens of the sequences still prefilling,
+// in admission order, up to BatchTokens in all (llama-server's n_batch,
+// 2048 by default), so a long prompt is prefilled in chunks over several
+// steps and gets its first token from the step that ends its prompt. Its
+// duration is
 //
 //	step = (P/PrefillTokensPerSec + [d>0]·(DecodeBase + DecodePerSeq·d)) · F / Speed
 //
 // with P the prompt tokens prefilled in the step and d the sequences
 // decoding. A sequence alone therefore takes exactly
 // prompt/PrefillTokensPerSec + (n-1)·(DecodeBase+DecodePerSeq) / Speed for
-// n tokens, and a prefill in a step stalls every decoding sequence by its
-// whole length.
+// n tokens (its chunks have nobody to wait for), and a prefill chunk in a
+// step stalls every decoding sequence by its length.
 //
 // Interference: F = 1 for a step carrying one sequence; with k >= 2
 // sequences F = 1 + InterferenceScale·(k-1)·L, L ~ LogNormal(0,

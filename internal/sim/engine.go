@@ -40,6 +40,13 @@ type Params struct {
 	KVTokens int
 	// PrefillTokensPerSec is the prompt-processing rate on the reference card.
 	PrefillTokensPerSec float64
+	// BatchTokens is the most tokens one step carries, llama-server's
+	// --batch-size (n_batch, 2048 by default) or vLLM's
+	// max_num_batched_tokens: the decoding sequences' tokens go in first,
+	// then prompt tokens, in admission order, up to the budget, so a longer
+	// prompt is prefilled in chunks over several steps (chunked prefill).
+	// 0 means no budget: each prompt is prefilled whole in one step.
+	BatchTokens int
 	// DecodeBase and DecodePerSeq give the decode step time on the reference
 	// card with n sequences decoding: DecodeBase + DecodePerSeq*n.
 	DecodeBase, DecodePerSeq time.Duration
@@ -101,6 +108,7 @@ func DefaultParams() Params {
 		Slots:               4,
 		KVTokens:            DefaultKVBytes / KVBytesPerToken,
 		PrefillTokensPerSec: 5000,
+		BatchTokens:         2048,
 		DecodeBase:          12900 * time.Microsecond,
 		DecodePerSeq:        400 * time.Microsecond,
 		InterferenceScale:   0.1,
@@ -132,6 +140,9 @@ func (p Params) Validate() error {
 	}
 	if !(p.PrefillTokensPerSec > 0) || math.IsInf(p.PrefillTokensPerSec, 0) {
 		bad("prefill_tokens_per_sec", "must be positive and finite, got %v", p.PrefillTokensPerSec)
+	}
+	if p.BatchTokens < 0 || p.BatchTokens > 0 && p.BatchTokens <= p.Slots {
+		bad("batch_tokens", "must be 0 (no budget) or more than slots (%d), got %d", p.Slots, p.BatchTokens)
 	}
 	if p.DecodeBase <= 0 {
 		bad("decode_base", "must be positive, got %v", p.DecodeBase)
@@ -249,7 +260,8 @@ type Seq struct {
 	slot      int
 	generated int
 	kv        int // tokens resident in the KV cache
-	prefill   int // tokens to prefill at the next admission; 0 once resident
+	prefill   int // prompt tokens still to prefill; 0 once decoding
+	chunk     int // prompt tokens the current step prefills
 	inStep    bool
 	res       Result
 }
@@ -527,12 +539,25 @@ func (e *Engine) startStep(t time.Time) {
 	if len(e.running) == 0 {
 		return
 	}
+	// The batch, as llama-server's update_slots builds it: one token for
+	// each decoding sequence first, then prompt tokens, in admission
+	// order, while the budget lasts.
 	var prefillTokens, decoding int
 	for _, s := range e.running {
-		if s.prefill > 0 {
-			prefillTokens += s.prefill
-		} else {
+		if s.prefill == 0 {
 			decoding++
+		}
+	}
+	budget := math.MaxInt
+	if e.p.BatchTokens > 0 {
+		budget = e.p.BatchTokens - decoding
+	}
+	for _, s := range e.running {
+		s.chunk = 0
+		if s.prefill > 0 && budget > 0 {
+			s.chunk = min(s.prefill, budget)
+			budget -= s.chunk
+			prefillTokens += s.chunk
 		}
 	}
 	if e.changed {
@@ -613,10 +638,17 @@ func (e *Engine) finishStep() {
 			continue // cancelled or preempted during the step
 		}
 		if s.prefill > 0 {
-			e.m.promptTokens += int64(s.prefill)
+			if s.chunk == 0 {
+				continue // waiting for room in the batch
+			}
+			e.m.promptTokens += int64(s.chunk)
 			e.m.promptSeconds += dur.Seconds()
 			s.res.PromptTime += dur
-			s.prefill = 0
+			s.prefill -= s.chunk
+			s.chunk = 0
+			if s.prefill > 0 {
+				continue // more of the prompt in the next step
+			}
 			e.cachePrompt(s)
 		} else {
 			e.m.predictedSeconds += dur.Seconds()

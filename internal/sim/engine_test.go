@@ -183,27 +183,62 @@ func TestEngine_InterferenceOnlyWhenColliding(t *testing.T) {
 }
 
 func TestEngine_PrefillStallsDecode(t *testing.T) {
-	e := NewEngine(testParams(), t0)
-	var a, b probe
-	mustSubmit(t, e, t0, Request{PromptTokens: 10, MaxTokens: 50, IgnoreEOS: true}, &a)
-	// A's prefill step ends at 2ms; decode steps of 11ms follow.
-	// B arrives mid-step and joins the next step with a 5000-token prompt.
-	arrive := t0.Add(2*time.Millisecond + 5*time.Millisecond)
-	mustSubmit(t, e, arrive, Request{PromptTokens: 5000, MaxTokens: 5, IgnoreEOS: true}, &b)
-	drain(e)
-	// A's 2nd token (step 2ms..13ms) precedes B's step; the 3rd token waits
-	// for B's 1s prefill plus A's decode with one sequence decoding.
-	gap := a.tokens[2].Sub(a.tokens[1])
-	if want := time.Second + 11*time.Millisecond; gap != want {
-		t.Fatalf("A's token gap over B's prefill = %v, want %v", gap, want)
+	// A decodes alone (steps of 11ms after its 2ms prefill step); B
+	// arrives mid-step with a 5000-token prompt (1s of prefill) and joins
+	// the next step. A's 2nd token (step 2ms..13ms) precedes B's prefill.
+	// Without a batch budget B's prompt runs in one step and A's next
+	// token waits for all of it; with llama-server's default of 2048 the
+	// batch holds A's token and 2047 of B's, so the same second of
+	// prefill comes in three chunks (2047, 2047, 906 tokens) and A gets a
+	// token after each.
+	chunk := func(tokens int) time.Duration {
+		return time.Duration(tokens)*200*time.Microsecond + 11*time.Millisecond
 	}
-	if !b.first.Equal(a.tokens[2]) {
-		t.Fatalf("B's first token at %v, want with A's stalled token at %v", b.first, a.tokens[2])
+	for _, tc := range []struct {
+		name  string
+		batch int
+		gaps  []time.Duration // A's token gaps from its 2nd token on, while B prefills
+	}{
+		{"whole prompt in one step", 0, []time.Duration{chunk(5000)}},
+		{"chunks of the batch budget", 2048, []time.Duration{chunk(2047), chunk(2047), chunk(906)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testParams()
+			p.BatchTokens = tc.batch
+			e := NewEngine(p, t0)
+			var a, b probe
+			mustSubmit(t, e, t0, Request{PromptTokens: 10, MaxTokens: 50, IgnoreEOS: true}, &a)
+			arrive := t0.Add(2*time.Millisecond + 5*time.Millisecond)
+			mustSubmit(t, e, arrive, Request{PromptTokens: 5000, MaxTokens: 5, IgnoreEOS: true}, &b)
+			drain(e)
+			var gaps []time.Duration
+			for i := range tc.gaps {
+				gaps = append(gaps, a.tokens[i+2].Sub(a.tokens[i+1]))
+			}
+			if diff := cmp.Diff(tc.gaps, gaps); diff != "" {
+				t.Fatalf("A's token gaps over B's prefill (-want +got):\n%s", diff)
+			}
+			n := len(tc.gaps) + 1 // A's token that ends B's prefill
+			if !b.first.Equal(a.tokens[n]) {
+				t.Fatalf("B's first token at %v, want with A's token %d at %v", b.first, n+1, a.tokens[n])
+			}
+			// Afterwards both decode together: 10ms + 2*1ms.
+			if got, want := a.tokens[n+1].Sub(a.tokens[n]), 12*time.Millisecond; got != want {
+				t.Fatalf("A's gap decoding with B = %v, want %v", got, want)
+			}
+			if got, want := b.res.PromptTime, sum(tc.gaps); got != want {
+				t.Fatalf("B's prompt time = %v, want the steps that prefilled it, %v", got, want)
+			}
+		})
 	}
-	// Afterwards both decode together: 10ms + 2*1ms.
-	if got, want := a.tokens[3].Sub(a.tokens[2]), 12*time.Millisecond; got != want {
-		t.Fatalf("A's gap decoding with B = %v, want %v", got, want)
+}
+
+func sum(ds []time.Duration) time.Duration {
+	var t time.Duration
+	for _, d := range ds {
+		t += d
 	}
+	return t
 }
 
 func TestEngine_SlotQueueIsFIFO(t *testing.T) {
@@ -497,6 +532,23 @@ func TestParams_ValidateReportsEveryProblem(t *testing.T) {
 	for _, key := range []string{"model", "slots", "kv_tokens", "prefill_tokens_per_sec", "decode_base", "speed", "output_median", "output_min"} {
 		if !contains(err.Error(), key+":") {
 			t.Errorf("error does not mention %s: %v", key, err)
+		}
+	}
+}
+
+func TestParams_BatchTokens(t *testing.T) {
+	for _, tc := range []struct {
+		batch int
+		ok    bool
+	}{{0, true}, {2048, true}, {5, true}, {4, false}, {-1, false}} {
+		p := DefaultParams() // 4 slots
+		p.BatchTokens = tc.batch
+		err := p.Validate()
+		if (err == nil) != tc.ok {
+			t.Errorf("batch_tokens %d: Validate() = %v, want ok %v", tc.batch, err, tc.ok)
+		}
+		if err != nil && !contains(err.Error(), "batch_tokens:") {
+			t.Errorf("batch_tokens %d: error does not name the field: %v", tc.batch, err)
 		}
 	}
 }

@@ -170,6 +170,7 @@ type fleetEntry struct {
 	Slots               *int     `yaml:"slots" json:"slots"`
 	KVTokens            *int     `yaml:"kv_tokens" json:"kv_tokens"`
 	PrefillTokensPerSec *float64 `yaml:"prefill_tokens_per_sec" json:"prefill_tokens_per_sec"`
+	BatchTokens         *int     `yaml:"batch_tokens" json:"batch_tokens"`
 	DecodeBase          *string  `yaml:"decode_base" json:"decode_base"`
 	DecodePerSeq        *string  `yaml:"decode_per_seq" json:"decode_per_seq"`
 	InterferenceScale   *float64 `yaml:"interference_scale" json:"interference_scale"`
@@ -257,6 +258,7 @@ func ParseFleet(data []byte, isJSON bool) ([]WorkerSpec, error) {
 		setIf(&p.Slots, w.Slots)
 		setIf(&p.KVTokens, w.KVTokens)
 		setIf(&p.PrefillTokensPerSec, w.PrefillTokensPerSec)
+		setIf(&p.BatchTokens, w.BatchTokens)
 		dur("decode_base", w.DecodeBase, &p.DecodeBase)
 		dur("decode_per_seq", w.DecodePerSeq, &p.DecodePerSeq)
 		setIf(&p.InterferenceScale, w.InterferenceScale)
