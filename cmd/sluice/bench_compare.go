@@ -297,8 +297,8 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	admission := "max_queue 256, queue_timeout 30s, default weights (config defaults)"
 	if o.router != nil {
 		admission = fmt.Sprintf("max_queue %d, queue_timeout %v, weights %+v (from --config)", o.router.Admission.MaxQueue, o.router.Admission.QueueTimeout, o.router.Weights)
-		if o.router.Admission.KVFit {
-			admission += ", admission.kv_fit on"
+		if !o.router.Admission.KVFit {
+			admission += ", admission.kv_fit off"
 		}
 	}
 	fmt.Fprintf(&md, "- Sluice max_concurrency: %s; baselines ignore it. Router: %s.\n", mc, admission)

@@ -308,7 +308,7 @@ type Admission struct {
 	// in arrival order.
 	ShortestFirst bool `yaml:"shortest_first"`
 	// KVFit passes over a worker whose KV cache cannot take a request's
-	// prompt now, and holds the request in the queue when none can; off
+	// prompt now, and holds the request in the queue when none can; on
 	// by default (see scheduler.Config.KVFit).
 	KVFit bool `yaml:"kv_fit"`
 }
@@ -471,7 +471,7 @@ func DefaultConfig() Config {
 		LogFormat: "text",
 		Policy:    string(scheduler.PolicySluice),
 		Weights:   scheduler.DefaultWeights(),
-		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake},
+		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true},
 		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},

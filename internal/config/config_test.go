@@ -65,6 +65,25 @@ func TestParse_AdmissionClasses(t *testing.T) {
 	}
 }
 
+func TestParse_KVFitOnUnlessTurnedOff(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want bool
+	}{
+		{"workers: [{name: a, url: 'http://h:1'}]", true},
+		{"workers: [{name: a, url: 'http://h:1'}]\nadmission: {max_queue: 9}", true},
+		{"workers: [{name: a, url: 'http://h:1'}]\nadmission: {kv_fit: false}", false},
+	} {
+		cfg, err := Parse(strings.NewReader(tc.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if got := cfg.Admission.KVFit; got != tc.want {
+			t.Errorf("%q: admission.kv_fit = %v, want %v", tc.yaml, got, tc.want)
+		}
+	}
+}
+
 func TestParse_BadConfigsNameTheKey(t *testing.T) {
 	tests := []struct {
 		name, yaml string

@@ -8,7 +8,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 )
 
-// The KV-fit rule (Config.KVFit, admission.kv_fit; off by default): pass
+// The KV-fit rule (Config.KVFit, admission.kv_fit, on by default): pass
 // over an eligible worker whose KV cache cannot take the request's prompt
 // now, and when no eligible worker can, hold the request in Sluice's
 // queue rather than inside a worker.

@@ -133,10 +133,10 @@ type Config struct {
 	// KVFit turns on the KV-fit rule (kvfit.go): a worker whose shared KV
 	// cache cannot take the request's prompt now is passed over, and the
 	// request waits in the queue rather than inside a worker when none
-	// can. Off by default: in virtual time it shortened the multi-turn
-	// chat load's tail at every load, but on the Azure conversation trace
-	// it lengthened p99 at 80-85% load and p50 at 95% (docs/benchmarks.md,
-	// KV fit).
+	// can. The zero Config leaves it off; the router's configuration
+	// (admission.kv_fit) turns it on by default: with the simulators'
+	// chunked prefill it shortened p99 TTFT on most rows of the virtual
+	// benchmarks, at a cost on a few (docs/benchmarks.md, KV fit).
 	KVFit bool
 	// Seed seeds the random baselines; Sluice's own policy uses no
 	// randomness.
