@@ -15,6 +15,32 @@ import (
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
+// newTelemetryWorker starts a loopback worker answering the probes of
+// both kinds the tests use: /health, /v1/models for model "m", /props when
+// props is set (llama.cpp's; vLLM has none), /metrics from metrics, and a
+// one-token chat completion.
+func newTelemetryWorker(t *testing.T, props string, metrics func() string) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/health":
+			io.WriteString(rw, `{"status":"ok"}`)
+		case r.URL.Path == "/props" && props != "":
+			io.WriteString(rw, props)
+		case r.URL.Path == "/v1/models":
+			io.WriteString(rw, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+		case r.URL.Path == "/metrics":
+			io.WriteString(rw, metrics())
+		case r.URL.Path == "/v1/chat/completions":
+			rw.Header().Set("Content-Type", "application/json")
+			io.WriteString(rw, `{"choices":[{"message":{"content":"hi"}}],"usage":{"completion_tokens":1}}`)
+		default:
+			http.NotFound(rw, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 // llamaWorker is a loopback server answering llama.cpp's probes, with a
 // KV-cache usage the test sets.
 type llamaWorker struct {
@@ -25,24 +51,9 @@ type llamaWorker struct {
 func newLlamaWorker(t *testing.T) *llamaWorker {
 	w := &llamaWorker{}
 	w.kv.Store("0")
-	w.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/health":
-			io.WriteString(rw, `{"status":"ok"}`)
-		case "/props":
-			io.WriteString(rw, `{"total_slots":4,"model_path":"m.gguf"}`)
-		case "/v1/models":
-			io.WriteString(rw, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
-		case "/metrics":
-			fmt.Fprintf(rw, "# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.\n# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio %s\n# HELP llamacpp:requests_processing Number of requests processing.\n# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 0\n# HELP llamacpp:requests_deferred Number of requests deferred.\n# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 0\n", w.kv.Load())
-		case "/v1/chat/completions":
-			rw.Header().Set("Content-Type", "application/json")
-			io.WriteString(rw, `{"choices":[{"message":{"content":"hi"}}],"usage":{"completion_tokens":1}}`)
-		default:
-			http.NotFound(rw, r)
-		}
-	}))
-	t.Cleanup(w.srv.Close)
+	w.srv = newTelemetryWorker(t, `{"total_slots":4,"model_path":"m.gguf"}`, func() string {
+		return fmt.Sprintf("# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.\n# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio %s\n# HELP llamacpp:requests_processing Number of requests processing.\n# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 0\n# HELP llamacpp:requests_deferred Number of requests deferred.\n# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 0\n", w.kv.Load())
+	})
 	return w
 }
 

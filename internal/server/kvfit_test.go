@@ -3,48 +3,24 @@ package server
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/sluice-router/sluice/internal/config"
 )
 
-// vllmWorker is a loopback server answering vLLM's probes with a KV
-// cache of blocks×16 tokens, of which the test sets the share in use.
-type vllmWorker struct {
-	srv    *httptest.Server
-	blocks int
-	usage  atomic.Value // string, e.g. "0.5"
-}
-
-func newVLLMWorker(t *testing.T, blocks int, usage string) *vllmWorker {
-	w := &vllmWorker{blocks: blocks}
-	w.usage.Store(usage)
-	w.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/health":
-			rw.WriteHeader(http.StatusOK)
-		case "/v1/models":
-			io.WriteString(rw, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
-		case "/metrics":
-			fmt.Fprintf(rw, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 0\n"+
-				"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 0\n"+
-				"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} %s\n"+
-				"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"%d\"} 1\n",
-				w.usage.Load(), w.blocks)
-		case "/v1/chat/completions":
-			rw.Header().Set("Content-Type", "application/json")
-			io.WriteString(rw, `{"choices":[{"message":{"content":"hi"}}],"usage":{"completion_tokens":1}}`)
-		default:
-			http.NotFound(rw, r)
-		}
-	}))
-	t.Cleanup(w.srv.Close)
-	return w
+// newVLLMWorker starts a loopback server answering vLLM's probes with a
+// KV cache of blocks×16 tokens, usage of it in use.
+func newVLLMWorker(t *testing.T, blocks int, usage string) *httptest.Server {
+	return newTelemetryWorker(t, "", func() string {
+		return fmt.Sprintf("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 0\n"+
+			"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 0\n"+
+			"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} %s\n"+
+			"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"%d\"} 1\n",
+			usage, blocks)
+	})
 }
 
 // TestRouter_KVFitIsTheDefault sends a prompt of about 2,500 tokens to two
@@ -75,8 +51,8 @@ func TestRouter_KVFitIsTheDefault(t *testing.T) {
 			cfg.Telemetry.Interval = 1 << 40 // probe rounds only when the test asks
 			cfg.Telemetry.StaleAfter = 1 << 41
 			cfg.Workers = []config.Worker{
-				{Name: "small", URL: small.srv.URL, Kind: "vllm", Models: []string{"m"}},
-				{Name: "big", URL: big.srv.URL, Kind: "vllm", Models: []string{"m"}},
+				{Name: "small", URL: small.URL, Kind: "vllm", Models: []string{"m"}},
+				{Name: "big", URL: big.URL, Kind: "vllm", Models: []string{"m"}},
 			}
 			r := startRouter(t, cfg)
 			r.srv.ScrapeNow(context.Background())
