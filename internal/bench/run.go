@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -337,12 +338,49 @@ func fillerText(n int) string {
 	return b.String()[:n]
 }
 
-// prompt returns about tokens tokens of text, starting with the request
-// index so that no two requests share a cached prefix.
-func (r *runner) prompt(i, tokens int) string {
+// prompt returns about it.PromptTokens tokens of text for request i.
+// Without prefix hashes it starts with the request index, so that no two
+// requests share a cached prefix. With them (a Mooncake row's hash_ids, a
+// synthetic conversation's blocks) each hashed block is text that only its
+// hash yields, so requests that share a block hash share its text and the
+// router and the workers, which hash the text they are sent, see the
+// prefix the load meant; the rest, from the request index on, is its own.
+func (r *runner) prompt(i int, it Item) string {
+	var b strings.Builder
+	if it.PrefixBlockTokens > 0 {
+		left := it.PromptTokens * charsPerToken
+		b.Grow(left)
+		for _, h := range it.Prefix {
+			n := min(it.PrefixBlockTokens*charsPerToken, left)
+			if n <= 0 {
+				break
+			}
+			writeBlockText(&b, h, n)
+			left -= n
+		}
+	}
 	head := fmt.Sprintf("Request %d. ", i)
-	n := max(tokens*charsPerToken-len(head), 0)
-	return head + r.text[:min(n, len(r.text))]
+	b.WriteString(head)
+	n := max(it.PromptTokens*charsPerToken-b.Len(), 0)
+	b.WriteString(r.text[:min(n, len(r.text))])
+	return b.String()
+}
+
+// writeBlockText writes n characters of prose drawn from the filler words
+// by a generator seeded with h: equal hashes give equal text, different
+// ones text that differs within a few words.
+func writeBlockText(b *strings.Builder, h uint64, n int) {
+	rng := rand.New(rand.NewPCG(h, h^0x9e3779b97f4a7c15))
+	end := b.Len() + n
+	for b.Len() < end {
+		w := fillerWords[rng.IntN(len(fillerWords))]
+		if room := end - b.Len(); room <= len(w) {
+			b.WriteString(w[:room])
+			break
+		}
+		b.WriteString(w)
+		b.WriteByte(' ')
+	}
 }
 
 type chatRequest struct {
@@ -364,7 +402,7 @@ type chatMessage struct {
 func (r *runner) body(i int, it Item) ([]byte, error) {
 	req := chatRequest{
 		Model:     r.cfg.Model,
-		Messages:  []chatMessage{{Role: "user", Content: r.prompt(i, it.PromptTokens)}},
+		Messages:  []chatMessage{{Role: "user", Content: r.prompt(i, it)}},
 		MaxTokens: maxTokensFor(it),
 		IgnoreEOS: true,
 		Stream:    r.cfg.Stream,

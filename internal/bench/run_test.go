@@ -321,3 +321,57 @@ func FuzzReadSSE(f *testing.F) {
 		})
 	})
 }
+
+// TestRun_PrefixHashesBecomeSharedText sends three items over HTTP: two
+// that share their first two block hashes (of 128 tokens, 512 characters
+// here) and differ in the third, and one without hashes. The first two
+// prompts must start with the same 1,024 characters and differ after
+// them, each item's prompt must be about its size, and only the item
+// without hashes starts with its index.
+func TestRun_PrefixHashesBecomeSharedText(t *testing.T) {
+	var mu sync.Mutex
+	got := map[int]string{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req chatRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			t.Errorf("decode request: %v", err)
+			return
+		}
+		content := req.Messages[0].Content
+		var i int
+		if k := strings.Index(content, "Request "); k < 0 {
+			t.Errorf("prompt without its index: %q", truncate(content, 40))
+		} else if _, err := fmt.Sscanf(content[k:], "Request %d.", &i); err != nil {
+			t.Errorf("prompt %q: %v", truncate(content[k:], 40), err)
+		}
+		mu.Lock()
+		got[i] = content
+		mu.Unlock()
+		writeStream(w, 1, 1)
+	}))
+	defer srv.Close()
+	items := []Item{
+		{PromptTokens: 400, OutputTokens: 1, Prefix: []uint64{11, 22, 33}, PrefixBlockTokens: 128},
+		{PromptTokens: 450, OutputTokens: 1, Prefix: []uint64{11, 22, 44}, PrefixBlockTokens: 128},
+		{PromptTokens: 300, OutputTokens: 1},
+	}
+	if _, err := Run(context.Background(), RunConfig{Target: srv.URL, Items: items, Stream: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := got[0], got[1], got[2]
+	for i, p := range []string{a, b, c} {
+		if want := items[i].PromptTokens * charsPerToken; len(p) < want-4 || len(p) > want+16 {
+			t.Errorf("item %d: prompt of %d chars, want about %d", i, len(p), want)
+		}
+	}
+	shared := 2 * 128 * charsPerToken
+	if len(a) < shared || len(b) < shared || a[:shared] != b[:shared] {
+		t.Fatalf("items 0 and 1 do not share their first %d characters", shared)
+	}
+	if a[shared:shared+64] == b[shared:shared+64] {
+		t.Errorf("items 0 and 1 share their third block, whose hashes differ: %q", a[shared:shared+64])
+	}
+	if strings.HasPrefix(a, "Request ") || !strings.HasPrefix(c, "Request 2.") {
+		t.Errorf("prompt starts: %q and %q; want shared text first for hashed items, the index for the other", truncate(a, 20), truncate(c, 20))
+	}
+}
