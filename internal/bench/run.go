@@ -86,8 +86,10 @@ type Result struct {
 	// QueueMs is the X-Sluice-Queue-Ms header, or -1 when absent.
 	QueueMs float64 `json:"queue_ms"`
 	// CachedTokens is how many prompt tokens the worker found in its
-	// prefix cache and did not prefill, where it is known (the
-	// virtual-time simulation); 0 otherwise.
+	// prefix cache and did not prefill, where it is known: the
+	// virtual-time simulation's count, or what the answer said
+	// (usage.prompt_tokens_details.cached_tokens, llama.cpp's
+	// timings.cache_n); 0 otherwise.
 	CachedTokens int `json:"cached_tokens,omitempty"`
 }
 
@@ -498,6 +500,9 @@ func (r *runner) do(ctx context.Context, i int, it Item, start, sendAt time.Time
 			if c.Usage >= 0 {
 				usage = c.Usage
 			}
+			if c.Cached >= 0 {
+				res.CachedTokens = c.Cached
+			}
 			if c.Err != "" {
 				streamErr = c.Err
 			}
@@ -519,8 +524,11 @@ func (r *runner) do(ctx context.Context, i int, it Item, start, sendAt time.Time
 		} else if m := errorMessage(c.Error); m != "" {
 			res.Kind = KindStream
 			err = errors.New(m)
-		} else if c.Usage != nil {
-			usage = c.Usage.CompletionTokens
+		} else {
+			if c.Usage != nil {
+				usage = c.Usage.CompletionTokens
+			}
+			res.CachedTokens = max(c.cached(), 0)
 		}
 	}
 	if err != nil {

@@ -283,13 +283,16 @@ func TestReadSSE(t *testing.T) {
 		"data: {\"choices\":[{\"delta\":\n" + // one event over two data lines
 		"data: {\"reasoning_content\":\"hm\"}}]}\n\n" +
 		"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}],\"usage\":{\"completion_tokens\":3}}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":96}}}\n\n" +
+		"data: {\"choices\":[],\"timings\":{\"cache_n\":64}}\n\n" +
 		"data: [DONE]\n\n" +
 		"data: {\"choices\":[{\"delta\":{\"content\":\"after done\"}}]}\n\n"
 	var got []chunk
 	if err := readSSE(strings.NewReader(stream), func(c chunk) error { got = append(got, c); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	want := []chunk{{Usage: -1}, {Content: true, Usage: -1}, {Content: true, Usage: -1}, {Usage: 3}, {Done: true, Usage: -1}}
+	want := []chunk{{Usage: -1, Cached: -1}, {Content: true, Usage: -1, Cached: -1}, {Content: true, Usage: -1, Cached: -1}, {Usage: 3, Cached: -1},
+		{Usage: 3, Cached: 96}, {Usage: -1, Cached: 64}, {Done: true, Usage: -1, Cached: -1}}
 	if len(got) != len(want) {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
@@ -326,8 +329,9 @@ func FuzzReadSSE(f *testing.F) {
 // that share their first two block hashes (of 128 tokens, 512 characters
 // here) and differ in the third, and one without hashes. The first two
 // prompts must start with the same 1,024 characters and differ after
-// them, each item's prompt must be about its size, and only the item
-// without hashes starts with its index.
+// them, each item's prompt must be about its size, only the item without
+// hashes starts with its index, and each result carries the cached
+// prompt tokens its answer reported.
 func TestRun_PrefixHashesBecomeSharedText(t *testing.T) {
 	var mu sync.Mutex
 	got := map[int]string{}
@@ -347,7 +351,12 @@ func TestRun_PrefixHashesBecomeSharedText(t *testing.T) {
 		mu.Lock()
 		got[i] = content
 		mu.Unlock()
-		writeStream(w, 1, 1)
+		// The worker's report of the cached prompt tokens, as vLLM and
+		// OpenAI put it in the usage chunk.
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t\"}}]}\n\n")
+		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n", 10*i)
+		fmt.Fprint(w, "data: [DONE]\n\n")
 	}))
 	defer srv.Close()
 	items := []Item{
@@ -355,8 +364,14 @@ func TestRun_PrefixHashesBecomeSharedText(t *testing.T) {
 		{PromptTokens: 450, OutputTokens: 1, Prefix: []uint64{11, 22, 44}, PrefixBlockTokens: 128},
 		{PromptTokens: 300, OutputTokens: 1},
 	}
-	if _, err := Run(context.Background(), RunConfig{Target: srv.URL, Items: items, Stream: true}, nil); err != nil {
+	results, err := Run(context.Background(), RunConfig{Target: srv.URL, Items: items, Stream: true}, nil)
+	if err != nil {
 		t.Fatal(err)
+	}
+	for i, r := range results {
+		if !r.OK() || r.CachedTokens != 10*i {
+			t.Errorf("item %d: %+v, want OK with the %d cached tokens its answer reported", i, r, 10*i)
+		}
 	}
 	a, b, c := got[0], got[1], got[2]
 	for i, p := range []string{a, b, c} {

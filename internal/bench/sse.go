@@ -18,6 +18,10 @@ type chunk struct {
 	Content bool
 	// Usage is the completion token count from a usage object, or -1.
 	Usage int
+	// Cached is the prompt tokens the worker served from its prefix
+	// cache (usage.prompt_tokens_details.cached_tokens, else llama.cpp's
+	// timings.cache_n), or -1 when the event says nothing of it.
+	Cached int
 	// Err is the message of an error event.
 	Err string
 	// Done marks the final "data: [DONE]".
@@ -38,9 +42,29 @@ type completion struct {
 		Text string `json:"text"`
 	} `json:"choices"`
 	Usage *struct {
-		CompletionTokens int `json:"completion_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
+	// Timings is llama.cpp's; cache_n is the prompt tokens it reused.
+	Timings *struct {
+		CacheN int `json:"cache_n"`
+	} `json:"timings"`
 	Error json.RawMessage `json:"error"`
+}
+
+// cached returns the prompt tokens the worker served from its prefix
+// cache, as OpenAI's usage.prompt_tokens_details.cached_tokens or, failing
+// that, llama.cpp's timings.cache_n say; -1 when neither is there.
+func (c *completion) cached() int {
+	if c.Usage != nil && c.Usage.PromptTokensDetails != nil {
+		return c.Usage.PromptTokensDetails.CachedTokens
+	}
+	if c.Timings != nil {
+		return c.Timings.CacheN
+	}
+	return -1
 }
 
 // errorMessage extracts a message from an OpenAI-shaped error value, which
@@ -73,13 +97,13 @@ func truncate(s string, n int) string {
 func decodeChunk(data []byte) (chunk, error) {
 	data = bytes.TrimSpace(data)
 	if string(data) == "[DONE]" {
-		return chunk{Done: true, Usage: -1}, nil
+		return chunk{Done: true, Usage: -1, Cached: -1}, nil
 	}
 	var c completion
 	if err := json.Unmarshal(data, &c); err != nil {
 		return chunk{}, fmt.Errorf("stream chunk %q: %w", truncate(string(data), 80), err)
 	}
-	out := chunk{Usage: -1, Err: errorMessage(c.Error)}
+	out := chunk{Usage: -1, Cached: -1, Err: errorMessage(c.Error)}
 	for _, ch := range c.Choices {
 		if ch.Delta.Content != "" || ch.Delta.ReasoningContent != "" || ch.Text != "" || ch.Message.Content != "" {
 			out.Content = true
@@ -88,6 +112,7 @@ func decodeChunk(data []byte) (chunk, error) {
 	if c.Usage != nil {
 		out.Usage = c.Usage.CompletionTokens
 	}
+	out.Cached = c.cached()
 	return out, nil
 }
 

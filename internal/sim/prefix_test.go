@@ -115,6 +115,24 @@ func TestServer_PromptCache(t *testing.T) {
 	if got, want := second.Timings.PromptN, first.Timings.PromptN-8*128; got != want {
 		t.Fatalf("second request: prompt_n %d, want %d (the uncached rest)", got, want)
 	}
+
+	// A chat completion reports the hit as OpenAI and vLLM do, in usage.
+	chat := fmt.Sprintf(`{"messages":[{"role":"user","content":%q}],"max_tokens":2,"ignore_eos":true}`, strings.Repeat("another long document ", 200))
+	var answers [2]struct {
+		Usage struct {
+			PromptTokensDetails struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+		Timings timings `json:"timings"`
+	}
+	for i := range answers {
+		decodeBody(t, post(t, hs.URL+"/v1/chat/completions", chat), &answers[i])
+	}
+	if a, b := answers[0], answers[1]; a.Usage.PromptTokensDetails.CachedTokens != 0 || b.Usage.PromptTokensDetails.CachedTokens == 0 ||
+		b.Usage.PromptTokensDetails.CachedTokens != b.Timings.CacheN {
+		t.Fatalf("chat usage.prompt_tokens_details.cached_tokens %d then %d (cache_n %d), want 0 then cache_n", a.Usage.PromptTokensDetails.CachedTokens, b.Usage.PromptTokensDetails.CachedTokens, b.Timings.CacheN)
+	}
 }
 
 // TestServer_SlotsReportPrompts: after a chat request, then a raw prompt,

@@ -756,11 +756,14 @@ func (o *responder) text(n int) string {
 	return sb.String()
 }
 
-func usage(res Result) map[string]int {
-	return map[string]int{
+func usage(res Result) map[string]any {
+	return map[string]any{
 		"completion_tokens": res.CompletionTokens,
 		"prompt_tokens":     res.PromptTokens,
 		"total_tokens":      res.PromptTokens + res.CompletionTokens,
+		// OpenAI's (and vLLM's) report of the prompt tokens served from
+		// the prefix cache.
+		"prompt_tokens_details": map[string]int{"cached_tokens": res.CachedTokens},
 	}
 }
 
