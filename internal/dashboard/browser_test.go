@@ -313,7 +313,7 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 			"fleet":{"workers":1,"health":{"ok":1},"draining":0,"active":3,"limit":6,"queued":0},"queues":{"m":0},
 			"totals":{"admitted":1,"ok":1,"r429":0,"r503":0,"failed":0,"tokens":9},
 			"page":{"offset":0,"limit":24,"total":1,"sort":"config"},
-			"workers":[{"name":"gpu-a","health":"ok","draining":false,"models":["m"],"active":3,"limit":6,
+			"workers":[{"name":"gpu-a","health":"ok","draining":false,"models":["m"],"active":3,"active_other_replicas":2,"limit":6,
 				"limit_source":"learned","limit_reason":"TTFT rose past its goal above 6 in flight",
 				"limit_moved":{"at":"1970-01-01T00:00:00Z","from":7,"to":6,"why":"slowest stream under the floor"},"sluice_queue":0,"averages":{},"spark":[3]}],
 			"busiest":[{"name":"gpu-a","limit":6,"active":[3]}],
@@ -338,6 +338,7 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitJS[bool](t, ctx, "the card with its limit's source and reason", `(() => { const n = document.querySelector('#cards .card[data-worker="gpu-a"] .limitnote'); return n && /limit 6 · learned — TTFT rose past its goal above 6 in flight/.test(n.textContent); })()`)
+	waitJS[bool](t, ctx, "in flight across replicas against the limit", `(() => { const c = document.querySelector('#cards .card[data-worker="gpu-a"]'), n = c.querySelector('[data-k="active"]'); return c.dataset.active === "5" && /^5\/6$/.test(n.textContent) && /3 from this replica, 2 from the others/.test(n.title); })()`)
 	waitJS[bool](t, ctx, "when the limit last moved", `/moved 7→6 12 s ago/.test(document.querySelector('#cards .card[data-worker="gpu-a"]').textContent)`)
 	waitJS[bool](t, ctx, "the banner gone", `document.getElementById("banner").hidden`)
 	waitJS[bool](t, ctx, "the newest placement explained", `document.querySelector("#detail h3")?.dataset.decision === "d-1" && document.querySelectorAll("#detail tr.term").length === 1`)

@@ -109,6 +109,12 @@ type series struct {
 	v     []int32 // indexed like Dashboard.ring
 }
 
+// inFlight is a worker's requests in flight across every replica: this
+// replica's own and, with a shared ledger, the others' as the ledger last
+// said. The learned limit bounds that total, so the charts and meters
+// compare it with the limit.
+func inFlight(w *scheduler.WorkerState) int { return w.Active + w.OtherReplicas }
+
 // Sample is the fleet at one moment plus what happened in the interval
 // before it.
 type Sample struct {
@@ -120,6 +126,8 @@ type Sample struct {
 	// Queued is the number of requests waiting in Sluice's queues.
 	Queued int `json:"queued"`
 	// Active and Limit sum the workers' in-flight requests and limits.
+	// With replicas sharing a ledger a worker's in-flight count is the
+	// total across them (inFlight), as its limit is.
 	Active int `json:"active"`
 	Limit  int `json:"limit"`
 	// Healthy counts workers that are eligible (healthy or not yet
@@ -243,7 +251,7 @@ func (d *Dashboard) Sample() Sample {
 	}
 	s := Sample{T: now.UnixMilli(), Queued: queued}
 	for _, w := range workers {
-		s.Active += w.Active
+		s.Active += inFlight(&w)
 		s.Limit += w.Limit
 		if eligible(w) {
 			s.Healthy++
@@ -265,7 +273,7 @@ func (d *Dashboard) Sample() Sample {
 			sr = &series{first: d.seq, v: make([]int32, len(d.ring))}
 			d.actives[w.Name] = sr
 		}
-		sr.v[idx] = int32(w.Active)
+		sr.v[idx] = int32(inFlight(&w))
 	}
 	for name := range d.actives {
 		if !seen[name] {

@@ -217,6 +217,35 @@ func TestDashboard_WorkerSeriesFollowMembership(t *testing.T) {
 	}
 }
 
+// TestDashboard_InFlightCountsOtherReplicas: with replicas sharing a
+// ledger a worker's limit bounds its requests across all of them, so the
+// sample, the chart's series, the fleet sum and the busiest order count
+// the other replicas' requests too.
+func TestDashboard_InFlightCountsOtherReplicas(t *testing.T) {
+	f := newFake(2)
+	f.workers[0].Active, f.workers[0].OtherReplicas = 1, 0
+	f.workers[1].Active, f.workers[1].OtherReplicas = 0, 3 // busiest, by others' requests
+	d := newDash(f, 4)
+	if s := d.Sample(); s.Active != 4 {
+		t.Errorf("sample's in flight = %d, want 1 here + 3 at other replicas", s.Active)
+	}
+	d.mu.Lock()
+	series := d.activeSeriesLocked("w001", 1)
+	d.mu.Unlock()
+	if diff := cmp.Diff([]int32{3}, series); diff != "" {
+		t.Errorf("w001's series (-want +got):\n%s", diff)
+	}
+	srv := serve(d)
+	defer srv.Close()
+	ov := getOverview(t, srv, "sort=busy")
+	if ov.Fleet.Active != 4 {
+		t.Errorf("fleet in flight = %d, want 4", ov.Fleet.Active)
+	}
+	if len(ov.Workers) < 2 || ov.Workers[0]["name"] != "w001" || len(ov.Busiest) < 1 || ov.Busiest[0].Name != "w001" {
+		t.Errorf("busiest first: cards %v, chart %v; want w001, whose 3 requests come from other replicas", names(ov.Workers), ov.Busiest)
+	}
+}
+
 func getOverview(t *testing.T, srv *httptest.Server, query string) Overview {
 	t.Helper()
 	resp, err := http.Get(srv.URL + "/api/overview?" + query)

@@ -108,7 +108,7 @@ var sorts = map[string]func(a, b *workerRow) int{
 	"name":   func(a, b *workerRow) int { return strings.Compare(a.ws.Name, b.ws.Name) },
 	// busy: most requests in flight (relative to the limit) first.
 	"busy": func(a, b *workerRow) int {
-		return cmp.Or(cmp.Compare(b.load(), a.load()), cmp.Compare(b.ws.Active, a.ws.Active), cmp.Compare(a.idx, b.idx))
+		return cmp.Or(cmp.Compare(b.load(), a.load()), cmp.Compare(inFlight(&b.ws), inFlight(&a.ws)), cmp.Compare(a.idx, b.idx))
 	},
 	// score: best (lowest) latest score first; never scored last.
 	"score": func(a, b *workerRow) int {
@@ -141,7 +141,7 @@ func (r *workerRow) load() float64 {
 	if r.ws.Limit <= 0 {
 		return 0
 	}
-	return float64(r.ws.Active) / float64(r.ws.Limit)
+	return float64(inFlight(&r.ws)) / float64(r.ws.Limit)
 }
 
 func (r *workerRow) trouble() int {
@@ -237,7 +237,7 @@ func (d *Dashboard) overview(since int64, offset, limit int, sortName string, or
 		if ws.Draining {
 			ov.Fleet.Draining++
 		}
-		ov.Fleet.Active += ws.Active
+		ov.Fleet.Active += inFlight(&ws)
 		ov.Fleet.Limit += ws.Limit
 		if filter == "" || matches(ws, filter) {
 			rows = append(rows, &workerRow{idx: i, ws: ws})
@@ -251,7 +251,7 @@ func (d *Dashboard) overview(since int64, offset, limit int, sortName string, or
 		}
 	}
 	slices.SortStableFunc(busiest, func(a, b *workerRow) int {
-		return cmp.Or(cmp.Compare(b.ws.Active, a.ws.Active), cmp.Compare(a.idx, b.idx))
+		return cmp.Or(cmp.Compare(inFlight(&b.ws), inFlight(&a.ws)), cmp.Compare(a.idx, b.idx))
 	})
 	busiest = busiest[:min(len(busiest), chartWorkers)]
 	slices.SortStableFunc(rows, order)

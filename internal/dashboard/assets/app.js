@@ -332,7 +332,9 @@ function reading(r, f) {
 function cardHTML(w, extent) {
   const health = w.draining ? "draining" : w.health;
   const lim = w.limit || 0;
-  const load = lim ? w.active / lim : 0;
+  // In flight across replicas: the learned limit bounds the total.
+  const other = w.active_other_replicas || 0, total = w.active + other;
+  const load = lim ? total / lim : 0;
   const meterCls = load >= 1 ? "full" : load >= 0.8 ? "hot" : "";
   const kv = reading(w.kv, fmtPct), gpu = reading(w.gpu, fmtPct), wq = reading(w.worker_queue, (v) => fmt(v, 0));
   const a = w.averages || {};
@@ -363,7 +365,7 @@ function cardHTML(w, extent) {
     (picked ? `<span class="badge rank" title="the newest request was bound here">last pick</span>` : "") + `</header>` +
     `<div class="models" title="${esc((w.models || []).join(", "))}">${esc((w.models || []).join(", ") || "no models known")}</div>` +
     (w.health_reason && w.health !== "ok" ? `<div class="reason">${esc(w.health_reason)}</div>` : "") +
-    `<div class="load"><span class="num" data-k="active">${esc(w.active)}<small>/${esc(lim)}</small></span><div class="meter ${meterCls}"><div style="width:${Math.min(load, 1) * 100}%"></div></div></div>` +
+    `<div class="load"><span class="num" data-k="active"${other ? ` title="${esc(w.active)} from this replica, ${esc(other)} from the others"` : ""}>${esc(total)}<small>/${esc(lim)}</small></span><div class="meter ${meterCls}"><div style="width:${Math.min(load, 1) * 100}%"></div></div></div>` +
     limitNote +
     `<dl class="kv">` +
     `<div title="requests for its models waiting in Sluice's queue"><dt>queued</dt><dd>${esc(w.sluice_queue ?? 0)}</dd></div>` +
@@ -392,7 +394,7 @@ function drawCards(ov) {
     const health = w.draining ? "draining" : "h-" + w.health;
     el.className = "card " + health + (w.name === state.lastChosen ? " winner" : "");
     el.dataset.worker = w.name;
-    el.dataset.active = String(w.active);
+    el.dataset.active = String(w.active + (w.active_other_replicas || 0));
     el.dataset.health = w.health;
     el.innerHTML = cardHTML(w, extent);
     if (box.children[i] !== el) box.insertBefore(el, box.children[i] || null);
