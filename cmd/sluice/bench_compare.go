@@ -80,7 +80,7 @@ func benchCompare(args []string) error {
 	var o compareOpts
 	var loads, policies string
 	fs.BoolVar(&o.virtual, "virtual", false, "simulate in virtual time (internal/vsim) instead of real HTTP; fast")
-	fs.StringVar(&o.trace, "trace", "auto", "trace file; \"auto\" uses the built-in trace (first 2,000 rows of the Azure LLM inference trace), \"synthetic\" a generated load, \"synthetic-chat\" generated multi-turn conversations")
+	fs.StringVar(&o.trace, "trace", "auto", "trace file; \"auto\" uses the built-in trace (first 2,000 rows of the Azure LLM inference trace), \"synthetic\" a generated load, \"synthetic-code\" long prompts with short answers, \"synthetic-chat\" generated multi-turn conversations")
 	fs.IntVar(&o.limit, "limit", 2000, "trace rows (or synthetic requests) per load")
 	fs.IntVar(&o.offset, "offset", 0, "skip this many trace rows")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of synthetic loads and of the random baselines")
@@ -196,6 +196,10 @@ func baseItems(o compareOpts) ([]bench.Item, string, error) {
 	if path == "synthetic" {
 		items, err := bench.Synthesize(bench.Synthetic{Arrivals: bench.Arrivals{Rate: 1}, Count: o.limit, Seed: o.seed})
 		return items, fmt.Sprintf("synthetic Poisson, %d requests, default lengths, seed %d", o.limit, o.seed), err
+	}
+	if path == "synthetic-code" {
+		items, err := bench.Synthesize(bench.Synthetic{Arrivals: bench.Arrivals{Rate: 1}, Count: o.limit, Seed: o.seed, Prompt: bench.CodePromptLengths, Output: bench.CodeOutputLengths})
+		return items, fmt.Sprintf("synthetic code completion (Poisson; prompts median 1,500 tokens, mean ~2,000; answers median 13, mean ~27), %d requests, seed %d", o.limit, o.seed), err
 	}
 	if path == "synthetic-chat" {
 		items, err := bench.SynthesizeChat(bench.Chat{Arrivals: bench.Arrivals{Rate: 1}, Count: o.limit, Seed: o.seed})

@@ -194,6 +194,16 @@ func (l Lengths) sample(rng *rand.Rand) int {
 	return n
 }
 
+// CodePromptLengths and CodeOutputLengths are a code-completion load:
+// long prompts (median 1,500 tokens, mean about 2,000) and short answers
+// (median 13 tokens, mean about 27). It is the traffic on which a router
+// that queues to protect decode rates makes every request wait for its
+// first token, since each long prefill stalls the streams beside it.
+var (
+	CodePromptLengths = Lengths{Median: 1500, Sigma: 0.76, Min: 64, Max: 6000}
+	CodeOutputLengths = Lengths{Median: 13, Sigma: 1.21, Min: 1, Max: 512}
+)
+
 // Synthetic describes a generated load.
 type Synthetic struct {
 	// Arrivals is the arrival process.

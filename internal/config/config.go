@@ -95,7 +95,19 @@ type Limits struct {
 	DefaultCap int `yaml:"default_cap"`
 	// Models sets per-model targets.
 	Models map[string]ModelTargets `yaml:"models"`
+	// Policy says what a learned limit protects: "ttft_first" (the
+	// default) lowers a limit only where a level is measured worse for
+	// both the first token and the decode rate, and starts every worker
+	// at its cap; "decode_first" holds every stream to the floor,
+	// climbing from one stream, whatever the wait for a first token.
+	Policy string `yaml:"policy"`
 }
+
+// Limit policies (limits.policy).
+const (
+	LimitsTTFTFirst   = "ttft_first"
+	LimitsDecodeFirst = "decode_first"
+)
 
 // ModelTargets are one model's targets.
 type ModelTargets struct {
@@ -108,6 +120,7 @@ func (l Limits) Scheduler() scheduler.LimitConfig {
 	lc := scheduler.LimitConfig{
 		Fixed: !l.Adaptive, MinStreamTokS: l.MinStreamTokS, FloorFraction: l.FloorFraction,
 		MinSamples: l.MinSamples, ProbeAfter: l.ProbeAfter, BorrowAfter: l.BorrowAfter, DefaultCap: l.DefaultCap,
+		DecodeFirst: l.Policy == LimitsDecodeFirst,
 	}
 	for m, t := range l.Models {
 		if t.MinStreamTokS > 0 {
@@ -480,7 +493,7 @@ func DefaultConfig() Config {
 		Shutdown:  Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
 		Shared:    Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
 		Limits: Limits{Adaptive: true, FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
-			BorrowAfter: 2 * time.Second, DefaultCap: 64},
+			BorrowAfter: 2 * time.Second, DefaultCap: 64, Policy: LimitsTTFTFirst},
 		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
 	}
 }
@@ -679,6 +692,9 @@ func (c *Config) Validate() error {
 		}
 		if l.DefaultCap < 1 {
 			bad("limits.default_cap", "must be at least 1, got %d", l.DefaultCap)
+		}
+		if l.Policy != LimitsTTFTFirst && l.Policy != LimitsDecodeFirst {
+			bad("limits.policy", "%q: want %s or %s", l.Policy, LimitsTTFTFirst, LimitsDecodeFirst)
 		}
 		for m, t := range l.Models {
 			if strings.TrimSpace(m) == "" {

@@ -58,6 +58,33 @@ import (
 // (level 1) measured among the workers of the model, so a fleet is judged
 // against its own fastest card without hand tuning.
 //
+// # First tokens before decode rates (the default)
+//
+// Holding a request in Sluice's queue costs it its wait for a free stream;
+// admitting it costs the streams beside it some decode rate. On traffic of
+// long prompts each prefill stalls its neighbours, so a floor on decode
+// rates alone settles on one or two streams per card and makes every
+// request wait for its first token: the median waits many times longer
+// than under least-connections, to lift the slowest streams a little. So
+// by default (DecodeFirst false) the controller lowers a limit only where
+// a level is measured worse on both counts:
+//
+//   - a level with fewer than MinSamples samples is assumed good: a
+//     worker with no history runs at its cap (its reported slots) from
+//     the start rather than climbing from one stream;
+//   - level k ≥ 2 is bad only when its pessimistic decode rate is under
+//     the floor and its mean time to first token is longer than a
+//     request held at k-1 streams would see: level k-1's time to first
+//     token plus the wait for one of its k-1 streams to end, estimated
+//     as the worker's mean end-to-end time over k-1 (the first of k-1
+//     streams to finish, each with a memoryless remaining time).
+//
+// With DecodeFirst the controller is the one described above alone: the
+// limit starts at one stream and climbs one level at a time, and the
+// floor alone lowers it. It trades the median's first token for the
+// slowest streams' decode rate; it is kept behind limits.policy for
+// fleets whose users read decode rates rather than waits.
+//
 // # Borrowing under a backlog
 //
 // A floor that holds at every load would turn a burst into queue
@@ -90,6 +117,11 @@ type LimitConfig struct {
 	// DefaultCap bounds a worker that has neither max_concurrency nor
 	// reported slots (vLLM, OpenAI-compatible servers); 64 when 0.
 	DefaultCap int
+	// DecodeFirst restores the floor-only controller: limits climb from
+	// one stream and a level under the floor lowers them whatever it
+	// costs in time to first token. See "First tokens before decode
+	// rates".
+	DecodeFirst bool
 }
 
 func (c LimitConfig) withDefaults() LimitConfig {
@@ -129,16 +161,18 @@ type limitState struct {
 	source  limitSource // where it came from
 	floor   float64
 
-	why    uint8         // one of the why* constants below
-	level  int           // the level the reason is about
-	n      int64         // samples at that level
-	p      float64       // its pessimistic rate
-	age    time.Duration // age of its verdict (re-probe)
-	sat    uint8         // satQueue or satKV when telemetry capped it
-	satVal float64
-	borrow int           // streams borrowed over the learned limit
-	waited time.Duration // the queue wait that allowed borrowing
-	prefix float64       // >0: one stream over the learned limit for a request this much of whose prefix is cached (affinity.go)
+	why      uint8         // one of the why* constants below
+	level    int           // the level the reason is about
+	n        int64         // samples at that level
+	p        float64       // its pessimistic rate
+	age      time.Duration // age of its verdict (re-probe)
+	sat      uint8         // satQueue or satKV when telemetry capped it
+	satVal   float64
+	ttft     float64       // whyBad, first tokens first: the level's mean TTFT (ms)
+	ttftHeld float64       // and what a request held one level below would see (ms)
+	borrow   int           // streams borrowed over the learned limit
+	waited   time.Duration // the queue wait that allowed borrowing
+	prefix   float64       // >0: one stream over the learned limit for a request this much of whose prefix is cached (affinity.go)
 }
 
 // limitSource is where a limit came from, one of the Limit* sources as a
@@ -178,6 +212,7 @@ const (
 	whySoloSlow
 	whyBad
 	whyCap
+	whyUnmeasured // first tokens first: no level measured worse on both counts
 )
 
 const (
@@ -204,6 +239,14 @@ func (st limitState) String() string {
 		out = fmt.Sprintf("1: alone it decodes %.1f tok/s (p16), under the floor %.1f", st.p, st.floor)
 	case whyBad:
 		out = fmt.Sprintf("%d: at %d streams the slowest decode %.1f tok/s (p16), under the floor %.1f", st.learned, st.level, st.p, st.floor)
+		if st.ttftHeld > 0 {
+			out += fmt.Sprintf(", and first tokens take %.0f ms there against %.0f ms held at %d", st.ttft, st.ttftHeld, st.level-1)
+		}
+	case whyUnmeasured:
+		out = fmt.Sprintf("%d, the cap (%s): no level measured worse for both first token and decode", st.learned, st.source)
+		if st.floor > 0 {
+			out += fmt.Sprintf(" (floor %.1f tok/s)", st.floor)
+		}
 	case whyCap:
 		out = fmt.Sprintf("%d, the cap (%s): every level holds the floor %.1f tok/s", st.learned, st.source, st.floor)
 	}
@@ -314,6 +357,54 @@ func (c *LimitConfig) limitOf(st *limitState, staleAfter time.Duration, capN int
 // learn walks the levels from 1 upwards and sets st.learned and why. See
 // LimitConfig.
 func (c *LimitConfig) learn(st *limitState, ws *stats.WorkerStats, now time.Time) {
+	if c.DecodeFirst {
+		c.learnDecodeFirst(st, ws, now)
+		return
+	}
+	minN := int64(c.MinSamples)
+	st.learned = st.cap
+	if st.floor <= 0 {
+		// No floor yet (nobody measured alone): nothing can be judged.
+		st.why = whyUnmeasured
+		return
+	}
+	for k := 2; k <= st.cap; k++ {
+		l := ws.Level(k)
+		n := l.DecodeTPS.N
+		p := l.DecodeTPS.Value - l.StdDev()
+		if n < minN || p >= st.floor {
+			continue
+		}
+		ttft, held, known := heldTTFT(ws, k)
+		if !known || ttft <= held {
+			continue // slow to decode, but quicker to a first token than waiting
+		}
+		st.level, st.n, st.p, st.ttft, st.ttftHeld = k, n, p, ttft, held
+		if age := now.Sub(l.Updated); age >= c.ProbeAfter {
+			st.learned, st.why, st.age = k, whyReprobe, age
+			return
+		}
+		st.learned, st.why = k-1, whyBad
+		return
+	}
+	st.why = whyUnmeasured
+}
+
+// heldTTFT returns level k's mean time to first token and what a request
+// held at k-1 streams is expected to see instead (level k-1's TTFT plus
+// the wait for the first of its k-1 streams to end: the worker's mean
+// end-to-end time over k-1), in ms; known is false while either level's
+// TTFT or the end-to-end time is unmeasured.
+func heldTTFT(ws *stats.WorkerStats, k int) (ttft, held float64, known bool) {
+	at, below := ws.Level(k).TTFTMs, ws.Level(k-1).TTFTMs
+	if !at.Known() || !below.Known() || !ws.E2EMs.Known() {
+		return 0, 0, false
+	}
+	return at.Value, below.Value + ws.E2EMs.Value/float64(k-1), true
+}
+
+// learnDecodeFirst is the floor-only controller (LimitConfig.DecodeFirst).
+func (c *LimitConfig) learnDecodeFirst(st *limitState, ws *stats.WorkerStats, now time.Time) {
 	minN := int64(c.MinSamples)
 	if st.floor <= 0 {
 		// Nobody has been measured alone yet: start at one stream, the

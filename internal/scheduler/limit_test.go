@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -54,7 +55,7 @@ func TestLimit_LearnsFromLevels(t *testing.T) {
 				fs["w"] = *tt.stats
 			}
 			s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now},
-				Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, ProbeAfter: time.Minute}},
+				Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3, ProbeAfter: time.Minute}},
 				WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
 			st := s.Workers()[0]
 			if st.Learned != tt.want || st.Limit != tt.want {
@@ -69,6 +70,61 @@ func TestLimit_LearnsFromLevels(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
+// withTTFT sets each level's mean time to first token (ms) and the
+// worker's mean end-to-end time.
+func withTTFT(ws stats.WorkerStats, e2eMs float64, ttftMs ...float64) stats.WorkerStats {
+	ws.Levels = slices.Clone(ws.Levels)
+	for i, v := range ttftMs {
+		ws.Levels[i].TTFTMs = stats.EMA{Value: v, N: ws.Levels[i].DecodeTPS.N}
+	}
+	ws.E2EMs = stats.EMA{Value: e2eMs, N: 9}
+	return ws
+}
+
+// By default a limit stays at the cap until a level is measured worse for
+// both the decode rate (under the floor) and the first token (slower than
+// waiting at one stream fewer: that level's TTFT plus the worker's mean
+// end-to-end time over its streams).
+func TestLimit_TTFTFirstLowersOnlyWhereBothAreWorse(t *testing.T) {
+	now := time.Unix(10000, 0)
+	under := levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{40, 2, 5})
+	staleUnder := levels(now.Add(-2*time.Minute), [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{40, 2, 5})
+	tests := []struct {
+		name   string
+		stats  *stats.WorkerStats
+		want   int
+		reason string
+	}{
+		{"no history: the cap", nil, 4, "no level measured worse"},
+		{"solo only: the cap", ptr(levels(now, [3]float64{80, 1, 5})), 4, "no level measured worse"},
+		{"under the floor, TTFT unknown: the cap", &under, 4, "no level measured worse"},
+		// At 3 streams TTFT 500 ms; held at 2 it would be 300 + 1000/2 = 800.
+		{"under the floor, first token sooner than waiting: the cap", ptr(withTTFT(under, 1000, 200, 300, 500)), 4, "no level measured worse"},
+		// At 3 streams TTFT 900 ms; held at 2: 300 + 400/2 = 500.
+		{"under the floor and slower than waiting: one below", ptr(withTTFT(under, 400, 200, 300, 900)), 2, "first tokens take 900 ms there against 500 ms held at 2"},
+		{"a stale verdict is probed again", ptr(withTTFT(staleUnder, 400, 200, 300, 900)), 3, "re-probing"},
+		{"alone under the floor: the cap", ptr(withTTFT(levels(now, [3]float64{30, 1, 5}), 400, 200)), 4, "no level measured worse"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := fakeStats{}
+			if tt.stats != nil {
+				fs["w"] = *tt.stats
+			}
+			s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now},
+				Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, ProbeAfter: time.Minute}},
+				WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
+			st := s.Workers()[0]
+			if st.Learned != tt.want || st.Limit != tt.want {
+				t.Fatalf("limit %d learned %d, want %d (%s)", st.Limit, st.Learned, tt.want, st.LimitReason)
+			}
+			if !strings.Contains(st.LimitReason, tt.reason) {
+				t.Fatalf("reason %q, want one containing %q", st.LimitReason, tt.reason)
+			}
+		})
+	}
+}
+
 // Without a configured floor, it is half the best solo rate among the
 // model's workers: the fleet is judged against its own fastest card.
 func TestLimit_FloorFollowsTheFastestCard(t *testing.T) {
@@ -77,7 +133,7 @@ func TestLimit_FloorFollowsTheFastestCard(t *testing.T) {
 		"fast": levels(now, [3]float64{80, 1, 5}, [3]float64{50, 1, 5}, [3]float64{38, 1, 5}),
 		"slow": levels(now, [3]float64{45, 1, 5}, [3]float64{36, 1, 5}),
 	}
-	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, Limits: LimitConfig{MinSamples: 3}},
+	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, Limits: LimitConfig{DecodeFirst: true, MinSamples: 3}},
 		WorkerSpec{Name: "fast", Models: []string{"m"}, MaxConcurrency: 4},
 		WorkerSpec{Name: "slow", Models: []string{"m"}, MaxConcurrency: 4})
 	ws := s.Workers()
@@ -99,7 +155,7 @@ func TestLimit_SaturatedWorkerTakesNoMore(t *testing.T) {
 		{KVPressure: Reading{Value: 0.97, At: now, Source: "test"}},
 	} {
 		s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, StaleAfter: 3 * time.Second,
-			Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
+			Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3}},
 			WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(snap)})
 		if _, err := s.Admit(context.Background(), Request{Model: "m"}); err != nil {
 			t.Fatal(err)
@@ -122,7 +178,7 @@ func TestLimit_BorrowsWhenTheQueueWaits(t *testing.T) {
 	now := clk.Now()
 	fs := fakeStats{"w": levels(now, [3]float64{80, 1, 5}, [3]float64{30, 1, 5})} // learned 1
 	s := newSched(t, Config{MaxQueue: 5, QueueTimeout: time.Minute, Stats: fs, Clock: clk,
-		Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
+		Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
 		WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
 	held, err := s.Admit(context.Background(), Request{Model: "m"})
 	if err != nil {
@@ -180,7 +236,7 @@ func TestLimit_SaysWhyItLastMoved(t *testing.T) {
 	clk := NewManualClock(time.Unix(10000, 0))
 	now := clk.Now()
 	fs := fakeStats{"w": levels(now, [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5})}
-	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: clk, Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
+	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: clk, Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3}},
 		WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 8})
 	if got := s.Workers()[0].Learned; got != 4 {
 		t.Fatalf("learned %d, want 4 (probing past three good levels)", got)
@@ -225,7 +281,7 @@ func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
 		}
 		other := WorkerSpec{Name: "other", Models: []string{"x"}, MaxConcurrency: 2} // never eligible
 		s := newSched(t, Config{MaxQueue: 10, Stats: tr, Clock: clk, Recorder: record,
-			Limits: LimitConfig{MinSamples: 1, BorrowAfter: time.Second}}, append(ws, other)...)
+			Limits: LimitConfig{DecodeFirst: true, MinSamples: 1, BorrowAfter: time.Second}}, append(ws, other)...)
 		var held []*Lease
 		for i := range 24 {
 			tk := s.Submit(Request{Model: "m", PromptTokens: 10 + i}, nil)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
 )
 
@@ -37,6 +38,7 @@ func steady(n int, rate float64) []bench.Item {
 func TestController_ConvergesNearEachCardsKnee(t *testing.T) {
 	fleet := []sim.WorkerSpec{cleanCard("fast", 1), cleanCard("mid", 0.8), cleanCard("slow", 0.5)}
 	cfg := DefaultConfig(fleet)
+	cfg.Concurrency.DecodeFirst = true // the floor alone sets the limits
 	cfg.Concurrency.MinStreamTokS = 40
 	cfg.Concurrency.BorrowAfter = time.Hour // judge the learned limits alone
 	_, st, err := RunStats(cfg, steady(1500, 3))
@@ -59,6 +61,7 @@ func TestController_BacksOffWhenACardSlowsAndRecovers(t *testing.T) {
 	card := cleanCard("gpu", 1)
 	card.Params.Slowdowns = []sim.Slowdown{{After: 300 * time.Second, For: 300 * time.Second, Factor: 0.5}}
 	cfg := DefaultConfig([]sim.WorkerSpec{card})
+	cfg.Concurrency.DecodeFirst = true // the floor alone sets the limits
 	cfg.Concurrency.MinStreamTokS = 40
 	cfg.Concurrency.BorrowAfter = time.Hour
 	type decision struct {
@@ -103,5 +106,47 @@ func TestController_BacksOffWhenACardSlowsAndRecovers(t *testing.T) {
 		if got, count := mostly(w.from, w.to); got != w.want {
 			t.Errorf("%s the limit was mostly %d, want %d (decisions per limit: %v)", w.name, got, w.want, count)
 		}
+	}
+}
+
+// Long prompts with short answers (code completion) at 70% of the demo
+// fleet's capacity: each long prefill stalls the streams beside it, so a
+// floor on decode rates alone holds every card at one or two streams and
+// makes the median request wait for its first token far longer than
+// least-connections does. The default (first tokens first) keeps the
+// median within 1.1× of least-connections'; the floor-only controller is
+// checked to reproduce the failure, so that this test can fail.
+func TestRun_LongPromptsDoNotWaitBehindTheDecodeFloor(t *testing.T) {
+	fleet := sim.DemoFleet()
+	base, err := bench.Synthesize(bench.Synthetic{Arrivals: bench.Arrivals{Rate: 1}, Count: 2000, Seed: 1,
+		Prompt: bench.CodePromptLengths, Output: bench.CodeOutputLengths})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items, err := AtRate(base, 0.7*Capacity(fleet, base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p50 := func(cfg Config) float64 {
+		t.Helper()
+		sum := bench.Summarize(mustRun(t, cfg, items), bench.SLO{})
+		if sum.Errors != 0 {
+			t.Fatalf("%d errors", sum.Errors)
+		}
+		return sum.TTFT.P50
+	}
+	lcCfg := DefaultConfig(fleet)
+	lcCfg.Policy = scheduler.PolicyLeastConnections
+	lc := p50(lcCfg)
+	def := p50(DefaultConfig(fleet))
+	decodeFirst := DefaultConfig(fleet)
+	decodeFirst.Concurrency.DecodeFirst = true
+	df := p50(decodeFirst)
+	t.Logf("TTFT p50: default %.0f ms, decode_first %.0f ms, least-connections %.0f ms", def, df, lc)
+	if def > 1.1*lc {
+		t.Errorf("default TTFT p50 %.0f ms, least-connections %.0f: want at most 1.1×", def, lc)
+	}
+	if df <= 1.1*lc {
+		t.Errorf("decode_first TTFT p50 %.0f ms, least-connections %.0f: the failure this test guards against no longer reproduces", df, lc)
 	}
 }
