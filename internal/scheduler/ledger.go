@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"errors"
+	"slices"
 	"strconv"
 	"time"
 
@@ -16,11 +17,14 @@ import (
 // picks and reserves in one atomic step, and keeps a waiting list so the
 // oldest queued request of any replica binds first.
 //
-// The scheduler calls it under its lock, so an implementation must bound
-// every call (a slow ledger counts as down) and answer ErrLedgerDown at
-// once while it is down: the scheduler then schedules on its local view
-// with its share (LocalLimit) of each worker. Release is called outside
-// the lock.
+// The scheduler makes Reserve, Wait, Unwait and Release outside its lock,
+// in order per model, from one goroutine per model with calls pending
+// (reserver.go), so a slow ledger delays only the requests of its model
+// that need an answer. An implementation must still bound every call (a
+// slow ledger counts as down) and answer ErrLedgerDown at once while it
+// is down: the scheduler then schedules on its local view with its share
+// (LocalLimit) of each worker. Adopt, LocalLimit, Replica, Degraded and
+// StateAge are called under the lock and must not block.
 type Ledger interface {
 	// Reserve picks among cands the lowest Score + ActiveWeight × shared
 	// in-flight count of those under Limit, and reserves it. waitID is
@@ -80,17 +84,15 @@ var (
 
 // ledgerState is the scheduler's side of a Ledger, guarded by its mutex.
 type ledgerState struct {
-	binding bool   // the pick in progress will be bound (not a refusal's record)
-	waitID  string // the queued ticket being placed, "" for a new request
-	lease   string // the lease of the pick in progress, for bindLocked
+	binding bool         // the pick in progress will be bound (not a refusal's record)
+	pending *reservation // the pick in progress asks the ledger (startReserveLocked)
+	lease   string       // the lease of the pick being bound, for bindLocked
 }
 
 func ticketWaitID(t *Ticket) string { return strconv.FormatUint(t.seq, 10) }
 
-// pickQueuedLocked picks for a queued ticket, telling the ledger who waits.
+// pickQueuedLocked picks for a queued ticket.
 func (s *Scheduler) pickQueuedLocked(t *Ticket, now time.Time) (*worker, *decisions.Record) {
-	s.shared.waitID = ticketWaitID(t)
-	defer func() { s.shared.waitID = "" }()
 	return s.pickLocked(t.req, now, false)
 }
 
@@ -104,62 +106,23 @@ func (s *Scheduler) activeWeight() float64 {
 	return 0
 }
 
-// reserveSharedLocked replaces scoreLocked's local choice when a Ledger is
-// set and the pick will be bound: it sends the totals without the active
-// term, adopts the ledger's shared in-flight counts into cands and tot
-// (so the record explains the decision that was made) and returns the
-// chosen index, or -1 when the request must wait. While the ledger is down
-// it picks locally among the workers under this replica's share.
-func (s *Scheduler) reserveSharedLocked(rec *decisions.Record, req *Request, cands []Candidate, tot []float64, elig []*worker, key func(int) rankKey) int {
-	l := s.cfg.Ledger
+// pendingSharedLocked prepares the reservation that replaces scoreLocked's
+// local choice when a Ledger is set and the pick will be bound: the
+// totals without the active term go to the ledger, outside the lock
+// (startReserveLocked, reserver.go); best, the local choice, is held
+// until it answers.
+func (s *Scheduler) pendingSharedLocked(pr *pickRecord, cands []Candidate, tot []float64, elig []*worker) {
 	aw := s.activeWeight()
-	sc := make([]SharedCandidate, len(cands))
+	res := &reservation{pr: pr, aw: aw,
+		sc:     make([]SharedCandidate, len(cands)),
+		elig:   slices.Clone(elig),
+		tot:    slices.Clone(tot[:len(cands)]),
+		active: make([]int, len(cands))}
 	for i := range cands {
-		sc[i] = SharedCandidate{Worker: cands[i].Name, Score: tot[i] - aw*float64(cands[i].Active), ActiveWeight: aw, Limit: elig[i].pickLimit}
+		res.sc[i] = SharedCandidate{Worker: cands[i].Name, Score: tot[i] - aw*float64(cands[i].Active), ActiveWeight: aw, Limit: elig[i].pickLimit}
+		res.active[i] = cands[i].Active
 	}
-	pick, err := l.Reserve(req.Model, s.shared.waitID, sc)
-	if rec != nil {
-		s.stampSharedLocked(rec) // as of this answer
-	}
-	switch {
-	case err == nil && pick.Index >= 0 && pick.Index < len(cands) && len(pick.Active) == len(cands):
-		now := s.clock.Now()
-		for i := range cands {
-			cands[i].Active = pick.Active[i]
-			tot[i] = sc[i].Score + aw*float64(pick.Active[i])
-			s.setRemoteLocked(elig[i], pick.Active[i]-elig[i].active, now)
-		}
-		s.shared.lease = pick.Lease
-		return pick.Index
-	case errors.Is(err, ErrLedgerBusy) && len(pick.Active) == len(cands):
-		// Full: the counts are the fleet at its busiest, the levels its
-		// streams run at now.
-		now := s.clock.Now()
-		for i := range cands {
-			s.setRemoteLocked(elig[i], pick.Active[i]-elig[i].active, now)
-		}
-	case errors.Is(err, ErrLedgerDown):
-		// The local view is all there is: levels count this replica's
-		// streams only until the ledger answers again.
-		now := s.clock.Now()
-		for _, w := range s.workers {
-			s.setRemoteLocked(w, 0, now)
-		}
-		best := -1
-		for i := range cands {
-			if elig[i].active >= l.LocalLimit(sc[i].Limit) {
-				continue
-			}
-			if best < 0 || key(i).less(key(best)) {
-				best = i
-			}
-		}
-		if best >= 0 {
-			s.shared.lease = l.Adopt(cands[best].Name)
-		}
-		return best
-	}
-	return -1
+	s.shared.pending = res
 }
 
 // setRemoteLocked notes that n requests of other replicas are in flight
@@ -180,34 +143,35 @@ func (s *Scheduler) setRemoteLocked(w *worker, n int, now time.Time) {
 // sharedBindLocked hands the pick's lease to the new Lease and takes a
 // queued ticket off the shared waiting list.
 func (s *Scheduler) sharedBindLocked(t *Ticket, lease *Lease) {
-	if s.cfg.Ledger == nil {
+	if s.ledger == nil {
 		return
 	}
 	lease.shared, s.shared.lease = s.shared.lease, ""
-	if t.queued {
-		s.cfg.Ledger.Unwait(t.req.Model, ticketWaitID(t))
-	}
+	s.sharedGoneLocked(t)
 }
 
-// sharedQueuedLocked puts a ticket that has just queued on the waiting list.
+// sharedQueuedLocked puts a queued ticket on the waiting list.
 func (s *Scheduler) sharedQueuedLocked(t *Ticket) {
-	if s.cfg.Ledger != nil && s.cfg.Policy == PolicySluice {
-		s.cfg.Ledger.Wait(t.req.Model, ticketWaitID(t))
+	if s.ledger != nil && s.cfg.Policy == PolicySluice && !t.waiting {
+		s.ledger.push(t.req.Model, ledgerCall{kind: callWait, waitID: ticketWaitID(t)})
+		t.waiting = true
 	}
 }
 
-// sharedGoneLocked takes a ticket that left the queue unbound off the
-// waiting list.
+// sharedGoneLocked takes a ticket that left the queue (bound or not) off
+// the waiting list.
 func (s *Scheduler) sharedGoneLocked(t *Ticket) {
-	if s.cfg.Ledger != nil {
-		s.cfg.Ledger.Unwait(t.req.Model, ticketWaitID(t))
+	if s.ledger != nil && t.waiting {
+		s.ledger.push(t.req.Model, ledgerCall{kind: callUnwait, waitID: ticketWaitID(t)})
+		t.waiting = false
 	}
 }
 
-// sharedRelease gives a lease's shared reservation back; outside the lock.
-func (s *Scheduler) sharedRelease(l *Lease) {
-	if s.cfg.Ledger != nil && l.shared != "" {
-		s.cfg.Ledger.Release(l.Worker, l.shared)
+// sharedReleaseLocked gives a lease's shared reservation back, before any
+// reservation the release lets this replica's queue ask for.
+func (s *Scheduler) sharedReleaseLocked(l *Lease) {
+	if s.ledger != nil && l.shared != "" {
+		s.ledger.push(l.model, ledgerCall{kind: callRelease, worker: l.Worker, lease: l.shared})
 	}
 }
 

@@ -152,8 +152,9 @@ func (s *Scheduler) chooseLocked(pr *pickRecord, req *Request, cands []Candidate
 	var best int
 	switch s.cfg.Policy {
 	case PolicySluice:
-		if best = s.scoreLocked(pr, req, cands, elig, now); best < 0 {
-			return nil // the shared ledger has no room for it now
+		best = s.scoreLocked(pr, req, cands, elig, now)
+		if res := s.shared.pending; res != nil {
+			res.slotIdx = slices.Clone(idx[:len(cands)])
 		}
 	case PolicyRoundRobin:
 		best = int(s.rr % uint64(len(elig)))
@@ -215,8 +216,8 @@ const (
 
 // scoreLocked scores the eligible candidates and returns the index of the
 // winner: lowest total, then least recently picked, then first in
-// configuration order (with a Ledger, the ledger's choice; -1 when it has
-// no room). The totals are left in s.scratch for pr (when not nil) to keep;
+// configuration order (with a Ledger, the local choice to hold while the
+// ledger chooses: s.shared.pending). The totals are left in s.scratch for pr (when not nil) to keep;
 // ranks, the per-term breakdown and the reason in words are computed when
 // the record is read (pickRecord.explain).
 func (s *Scheduler) scoreLocked(pr *pickRecord, req *Request, cands []Candidate, elig []*worker, now time.Time) int {
@@ -227,24 +228,19 @@ func (s *Scheduler) scoreLocked(pr *pickRecord, req *Request, cands []Candidate,
 	sc.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &sc.req}
 	tot := totals(s.terms, &sc.env, cands, sc)
 	best := 0
-	if s.cfg.Ledger != nil && s.shared.binding {
-		var rec *decisions.Record
-		if pr != nil {
-			rec = &pr.rec
-		}
-		key := func(i int) rankKey { return rankKey{tot[i], elig[i].lastPick, elig[i].order} }
-		best = s.reserveSharedLocked(rec, req, cands, tot, elig, key)
-	} else {
-		bk := rankKey{tot[0], elig[0].lastPick, elig[0].order}
-		for i := 1; i < len(cands); i++ { // one pass: only the winner is needed now
-			if k := (rankKey{tot[i], elig[i].lastPick, elig[i].order}); k.less(bk) {
-				best, bk = i, k
-			}
+	bk := rankKey{tot[0], elig[0].lastPick, elig[0].order}
+	for i := 1; i < len(cands); i++ { // one pass: only the winner is needed now
+		if k := (rankKey{tot[i], elig[i].lastPick, elig[i].order}); k.less(bk) {
+			best, bk = i, k
 		}
 	}
-	if best >= 0 && pr != nil {
+	if s.ledger != nil && s.shared.binding {
+		// The ledger chooses, outside the lock; best is held meanwhile.
+		s.pendingSharedLocked(pr, cands, tot, elig)
+	}
+	if pr != nil {
 		pr.scored = true
-		pr.shared = s.cfg.Ledger != nil && s.shared.binding
+		pr.pending = s.shared.pending != nil
 	}
 	return best
 }

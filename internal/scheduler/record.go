@@ -32,9 +32,10 @@ type pickRecord struct {
 	floor  float64
 	waited time.Duration
 
-	chosen int  // slot of the chosen worker, -1 when none
-	scored bool // the eligible workers were scored and one chosen
-	shared bool // the shared ledger chose: its choice ranks first
+	chosen  int  // slot of the chosen worker, -1 when none
+	scored  bool // the eligible workers were scored and one chosen
+	shared  bool // the shared ledger chose: its choice ranks first
+	pending bool // the ledger has yet to choose (patchShared completes it)
 }
 
 // slot is what a record keeps of one worker besides its slotRefs: what
@@ -156,7 +157,9 @@ func (pr *pickRecord) keepLocked(s *Scheduler, slots []slot, refs []slotRefs, ca
 		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
 		if pr.scored {
 			sl.total = s.scratch.total[j]
-			s.workers[i].last, s.workers[i].lastIdx = &pr.rec, i
+			if !pr.pending {
+				s.workers[i].last, s.workers[i].lastIdx = &pr.rec, i
+			}
 		}
 	}
 	n := len(slots)
@@ -176,7 +179,7 @@ func (pr *pickRecord) keepLocked(s *Scheduler, slots []slot, refs []slotRefs, ca
 	pr.chunks, pr.n = chunks, n
 	s.scratch.chunks = chunks
 	pr.rec.Summary = decisions.Summary{Candidates: n, Eligible: len(cands)}
-	if pr.scored && pr.chosen >= 0 {
+	if pr.scored && pr.chosen >= 0 && !pr.pending {
 		pr.rec.Summary.Score = slots[pr.chosen].total
 	}
 }

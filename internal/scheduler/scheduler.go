@@ -10,9 +10,9 @@
 // worker, with no randomness: ties go to the least recently picked worker,
 // then to the worker listed first.
 //
-// The package is pure: no HTTP, no goroutines, time from a Clock. The HTTP
-// router calls the blocking Admit; the virtual-time simulation calls Submit
-// and Cancel and drives time itself.
+// The package is pure: no HTTP, no network call under its lock, time from
+// a Clock. The HTTP router calls the blocking Admit; the virtual-time
+// simulation calls Submit and Cancel and drives time itself.
 //
 // # Concurrency Model
 //
@@ -22,6 +22,15 @@
 // returns an immutable snapshot without blocking, and measured averages
 // from a StatsReader; neither is written here. Callbacks (Recorder, a
 // ticket's notify) run after the lock is released.
+//
+// With a shared Ledger (replicas on Redis) the ledger's calls are network
+// round trips and are made outside the lock, in order per model, by one
+// goroutine per model with calls pending (reserver.go). A pick that needs
+// the ledger's answer holds its local choice (in-flight +1) and keeps the
+// rest of its model waiting until the answer, handled under the lock,
+// binds it, queues it or falls back to the local view. So with a Ledger
+// a ticket may still be pending when Submit returns; Admit waits for it,
+// and FlushLedger waits for every call queued so far.
 //
 // # Request Lifecycle and Ownership
 //
@@ -246,6 +255,11 @@ type Scheduler struct {
 	closed    bool
 	changed   chan struct{} // closed at the next state change; nil when nobody waits
 	shared    ledgerState
+	// ledger makes cfg.Ledger's calls outside the lock (reserver.go); nil
+	// without one. reserving holds, per model, the pick waiting for its
+	// answer: no other request of the model is placed meanwhile.
+	ledger    *ledgerRunner
+	reserving map[string]*reservation
 
 	// kvHeld says that the latest pick found no worker because the KV-fit
 	// rule passed over every eligible one (kvfit.go).
@@ -370,6 +384,9 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		crand.Read(b[:])
 		s.prefix = strconv.FormatInt(cfg.Clock.Now().UnixMilli(), 36) + hex.EncodeToString(b[:])
 	}
+	if cfg.Ledger != nil {
+		s.ledger, s.reserving = newLedgerRunner(s, cfg.Ledger), map[string]*reservation{}
+	}
 	for _, w := range workers {
 		if err := s.AddWorker(w); err != nil {
 			return nil, err
@@ -483,11 +500,21 @@ func (s *Scheduler) Close() {
 	clear(s.queues)
 	for _, t := range done {
 		s.sharedGoneLocked(t)
+	}
+	for _, res := range s.reserving {
+		if !res.t.queued && !res.gone { // a new request waiting for the ledger
+			done = append(done, res.t)
+		}
+	}
+	for _, t := range done {
 		s.refuseLocked(t, ErrClosed, "shutting down")
 	}
 	s.notifyLocked()
 	s.mu.Unlock()
 	s.finish(done)
+	if s.ledger != nil {
+		s.ledger.wait() // the calls queued so far, the Unwaits above among them
+	}
 }
 
 // Changed returns a channel that is closed at the next change of admission
@@ -521,6 +548,11 @@ type Ticket struct {
 	cls    int     // index of its class in Scheduler.classes
 	cost   float64 // expected tokens: prompt plus expected output
 	hidx   int     // index in its flow's cost heap; -1 when in none
+
+	// res is the reservation the ledger is making for it, if any;
+	// waiting says it is on the shared ledger's waiting list.
+	res     *reservation
+	waiting bool
 
 	// Set once, under the scheduler's lock, before done is closed.
 	lease  *Lease
@@ -576,12 +608,13 @@ func (l *Lease) Release() {
 		return
 	}
 	s := l.s
-	// The shared slot first: the dispatch below asks the ledger, which
-	// must already count it free, or this replica's own queue could not
-	// take the slot it just freed and would wait for the wake-up.
-	s.sharedRelease(l)
 	now := s.clock.Now()
 	s.mu.Lock()
+	// The shared slot first: the dispatch below asks the ledger, which
+	// must already count it free, or this replica's own queue could not
+	// take the slot it just freed and would wait for the wake-up. The
+	// model's ledger calls are made in order.
+	s.sharedReleaseLocked(l)
 	l.w.busy.move(l.w.inFlight(), now)
 	l.w.active--
 	l.w.cost -= l.cost
@@ -633,13 +666,22 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 	t.cls, t.req.Class = cls, s.classes[cls].Name
 	t.cost = s.expectedCost(nil, t.req)
 	q := s.queues[t.req.Model]
-	if q != nil {
-		t.depth = q.n
-	}
 	// A new request may only jump the queue when nobody of its model is
-	// waiting (a retry was accepted earlier and goes first).
-	if q == nil || t.front || s.cfg.Policy != PolicySluice {
+	// waiting (a retry was accepted earlier and goes first), nor waiting
+	// for the shared ledger's answer.
+	mayJump := q == nil || t.front || s.cfg.Policy != PolicySluice
+	if mayJump && s.reserving[t.req.Model] != nil {
+		// It waits only for the answer to another request of its model:
+		// it asks the ledger next, and goes on the shared waiting list
+		// only if the ledger has no room for it then.
+		return s.queueLocked(t, now, false)
+	}
+	if mayJump {
 		if w, rec := s.pickLocked(t.req, now, false); w != nil {
+			if s.shared.pending != nil {
+				s.startReserveLocked(t, w, rec)
+				return nil
+			}
 			s.bindLocked(t, w, rec, now)
 			return []*Ticket{t}
 		} else if s.cfg.Policy != PolicySluice {
@@ -647,6 +689,18 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 			s.refuseWithLocked(t, rec, s.unplaceable(t.req))
 			return []*Ticket{t}
 		}
+	}
+	return s.queueLocked(t, now, true)
+}
+
+// queueLocked puts t in its model's queue, or refuses it when waiting is
+// pointless, the queue is full or its deadline cannot be met; then it
+// places what can be placed. shared puts it on the shared ledger's
+// waiting list too.
+func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket {
+	q := s.queues[t.req.Model]
+	if q != nil {
+		t.depth = q.n
 	}
 	why, spec := s.admissibleLocked(t.req)
 	var retryAfter time.Duration
@@ -678,7 +732,9 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 	}
 	t.queued = true
 	q.push(t, s.weightOf(t.req.Tenant))
-	s.sharedQueuedLocked(t)
+	if shared {
+		s.sharedQueuedLocked(t)
+	}
 	// Placing waits behind the queue, but the queue may be held only by
 	// retries that excluded the free workers.
 	return s.dispatchLocked()
@@ -784,12 +840,14 @@ func tooLong(snap *Snapshot, req Request) bool {
 func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
 	now := s.clock.Now()
 	s.mu.Lock()
-	if !t.queued {
+	if !t.queued && t.res == nil {
 		s.mu.Unlock()
 		return false
 	}
-	s.unqueueLocked(t, false)
-	s.sharedGoneLocked(t)
+	if t.queued {
+		s.unqueueLocked(t, false)
+		s.sharedGoneLocked(t)
+	}
 	_, rec := s.pickLocked(t.req, now, true)
 	s.refuseWithLocked(t, rec, cause)
 	// The head may have changed: a retry blocked by its exclusions can
@@ -877,7 +935,13 @@ func (s *Scheduler) Classes() []Class { return slices.Clone(s.classes) }
 // dispatchLocked binds queued requests to workers with room, each queue's
 // head in its order (see queue), heads across models retries first, then
 // by class, then by arrival, until no queue has a placeable request.
-func (s *Scheduler) dispatchLocked() []*Ticket {
+func (s *Scheduler) dispatchLocked() []*Ticket { return s.dispatchExceptLocked("", false) }
+
+// dispatchExceptLocked is dispatchLocked leaving model's queue alone when
+// skip is set. A model whose pick waits for the shared ledger's answer is
+// left alone too; that pick is then told that it was passed over, so that
+// it looks again if the ledger had no room.
+func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 	if s.cfg.Policy != PolicySluice || len(s.queues) == 0 {
 		return nil
 	}
@@ -888,18 +952,33 @@ func (s *Scheduler) dispatchLocked() []*Ticket {
 		t *Ticket
 	}
 	heads := make([]head, 0, len(s.queues))
+	var started []*reservation // asked for by this dispatch
 	for {
 		heads = heads[:0]
-		for _, q := range s.queues {
+		for m, q := range s.queues {
+			if skip && m == model {
+				continue
+			}
+			if res := s.reserving[m]; res != nil {
+				if !slices.Contains(started, res) {
+					res.missed = true
+				}
+				continue
+			}
 			heads = append(heads, head{q, q.head(s.order)})
 		}
 		slices.SortFunc(heads, func(a, b head) int { return ticketOrder(a.t, b.t) })
 		bound := false
 		for _, h := range heads {
 			if t, w, rec := s.placeableLocked(h.q, now); t != nil {
-				s.unqueueLocked(t, true)
-				s.bindLocked(t, w, rec, now)
-				done = append(done, t)
+				if s.shared.pending != nil {
+					s.startReserveLocked(t, w, rec)
+					started = append(started, t.res)
+				} else {
+					s.unqueueLocked(t, true)
+					s.bindLocked(t, w, rec, now)
+					done = append(done, t)
+				}
 				bound = true
 				break
 			}
@@ -1071,6 +1150,10 @@ func (s *Scheduler) bindLocked(t *Ticket, w *worker, rec *decisions.Record, now 
 }
 
 func (s *Scheduler) refuseWithLocked(t *Ticket, rec *decisions.Record, cause error) {
+	if t.res != nil {
+		t.res.gone = true // the ledger's answer gives back what it reserved
+		t.res = nil
+	}
 	wait := s.clock.Now().Sub(t.enq)
 	ref := &Refusal{Err: cause, Reason: reasonOf(cause), RetryAfter: s.retryAfterLocked(t), QueueWait: wait}
 	if rec != nil {

@@ -140,9 +140,14 @@ func TestScheduler_FreedSlotGoesToOldestRequestOfAnyReplica(t *testing.T) {
 	for range 4 { // a fills the fleet
 		held = append(held, bound(t, a.sched.Submit(req, nil)))
 	}
+	// The ledger is asked outside the schedulers' locks: each request is
+	// on the shared waiting list once its replica's calls are made.
 	tb := b.sched.Submit(req, nil) // b's request queues first
+	b.sched.FlushLedger()
 	tc := c.sched.Submit(req, nil) // then c's
+	c.sched.FlushLedger()
 	ta := a.sched.Submit(req, nil) // then a's own
+	a.sched.FlushLedger()
 	for _, tk := range []*scheduler.Ticket{tb, tc, ta} {
 		if tk.Done() {
 			t.Fatal("a request was placed on a full fleet")
@@ -150,11 +155,14 @@ func TestScheduler_FreedSlotGoesToOldestRequestOfAnyReplica(t *testing.T) {
 	}
 	held[0].Release() // a frees a slot: b's request is the oldest
 	lb := bound(t, tb)
+	a.sched.FlushLedger()
+	c.sched.FlushLedger()
 	if tc.Done() || ta.Done() {
 		t.Fatal("a younger request took the freed slot")
 	}
 	held[1].Release()
 	lc := bound(t, tc)
+	a.sched.FlushLedger()
 	if ta.Done() {
 		t.Fatal("a's own request overtook c's older one")
 	}
@@ -162,6 +170,9 @@ func TestScheduler_FreedSlotGoesToOldestRequestOfAnyReplica(t *testing.T) {
 	la := bound(t, ta)
 	for _, l := range append(held[3:], lb, lc, la) {
 		l.Release()
+	}
+	for _, r := range []*replica{a, b, c} {
+		r.sched.FlushLedger()
 	}
 	if n := inFlight(t, a.l, workers4...); !slices.Equal(n, []int{0, 0, 0, 0}) {
 		t.Fatalf("in flight after releasing everything: %v", n)
@@ -247,6 +258,7 @@ func TestScheduler_ConcurrencyLevelCountsOtherReplicas(t *testing.T) {
 	}
 	a1.Release()
 	a2.Release()
+	a.FlushLedger()                    // the releases reach the ledger
 	b2 := bound(t, b.Submit(req, nil)) // the ledger now says b alone: b1
 	clock.Advance(10 * time.Second)
 	if got := b1.MeanConcurrency(); got != 2.5 {
@@ -272,6 +284,7 @@ func TestScheduler_ConcurrencyLevelFromFullAndDegraded(t *testing.T) {
 	b1 := bound(t, b.Submit(req, nil)) // alone on w0
 	a1, a2 := bound(t, a.Submit(req, nil)), bound(t, a.Submit(req, nil))
 	queued := b.Submit(req, nil) // w0 is full: the ledger says 3 in flight
+	b.FlushLedger()
 	if queued.Done() {
 		t.Fatal("a fourth request was placed on a worker of limit 3")
 	}
@@ -305,10 +318,12 @@ func TestScheduler_ReleaseHandsTheSlotToItsOwnQueue(t *testing.T) {
 	req := scheduler.Request{Model: "m"}
 	first := bound(t, s.Submit(req, nil))
 	queued := s.Submit(req, nil)
+	s.FlushLedger()
 	if queued.Done() {
 		t.Fatal("a second request was placed on a worker of limit 1")
 	}
 	first.Release()
+	s.FlushLedger()
 	if !queued.Done() {
 		t.Fatal("the queued request did not take the slot its replica's release freed")
 	}

@@ -26,6 +26,7 @@ var workers4 = []string{"w0", "w1", "w2", "w3"}
 type ledgerOpts struct {
 	ttl, renew time.Duration
 	replicas   int
+	call       time.Duration // CallTimeout; the default when 0
 }
 
 func newLedger(t testing.TB, url, replica string, o ledgerOpts) *Ledger {
@@ -38,7 +39,7 @@ func newLedger(t testing.TB, url, replica string, o ledgerOpts) *Ledger {
 	if o.ttl == 0 {
 		o.ttl, o.renew = time.Hour, 30*time.Minute // tests that run no renewals
 	}
-	l, err := New(Config{Client: rdb, Prefix: prefix, Replica: replica, LeaseTTL: o.ttl, RenewEvery: o.renew, Replicas: o.replicas})
+	l, err := New(Config{Client: rdb, Prefix: prefix, Replica: replica, LeaseTTL: o.ttl, RenewEvery: o.renew, Replicas: o.replicas, CallTimeout: o.call})
 	if err != nil {
 		t.Fatal(err)
 	}

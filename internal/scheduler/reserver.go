@@ -1,0 +1,294 @@
+package scheduler
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+)
+
+// The shared ledger's calls are network round trips (Redis), so none of
+// them runs under the scheduler's lock: a slow Redis must not stall the
+// requests of other models, the requests that need no ledger answer
+// (refusals, releases) or the readers of admission state (/api/workers,
+// /metrics). The scheduler writes each call, under its lock, to the
+// ledgerRunner's queue of the request's model, and the runner makes them
+// in that order from a goroutine of the model's own (started when a call
+// is queued, gone when none is left), so that a request is on the shared
+// waiting list before it asks for a slot and off it only after.
+//
+// A reservation is one such call whose answer the scheduler waits for
+// without blocking anyone: the pick that asks for it holds its locally
+// best worker tentatively (in-flight +1, its expected cost added), so
+// that the local picks made meanwhile see the reservation, and marks the
+// model as reserving, so that no other request of the model is placed
+// before the ledger answered (it would overtake the one asking). The
+// answer, handled under the lock (Scheduler.reserved), gives the hold
+// back and binds the request to the worker the ledger chose, queues it
+// when the ledger has no room, or picks on the local view while the
+// ledger is down; a request refused meanwhile (its client left, a
+// timeout, shutdown) gives the ledger's lease back.
+
+// ledgerRunner makes a Ledger's calls outside the scheduler's lock, in
+// order per model. Its mutex guards only its queues, and is never held
+// while a call runs or while the scheduler's lock is taken.
+type ledgerRunner struct {
+	l    Ledger
+	s    *Scheduler
+	mu   sync.Mutex
+	byM  map[string][]ledgerCall // calls not yet made, per model
+	busy map[string]bool         // a goroutine is making the model's calls
+	wg   sync.WaitGroup
+}
+
+// ledgerCall is one call: exactly one of its kinds.
+type ledgerCall struct {
+	kind          uint8 // callWait, callUnwait, callRelease or callReserve
+	waitID        string
+	worker, lease string       // callRelease
+	res           *reservation // callReserve
+}
+
+const (
+	callWait uint8 = iota
+	callUnwait
+	callRelease
+	callReserve
+)
+
+func newLedgerRunner(s *Scheduler, l Ledger) *ledgerRunner {
+	return &ledgerRunner{l: l, s: s, byM: map[string][]ledgerCall{}, busy: map[string]bool{}}
+}
+
+// push queues c for model, starting the model's goroutine if none runs.
+// It never blocks on the ledger: call it under the scheduler's lock.
+func (r *ledgerRunner) push(model string, c ledgerCall) {
+	r.mu.Lock()
+	r.byM[model] = append(r.byM[model], c)
+	start := !r.busy[model]
+	r.busy[model] = true
+	if start {
+		r.wg.Add(1)
+	}
+	r.mu.Unlock()
+	if start {
+		go r.run(model)
+	}
+}
+
+// run makes model's calls until none is left.
+func (r *ledgerRunner) run(model string) {
+	defer r.wg.Done()
+	for {
+		r.mu.Lock()
+		q := r.byM[model]
+		if len(q) == 0 {
+			delete(r.byM, model)
+			delete(r.busy, model)
+			r.mu.Unlock()
+			return
+		}
+		c := q[0]
+		q[0] = ledgerCall{}
+		r.byM[model] = q[1:]
+		r.mu.Unlock()
+		switch c.kind {
+		case callWait:
+			r.l.Wait(model, c.waitID)
+		case callUnwait:
+			r.l.Unwait(model, c.waitID)
+		case callRelease:
+			r.l.Release(c.worker, c.lease)
+		case callReserve:
+			pick, err := r.l.Reserve(model, c.waitID, c.res.sc)
+			r.s.reserved(c.res, pick, err)
+		}
+	}
+}
+
+// wait returns when every call queued so far has been made.
+func (r *ledgerRunner) wait() { r.wg.Wait() }
+
+// reservation is a pick waiting for the ledger's answer.
+type reservation struct {
+	t        *Ticket
+	hold     *worker // the tentative hold: the locally best worker
+	holdCost float64
+	pr       *pickRecord // nil without records
+	sc       []SharedCandidate
+	elig     []*worker
+	tot      []float64 // the local totals, with the active term
+	active   []int     // the local in-flight counts, as scored
+	slotIdx  []int     // the candidates' configuration indexes
+	aw       float64   // the active term's weight
+	// missed says that a placement skipped the model meanwhile: when the
+	// ledger has no room for this one, the model's queue is tried again.
+	missed bool
+	// gone says that the ticket ended meanwhile (refused): the answer
+	// gives back whatever the ledger reserved.
+	gone bool
+}
+
+// startReserveLocked asks the ledger to reserve a worker for t, as the
+// pick in progress (pickLocked, which left it in s.shared.pending) scored
+// them, holding w, the local choice, until it answers.
+func (s *Scheduler) startReserveLocked(t *Ticket, w *worker, rec *decisions.Record) {
+	res := s.shared.pending
+	s.shared.pending = nil
+	res.t, res.hold = t, w
+	res.holdCost = s.expectedCost(w, t.req)
+	now := s.clock.Now()
+	w.busy.move(w.inFlight(), now)
+	w.active++
+	w.cost += res.holdCost
+	t.res = res
+	t.rec = rec
+	s.reserving[t.req.Model] = res
+	waitID := ""
+	if t.waiting {
+		waitID = ticketWaitID(t)
+	}
+	s.ledger.push(t.req.Model, ledgerCall{kind: callReserve, waitID: waitID, res: res})
+}
+
+// reserved handles the ledger's answer to res. See the comment at the top
+// of this file.
+func (s *Scheduler) reserved(res *reservation, pick SharedPick, err error) {
+	t := res.t
+	model := t.req.Model
+	s.mu.Lock()
+	now := s.clock.Now()
+	w := res.hold
+	w.busy.move(w.inFlight(), now)
+	w.active--
+	w.cost -= res.holdCost
+	if w.active == 0 {
+		w.cost = 0
+	}
+	delete(s.reserving, model)
+	t.res = nil
+	var done []*Ticket
+	ok := err == nil && pick.Index >= 0 && pick.Index < len(res.sc) && len(pick.Active) == len(res.sc)
+	switch {
+	case res.gone:
+		if ok {
+			s.ledger.push(model, ledgerCall{kind: callRelease, worker: res.sc[pick.Index].Worker, lease: pick.Lease})
+		}
+	case ok && !res.elig[pick.Index].removed && !res.elig[pick.Index].draining:
+		for i, e := range res.elig {
+			res.tot[i] = res.sc[i].Score + res.aw*float64(pick.Active[i])
+			s.setRemoteLocked(e, pick.Active[i]-e.active, now)
+		}
+		s.bindReservedLocked(res, pick.Index, pick.Lease, pick.Active, now)
+		done = append(done, t)
+	case ok: // the worker it chose left meanwhile
+		s.ledger.push(model, ledgerCall{kind: callRelease, worker: res.sc[pick.Index].Worker, lease: pick.Lease})
+		done = s.waitLocked(t, now)
+	case errors.Is(err, ErrLedgerDown):
+		// The local view is all there is: levels count this replica's
+		// streams only until the ledger answers again.
+		for _, e := range s.workers {
+			s.setRemoteLocked(e, 0, now)
+		}
+		best := -1
+		for i, e := range res.elig {
+			if e.removed || e.draining || e.active >= s.ledger.l.LocalLimit(res.sc[i].Limit) {
+				continue
+			}
+			if best < 0 || (rankKey{res.tot[i], e.lastPick, e.order}).less(rankKey{res.tot[best], res.elig[best].lastPick, res.elig[best].order}) {
+				best = i
+			}
+		}
+		if best >= 0 {
+			s.bindReservedLocked(res, best, s.ledger.l.Adopt(res.sc[best].Worker), res.active, now)
+			done = append(done, t)
+		} else {
+			done = s.waitLocked(t, now)
+		}
+	default:
+		if errors.Is(err, ErrLedgerBusy) && len(pick.Active) == len(res.sc) {
+			// Full: the counts are the fleet at its busiest, the levels
+			// its streams run at now.
+			for i, e := range res.elig {
+				s.setRemoteLocked(e, pick.Active[i]-e.active, now)
+			}
+		}
+		done = s.waitLocked(t, now)
+		if !res.missed {
+			// Nothing freed meanwhile: the model waits for the next
+			// release or wake-up, not for another round trip now.
+			done = append(done, s.dispatchExceptLocked(model, true)...)
+			s.notifyLocked()
+			s.mu.Unlock()
+			s.finish(done)
+			return
+		}
+	}
+	done = append(done, s.dispatchLocked()...)
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+}
+
+// waitLocked leaves t waiting after the ledger had no room for it: a
+// queued ticket stays where it is, now on the shared waiting list; a new
+// one joins the queue as Submit would have queued it (or is refused, the
+// queue being full).
+func (s *Scheduler) waitLocked(t *Ticket, now time.Time) []*Ticket {
+	if t.queued {
+		s.sharedQueuedLocked(t)
+		return nil
+	}
+	return s.queueLocked(t, now, true)
+}
+
+// bindReservedLocked binds res's ticket to its candidate i with the
+// ledger's lease, and fills in the pick's record as the ledger made it.
+func (s *Scheduler) bindReservedLocked(res *reservation, i int, lease string, active []int, now time.Time) {
+	t := res.t
+	w := res.elig[i]
+	if pr := res.pr; pr != nil {
+		pr.patchShared(s, res, i, active)
+	}
+	if t.queued {
+		s.unqueueLocked(t, true)
+	}
+	s.shared.lease = lease
+	s.bindLocked(t, w, t.rec, now)
+}
+
+// patchShared rewrites the record of a reserved pick with the ledger's
+// answer: each candidate's in-flight count as scored (active: across
+// replicas, or this replica's while the ledger is down) and its total,
+// the choice (candidate i), and the score. The record's chunks of slots
+// are shared with other records, so those it changes are copied first.
+func (pr *pickRecord) patchShared(s *Scheduler, res *reservation, i int, active []int) {
+	copied := map[int]bool{}
+	for j, at := range res.slotIdx {
+		c := at / chunkLen
+		if !copied[c] {
+			ch := *pr.chunks[c]
+			pr.chunks[c] = &ch
+			copied[c] = true
+		}
+		sl := pr.slot(at)
+		sl.total, sl.scored = res.tot[j], int32(active[j])
+		res.elig[j].last, res.elig[j].lastIdx = &pr.rec, at
+	}
+	pr.scored, pr.shared, pr.pending = true, true, false
+	pr.chosen = res.slotIdx[i]
+	pr.rec.Chosen = res.elig[i].spec.Name
+	pr.rec.Summary.Score = res.tot[i]
+	s.stampSharedLocked(&pr.rec)
+}
+
+// FlushLedger returns when every call to the shared ledger queued so far
+// (and every call their answers queued) has been made: a request
+// submitted before it is then bound, refused, or waiting on the shared
+// list. Without a Ledger it returns at once. Shutdown and tests use it.
+func (s *Scheduler) FlushLedger() {
+	if s.ledger != nil {
+		s.ledger.wait()
+	}
+}

@@ -1,0 +1,149 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// gatedLedger is a Ledger whose Reserve for the models in gate blocks
+// until the model's channel is closed; others answer at once. It reserves
+// the lowest-scored candidate under its limit, counting its own leases.
+type gatedLedger struct {
+	gate map[string]chan struct{}
+
+	mu       sync.Mutex
+	inFlight map[string]int
+	released []string
+	asked    chan string // each Reserve's model, as it starts
+}
+
+func newGatedLedger(gated ...string) *gatedLedger {
+	g := &gatedLedger{gate: map[string]chan struct{}{}, inFlight: map[string]int{}, asked: make(chan string, 64)}
+	for _, m := range gated {
+		g.gate[m] = make(chan struct{})
+	}
+	return g
+}
+
+func (g *gatedLedger) Reserve(model, waitID string, cands []SharedCandidate) (SharedPick, error) {
+	g.asked <- model
+	if ch := g.gate[model]; ch != nil {
+		<-ch
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	pick := SharedPick{Index: -1, Active: make([]int, len(cands))}
+	for i, c := range cands {
+		n := g.inFlight[c.Worker]
+		pick.Active[i] = n
+		if n < c.Limit && (pick.Index < 0 || c.Score+c.ActiveWeight*float64(n) < cands[pick.Index].Score+c.ActiveWeight*float64(pick.Active[pick.Index])) {
+			pick.Index = i
+		}
+	}
+	if pick.Index < 0 {
+		return pick, ErrLedgerBusy
+	}
+	w := cands[pick.Index].Worker
+	g.inFlight[w]++
+	pick.Lease = w
+	return pick, nil
+}
+
+func (g *gatedLedger) Release(worker, lease string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.inFlight[worker]--
+	g.released = append(g.released, lease)
+}
+
+func (g *gatedLedger) Adopt(worker string) string  { return worker }
+func (g *gatedLedger) Wait(model, waitID string)   {}
+func (g *gatedLedger) Unwait(model, waitID string) {}
+func (g *gatedLedger) LocalLimit(limit int) int    { return limit }
+func (g *gatedLedger) Replica() string             { return "r" }
+func (g *gatedLedger) Degraded() bool              { return false }
+func (g *gatedLedger) StateAge() time.Duration     { return 0 }
+
+// A reservation the ledger is slow to answer holds up nothing but itself:
+// while the ledger sits on model slow's answer, another model's request is
+// bound, a request that needs no ledger is refused, the admission state
+// is read and a lease is released, all without waiting for it; then the
+// answer binds the slow request where the ledger chose.
+func TestReserver_SlowLedgerHoldsUpOnlyItsOwnRequest(t *testing.T) {
+	g := newGatedLedger("slow")
+	s := newSched(t, Config{MaxQueue: 8, Ledger: g, Limits: LimitConfig{Fixed: true}},
+		WorkerSpec{Name: "a", Models: []string{"slow", "fast"}, MaxConcurrency: 2},
+		WorkerSpec{Name: "b", Models: []string{"slow", "fast"}, MaxConcurrency: 2})
+	slow := s.Submit(Request{Model: "slow"}, nil)
+	if got := <-g.asked; got != "slow" {
+		t.Fatalf("the ledger was asked about %q first, want slow", got)
+	}
+	if slow.Done() {
+		t.Fatal("the slow request ended before the ledger answered")
+	}
+	fast, err := s.Admit(context.Background(), Request{Model: "fast"})
+	if err != nil {
+		t.Fatalf("another model's request: %v", err)
+	}
+	if _, err := s.Admit(context.Background(), Request{Model: "fast", Class: "nope"}); !errors.Is(err, ErrUnknownClass) {
+		t.Fatalf("an unknown class: %v, want ErrUnknownClass", err)
+	}
+	if ws := s.Workers(); len(ws) != 2 || ws[0].Active+ws[1].Active != 2 {
+		t.Fatalf("workers while the ledger answers: %+v; want the fast lease and the slow hold in flight", ws)
+	}
+	fast.Release()
+	if slow.Done() {
+		t.Fatal("the slow request ended before the ledger answered")
+	}
+	close(g.gate["slow"])
+	<-slow.Wait()
+	l, err := slow.Result()
+	if err != nil {
+		t.Fatalf("slow request: %v", err)
+	}
+	if l.Decision == nil || l.Decision.Chosen != l.Worker || !l.Decision.Explain().Candidates[0].Eligible {
+		t.Fatalf("slow request's record: %+v", l.Decision)
+	}
+	l.Release()
+	s.FlushLedger()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.released) != 2 || g.inFlight["a"]+g.inFlight["b"] != 0 {
+		t.Fatalf("ledger after both released: released %v, in flight %v", g.released, g.inFlight)
+	}
+}
+
+// A request whose client leaves while the ledger is answering is refused
+// at once, and whatever the ledger then reserves for it is given back.
+func TestReserver_CancelledWhileAskingGivesTheLeaseBack(t *testing.T) {
+	g := newGatedLedger("m")
+	s := newSched(t, Config{MaxQueue: 8, Ledger: g, Limits: LimitConfig{Fixed: true}},
+		WorkerSpec{Name: "a", Models: []string{"m"}, MaxConcurrency: 1})
+	tk := s.Submit(Request{Model: "m"}, nil)
+	<-g.asked
+	if !s.Cancel(tk, ErrClientGone) {
+		t.Fatal("a request waiting for the ledger could not be cancelled")
+	}
+	if _, err := tk.Result(); !errors.Is(err, ErrClientGone) {
+		t.Fatalf("cancelled request: %v, want ErrClientGone", err)
+	}
+	close(g.gate["m"])
+	s.FlushLedger()
+	g.mu.Lock()
+	released, n := append([]string(nil), g.released...), g.inFlight["a"]
+	g.mu.Unlock()
+	if len(released) != 1 || n != 0 {
+		t.Fatalf("after the answer: released %v, in flight %d; want the lease given back", released, n)
+	}
+	if ws := s.Workers(); ws[0].Active != 0 {
+		t.Fatalf("worker a: %d active after the cancelled reservation, want 0", ws[0].Active)
+	}
+	l, err := s.Admit(context.Background(), Request{Model: "m"})
+	if err != nil {
+		t.Fatalf("the next request: %v", err)
+	}
+	l.Release()
+}
