@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -29,19 +30,7 @@ func runServe(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	load := func() (config.Config, error) {
-		cfg, err := config.Load(*path)
-		if err != nil {
-			return cfg, err
-		}
-		if *listen != "" {
-			cfg.Listen = *listen
-		}
-		if *logFormat != "" {
-			cfg.LogFormat = *logFormat
-		}
-		return cfg, cfg.Validate()
-	}
+	load := func() (config.Config, error) { return loadServeConfig(*path, *listen, *logFormat) }
 	cfg, err := load()
 	if err != nil {
 		return err
@@ -50,6 +39,35 @@ func runServe(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return serve(ctx, cfg, log, *grace, load)
+}
+
+// loadServeConfig reads the configuration `sluice serve` runs with: the
+// file, the flags' overrides, and the averages persisted by default
+// (config.DefaultStatsStore, its directory made) unless stats.store says
+// where, or memory.
+func loadServeConfig(path, listen, logFormat string) (config.Config, error) {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return cfg, err
+	}
+	if listen != "" {
+		cfg.Listen = listen
+	}
+	if logFormat != "" {
+		cfg.LogFormat = logFormat
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	if cfg.Stats.Store == "" {
+		if cfg.Stats.Store, err = config.DefaultStatsStore(); err != nil {
+			return cfg, err
+		}
+		if err := os.MkdirAll(filepath.Dir(cfg.Stats.Store), 0o755); err != nil {
+			return cfg, fmt.Errorf("stats.store is not set and its default directory cannot be made (set stats.store, SLUICE_STATE_DIR, or stats.store: memory): %w", err)
+		}
+	}
+	return cfg, nil
 }
 
 // serve runs a router for cfg until ctx ends. reload, when not nil, is

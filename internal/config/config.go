@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -101,6 +102,31 @@ type Limits struct {
 	// at its cap; "decode_first" holds every stream to the floor,
 	// climbing from one stream, whatever the wait for a first token.
 	Policy string `yaml:"policy"`
+}
+
+// StatsMemory is the stats.store that keeps the averages in memory only.
+const StatsMemory = "memory"
+
+// DefaultStatsStore returns where `sluice serve` keeps the averages when
+// stats.store is not set: stats.db in $SLUICE_STATE_DIR, else in
+// $XDG_STATE_HOME/sluice, else in ~/.local/state/sluice (the container
+// image sets SLUICE_STATE_DIR=/var/lib/sluice). The seed's second rule is
+// to persist the averages, so that a worker known to be slow is still
+// known slow after a restart; memory only is an explicit choice.
+func DefaultStatsStore() (string, error) {
+	dir := os.Getenv("SLUICE_STATE_DIR")
+	if dir == "" {
+		if x := os.Getenv("XDG_STATE_HOME"); x != "" {
+			dir = filepath.Join(x, "sluice")
+		} else {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return "", fmt.Errorf("stats.store is not set and there is no home directory for its default (set stats.store, SLUICE_STATE_DIR, or stats.store: memory): %w", err)
+			}
+			dir = filepath.Join(home, ".local", "state", "sluice")
+		}
+	}
+	return filepath.Join(dir, "stats.db"), nil
 }
 
 // Limit policies (limits.policy).
@@ -329,10 +355,11 @@ type Admission struct {
 // Stats configures the moving averages.
 type Stats struct {
 	// Store is where averages persist: a file path (embedded bbolt
-	// store, the default), a redis:// or rediss:// URL (shared by every
-	// replica pointing at it: redis://[:password@]host:port/db, which
-	// then also shares the prefix index unless Shared.Redis is set), or
-	// empty for memory only.
+	// store), a redis:// or rediss:// URL (shared by every replica
+	// pointing at it: redis://[:password@]host:port/db, which then also
+	// shares the prefix index unless Shared.Redis is set), or "memory"
+	// for memory only. `sluice serve` persists by default: unset, it is
+	// DefaultStatsStore. Empty here (as built in code) is memory.
 	Store string `yaml:"store"`
 	// RedisPrefix starts every Redis key when Store is a Redis URL;
 	// overrides the URL's prefix parameter. Default "sluice:".

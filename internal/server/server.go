@@ -102,7 +102,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		if s.store, err = stats.OpenRedis(cfg.Stats.Store, cfg.Stats.RedisPrefix); err != nil {
 			return nil, err
 		}
-	} else if cfg.Stats.Store != "" {
+	} else if cfg.Stats.Store != "" && cfg.Stats.Store != config.StatsMemory {
 		if s.store, err = stats.OpenBolt(cfg.Stats.Store, log); err != nil {
 			return nil, err
 		}
