@@ -334,8 +334,10 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		res.PromptTokens = m.promptTokens
 	}
 	switch {
-	case r.Context().Err() != nil:
-		// The client left mid-answer; the worker did nothing wrong.
+	case errors.Is(err, errClientGone) || (r.Context().Err() != nil && !m.complete):
+		// The client left before the end; the worker did nothing wrong.
+		// One that left after the end (closing at [DONE], say) had the
+		// whole answer: that is a success, and teaches the averages.
 		res.Status, res.Reason = 499, "client_gone"
 	case err != nil:
 		h.report(lease.Worker, err)
@@ -451,24 +453,37 @@ type measured struct {
 	timings   *timings // llama.cpp's timings of a whole answer, if given
 	// promptTokens is the prompt length the worker reported in usage.
 	promptTokens int
+	// complete is true when the client was given the whole answer: a
+	// whole answer read to its end, a stream up to its terminator.
+	complete bool
 }
+
+// errClientGone is what a relay returns when writing to the client
+// failed: the client left, and nothing about the worker follows from it.
+var errClientGone = errors.New("the client went away")
 
 // relayStream copies an SSE stream line by line, flushing at the end of
 // every event, and follows it with a streamMeter. A worker's error event,
-// or a stream that ends without [DONE] and without a final event, is an
-// error; the client then gets an error event of Sluice's own.
+// or a read that fails before the stream delivered its end, is an error;
+// the client then gets an error event of Sluice's own. A stream that
+// delivered its end ([DONE], or a final chunk) is complete whatever
+// happens after: many clients close the body as soon as they see [DONE],
+// without reading to EOF, and that cancels the worker's request under
+// the relay's last read. A write to the client that fails before the end
+// returns errClientGone.
 func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measured, error) {
 	rc := http.NewResponseController(w)
 	br := bufio.NewReaderSize(body, 32<<10)
 	var m streamMeter
 	var out measured
-	var readErr error
+	var readErr, writeErr error
 	for {
 		line, err := br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
 			// An over-long line: pass it through in pieces, unmetered.
 			if _, werr := w.Write(line); werr != nil {
-				return out, nil // client gone; the caller checks its context
+				writeErr = werr
+				break
 			}
 			continue
 		}
@@ -477,7 +492,8 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 				out.ttft = time.Since(start)
 			}
 			if _, werr := w.Write(line); werr != nil {
-				return out, nil
+				writeErr = werr
+				break
 			}
 			if len(bytes.TrimRight(line, "\r\n")) == 0 {
 				rc.Flush()
@@ -490,12 +506,21 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 			break
 		}
 	}
-	rc.Flush()
 	out.tokens = m.tokens()
 	out.promptTokens = m.prompt
+	out.complete = m.complete()
 	switch {
 	case m.failed:
+		rc.Flush()
 		return out, fmt.Errorf("worker sent an error event: %s", m.failure)
+	case out.complete:
+		rc.Flush()
+		return out, nil
+	case writeErr != nil:
+		return out, fmt.Errorf("%w: %v", errClientGone, writeErr)
+	}
+	rc.Flush()
+	switch {
 	case errors.Is(readErr, ErrStreamIdle):
 		writeStreamError(w, rc, "stream_idle", readErr.Error())
 		return out, fmt.Errorf("read stream: %w", readErr)
@@ -530,7 +555,7 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 		if n > 0 {
 			c.Write(buf[:n])
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return measured{}, nil // client gone; the caller checks its context
+				return measured{}, fmt.Errorf("%w: %v", errClientGone, werr)
 			}
 		}
 		if err == io.EOF {
@@ -545,7 +570,7 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 		return measured{}, fmt.Errorf("read answer: %w", readErr)
 	}
 	var ch chunk
-	var out measured
+	out := measured{complete: true} // read to its end and written whole
 	if c.parse(&ch) {
 		out.tokens = ch.reportedTokens()
 		out.timings = ch.Timings

@@ -13,10 +13,14 @@ type chunk struct {
 			Content          *string `json:"content"`
 			ReasoningContent *string `json:"reasoning_content"`
 		} `json:"delta"`
-		Text *string `json:"text"`
+		Text         *string `json:"text"`
+		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
 	Content *string `json:"content"` // llama.cpp native /completion
-	Usage   *struct {
+	// Stop marks llama.cpp's native /completion final event, which is
+	// not followed by [DONE].
+	Stop  bool `json:"stop"`
+	Usage *struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
 	} `json:"usage"`
@@ -50,6 +54,20 @@ func (c *chunk) hasContent() bool {
 	return false
 }
 
+// final reports whether the chunk ends the answer: a choice with a
+// finish_reason, or llama.cpp's native "stop": true.
+func (c *chunk) final() bool {
+	if c.Stop {
+		return true
+	}
+	for _, ch := range c.Choices {
+		if ch.FinishReason != nil && *ch.FinishReason != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // reportedTokens returns the output token count the worker states, or 0.
 func (c *chunk) reportedTokens() int {
 	switch {
@@ -68,6 +86,7 @@ type streamMeter struct {
 	reported  int  // tokens the worker reported, if any
 	prompt    int  // prompt tokens the worker reported, if any
 	done      bool // saw data: [DONE]
+	finished  bool // saw a final chunk (finish_reason, or native stop)
 	failed    bool // the worker sent an error event
 	failure   string
 	eventName []byte
@@ -107,6 +126,9 @@ func (m *streamMeter) line(l []byte) (first bool) {
 		if c.Usage != nil && c.Usage.PromptTokens > 0 {
 			m.prompt = c.Usage.PromptTokens
 		}
+		if c.final() {
+			m.finished = true
+		}
 		if c.hasContent() {
 			m.content++
 			return m.content == 1
@@ -116,6 +138,11 @@ func (m *streamMeter) line(l []byte) (first bool) {
 	}
 	return false
 }
+
+// complete reports whether the stream delivered its end: [DONE], or a
+// final chunk (whatever follows it, usage or [DONE], adds nothing the
+// client needs), and no error event.
+func (m *streamMeter) complete() bool { return (m.done || m.finished) && !m.failed }
 
 // tokens is the output token count: what the worker reported, else the
 // number of content events (servers send one token per event).

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/scheduler"
@@ -279,5 +282,76 @@ func TestFault_GarbageMetricsLeaveTheWorkerRoutable(t *testing.T) {
 	resp := post(t, context.Background(), r.url, chat("m", true))
 	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
 		t.Fatalf("request to a worker with garbage metrics: %d %q", resp.StatusCode, body)
+	}
+}
+
+// TestFault_ClientClosingAtDoneIsASuccess: many clients close the body as
+// soon as they read [DONE], without reading to EOF. The worker here holds
+// its connection open after [DONE] (as a worker whose final bytes are
+// still on their way does), so the client's close always comes first. The
+// stream was delivered whole: it counts as 200 and teaches the averages.
+// A client that leaves before the end is still 499 client_gone.
+func TestFault_ClientClosingAtDoneIsASuccess(t *testing.T) {
+	const final = "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"
+	for _, tc := range []struct {
+		name       string
+		events     []string
+		closeAfter string // the client closes after the line that starts so
+		status     string
+	}{
+		{"closes at [DONE]", []string{tok, tok, tok, final, "data: [DONE]\n\n"}, "data: [DONE]", "200"},
+		{"closes at the final chunk", []string{tok, tok, tok, final, "data: [DONE]\n\n"}, "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\"", "200"},
+		{"leaves mid-stream", []string{tok, tok, tok}, tok[:20], "499"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := badWorker(t, func(w http.ResponseWriter, r *http.Request) {
+				sse(w, tc.events...)
+				<-r.Context().Done() // the end of the body never comes
+			}).URL
+			r := startRouter(t, faultConfig(t, []string{u}, nil))
+			served := make(chan struct{}, 1)
+			hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				r.srv.Handler().ServeHTTP(w, req)
+				if req.URL.Path == "/v1/chat/completions" {
+					served <- struct{}{}
+				}
+			}))
+			defer hs.Close()
+
+			resp := post(t, context.Background(), hs.URL, chat("x", true))
+			br := bufio.NewReader(resp.Body)
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatalf("stream ended before %q: %v", tc.closeAfter, err)
+				}
+				if strings.HasPrefix(line, tc.closeAfter) {
+					break
+				}
+			}
+			resp.Body.Close() // without reading to EOF
+			<-served
+
+			fams := scrapeFamilies(t, hs.URL)
+			got := map[string]float64{}
+			for _, m := range fams["sluice_requests_total"].GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "status" {
+						got[l.GetValue()] += m.GetCounter().GetValue()
+					}
+				}
+			}
+			if diff := cmp.Diff(map[string]float64{tc.status: 1}, got); diff != "" {
+				t.Fatalf("sluice_requests_total by status (-want +got):\n%s", diff)
+			}
+			st := r.srv.tracker.Get("w1")
+			learned := st.TTFTMs.N == 1 && st.DecodeTPS.N == 1 && len(st.Levels) > 0 && st.Levels[0].DecodeTPS.N == 1
+			if want := tc.status == "200"; learned != want {
+				t.Fatalf("learned from the stream: %v, want %v (ttft n=%d, decode n=%d, levels %d)", learned, want, st.TTFTMs.N, st.DecodeTPS.N, len(st.Levels))
+			}
+			if ws := workerState(t, r.srv, "w1"); ws.Active != 0 || ws.Health == scheduler.HealthDown {
+				t.Fatalf("worker after the client left: %+v", ws)
+			}
+		})
 	}
 }
