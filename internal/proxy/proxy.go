@@ -35,9 +35,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/auth"
@@ -77,6 +79,9 @@ type Result struct {
 	// answer; 0 when unknown.
 	TPOT     time.Duration
 	Attempts int
+	// StaleRetries names the worker of each resend on a fresh connection
+	// after a pooled connection turned out closed (see Handler).
+	StaleRetries []string
 }
 
 // Options configures a Handler.
@@ -97,6 +102,9 @@ type Options struct {
 	// OnResult is called once per request when it ends; may be nil.
 	OnResult func(Result)
 	// Transport sends requests to workers; http.DefaultTransport if nil.
+	// When it has a RoundTripFresh method (see freshSender), a request
+	// whose pooled connection was found closed is resent through it;
+	// an *http.Transport gets a copy without keep-alives for that.
 	Transport http.RoundTripper
 	// MaxBodyBytes bounds a request body (413 beyond it).
 	MaxBodyBytes int64
@@ -119,14 +127,41 @@ type Options struct {
 }
 
 // Handler proxies inference requests. Mount it on the inference paths.
+//
+// A worker closes keep-alive connections it has kept idle for a while
+// (llama-server after 5 s), and a request sent on such a connection just
+// as the worker closes it fails with EOF or a reset before any byte of an
+// answer. Such a request, on a reused connection and before any byte, is
+// sent once more to the same worker on a connection of its own, and the
+// first failure is not counted against the worker's health: it says
+// nothing about the worker. Result.StaleRetries counts these resends.
 type Handler struct {
 	opt Options
+	// fresh sends a request on a new connection, never a pooled one.
+	fresh func(*http.Request) (*http.Response, error)
+}
+
+// freshSender is a transport that can send a request on a connection of
+// its own rather than one from its idle pool.
+type freshSender interface {
+	RoundTripFresh(*http.Request) (*http.Response, error)
 }
 
 // New returns a Handler.
 func New(opt Options) *Handler {
 	if opt.Transport == nil {
 		opt.Transport = http.DefaultTransport
+	}
+	var fresh func(*http.Request) (*http.Response, error)
+	switch t := opt.Transport.(type) {
+	case freshSender:
+		fresh = t.RoundTripFresh
+	case *http.Transport:
+		nk := t.Clone()
+		nk.DisableKeepAlives = true
+		fresh = nk.RoundTrip
+	default:
+		fresh = opt.Transport.RoundTrip // may pick another pooled connection
 	}
 	if opt.MaxAttempts < 1 {
 		opt.MaxAttempts = 1
@@ -140,7 +175,7 @@ func New(opt Options) *Handler {
 	if opt.IdleTimeout <= 0 {
 		opt.IdleTimeout = time.Minute
 	}
-	return &Handler{opt: opt}
+	return &Handler{opt: opt, fresh: fresh}
 }
 
 // hopHeaders are removed when forwarding, in both directions (RFC 9110
@@ -276,6 +311,10 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	// off without touching the client's request.
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
+	var reused atomic.Bool // whether the connection used came from the pool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(ci httptrace.GotConnInfo) { reused.Store(ci.Reused) },
+	})
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base.JoinPath(r.URL.Path).String(), bytes.NewReader(body))
 	if err != nil {
 		return false, fmt.Errorf("build request for %s: %w", lease.Worker, err)
@@ -293,6 +332,14 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	out.ContentLength = int64(len(body))
 	attemptStart := time.Now()
 	resp, err := h.opt.Transport.RoundTrip(out)
+	if err != nil && reused.Load() && staleConn(err) && r.Context().Err() == nil {
+		// The worker had closed the pooled connection: not its fault.
+		h.opt.Logger.Debug("pooled connection closed by the worker; resending on a fresh one", "worker", lease.Worker, "err", err)
+		res.StaleRetries = append(res.StaleRetries, lease.Worker)
+		again := out.Clone(ctx)
+		again.Body = io.NopCloser(bytes.NewReader(body))
+		resp, err = h.fresh(again)
+	}
 	if err != nil {
 		if r.Context().Err() == nil {
 			h.report(lease.Worker, err)
@@ -361,6 +408,17 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		}
 	}
 	return true, nil
+}
+
+// staleConn reports whether a request's failure before any answer may be
+// a pooled connection the worker had closed: anything but a timeout or a
+// cancellation, which say the worker was reached and was slow.
+func staleConn(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	return !errors.As(err, &ne) || !ne.Timeout()
 }
 
 // setAuth puts the worker's credentials in an outgoing request: its own
