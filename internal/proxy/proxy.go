@@ -139,6 +139,8 @@ type Handler struct {
 	opt Options
 	// fresh sends a request on a new connection, never a pooled one.
 	fresh func(*http.Request) (*http.Response, error)
+	// ratio calibrates prompt estimates on what workers counted.
+	ratio *tokenRatio
 }
 
 // freshSender is a transport that can send a request on a connection of
@@ -175,7 +177,7 @@ func New(opt Options) *Handler {
 	if opt.IdleTimeout <= 0 {
 		opt.IdleTimeout = time.Minute
 	}
-	return &Handler{opt: opt, fresh: fresh}
+	return &Handler{opt: opt, fresh: fresh, ratio: newTokenRatio()}
 }
 
 // hopHeaders are removed when forwarding, in both directions (RFC 9110
@@ -232,6 +234,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // nothing has been written to the client.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
 	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1}
+	if n, src, ok := h.ratio.estimate(p); ok {
+		req.PromptTokens, req.PromptSource = n, src
+		p.promptTokens = n
+	}
 	if n, ok := h.tokenize(r.Context(), p); ok {
 		req.PromptTokens, req.PromptSource = n, SourceTokenize
 		p.promptTokens = n
@@ -379,6 +385,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	res.Tokens, res.TTFT = m.tokens, m.ttft
 	if m.promptTokens > 0 {
 		res.PromptTokens = m.promptTokens
+		h.ratio.observe(p, m.promptTokens) // also from a 400 that says the prompt was too long
 	}
 	switch {
 	case errors.Is(err, errClientGone) || (r.Context().Err() != nil && !m.complete):
@@ -632,9 +639,7 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 	if c.parse(&ch) {
 		out.tokens = ch.reportedTokens()
 		out.timings = ch.Timings
-		if ch.Usage != nil {
-			out.promptTokens = ch.Usage.PromptTokens
-		}
+		out.promptTokens = ch.promptCount()
 	}
 	return out, nil
 }

@@ -33,6 +33,8 @@ type chunk struct {
 // the worker's own clock: prompt_ms is prefill, predicted_ms the decode of
 // predicted_n tokens.
 type timings struct {
+	PromptN            int     `json:"prompt_n"` // prompt tokens evaluated
+	CacheN             int     `json:"cache_n"`  // prompt tokens reused from the cache
 	PromptMs           float64 `json:"prompt_ms"`
 	PredictedN         int     `json:"predicted_n"`
 	PredictedMs        float64 `json:"predicted_ms"`
@@ -66,6 +68,27 @@ func (c *chunk) final() bool {
 		}
 	}
 	return false
+}
+
+// promptCount returns the prompt size the worker states, or 0: usage's
+// prompt_tokens, else llama.cpp's timings prompt_n + cache_n (a stream
+// carries usage only when the request asked for it), else the
+// n_prompt_tokens of llama.cpp's exceed_context_size_error.
+func (c *chunk) promptCount() int {
+	switch {
+	case c.Usage != nil && c.Usage.PromptTokens > 0:
+		return c.Usage.PromptTokens
+	case c.Timings != nil && c.Timings.PromptN+c.Timings.CacheN > 0:
+		return max(c.Timings.PromptN, 0) + max(c.Timings.CacheN, 0)
+	case len(c.Error) > 0:
+		var e struct {
+			NPromptTokens int `json:"n_prompt_tokens"`
+		}
+		if json.Unmarshal(c.Error, &e) == nil && e.NPromptTokens > 0 {
+			return e.NPromptTokens
+		}
+	}
+	return 0
 }
 
 // reportedTokens returns the output token count the worker states, or 0.
@@ -123,8 +146,8 @@ func (m *streamMeter) line(l []byte) (first bool) {
 		if t := c.reportedTokens(); t > 0 {
 			m.reported = t
 		}
-		if c.Usage != nil && c.Usage.PromptTokens > 0 {
-			m.prompt = c.Usage.PromptTokens
+		if n := c.promptCount(); n > 0 && (m.prompt == 0 || c.Usage != nil) {
+			m.prompt = n // usage, where it comes, has the last word
 		}
 		if c.final() {
 			m.finished = true
