@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -430,6 +431,47 @@ type Proxy struct {
 	TokenizeAbove int `yaml:"tokenize_above"`
 	// TokenizeTimeout bounds that count; past it the estimate stands.
 	TokenizeTimeout time.Duration `yaml:"tokenize_timeout"`
+	// IdleConnTimeout is, per worker kind, how long a keep-alive
+	// connection to a worker may sit idle in Sluice's pool before Sluice
+	// closes it. It must be shorter than the worker's own keep-alive
+	// timeout, or Sluice sends requests on connections the worker has
+	// just closed. Kinds left out keep their default (DefaultIdleConnTimeouts).
+	IdleConnTimeout map[string]time.Duration `yaml:"idle_conn_timeout"`
+}
+
+// DefaultIdleConnTimeout is the idle-connection timeout of a kind whose
+// server's keep-alive timeout is not known: Go's http.DefaultTransport's.
+const DefaultIdleConnTimeout = 90 * time.Second
+
+// DefaultIdleConnTimeouts returns the idle-connection timeouts per worker
+// kind: 4s for the servers known to close idle connections after 5s —
+// llama-server (cpp-httplib's CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND, sent as
+// "Keep-Alive: timeout=5"), vLLM (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5)
+// and the other uvicorn servers, SGLang and trtllm-serve (uvicorn's
+// timeout_keep_alive, default 5) — and DefaultIdleConnTimeout for the rest
+// (TGI and Ollama keep idle connections open; an OpenAI-compatible server
+// may be anything).
+func DefaultIdleConnTimeouts() map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, k := range Kinds {
+		out[k] = DefaultIdleConnTimeout
+	}
+	for _, k := range []string{fleet.KindLlamaCPP, fleet.KindVLLM, fleet.KindSGLang, fleet.KindTRTLLM} {
+		out[k] = 4 * time.Second
+	}
+	return out
+}
+
+// IdleConnTimeoutFor returns the idle-connection timeout of a worker
+// kind: the configured one, else its default.
+func (p Proxy) IdleConnTimeoutFor(kind string) time.Duration {
+	if d, ok := p.IdleConnTimeout[kind]; ok && d > 0 {
+		return d
+	}
+	if d, ok := DefaultIdleConnTimeouts()[kind]; ok {
+		return d
+	}
+	return DefaultIdleConnTimeout
 }
 
 // Auth configures who may call the router. With no keys the inference
@@ -515,7 +557,7 @@ func DefaultConfig() Config {
 		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
-		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond},
+		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond, IdleConnTimeout: DefaultIdleConnTimeouts()},
 		Server:    ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
 		Shutdown:  Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
 		Shared:    Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
@@ -699,6 +741,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Proxy.TokenizeTimeout <= 0 {
 		bad("proxy.tokenize_timeout", "must be positive, got %v", c.Proxy.TokenizeTimeout)
+	}
+	for _, kind := range slices.Sorted(maps.Keys(c.Proxy.IdleConnTimeout)) {
+		key := "proxy.idle_conn_timeout." + kind
+		if !slices.Contains(Kinds, kind) {
+			bad(key, "%q is not a worker kind (one of %v)", kind, Kinds)
+		}
+		if d := c.Proxy.IdleConnTimeout[kind]; d <= 0 {
+			bad(key, "must be positive, got %v", d)
+		}
 	}
 	errs = append(errs, c.validateHardening()...)
 	if l := c.Limits; l.Adaptive {

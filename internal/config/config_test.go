@@ -232,3 +232,29 @@ limits:
 		}
 	}
 }
+
+func TestParse_IdleConnTimeoutPerKind(t *testing.T) {
+	cfg, err := Parse(strings.NewReader("workers: [{name: a, url: 'http://h:1'}]\nproxy:\n  idle_conn_timeout: {vllm: 2s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for kind, want := range map[string]time.Duration{
+		"vllm":     2 * time.Second, // set
+		"llamacpp": 4 * time.Second, // under llama-server's 5s keep-alive
+		"openai":   DefaultIdleConnTimeout,
+		"nonesuch": DefaultIdleConnTimeout,
+	} {
+		if got := cfg.Proxy.IdleConnTimeoutFor(kind); got != want {
+			t.Errorf("%s: %v, want %v", kind, got, want)
+		}
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{"proxy: {idle_conn_timeout: {llamacpp: 0s}}", "proxy.idle_conn_timeout.llamacpp: must be positive"},
+		{"proxy: {idle_conn_timeout: {llama: 3s}}", `proxy.idle_conn_timeout.llama: "llama" is not a worker kind`},
+	} {
+		_, err := Parse(strings.NewReader("workers: [{name: a, url: 'http://h:1'}]\n" + tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err %v, want %q", tc.yaml, err, tc.want)
+		}
+	}
+}

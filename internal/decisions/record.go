@@ -35,8 +35,9 @@ type Record struct {
 	Attempt int `json:"attempt"`
 	// PromptTokens is the estimated prompt size.
 	PromptTokens int `json:"prompt_tokens"`
-	// PromptSource says how PromptTokens was counted: "estimate: text/4"
-	// or "worker /tokenize".
+	// PromptSource says how PromptTokens was counted: "estimate: text/4",
+	// "estimate: text × tokens/char from worker usage (…)" or "worker
+	// /tokenize".
 	PromptSource string `json:"prompt_source,omitempty"`
 	// MaxTokens is the request's max_tokens, 0 when unset.
 	MaxTokens int `json:"max_tokens,omitempty"`

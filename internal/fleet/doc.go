@@ -7,8 +7,9 @@
 // What is probed depends on the worker's kind:
 //
 //   - llamacpp: GET /health (503 while the model loads: HealthLoading, not
-//     eligible), /metrics, /slots (busy slots, per-slot n_ctx, and, when
-//     the server tells them, each slot's prompt, hashed into the router's
+//     eligible), /metrics, /slots (busy slots, per-slot n_ctx, the KV
+//     pressure of current builds, whose /metrics has none, and, when the
+//     server tells them, each slot's prompt, hashed into the router's
 //     blocks as the worker's cache report), /props (total_slots, the BOS
 //     text) and /v1/models.
 //   - vllm: GET /health, /metrics (the series of the worker's model, the

@@ -196,7 +196,8 @@ func (w *Worker) scrapeModelCards(ctx context.Context, now time.Time) {
 }
 
 // scrapeSlots reads llama.cpp's /slots: the per-slot context size and,
-// when /metrics did not say this round, how many slots are busy.
+// when /metrics did not say this round, how many slots are busy and how
+// much of the KV cache their requests hold.
 func (w *Worker) scrapeSlots(ctx context.Context, now time.Time) {
 	url := w.base + "/slots"
 	body, err := w.getOK(ctx, url)
@@ -213,6 +214,12 @@ func (w *Worker) scrapeSlots(ctx context.Context, now time.Time) {
 	w.mu.Lock()
 	if len(s.Slots) > 0 && w.st.running.At.Before(now) {
 		update(&w.st.running, telemetry.Value{V: float64(s.Busy), Present: true, Metric: "is_processing"}, KindLlamaCPP+" /slots ", now)
+	}
+	// Current builds export no KV-cache series in /metrics: the busy
+	// slots' tokens over their n_ctx stand in (telemetry.Slots.KVUsage).
+	// An older build's kv_cache_usage_ratio, read this round, wins.
+	if s.KVUsage.Present && w.st.kv.At.Before(now) {
+		update(&w.st.kv, s.KVUsage, KindLlamaCPP+" /slots ", now)
 	}
 	if s.NCtx > 0 {
 		w.setContextLocked(s.NCtx)

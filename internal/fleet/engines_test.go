@@ -3,6 +3,7 @@ package fleet
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/sluice-router/sluice/internal/scheduler"
@@ -189,5 +190,42 @@ func TestWorker_OllamaNothingLoadedNoConfigStaysUnknown(t *testing.T) {
 	w := h.add(t, WorkerConfig{Name: "o", URL: srv.URL, Kind: KindOllama})
 	if got := w.Snapshot().Models; got != nil {
 		t.Errorf("Models = %q, want nil (unknown): an idle Ollama may serve any pulled model", got)
+	}
+}
+
+// TestWorker_LlamaCPPCurrentBuild serves the payloads of the llama-server
+// in node-llama-cpp 3.22.1, which exports no KV-cache series: the worker
+// has no telemetry error, logs no warning, and its KV pressure comes from
+// /slots.
+func TestWorker_LlamaCPPCurrentBuild(t *testing.T) {
+	h := newHarness(t, Options{})
+	fs := llamaServer(t)
+	fs.set("/metrics", 200, testdata(t, "llamacpp_metrics_current.txt"))
+	fs.set("/slots", 200, testdata(t, "llamacpp_slots_current.json"))
+	fs.set("/props", 200, testdata(t, "llamacpp_props_current.json"))
+	w := h.add(t, WorkerConfig{Name: "a", URL: serve(t, fs).URL, Kind: KindLlamaCPP})
+
+	st := w.State()
+	if st.MetricsError != "" || st.SlotsError != "" || st.PropsError != "" || st.LastError != "" {
+		t.Errorf("telemetry errors: metrics %q slots %q props %q last %q", st.MetricsError, st.SlotsError, st.PropsError, st.LastError)
+	}
+	if n := h.logs.count("level=WARN"); n != 0 {
+		t.Errorf("%d warnings logged:\n%s", n, h.logs)
+	}
+	at := h.clock.Now()
+	want := scheduler.Reading{Value: 0.1875, Source: "llamacpp /slots n_prompt_tokens/n_ctx", At: at}
+	if diff := cmp.Diff(want, w.Snapshot().KVPressure); diff != "" {
+		t.Errorf("KVPressure mismatch (-want +got):\n%s", diff)
+	}
+	if got := w.Snapshot().QueueLen; got.Value != 1 {
+		t.Errorf("QueueLen = %+v, want 1 from requests_deferred", got)
+	}
+
+	// An older build's kv_cache_usage_ratio in the same round wins.
+	fs.set("/metrics", 200, testdata(t, "llamacpp_metrics.txt"))
+	h.clock.Advance(time.Second)
+	h.scrape(t, "a")
+	if got := w.Snapshot().KVPressure; got.Value != 0.421875 || !strings.Contains(got.Source, "/metrics") {
+		t.Errorf("KVPressure = %+v, want 0.421875 from /metrics", got)
 	}
 }

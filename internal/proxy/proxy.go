@@ -35,9 +35,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/auth"
@@ -77,6 +79,9 @@ type Result struct {
 	// answer; 0 when unknown.
 	TPOT     time.Duration
 	Attempts int
+	// StaleRetries names the worker of each resend on a fresh connection
+	// after a pooled connection turned out closed (see Handler).
+	StaleRetries []string
 }
 
 // Options configures a Handler.
@@ -97,6 +102,9 @@ type Options struct {
 	// OnResult is called once per request when it ends; may be nil.
 	OnResult func(Result)
 	// Transport sends requests to workers; http.DefaultTransport if nil.
+	// When it has a RoundTripFresh method (see freshSender), a request
+	// whose pooled connection was found closed is resent through it;
+	// an *http.Transport gets a copy without keep-alives for that.
 	Transport http.RoundTripper
 	// MaxBodyBytes bounds a request body (413 beyond it).
 	MaxBodyBytes int64
@@ -119,14 +127,43 @@ type Options struct {
 }
 
 // Handler proxies inference requests. Mount it on the inference paths.
+//
+// A worker closes keep-alive connections it has kept idle for a while
+// (llama-server after 5 s), and a request sent on such a connection just
+// as the worker closes it fails with EOF or a reset before any byte of an
+// answer. Such a request, on a reused connection and before any byte, is
+// sent once more to the same worker on a connection of its own, and the
+// first failure is not counted against the worker's health: it says
+// nothing about the worker. Result.StaleRetries counts these resends.
 type Handler struct {
 	opt Options
+	// fresh sends a request on a new connection, never a pooled one.
+	fresh func(*http.Request) (*http.Response, error)
+	// ratio calibrates prompt estimates on what workers counted.
+	ratio *tokenRatio
+}
+
+// freshSender is a transport that can send a request on a connection of
+// its own rather than one from its idle pool.
+type freshSender interface {
+	RoundTripFresh(*http.Request) (*http.Response, error)
 }
 
 // New returns a Handler.
 func New(opt Options) *Handler {
 	if opt.Transport == nil {
 		opt.Transport = http.DefaultTransport
+	}
+	var fresh func(*http.Request) (*http.Response, error)
+	switch t := opt.Transport.(type) {
+	case freshSender:
+		fresh = t.RoundTripFresh
+	case *http.Transport:
+		nk := t.Clone()
+		nk.DisableKeepAlives = true
+		fresh = nk.RoundTrip
+	default:
+		fresh = opt.Transport.RoundTrip // may pick another pooled connection
 	}
 	if opt.MaxAttempts < 1 {
 		opt.MaxAttempts = 1
@@ -140,7 +177,7 @@ func New(opt Options) *Handler {
 	if opt.IdleTimeout <= 0 {
 		opt.IdleTimeout = time.Minute
 	}
-	return &Handler{opt: opt}
+	return &Handler{opt: opt, fresh: fresh, ratio: newTokenRatio()}
 }
 
 // hopHeaders are removed when forwarding, in both directions (RFC 9110
@@ -197,6 +234,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // nothing has been written to the client.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
 	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1}
+	if n, src, ok := h.ratio.estimate(p); ok {
+		req.PromptTokens, req.PromptSource = n, src
+		p.promptTokens = n
+	}
 	if n, ok := h.tokenize(r.Context(), p); ok {
 		req.PromptTokens, req.PromptSource = n, SourceTokenize
 		p.promptTokens = n
@@ -276,6 +317,10 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	// off without touching the client's request.
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
+	var reused atomic.Bool // whether the connection used came from the pool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(ci httptrace.GotConnInfo) { reused.Store(ci.Reused) },
+	})
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base.JoinPath(r.URL.Path).String(), bytes.NewReader(body))
 	if err != nil {
 		return false, fmt.Errorf("build request for %s: %w", lease.Worker, err)
@@ -293,6 +338,14 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	out.ContentLength = int64(len(body))
 	attemptStart := time.Now()
 	resp, err := h.opt.Transport.RoundTrip(out)
+	if err != nil && reused.Load() && staleConn(err) && r.Context().Err() == nil {
+		// The worker had closed the pooled connection: not its fault.
+		h.opt.Logger.Debug("pooled connection closed by the worker; resending on a fresh one", "worker", lease.Worker, "err", err)
+		res.StaleRetries = append(res.StaleRetries, lease.Worker)
+		again := out.Clone(ctx)
+		again.Body = io.NopCloser(bytes.NewReader(body))
+		resp, err = h.fresh(again)
+	}
 	if err != nil {
 		if r.Context().Err() == nil {
 			h.report(lease.Worker, err)
@@ -332,10 +385,13 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	res.Tokens, res.TTFT = m.tokens, m.ttft
 	if m.promptTokens > 0 {
 		res.PromptTokens = m.promptTokens
+		h.ratio.observe(p, m.promptTokens) // also from a 400 that says the prompt was too long
 	}
 	switch {
-	case r.Context().Err() != nil:
-		// The client left mid-answer; the worker did nothing wrong.
+	case errors.Is(err, errClientGone) || (r.Context().Err() != nil && !m.complete):
+		// The client left before the end; the worker did nothing wrong.
+		// One that left after the end (closing at [DONE], say) had the
+		// whole answer: that is a success, and teaches the averages.
 		res.Status, res.Reason = 499, "client_gone"
 	case err != nil:
 		h.report(lease.Worker, err)
@@ -359,6 +415,17 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		}
 	}
 	return true, nil
+}
+
+// staleConn reports whether a request's failure before any answer may be
+// a pooled connection the worker had closed: anything but a timeout or a
+// cancellation, which say the worker was reached and was slow.
+func staleConn(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	return !errors.As(err, &ne) || !ne.Timeout()
 }
 
 // setAuth puts the worker's credentials in an outgoing request: its own
@@ -451,24 +518,37 @@ type measured struct {
 	timings   *timings // llama.cpp's timings of a whole answer, if given
 	// promptTokens is the prompt length the worker reported in usage.
 	promptTokens int
+	// complete is true when the client was given the whole answer: a
+	// whole answer read to its end, a stream up to its terminator.
+	complete bool
 }
+
+// errClientGone is what a relay returns when writing to the client
+// failed: the client left, and nothing about the worker follows from it.
+var errClientGone = errors.New("the client went away")
 
 // relayStream copies an SSE stream line by line, flushing at the end of
 // every event, and follows it with a streamMeter. A worker's error event,
-// or a stream that ends without [DONE] and without a final event, is an
-// error; the client then gets an error event of Sluice's own.
+// or a read that fails before the stream delivered its end, is an error;
+// the client then gets an error event of Sluice's own. A stream that
+// delivered its end ([DONE], or a final chunk) is complete whatever
+// happens after: many clients close the body as soon as they see [DONE],
+// without reading to EOF, and that cancels the worker's request under
+// the relay's last read. A write to the client that fails before the end
+// returns errClientGone.
 func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measured, error) {
 	rc := http.NewResponseController(w)
 	br := bufio.NewReaderSize(body, 32<<10)
 	var m streamMeter
 	var out measured
-	var readErr error
+	var readErr, writeErr error
 	for {
 		line, err := br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
 			// An over-long line: pass it through in pieces, unmetered.
 			if _, werr := w.Write(line); werr != nil {
-				return out, nil // client gone; the caller checks its context
+				writeErr = werr
+				break
 			}
 			continue
 		}
@@ -477,7 +557,8 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 				out.ttft = time.Since(start)
 			}
 			if _, werr := w.Write(line); werr != nil {
-				return out, nil
+				writeErr = werr
+				break
 			}
 			if len(bytes.TrimRight(line, "\r\n")) == 0 {
 				rc.Flush()
@@ -490,12 +571,21 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 			break
 		}
 	}
-	rc.Flush()
 	out.tokens = m.tokens()
 	out.promptTokens = m.prompt
+	out.complete = m.complete()
 	switch {
 	case m.failed:
+		rc.Flush()
 		return out, fmt.Errorf("worker sent an error event: %s", m.failure)
+	case out.complete:
+		rc.Flush()
+		return out, nil
+	case writeErr != nil:
+		return out, fmt.Errorf("%w: %v", errClientGone, writeErr)
+	}
+	rc.Flush()
+	switch {
 	case errors.Is(readErr, ErrStreamIdle):
 		writeStreamError(w, rc, "stream_idle", readErr.Error())
 		return out, fmt.Errorf("read stream: %w", readErr)
@@ -530,7 +620,7 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 		if n > 0 {
 			c.Write(buf[:n])
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return measured{}, nil // client gone; the caller checks its context
+				return measured{}, fmt.Errorf("%w: %v", errClientGone, werr)
 			}
 		}
 		if err == io.EOF {
@@ -545,13 +635,11 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 		return measured{}, fmt.Errorf("read answer: %w", readErr)
 	}
 	var ch chunk
-	var out measured
+	out := measured{complete: true} // read to its end and written whole
 	if c.parse(&ch) {
 		out.tokens = ch.reportedTokens()
 		out.timings = ch.Timings
-		if ch.Usage != nil {
-			out.promptTokens = ch.Usage.PromptTokens
-		}
+		out.promptTokens = ch.promptCount()
 	}
 	return out, nil
 }

@@ -170,3 +170,29 @@ func TestParseInference_PromptCountsTextOnly(t *testing.T) {
 		})
 	}
 }
+
+func TestStreamMeter_CompleteAtItsEnd(t *testing.T) {
+	tests := []struct {
+		name   string
+		stream string
+		want   bool
+	}{
+		{"[DONE]", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n", true},
+		{"final chunk, before usage and [DONE]", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\ndata: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}]}\n", true},
+		{"native stop", "data: {\"content\":\"x\",\"stop\":false}\n\ndata: {\"content\":\"\",\"stop\":true}\n", true},
+		{"content only", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n", false},
+		{"native, not stopped", "data: {\"content\":\"x\",\"stop\":false}\n", false},
+		{"error event then [DONE]", "data: {\"error\":{\"message\":\"boom\"}}\n\ndata: [DONE]\n", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var m streamMeter
+			for _, l := range strings.Split(tt.stream, "\n") {
+				m.line([]byte(l))
+			}
+			if got := m.complete(); got != tt.want {
+				t.Fatalf("complete = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}

@@ -31,6 +31,7 @@ type parsed struct {
 	maxTokens    int
 	promptTokens int
 	promptText   string // the prompt's text content, for the worker's /tokenize
+	promptRunes  int    // characters of that text (all of it, past maxPromptText too)
 	promptExtra  int    // tokens of the prompt that are not in promptText
 }
 
@@ -67,13 +68,16 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 	}
 	p.promptTokens = max(pc.tokens(), 1)
 	p.promptText = pc.text.String()
+	p.promptRunes = pc.runes
 	p.promptExtra = pc.tokens() - pc.runes/charsPerToken
 	return p, nil
 }
 
 // Prompt size estimates. Four characters per token is about right for
-// English BPE vocabularies; the scheduler only needs relative sizes, and
-// the true count is the worker's business (see Options.Tokenize).
+// English BPE vocabularies, and is where a model starts: once workers
+// have counted some of its prompts, the characters are scaled by what
+// they counted instead (tokenRatio), and a worker's /tokenize may count
+// large prompts exactly (Options.Tokenize).
 const (
 	charsPerToken = 4
 	// mediaTokens stands for one image, audio clip or file part: what it

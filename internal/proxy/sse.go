@@ -13,10 +13,14 @@ type chunk struct {
 			Content          *string `json:"content"`
 			ReasoningContent *string `json:"reasoning_content"`
 		} `json:"delta"`
-		Text *string `json:"text"`
+		Text         *string `json:"text"`
+		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
 	Content *string `json:"content"` // llama.cpp native /completion
-	Usage   *struct {
+	// Stop marks llama.cpp's native /completion final event, which is
+	// not followed by [DONE].
+	Stop  bool `json:"stop"`
+	Usage *struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
 	} `json:"usage"`
@@ -29,6 +33,8 @@ type chunk struct {
 // the worker's own clock: prompt_ms is prefill, predicted_ms the decode of
 // predicted_n tokens.
 type timings struct {
+	PromptN            int     `json:"prompt_n"` // prompt tokens evaluated
+	CacheN             int     `json:"cache_n"`  // prompt tokens reused from the cache
 	PromptMs           float64 `json:"prompt_ms"`
 	PredictedN         int     `json:"predicted_n"`
 	PredictedMs        float64 `json:"predicted_ms"`
@@ -50,6 +56,41 @@ func (c *chunk) hasContent() bool {
 	return false
 }
 
+// final reports whether the chunk ends the answer: a choice with a
+// finish_reason, or llama.cpp's native "stop": true.
+func (c *chunk) final() bool {
+	if c.Stop {
+		return true
+	}
+	for _, ch := range c.Choices {
+		if ch.FinishReason != nil && *ch.FinishReason != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// promptCount returns the prompt size the worker states, or 0: usage's
+// prompt_tokens, else llama.cpp's timings prompt_n + cache_n (a stream
+// carries usage only when the request asked for it), else the
+// n_prompt_tokens of llama.cpp's exceed_context_size_error.
+func (c *chunk) promptCount() int {
+	switch {
+	case c.Usage != nil && c.Usage.PromptTokens > 0:
+		return c.Usage.PromptTokens
+	case c.Timings != nil && c.Timings.PromptN+c.Timings.CacheN > 0:
+		return max(c.Timings.PromptN, 0) + max(c.Timings.CacheN, 0)
+	case len(c.Error) > 0:
+		var e struct {
+			NPromptTokens int `json:"n_prompt_tokens"`
+		}
+		if json.Unmarshal(c.Error, &e) == nil && e.NPromptTokens > 0 {
+			return e.NPromptTokens
+		}
+	}
+	return 0
+}
+
 // reportedTokens returns the output token count the worker states, or 0.
 func (c *chunk) reportedTokens() int {
 	switch {
@@ -68,6 +109,7 @@ type streamMeter struct {
 	reported  int  // tokens the worker reported, if any
 	prompt    int  // prompt tokens the worker reported, if any
 	done      bool // saw data: [DONE]
+	finished  bool // saw a final chunk (finish_reason, or native stop)
 	failed    bool // the worker sent an error event
 	failure   string
 	eventName []byte
@@ -104,8 +146,11 @@ func (m *streamMeter) line(l []byte) (first bool) {
 		if t := c.reportedTokens(); t > 0 {
 			m.reported = t
 		}
-		if c.Usage != nil && c.Usage.PromptTokens > 0 {
-			m.prompt = c.Usage.PromptTokens
+		if n := c.promptCount(); n > 0 && (m.prompt == 0 || c.Usage != nil) {
+			m.prompt = n // usage, where it comes, has the last word
+		}
+		if c.final() {
+			m.finished = true
 		}
 		if c.hasContent() {
 			m.content++
@@ -116,6 +161,11 @@ func (m *streamMeter) line(l []byte) (first bool) {
 	}
 	return false
 }
+
+// complete reports whether the stream delivered its end: [DONE], or a
+// final chunk (whatever follows it, usage or [DONE], adds nothing the
+// client needs), and no error event.
+func (m *streamMeter) complete() bool { return (m.done || m.finished) && !m.failed }
 
 // tokens is the output token count: what the worker reported, else the
 // number of content events (servers send one token per event).

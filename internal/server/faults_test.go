@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/scheduler"
@@ -279,5 +282,169 @@ func TestFault_GarbageMetricsLeaveTheWorkerRoutable(t *testing.T) {
 	resp := post(t, context.Background(), r.url, chat("m", true))
 	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
 		t.Fatalf("request to a worker with garbage metrics: %d %q", resp.StatusCode, body)
+	}
+}
+
+// TestFault_ClientClosingAtDoneIsASuccess: many clients close the body as
+// soon as they read [DONE], without reading to EOF. The worker here holds
+// its connection open after [DONE] (as a worker whose final bytes are
+// still on their way does), so the client's close always comes first. The
+// stream was delivered whole: it counts as 200 and teaches the averages.
+// A client that leaves before the end is still 499 client_gone.
+func TestFault_ClientClosingAtDoneIsASuccess(t *testing.T) {
+	const final = "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"
+	for _, tc := range []struct {
+		name       string
+		events     []string
+		closeAfter string // the client closes after the line that starts so
+		status     string
+	}{
+		{"closes at [DONE]", []string{tok, tok, tok, final, "data: [DONE]\n\n"}, "data: [DONE]", "200"},
+		{"closes at the final chunk", []string{tok, tok, tok, final, "data: [DONE]\n\n"}, "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\"", "200"},
+		{"leaves mid-stream", []string{tok, tok, tok}, tok[:20], "499"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := badWorker(t, func(w http.ResponseWriter, r *http.Request) {
+				sse(w, tc.events...)
+				<-r.Context().Done() // the end of the body never comes
+			}).URL
+			r := startRouter(t, faultConfig(t, []string{u}, nil))
+			served := make(chan struct{}, 1)
+			hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				r.srv.Handler().ServeHTTP(w, req)
+				if req.URL.Path == "/v1/chat/completions" {
+					served <- struct{}{}
+				}
+			}))
+			defer hs.Close()
+
+			resp := post(t, context.Background(), hs.URL, chat("x", true))
+			br := bufio.NewReader(resp.Body)
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatalf("stream ended before %q: %v", tc.closeAfter, err)
+				}
+				if strings.HasPrefix(line, tc.closeAfter) {
+					break
+				}
+			}
+			resp.Body.Close() // without reading to EOF
+			<-served
+
+			fams := scrapeFamilies(t, hs.URL)
+			got := map[string]float64{}
+			for _, m := range fams["sluice_requests_total"].GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "status" {
+						got[l.GetValue()] += m.GetCounter().GetValue()
+					}
+				}
+			}
+			if diff := cmp.Diff(map[string]float64{tc.status: 1}, got); diff != "" {
+				t.Fatalf("sluice_requests_total by status (-want +got):\n%s", diff)
+			}
+			st := r.srv.tracker.Get("w1")
+			learned := st.TTFTMs.N == 1 && st.DecodeTPS.N == 1 && len(st.Levels) > 0 && st.Levels[0].DecodeTPS.N == 1
+			if want := tc.status == "200"; learned != want {
+				t.Fatalf("learned from the stream: %v, want %v (ttft n=%d, decode n=%d, levels %d)", learned, want, st.TTFTMs.N, st.DecodeTPS.N, len(st.Levels))
+			}
+			if ws := workerState(t, r.srv, "w1"); ws.Active != 0 || ws.Health == scheduler.HealthDown {
+				t.Fatalf("worker after the client left: %+v", ws)
+			}
+		})
+	}
+}
+
+// connRequests is the ConnContext key of a connection's request count.
+type connRequests struct{}
+
+// closingWorker is an OpenAI-compatible worker on loopback that closes
+// idle keep-alive connections: a request arriving on a connection that
+// has already served one is met by the close, without an answer, as a
+// request is that llama-server's keep-alive timer beats by a hair. A
+// connection's first request is answered. It counts the requests it
+// dropped.
+func closingWorker(t *testing.T) (*httptest.Server, *atomic.Int32) {
+	var dropped atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := r.Context().Value(connRequests{}).(*atomic.Int32).Add(1)
+		if r.URL.Path == "/v1/models" {
+			io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		if n > 1 {
+			dropped.Add(1)
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			c.Close() // closed as idle: the request gets no byte back
+			return
+		}
+		sse(w, tok, "data: [DONE]\n\n")
+	}))
+	srv.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, connRequests{}, new(atomic.Int32))
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, &dropped
+}
+
+// TestFault_StaleKeepAliveIsResentOnAFreshConnection: a request sent on a
+// pooled connection the worker has just closed fails with EOF before any
+// byte. It is resent once to the same worker on a connection of its own;
+// the client never sees the failure, no other worker is tried, and the
+// worker's health is not touched.
+func TestFault_StaleKeepAliveIsResentOnAFreshConnection(t *testing.T) {
+	srv, dropped := closingWorker(t)
+	r := startRouter(t, faultConfig(t, []string{srv.URL}, func(c *config.Config) {
+		c.Telemetry.FailThreshold = 1 // one counted failure would eject it
+	}))
+	for i := range 4 {
+		resp := post(t, context.Background(), r.url, chat(fmt.Sprint(i), true))
+		if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+		}
+	}
+	// Of four requests in a row at least every other one finds the
+	// connection its predecessor left in the pool.
+	if dropped.Load() < 2 {
+		t.Fatalf("the worker dropped %d requests on reused connections, want at least 2", dropped.Load())
+	}
+	fams := scrapeFamilies(t, r.url)
+	var stale float64
+	for _, m := range fams["sluice_stale_connection_retries_total"].GetMetric() {
+		stale += m.GetCounter().GetValue()
+	}
+	if got, want := stale, float64(dropped.Load()); got != want {
+		t.Errorf("sluice_stale_connection_retries_total %v, want %v (one per dropped request)", got, want)
+	}
+	if f := fams["sluice_retries_total"]; f != nil {
+		t.Errorf("sluice_retries_total present: %v; a resend to the same worker is no retry elsewhere", f.GetMetric())
+	}
+	if fs := r.srv.fleet.Get("w1").State(); fs.ConsecutiveFailures != 0 || fs.Health != scheduler.HealthOK {
+		t.Errorf("worker health after stale connections: %v with %d failures (%s)", fs.Health, fs.ConsecutiveFailures, fs.Reason)
+	}
+}
+
+// A fresh connection that fails too is the worker's fault, as before.
+func TestFault_FreshConnectionFailureStillCounts(t *testing.T) {
+	u := badWorker(t, func(w http.ResponseWriter, r *http.Request) {
+		c, _, _ := w.(http.Hijacker).Hijack()
+		c.Close() // every request, every connection
+	}).URL
+	r := startRouter(t, faultConfig(t, []string{u}, func(c *config.Config) { c.Telemetry.FailThreshold = 100 }))
+	for i := range 3 {
+		resp := post(t, context.Background(), r.url, chat(fmt.Sprint(i), true))
+		if readAll(t, resp); resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("request %d: %d, want 502", i, resp.StatusCode)
+		}
+	}
+	if fs := r.srv.fleet.Get("w1").State(); fs.ConsecutiveFailures < 3 {
+		t.Errorf("worker has %d failures counted, want one per request at least", fs.ConsecutiveFailures)
 	}
 }

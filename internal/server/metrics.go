@@ -26,6 +26,7 @@ type metrics struct {
 	tokens       *prometheus.CounterVec
 	promptTokens *prometheus.CounterVec
 	retries      *prometheus.CounterVec
+	staleRetries *prometheus.CounterVec
 }
 
 // latencyBuckets span 5 ms to about 3 minutes: LLM requests differ by two
@@ -64,8 +65,11 @@ func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metr
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_retries_total", Help: "Requests placed again on another worker after a worker failed before answering.",
 		}, []string{"model"}),
+		staleRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_stale_connection_retries_total", Help: "Requests resent to the same worker on a fresh connection after the pooled one turned out closed by the worker; not counted against its health.",
+		}, []string{"worker"}),
 	}
-	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.e2e, m.tpot, m.tokens, m.promptTokens, m.retries,
+	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.e2e, m.tpot, m.tokens, m.promptTokens, m.retries, m.staleRetries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{sched: sched, tracker: tracker})
 	return m
@@ -79,6 +83,9 @@ func (m *metrics) observe(r proxy.Result) {
 	}
 	if r.Attempts > 1 {
 		m.retries.WithLabelValues(r.Model).Add(float64(r.Attempts - 1))
+	}
+	for _, w := range r.StaleRetries {
+		m.staleRetries.WithLabelValues(w).Inc()
 	}
 	if r.Worker == "" {
 		return
@@ -107,6 +114,7 @@ func (m *metrics) forget(worker string) {
 	m.tpot.DeletePartialMatch(l)
 	m.tokens.DeletePartialMatch(l)
 	m.promptTokens.DeletePartialMatch(l)
+	m.staleRetries.DeletePartialMatch(l)
 }
 
 var (

@@ -161,7 +161,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		t.MaxIdleConnsPerHost = 64 // one connection per concurrent request to a worker
 		opt.Transport = t
 	}
-	s.transport = &workerTransport{base: opt.Transport}
+	s.transport = newWorkerTransport(opt.Transport, cfg.Proxy.IdleConnTimeoutFor)
 	opt.Transport = s.transport
 	client := &http.Client{Transport: opt.Transport}
 	s.fleet = fleet.New(fleet.Options{

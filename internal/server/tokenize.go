@@ -44,6 +44,10 @@ func (s *Server) tokenize(ctx context.Context, model, text string) (int, error) 
 			return 0, fmt.Errorf("tokenize on %s: %w", ws.Name, err)
 		}
 		hr.Header.Set("Content-Type", "application/json")
+		// Counting tokens changes nothing: marked idempotent (the empty
+		// header is not sent), the transport resends it by itself when a
+		// pooled connection turns out closed by the worker.
+		hr.Header["Idempotency-Key"] = nil
 		if key, _ := s.credentials(ws.Name); key != "" {
 			hr.Header.Set("Authorization", "Bearer "+key)
 		}

@@ -8,22 +8,66 @@ import (
 	"net/url"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/sluice-router/sluice/internal/config"
 )
 
-// workerTransport sends each request with the TLS settings of the worker
-// it is for: workers with tls_ca_file or tls_insecure_skip_verify get a
-// transport of their own, cloned from the base one; every other request
-// goes through the base transport.
+// workerTransport sends each request with the settings of the worker it
+// is for: each worker's host gets a transport of its own, cloned from the
+// base one, with the idle-connection timeout of the worker's kind
+// (proxy.idle_conn_timeout: shorter than the worker keeps idle connections,
+// so Sluice never picks one the worker has closed) and the worker's TLS
+// settings. Requests to any other host go through the base transport.
+//
+// RoundTripFresh sends a request on a connection of its own, never one
+// from the pool: the proxy resends there a request whose pooled
+// connection turned out to be closed.
 type workerTransport struct {
-	base   http.RoundTripper
-	byHost sync.Map // scheme://host -> *http.Transport
+	base http.RoundTripper
+	// baseFresh is base without keep-alives; nil when base is not an
+	// *http.Transport (a test's), and then RoundTripFresh uses base.
+	baseFresh *http.Transport
+	// idle gives a worker's kind its idle-connection timeout.
+	idle   func(kind string) time.Duration
+	byHost sync.Map // scheme://host -> *hostTransport
+}
+
+// hostTransport is one worker host's pair of transports.
+type hostTransport struct {
+	pooled *http.Transport // keeps idle connections, up to the kind's timeout
+	fresh  *http.Transport // dials a new connection for every request
+}
+
+func newWorkerTransport(base http.RoundTripper, idle func(kind string) time.Duration) *workerTransport {
+	t := &workerTransport{base: base, idle: idle}
+	if b, ok := base.(*http.Transport); ok {
+		t.baseFresh = noKeepAlives(b)
+	}
+	return t
+}
+
+// noKeepAlives returns a copy of tr that never reuses a connection.
+func noKeepAlives(tr *http.Transport) *http.Transport {
+	f := tr.Clone()
+	f.DisableKeepAlives = true
+	return f
 }
 
 func (t *workerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if rt, ok := t.byHost.Load(r.URL.Scheme + "://" + r.URL.Host); ok {
-		return rt.(*http.Transport).RoundTrip(r)
+	if ht, ok := t.byHost.Load(r.URL.Scheme + "://" + r.URL.Host); ok {
+		return ht.(*hostTransport).pooled.RoundTrip(r)
+	}
+	return t.base.RoundTrip(r)
+}
+
+// RoundTripFresh sends r on a new connection, closed after the answer.
+func (t *workerTransport) RoundTripFresh(r *http.Request) (*http.Response, error) {
+	if ht, ok := t.byHost.Load(r.URL.Scheme + "://" + r.URL.Host); ok {
+		return ht.(*hostTransport).fresh.RoundTrip(r)
+	}
+	if t.baseFresh != nil {
+		return t.baseFresh.RoundTrip(r)
 	}
 	return t.base.RoundTrip(r)
 }
@@ -34,39 +78,49 @@ func (t *workerTransport) CloseIdleConnections() {
 		c.CloseIdleConnections()
 	}
 	t.byHost.Range(func(_, v any) bool {
-		v.(*http.Transport).CloseIdleConnections()
+		v.(*hostTransport).pooled.CloseIdleConnections()
 		return true
 	})
 }
 
-// register gives w's host its own TLS settings, if it has any.
+// register gives w's host its own transport: the idle-connection timeout
+// of w's kind and w's TLS settings. With a base transport that is not an
+// *http.Transport (a test's) only TLS settings are refused; the idle
+// timeout is then the base's business.
 func (t *workerTransport) register(w config.Worker, u *url.URL) error {
-	if w.TLSCAFile == "" && !w.TLSInsecureSkipVerify {
-		return nil
-	}
+	tlsSet := w.TLSCAFile != "" || w.TLSInsecureSkipVerify
 	base, ok := t.base.(*http.Transport)
 	if !ok {
-		return fmt.Errorf("worker %s: tls settings need Sluice's own HTTP transport", w.Name)
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if w.TLSInsecureSkipVerify {
-		tc.InsecureSkipVerify = true
-	}
-	if w.TLSCAFile != "" {
-		pem, err := os.ReadFile(w.TLSCAFile)
-		if err != nil {
-			return fmt.Errorf("worker %s: tls_ca_file: %w", w.Name, err)
+		if tlsSet {
+			return fmt.Errorf("worker %s: tls settings need Sluice's own HTTP transport", w.Name)
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return fmt.Errorf("worker %s: tls_ca_file %s: no PEM certificate in it", w.Name, w.TLSCAFile)
-		}
-		tc.RootCAs = pool
+		return nil
 	}
 	tr := base.Clone()
-	tr.TLSClientConfig = tc
-	if old, loaded := t.byHost.Swap(u.Scheme+"://"+u.Host, tr); loaded {
-		old.(*http.Transport).CloseIdleConnections()
+	if t.idle != nil {
+		tr.IdleConnTimeout = t.idle(w.Kind)
+	}
+	if tlsSet {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if w.TLSInsecureSkipVerify {
+			tc.InsecureSkipVerify = true
+		}
+		if w.TLSCAFile != "" {
+			pem, err := os.ReadFile(w.TLSCAFile)
+			if err != nil {
+				return fmt.Errorf("worker %s: tls_ca_file: %w", w.Name, err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return fmt.Errorf("worker %s: tls_ca_file %s: no PEM certificate in it", w.Name, w.TLSCAFile)
+			}
+			tc.RootCAs = pool
+		}
+		tr.TLSClientConfig = tc
+	}
+	ht := &hostTransport{pooled: tr, fresh: noKeepAlives(tr)}
+	if old, loaded := t.byHost.Swap(u.Scheme+"://"+u.Host, ht); loaded {
+		old.(*hostTransport).pooled.CloseIdleConnections()
 	}
 	return nil
 }

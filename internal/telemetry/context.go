@@ -74,6 +74,11 @@ type SlotState struct {
 	// ParseLlamaCPPSlots. HasPrompt tells an empty prompt from none.
 	Prompt    string `json:"-"`
 	HasPrompt bool   `json:"has_prompt,omitempty"`
+	// Tokens is what the slot holds in the KV cache, from n_prompt_tokens
+	// (current builds): its prompt and the tokens it has generated so far.
+	// HasTokens tells a slot that reports 0 from one that says nothing.
+	Tokens    int  `json:"tokens,omitempty"`
+	HasTokens bool `json:"has_tokens,omitempty"`
 }
 
 // Slots is what llama.cpp's GET /slots says about its slots.
@@ -87,7 +92,14 @@ type Slots struct {
 	NCtx int `json:"n_ctx"`
 	// Prompts counts the slots that report their prompt text.
 	Prompts int `json:"prompts,omitempty"`
+	// KVUsage is the share of the KV cache held by running requests:
+	// the tokens of the busy slots over the slots' n_ctx added up. See
+	// ParseLlamaCPPSlots for when it is present and what it means.
+	KVUsage Value `json:"kv_usage"`
 }
+
+// SlotsKVMetric names the derived KVUsage of /slots in readings.
+const SlotsKVMetric = "n_prompt_tokens/n_ctx"
 
 // ParseLlamaCPPSlots reads llama.cpp's GET /slots: a JSON array of slots,
 // each with id, n_ctx and is_processing among much else. A body that is
@@ -116,12 +128,29 @@ type Slots struct {
 // The endpoint is under the server's --api-key like every other. A
 // "prompt" that is a string is kept in Prompt; any other shape (the old
 // token arrays) is ignored, as if absent.
+//
+// KVUsage stands in for the llamacpp:kv_cache_usage_ratio that current
+// builds no longer export. Their slots report n_prompt_tokens, the size of
+// the slot's cached sequence (server_slot::to_json: prompt.tokens.size(),
+// which grows by every token sampled), so KVUsage is the busy slots'
+// tokens over the sum of every slot's n_ctx. Idle slots are left out on
+// purpose: what they hold is a cached prompt that the next request placed
+// on the slot overwrites (or, with a unified cache, that the server purges
+// when it needs room), not memory a new request must wait for. The sum of
+// n_ctx is the whole cache when each slot has its own share, which is
+// llama-server's default whenever --parallel is given; with --kv-unified
+// (or --parallel left to auto) every slot's n_ctx is the whole cache and
+// the fraction is low by the slot count, since neither /slots nor /props
+// says which layout runs. KVUsage is absent (no error: older builds lack
+// the field) unless every busy slot reports n_prompt_tokens and every slot
+// its n_ctx; with no busy slot it is 0.
 func ParseLlamaCPPSlots(r io.Reader) (Slots, error) {
 	var raw []struct {
 		ID           int             `json:"id"`
 		NCtx         *int            `json:"n_ctx"`
 		IsProcessing *bool           `json:"is_processing"`
 		Prompt       json.RawMessage `json:"prompt"`
+		NTokens      *int            `json:"n_prompt_tokens"`
 	}
 	if err := decodeJSON(r, &raw); err != nil {
 		return Slots{}, fmt.Errorf("parse llama.cpp slots: %w", err)
@@ -129,13 +158,15 @@ func ParseLlamaCPPSlots(r io.Reader) (Slots, error) {
 	if len(raw) == 0 {
 		return Slots{}, fmt.Errorf("parse llama.cpp slots: %w", &MissingError{Metrics: []string{"slots (empty list)"}})
 	}
-	var s Slots
+	s := Slots{KVUsage: Value{Metric: SlotsKVMetric}}
 	var miss missing
-	nctx := 0
+	nctx, sumCtx, busyTokens := 0, 0, 0
+	tokensKnown := true
 	for _, sl := range raw {
 		st := SlotState{ID: sl.ID}
 		if sl.NCtx != nil && *sl.NCtx > 0 {
 			st.NCtx = *sl.NCtx
+			sumCtx += st.NCtx
 			if nctx == 0 || st.NCtx < nctx {
 				nctx = st.NCtx
 			}
@@ -147,8 +178,13 @@ func ParseLlamaCPPSlots(r io.Reader) (Slots, error) {
 		} else {
 			miss.add("slot %d is_processing", sl.ID)
 		}
+		if sl.NTokens != nil && *sl.NTokens >= 0 {
+			st.Tokens, st.HasTokens = *sl.NTokens, true
+		}
 		if st.IsProcessing {
 			s.Busy++
+			busyTokens += st.Tokens
+			tokensKnown = tokensKnown && st.HasTokens
 		}
 		if len(sl.Prompt) > 0 && sl.Prompt[0] == '"' && json.Unmarshal(sl.Prompt, &st.Prompt) == nil {
 			st.HasPrompt = true
@@ -158,6 +194,9 @@ func ParseLlamaCPPSlots(r io.Reader) (Slots, error) {
 	}
 	if len(miss) == 0 {
 		s.NCtx = nctx
+		if tokensKnown && sumCtx > 0 {
+			s.KVUsage.V, s.KVUsage.Present = clamp01(float64(busyTokens)/float64(sumCtx)), true
+		}
 	}
 	if err := miss.err(); err != nil {
 		return s, fmt.Errorf("parse llama.cpp slots: %w", err)

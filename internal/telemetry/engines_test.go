@@ -333,6 +333,8 @@ func TestParseLlamaCPPSlots_Golden(t *testing.T) {
 		Slots: []SlotState{{ID: 0, NCtx: 65536, IsProcessing: true}, {ID: 1, NCtx: 65536}},
 		Busy:  1,
 		NCtx:  65536,
+		// This build's busy slot does not say what it holds.
+		KVUsage: absent(SlotsKVMetric),
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("ParseLlamaCPPSlots mismatch (-want +got):\n%s", diff)
@@ -347,4 +349,55 @@ func TestParseLlamaCPPSlots_Golden(t *testing.T) {
 	}
 	_, err = ParseLlamaCPPSlots(open(t, "llamacpp_props.json"))
 	checkErr(t, err, "malformed")
+}
+
+func TestParseLlamaCPPSlots_CurrentBuildGivesKVUsage(t *testing.T) {
+	got, err := ParseLlamaCPPSlots(open(t, "llamacpp_slots_current.json"))
+	checkErr(t, err, "")
+	want := Slots{
+		Slots: []SlotState{
+			{ID: 0, NCtx: 2048, IsProcessing: true, Tokens: 1000, HasTokens: true},
+			{ID: 1, NCtx: 2048, IsProcessing: true, Tokens: 536, HasTokens: true},
+			{ID: 2, NCtx: 2048, Tokens: 1890, HasTokens: true},
+			{ID: 3, NCtx: 2048},
+		},
+		Busy: 2,
+		NCtx: 2048,
+		// (1000 + 536) / (4 × 2048): the busy slots only; slot 2's cached
+		// prompt is given up to the next request.
+		KVUsage: present(SlotsKVMetric, 0.1875),
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ParseLlamaCPPSlots mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestParseLlamaCPPSlots_KVUsageCases(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want Value
+	}{
+		{"no slot busy: nothing held for running requests", `[{"id":0,"n_ctx":1024,"is_processing":false,"n_prompt_tokens":900},{"id":1,"n_ctx":1024,"is_processing":false}]`, present(SlotsKVMetric, 0)},
+		{"a busy slot without a count: unknown", `[{"id":0,"n_ctx":1024,"is_processing":true,"id_task":3},{"id":1,"n_ctx":1024,"is_processing":true,"n_prompt_tokens":100}]`, absent(SlotsKVMetric)},
+		{"a full slot", `[{"id":0,"n_ctx":1000,"is_processing":true,"n_prompt_tokens":1000}]`, present(SlotsKVMetric, 1)},
+		{"a slot without n_ctx: unknown", `[{"id":0,"is_processing":true,"n_prompt_tokens":10}]`, absent(SlotsKVMetric)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, _ := ParseLlamaCPPSlots(strings.NewReader(tt.body))
+			if diff := cmp.Diff(tt.want, got.KVUsage); diff != "" {
+				t.Errorf("KVUsage mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseLlamaCPPProps_CurrentBuild(t *testing.T) {
+	got, err := ParseLlamaCPPProps(open(t, "llamacpp_props_current.json"))
+	checkErr(t, err, "")
+	want := Props{TotalSlots: 4, ModelPath: "/models/Llama-3.2-1B-Instruct-Q4_K_M.gguf", NCtx: 2048, BOSToken: "<|begin_of_text|>"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ParseLlamaCPPProps mismatch (-want +got):\n%s", diff)
+	}
 }

@@ -8,28 +8,40 @@ import (
 // Metric names llama.cpp's server exposes on GET /metrics (started with
 // --metrics). The names are those of tools/server in ggml-org/llama.cpp
 // (formerly examples/server): every series is unlabelled and typed gauge
-// or counter. llamacpp:kv_cache_usage_ratio ("KV-cache usage. 1 means 100
-// percent usage.") was dropped by newer builds, whose README no longer
-// lists it; against those KVUsage is reported missing.
+// or counter (testdata/README.md quotes the source).
+//
+// Older builds exported llamacpp:kv_cache_usage_ratio ("KV-cache usage. 1
+// means 100 percent usage.") and llamacpp:kv_cache_tokens ("KV-cache
+// tokens."). Current builds (server_task_result_metrics::to_metrics in
+// tools/server/server-task.cpp) export neither, nor any other KV-cache
+// series: both are optional, read when there and never reported missing.
+// Against a current build the KV pressure comes from /slots instead (see
+// Slots.KVUsage).
 const (
 	LlamaCPPRequestsProcessing = "llamacpp:requests_processing"
 	LlamaCPPRequestsDeferred   = "llamacpp:requests_deferred"
-	LlamaCPPKVCacheUsageRatio  = "llamacpp:kv_cache_usage_ratio"
-	// LlamaCPPKVCacheTokens ("KV-cache tokens.") is the cells in use,
-	// dropped by newer builds with the ratio; optional.
+	// LlamaCPPKVCacheUsageRatio is the fraction of KV cells in use,
+	// cached prompts of idle slots included (older builds only).
+	LlamaCPPKVCacheUsageRatio = "llamacpp:kv_cache_usage_ratio"
+	// LlamaCPPKVCacheTokens is the cells in use (older builds only).
 	LlamaCPPKVCacheTokens = "llamacpp:kv_cache_tokens"
 )
 
 // ParseLlamaCPP reads llama.cpp's /metrics. Running comes from
 // llamacpp:requests_processing, QueueLen from llamacpp:requests_deferred
-// (requests waiting for a free slot) and KVUsage from
-// llamacpp:kv_cache_usage_ratio; KVUsedTokens from llamacpp:kv_cache_tokens
-// when present (never reported missing). Should a proxy add labels and several
-// series appear, counts are summed and the KV fraction is the largest.
+// (requests waiting for a free slot); both are exported by every build and
+// reported missing when absent. KVUsage comes from
+// llamacpp:kv_cache_usage_ratio and KVUsedTokens from
+// llamacpp:kv_cache_tokens when the build exports them; their absence is
+// no error, since current builds have none (KVUsage is then absent, not
+// zero). Should a proxy add labels and several series appear, counts are
+// summed and the KV fraction is the largest.
 //
 // Malformed text returns an error wrapping ErrMalformed (and the
-// expfmt.ParseError with its line). Absent metrics return the partial
-// Metrics and a *MissingError.
+// expfmt.ParseError with its line). Absent required metrics return the
+// partial Metrics and a *MissingError; a KV series that is present but not
+// a finite number is reported too, since that is a broken payload rather
+// than an older or newer build.
 func ParseLlamaCPP(r io.Reader) (Metrics, error) {
 	mfs, err := families(r)
 	if err != nil {
@@ -39,7 +51,10 @@ func ParseLlamaCPP(r io.Reader) (Metrics, error) {
 	m := Metrics{
 		Running:  aggregate(mfs, LlamaCPPRequestsProcessing, nil, sum, &miss),
 		QueueLen: aggregate(mfs, LlamaCPPRequestsDeferred, nil, sum, &miss),
-		KVUsage:  aggregate(mfs, LlamaCPPKVCacheUsageRatio, nil, maxFraction, &miss),
+		KVUsage:  Value{Metric: LlamaCPPKVCacheUsageRatio},
+	}
+	if _, ok := mfs[LlamaCPPKVCacheUsageRatio]; ok {
+		m.KVUsage = aggregate(mfs, LlamaCPPKVCacheUsageRatio, nil, maxFraction, &miss)
 	}
 	var optional missing
 	if v := aggregate(mfs, LlamaCPPKVCacheTokens, nil, sum, &optional); v.Present {

@@ -74,15 +74,23 @@ func TestParseLlamaCPP_Golden(t *testing.T) {
 		},
 		{
 			// Newer builds dropped kv_cache_usage_ratio: KV is absent,
-			// not zero.
+			// not zero, and its absence is no error.
 			file: "llamacpp_metrics_newer.txt",
 			want: Metrics{
 				QueueLen: present(LlamaCPPRequestsDeferred, 0),
 				Running:  present(LlamaCPPRequestsProcessing, 1),
 				KVUsage:  absent(LlamaCPPKVCacheUsageRatio),
 			},
-			errKind: "missing",
-			errText: []string{LlamaCPPKVCacheUsageRatio},
+		},
+		{
+			// The current build (node-llama-cpp 3.22.1's llama.cpp): no
+			// KV series at all, and no error for it.
+			file: "llamacpp_metrics_current.txt",
+			want: Metrics{
+				QueueLen: present(LlamaCPPRequestsDeferred, 1),
+				Running:  present(LlamaCPPRequestsProcessing, 2),
+				KVUsage:  absent(LlamaCPPKVCacheUsageRatio),
+			},
 		},
 		{
 			file: "llamacpp_metrics_partial.txt",
@@ -108,7 +116,7 @@ func TestParseLlamaCPP_Golden(t *testing.T) {
 				KVUsage:  absent(LlamaCPPKVCacheUsageRatio),
 			},
 			errKind: "missing",
-			errText: []string{LlamaCPPRequestsDeferred, LlamaCPPRequestsProcessing, LlamaCPPKVCacheUsageRatio},
+			errText: []string{LlamaCPPRequestsDeferred, LlamaCPPRequestsProcessing},
 		},
 	}
 	for _, tt := range tests {
