@@ -10,8 +10,8 @@
 // to a Log, except by its explanation and its first token: the first
 // Explain (or MarshalJSON) fills in the breakdown, the Candidates
 // themselves for the scheduler's records, once for every reader; and
-// SetFirstToken, called when the request it bound has relayed its first
-// token, stores that outcome once through an atomic pointer. Read
+// SetFirstToken, called when the request it bound ends having relayed a
+// first token, stores that outcome once through an atomic pointer. Read
 // Candidates after Explain; the other fields, Summary and FirstToken may be
 // read at any time. Log is safe for concurrent use: one mutex guards the
 // ring and the file writer.
@@ -54,7 +54,8 @@ type Record struct {
 	// (the tenant's average for prompts of this size), "tenant", "model",
 	// "default" (nothing learned yet) or "max_tokens" (the request's cap,
 	// below the estimate). The actual output is not added to the record,
-	// which is immutable once logged; it is in the response's usage.
+	// which changes once logged only by its first token (SetFirstToken);
+	// it is in the response's usage.
 	ExpectedOutputTokens int    `json:"expected_output_tokens"`
 	EstimateSource       string `json:"estimate_source,omitempty"`
 	// QueueWaitMs is how long the request waited in Sluice's queue. Its
