@@ -151,8 +151,9 @@ func intText(t *testing.T, ctx context.Context, id string) int {
 // TestDashboard_LiveInBrowserUnderLoad opens the dashboard in headless
 // Chromium in front of a simulated fleet under load and checks that it
 // shows the fleet, charts and decisions with live values, that they follow
-// the load as it starts and stops, and that a decision found by the id of
-// a response's X-Sluice-Decision shows its breakdown.
+// the load as it starts and stops, that TTFT is drawn as clients see it
+// with the workers' share beside it, and that a decision found by the id
+// of a response's X-Sluice-Decision shows its breakdown and both TTFTs.
 func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
 	const workers = 4
 	ctx := newBrowser(t, 1400, 1000)
@@ -167,8 +168,8 @@ func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
 	waitJS[bool](t, ctx, "live indicator", `document.getElementById("live-text").textContent === "live"`)
 	waitJS[bool](t, ctx, "cards show health and limits", `[...document.querySelectorAll("#cards .card")].every(c => c.dataset.health === "ok" && /\/\d+/.test(c.querySelector(".num").textContent))`)
 
-	// One request of our own, to look up by its decision id later.
-	resp, body, err := r.chat(context.Background(), http.DefaultClient, false, 8)
+	// One streamed request of our own, to look up by its decision id later.
+	resp, body, err := r.chat(context.Background(), http.DefaultClient, true, 8)
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("first request: %v %v %s", err, resp, body)
 	}
@@ -185,6 +186,10 @@ func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitJS[bool](t, ctx, "the searched decision", fmt.Sprintf(`document.querySelector("#detail h3")?.dataset.decision === %q && document.querySelector("#detail .cand.chosen") !== null`, ownID))
+	waitJS[bool](t, ctx, "its TTFT as the client saw it, no less than the worker's share", `(() => {
+		const ms = (k) => { const m = /([\d.]+) (ms|s)$/.exec(document.querySelector('#detail .facts [data-k="' + k + '"] b')?.textContent || ""); return m ? +m[1] * (m[2] === "s" ? 1000 : 1) : NaN; };
+		return ms("ttft") > 0 && ms("worker-ttft") > 0 && ms("ttft") >= ms("worker-ttft") && ms("queue") >= 0;
+	})()`)
 
 	// Under load: more clients than the fleet has slots (4 x 4) plus queue
 	// room.
@@ -198,6 +203,10 @@ func TestDashboard_LiveInBrowserUnderLoad(t *testing.T) {
 		waitJS[bool](t, ctx, "chart "+ch, fmt.Sprintf(`(() => { const s = document.getElementById("ch-%s"); return +s.dataset.points >= 2 && s.querySelectorAll("path").length > 0; })()`, ch))
 	}
 	waitJS[bool](t, ctx, "TTFT percentiles", `/\d/.test(document.querySelector("#lg-ttft b").textContent) && /\d/.test(document.querySelector("#lg-tpot b").textContent)`)
+	waitJS[bool](t, ctx, "the workers' share beside the clients' TTFT", `/\d/.test(document.querySelector('#lg-ttft span[data-k="worker"] b').textContent) && document.querySelectorAll("#ch-ttft path[stroke-dasharray]").length > 0`)
+	// Every request's TTFT from arrival is at least its worker's share, so
+	// every percentile is too.
+	waitJS[bool](t, ctx, "client percentiles no lower than the workers'", `state.samples.filter(s => s.ttft_ms).every(s => s.worker_ttft_ms && s.ttft_ms.p50 >= s.worker_ttft_ms.p50 && s.ttft_ms.p99 >= s.worker_ttft_ms.p99)`)
 	waitJS[bool](t, ctx, "concurrency lines per worker", fmt.Sprintf(`document.querySelectorAll("#lg-conc span").length === %d`, workers))
 	waitJS[bool](t, ctx, "score bars with terms", `[...document.querySelectorAll("#cards .card")].some(c => c.querySelectorAll(".sbar span[title]").length >= 2)`)
 	waitJS[bool](t, ctx, "averages measured", `[...document.querySelectorAll("#cards .card .kv dd")].some(d => / ms$| s$/.test(d.textContent))`)
@@ -354,4 +363,99 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 	if n := unauth.Load() - before; n != 0 {
 		t.Errorf("%d calls went without the token after it was given", n)
 	}
+}
+
+// TestDashboard_TTFTIsTheClientsWithTheWorkersShareBeside serves the
+// page's own assets with a canned overview in which requests waited 13 s
+// in Sluice for a worker that took 0.3 s to its first token: the TTFT
+// chart must be labelled as the client's view and carry the workers' share
+// as a second, dashed figure; a decision must show its queue wait, its
+// TTFT and the worker's share, filled in when its first token comes after
+// the decision was first shown, whether the decision is still listed then
+// or not.
+func TestDashboard_TTFTIsTheClientsWithTheWorkersShareBeside(t *testing.T) {
+	ctx := newBrowser(t, 1400, 1000)
+	d := dashboard.New(dashboard.Options{Workers: func() []scheduler.WorkerState { return nil }})
+	var firstToken, oldFirstToken atomic.Bool // d-9's and d-7's requests have relayed their first token
+	ttftFields := func(id string) string {
+		if (id == "d-9" && firstToken.Load()) || (id == "d-7" && oldFirstToken.Load()) {
+			return `"ttft_ms":13300,"worker_ttft_ms":408,`
+		}
+		return ""
+	}
+	var detailFetches atomic.Int64
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", d.Index)
+	mux.Handle("GET /dashboard/", d.Assets())
+	mux.HandleFunc("GET /api/overview", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"now":3000,"interval_ms":1000,"latency_window_s":10,"window":300,"seq":3,
+			"samples":[
+				{"seq":1,"t":1000,"queued":40,"active":4,"limit":4,"healthy":1,"admitted":1,"ok":1,"r429":0,"r503":0,"failed":0,"tokens":9,
+				 "ttft_ms":{"p50":12000,"p95":12500,"p99":12900,"n":5},"worker_ttft_ms":{"p50":280,"p95":390,"p99":400,"n":5}},
+				{"seq":2,"t":2000,"queued":40,"active":4,"limit":4,"healthy":1,"admitted":1,"ok":1,"r429":0,"r503":0,"failed":0,"tokens":9,
+				 "ttft_ms":{"p50":13000,"p95":13200,"p99":13300,"n":6},"worker_ttft_ms":{"p50":300,"p95":400,"p99":408,"n":6}},
+				{"seq":3,"t":3000,"queued":40,"active":4,"limit":4,"healthy":1,"admitted":1,"ok":1,"r429":0,"r503":0,"failed":0,"tokens":9,
+				 "ttft_ms":{"p50":13100,"p95":13200,"p99":13300,"n":7},"worker_ttft_ms":{"p50":300,"p95":400,"p99":408,"n":7}}],
+			"fleet":{"workers":1,"health":{"ok":1},"draining":0,"active":4,"limit":4,"queued":40},"queues":{"m":40},
+			"totals":{"admitted":3,"ok":3,"r429":0,"r503":0,"failed":0,"tokens":27},
+			"page":{"offset":0,"limit":24,"total":0,"sort":"config"},"workers":[],"busiest":[],
+			"decisions":[{"id":"d-9","time":"2026-01-02T03:04:05Z","model":"m","outcome":"bound","chosen":"gpu-a","attempt":1,%s"queue_wait_ms":12900}]}`, ttftFields("d-9"))
+	})
+	mux.HandleFunc("GET /debug/decisions/{id}", func(w http.ResponseWriter, r *http.Request) {
+		detailFetches.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":%q,"time":"2026-01-02T03:04:05Z","model":"m","policy":"sluice","attempt":1,"outcome":"bound","chosen":"gpu-a",
+			"queue_wait_ms":12900,"queue_depth":39,%s"reason":"only eligible worker","candidates":[{"worker":"gpu-a","eligible":true,"active":3,"limit":4,"total":300,"rank":1,
+			"terms":[{"name":"active_requests","raw":3,"norm":3,"weight":100,"weighted":300,"source":"sluice in-flight count"}]}]}`, r.PathValue("id"), ttftFields(r.PathValue("id")))
+	})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	if err := do(ctx, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+
+	waitJS[bool](t, ctx, "the chart labelled as the client's view", `/as clients see it/.test(document.querySelector("#ch-ttft").closest("figure").querySelector("figcaption").textContent) && /from arrival at Sluice; dashed: the workers' share/.test(document.getElementById("ttft-note").textContent)`)
+	for _, c := range []struct{ what, selector, want string }{
+		{"client p50 first in the stat line", `#lg-ttft span:first-child`, "p50 13.1 s"},
+		{"client p99", `#lg-ttft span:nth-child(3)`, "p99 13.3 s"},
+		{"the workers' p50 beside it", `#lg-ttft span[data-k="worker"]:nth-child(4)`, "worker p50 300 ms"},
+		{"the workers' p99 beside it", `#lg-ttft span[data-k="worker"]:nth-child(5)`, "worker p99 408 ms"},
+	} {
+		waitJS[bool](t, ctx, c.what, fmt.Sprintf(`document.querySelector(%q)?.textContent.trim() === %q`, c.selector, c.want))
+	}
+	waitJS[bool](t, ctx, "the workers' share drawn dashed", `document.querySelectorAll("#ch-ttft path[stroke-dasharray]").length === 2 && document.querySelectorAll("#ch-ttft path:not([stroke-dasharray])").length === 3`)
+
+	// Before its first token the decision shows its wait and says the
+	// TTFTs are not known yet.
+	waitJS[bool](t, ctx, "the decision before its first token", `(() => {
+		const f = (k) => document.querySelector('#detail .facts [data-k="' + k + '"] b')?.textContent;
+		return document.querySelector("#detail h3")?.dataset.decision === "d-9" && f("queue") === "12.9 s" && f("ttft") === "–" && f("worker-ttft") === "–" &&
+			document.querySelector('#dlist tr[data-id="d-9"] td[data-k="ttft"]').textContent === "–";
+	})()`)
+	before := detailFetches.Load()
+	firstToken.Store(true)
+	waitJS[bool](t, ctx, "the list row's TTFT, with the worker's share on hover", `(() => { const c = document.querySelector('#dlist tr[data-id="d-9"] td[data-k="ttft"]'); return c.textContent === "13.3 s" && /worker's share 408 ms/.test(c.title); })()`)
+	waitJS[bool](t, ctx, "the decision's TTFT as the client saw it beside the worker's share", `(() => {
+		const f = (k) => document.querySelector('#detail .facts [data-k="' + k + '"]');
+		return f("queue")?.querySelector("b").textContent === "12.9 s" &&
+			f("ttft")?.textContent === "TTFT (client) 13.3 s" && /from arrival at Sluice/.test(f("ttft").title) &&
+			f("worker-ttft")?.textContent === "worker TTFT 408 ms" && /from sending to it/.test(f("worker-ttft").title);
+	})()`)
+	if n := detailFetches.Load() - before; n != 1 {
+		t.Errorf("the decision was fetched %d times once its first token was listed; want once", n)
+	}
+
+	// An older decision, no longer listed, found by its id while its
+	// request is in flight: its detail is fetched once more at the next
+	// list update. Paused, the page makes none until resumed.
+	if err := do(ctx, chromedp.Click("#pause"), chromedp.SendKeys("#search-id", "d-7"), chromedp.Click("#search button")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "the older decision before its first token", `document.querySelector("#detail h3")?.dataset.decision === "d-7" && document.querySelector('#detail .facts [data-k="ttft"] b')?.textContent === "–"`)
+	oldFirstToken.Store(true)
+	if err := do(ctx, chromedp.Click("#pause")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "the older decision's TTFTs", `document.querySelector("#detail h3")?.dataset.decision === "d-7" && document.querySelector('#detail .facts [data-k="ttft"] b')?.textContent === "13.3 s" && document.querySelector('#detail .facts [data-k="worker-ttft"] b')?.textContent === "408 ms"`)
 }

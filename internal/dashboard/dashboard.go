@@ -4,8 +4,8 @@
 // learned limit and its reason when the scheduler reports one, queues, KV
 // pressure, GPU load, averages, and its latest score as a stacked bar of
 // term contributions), live charts of the last few minutes (queue depth,
-// admissions, 429/503 refusals, TTFT and time-per-token percentiles,
-// per-worker concurrency) and the decision log with each decision's full
+// admissions, 429/503 refusals, TTFT as clients see it beside the workers'
+// share, time-per-token percentiles, per-worker concurrency) and the decision log with each decision's full
 // breakdown.
 //
 // The page is plain HTML, CSS and JavaScript embedded in the binary with
@@ -97,10 +97,12 @@ type counters struct {
 	OutTokens int64 `json:"tokens"`
 }
 
-// latency is one finished streamed request's timing.
+// latency is one finished streamed request's timing, in milliseconds:
+// ttft as its client saw it (from arrival at Sluice), workerTTFT the
+// worker's share (from sending to it), tpot 0 when unknown.
 type latency struct {
-	at         time.Time
-	ttft, tpot float64 // milliseconds; tpot 0 when unknown
+	at                     time.Time
+	ttft, workerTTFT, tpot float64
 }
 
 // series is one worker's active-request count per sample.
@@ -134,11 +136,14 @@ type Sample struct {
 	// probed, and not draining).
 	Healthy int `json:"healthy"`
 	counters
-	// TTFT and TPOT are percentiles of time to first token and time per
-	// output token (milliseconds) over the trailing latency window; nil
-	// when no request finished in it.
-	TTFT *Percentiles `json:"ttft_ms,omitempty"`
-	TPOT *Percentiles `json:"tpot_ms,omitempty"`
+	// TTFT, WorkerTTFT and TPOT are percentiles (milliseconds) over the
+	// trailing latency window of time to first token as clients saw it
+	// (from arrival at Sluice, queueing included), of the workers' share
+	// of it (from sending to the worker) and of time per output token;
+	// nil when no request finished in it.
+	TTFT       *Percentiles `json:"ttft_ms,omitempty"`
+	WorkerTTFT *Percentiles `json:"worker_ttft_ms,omitempty"`
+	TPOT       *Percentiles `json:"tpot_ms,omitempty"`
 }
 
 // Percentiles are the 50th, 95th and 99th percentiles of a set of values.
@@ -185,9 +190,9 @@ func New(opt Options) *Dashboard {
 func (d *Dashboard) Observe(r proxy.Result) {
 	var l latency
 	if r.TTFT > 0 {
-		l = latency{at: d.opt.Now(), ttft: ms(r.TTFT)}
-		// TTFT is measured from the attempt's start, E2E from arrival.
-		if gen := r.E2E - r.QueueWait - r.TTFT; r.Tokens > 1 && gen > 0 {
+		l = latency{at: d.opt.Now(), ttft: ms(r.TTFT), workerTTFT: ms(r.WorkerTTFT)}
+		// TTFT and E2E both run from arrival.
+		if gen := r.E2E - r.TTFT; r.Tokens > 1 && gen > 0 {
 			l.tpot = ms(gen) / float64(r.Tokens-1)
 		}
 	}
@@ -260,7 +265,7 @@ func (d *Dashboard) Sample() Sample {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s.counters, d.cur = d.cur, counters{}
-	s.TTFT, s.TPOT = d.percentilesLocked(now.Add(-d.opt.LatencyWindow))
+	s.TTFT, s.WorkerTTFT, s.TPOT = d.percentilesLocked(now.Add(-d.opt.LatencyWindow))
 	d.seq++
 	s.Seq = d.seq
 	idx := int(d.seq % int64(len(d.ring)))
@@ -283,19 +288,22 @@ func (d *Dashboard) Sample() Sample {
 	return s
 }
 
-func (d *Dashboard) percentilesLocked(since time.Time) (ttft, tpot *Percentiles) {
-	var a, b []float64
+func (d *Dashboard) percentilesLocked(since time.Time) (ttft, workerTTFT, tpot *Percentiles) {
+	var a, w, b []float64
 	for i := range d.latN {
 		l := d.lat[(d.latNext-1-i+len(d.lat))%len(d.lat)]
 		if l.at.Before(since) {
 			break // older ones are older still
 		}
 		a = append(a, l.ttft)
+		if l.workerTTFT > 0 {
+			w = append(w, l.workerTTFT)
+		}
 		if l.tpot > 0 {
 			b = append(b, l.tpot)
 		}
 	}
-	return percentiles(a), percentiles(b)
+	return percentiles(a), percentiles(w), percentiles(b)
 }
 
 // percentiles returns the nearest-rank percentiles of v (which it sorts),

@@ -166,24 +166,37 @@ func TestDashboard_LatencyPercentilesOverTrailingWindow(t *testing.T) {
 	f := newFake(1)
 	d := New(Options{Workers: f.Workers, Now: f.Now, LatencyWindow: 10 * time.Second})
 	// An old slow request, then three fast ones 11 s later.
-	d.Observe(proxy.Result{Worker: "w000", Status: 200, TTFT: 900 * time.Millisecond, E2E: 2 * time.Second, Tokens: 2})
+	d.Observe(proxy.Result{Worker: "w000", Status: 200, TTFT: 900 * time.Millisecond, WorkerTTFT: 900 * time.Millisecond, E2E: 2 * time.Second, Tokens: 2})
 	f.advance(11 * time.Second)
 	for _, ttft := range []time.Duration{10, 20, 30} {
-		// 100 ms queued, then ttft, then 9 more tokens 5 ms apart.
+		// 100 ms queued, then the worker's ttft, then 9 more tokens 5 ms
+		// apart.
 		d.Observe(proxy.Result{Worker: "w000", Status: 200, QueueWait: 100 * time.Millisecond,
-			TTFT: ttft * time.Millisecond, E2E: 100*time.Millisecond + ttft*time.Millisecond + 45*time.Millisecond, Tokens: 10})
+			TTFT: 100*time.Millisecond + ttft*time.Millisecond, WorkerTTFT: ttft * time.Millisecond,
+			E2E: 100*time.Millisecond + ttft*time.Millisecond + 45*time.Millisecond, Tokens: 10})
 	}
 	d.Observe(proxy.Result{Worker: "w000", Status: 200, E2E: time.Second, Tokens: 10}) // not streamed: no TTFT
 	s := d.Sample()
-	if diff := cmp.Diff(&Percentiles{P50: 20, P95: 30, P99: 30, N: 3}, s.TTFT); diff != "" {
-		t.Errorf("TTFT percentiles (-want +got):\n%s", diff)
+	// The old slow request is 900 ms in both views; the window holds the
+	// three fast ones, 100 ms queued each.
+	for _, c := range []struct {
+		name string
+		got  *Percentiles
+		want *Percentiles
+	}{
+		{"TTFT as clients saw it", s.TTFT, &Percentiles{P50: 120, P95: 130, P99: 130, N: 3}},
+		{"the workers' share", s.WorkerTTFT, &Percentiles{P50: 20, P95: 30, P99: 30, N: 3}},
+	} {
+		if diff := cmp.Diff(c.want, c.got); diff != "" {
+			t.Errorf("%s: percentiles (-want +got):\n%s", c.name, diff)
+		}
 	}
 	if s.TPOT == nil || s.TPOT.N != 3 || s.TPOT.P50 < 4.99 || s.TPOT.P50 > 5.01 {
 		t.Errorf("TPOT = %+v, want 3 requests at 5 ms per token", s.TPOT)
 	}
 	f.advance(11 * time.Second)
-	if s := d.Sample(); s.TTFT != nil || s.TPOT != nil {
-		t.Errorf("after the window passed: TTFT %+v TPOT %+v, want none", s.TTFT, s.TPOT)
+	if s := d.Sample(); s.TTFT != nil || s.WorkerTTFT != nil || s.TPOT != nil {
+		t.Errorf("after the window passed: TTFT %+v worker TTFT %+v TPOT %+v, want none", s.TTFT, s.WorkerTTFT, s.TPOT)
 	}
 }
 
@@ -442,6 +455,9 @@ func TestOverview_ListsNewestDecisionsBounded(t *testing.T) {
 			r.Outcome, r.Chosen = "queue_full", ""
 		}
 		log.Add(r)
+		if i == 298 { // its request streamed; d-299's is still waiting for a token
+			log.AddFirstToken(r, decisions.FirstToken{TTFTMs: 1300, WorkerTTFTMs: 300})
+		}
 	}
 	d := New(Options{Workers: f.Workers, Now: f.Now, Recent: log.Recent})
 	srv := serve(d)
@@ -459,6 +475,14 @@ func TestOverview_ListsNewestDecisionsBounded(t *testing.T) {
 	}
 	if got := ov.Decisions[2]; got.Outcome != "queue_full" || got.Chosen != "" {
 		t.Errorf("a refusal reads %+v", got)
+	}
+	type firstToken struct{ TTFTMs, WorkerTTFTMs float64 }
+	var fts []firstToken
+	for _, l := range ov.Decisions {
+		fts = append(fts, firstToken{l.TTFTMs, l.WorkerTTFTMs})
+	}
+	if diff := cmp.Diff([]firstToken{{}, {1300, 300}, {}}, fts); diff != "" {
+		t.Errorf("first tokens of the listed decisions (-want +got):\n%s", diff)
 	}
 	if got := len(getOverview(t, srv, "").Decisions); got != defaultDecisions {
 		t.Errorf("default list has %d decisions, want %d", got, defaultDecisions)

@@ -63,15 +63,19 @@ type Overview struct {
 }
 
 // DecisionLine is one decision in the list: what happened, not why (the
-// why is at /debug/decisions/{id}).
+// why is at /debug/decisions/{id}). TTFTMs and WorkerTTFTMs are its
+// request's time to first token as the client saw it and the worker's
+// share, once it has one (decisions.FirstToken).
 type DecisionLine struct {
-	ID          string    `json:"id"`
-	Time        time.Time `json:"time"`
-	Model       string    `json:"model"`
-	Outcome     string    `json:"outcome"`
-	Chosen      string    `json:"chosen,omitempty"`
-	Attempt     int       `json:"attempt"`
-	QueueWaitMs float64   `json:"queue_wait_ms"`
+	ID           string    `json:"id"`
+	Time         time.Time `json:"time"`
+	Model        string    `json:"model"`
+	Outcome      string    `json:"outcome"`
+	Chosen       string    `json:"chosen,omitempty"`
+	Attempt      int       `json:"attempt"`
+	QueueWaitMs  float64   `json:"queue_wait_ms"`
+	TTFTMs       float64   `json:"ttft_ms,omitempty"`
+	WorkerTTFTMs float64   `json:"worker_ttft_ms,omitempty"`
 }
 
 // FleetSummary counts workers by health and sums their load.
@@ -371,16 +375,18 @@ func score(c *decisions.Candidate, at time.Time, now time.Time) map[string]any {
 }
 
 // decisionLines lists the newest n decisions. It reads only fields that
-// are set before a record is logged, never the breakdown that Explain may
-// be filling in on another goroutine.
+// are set before a record is logged, and its first token through the
+// record's atomic accessor, never the breakdown that Explain may be
+// filling in on another goroutine.
 func (d *Dashboard) decisionLines(n int) []DecisionLine {
 	out := []DecisionLine{}
 	if d.opt.Recent == nil || n == 0 {
 		return out
 	}
 	for _, r := range d.opt.Recent(n) {
+		ft, _ := r.FirstToken()
 		out = append(out, DecisionLine{ID: r.ID, Time: r.Time, Model: r.Model, Outcome: r.Outcome,
-			Chosen: r.Chosen, Attempt: r.Attempt, QueueWaitMs: r.QueueWaitMs})
+			Chosen: r.Chosen, Attempt: r.Attempt, QueueWaitMs: r.QueueWaitMs, TTFTMs: ft.TTFTMs, WorkerTTFTMs: ft.WorkerTTFTMs})
 	}
 	return out
 }

@@ -9,7 +9,9 @@ import (
 )
 
 // Log keeps the most recent records in a ring buffer and, optionally,
-// appends every record to a JSONL file.
+// appends every record to a JSONL file. A record is appended when it is
+// decided; its request's first token comes later, so it is appended later
+// as a line of its own with the record's id (see AddFirstToken).
 type Log struct {
 	mu   sync.Mutex
 	ring []*Record
@@ -61,6 +63,30 @@ func (l *Log) Add(r *Record) {
 		l.w.WriteByte('\n')
 		// Flush per record: a decision log that loses its last seconds
 		// on a crash loses exactly the decisions someone asks about.
+		l.werr = l.w.Flush()
+	}
+}
+
+// AddFirstToken stores ft on r (Record.SetFirstToken) and appends it to
+// the file as {"id": r.ID, "ttft_ms": …, "worker_ttft_ms": …}: the file is
+// append-only, and r's own line was written when it was decided. A line
+// without "time" is such an outcome of the decision above it with the same
+// id; merging the two (jq: group_by(.id) | map(add)) gives the record as
+// /debug/decisions shows it. Only the first call for r counts; r need not
+// be held in the ring any more.
+func (l *Log) AddFirstToken(r *Record, ft FirstToken) {
+	if !r.SetFirstToken(ft) || l.w == nil {
+		return
+	}
+	line, _ := json.Marshal(struct {
+		ID string `json:"id"`
+		FirstToken
+	}{r.ID, ft}) // plain strings and numbers always marshal
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.werr == nil {
+		l.w.Write(line)
+		l.w.WriteByte('\n')
 		l.werr = l.w.Flush()
 	}
 }

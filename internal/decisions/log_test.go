@@ -6,7 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func TestLog_RingKeepsNewest(t *testing.T) {
@@ -67,5 +71,90 @@ func TestLog_AppendsJSONLWithBreakdown(t *testing.T) {
 func TestNewLog_RejectsBadSize(t *testing.T) {
 	if _, err := NewLog(0, ""); err == nil {
 		t.Fatal("size 0 accepted")
+	}
+}
+
+func TestRecord_FirstTokenJoinsJSONOnce(t *testing.T) {
+	r := &Record{ID: "a", Outcome: "bound", QueueWaitMs: 1200}
+	keys := func() map[string]any {
+		t.Helper()
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if m := keys(); m["ttft_ms"] != nil || m["worker_ttft_ms"] != nil {
+		t.Fatalf("before its first token the record says ttft_ms=%v worker_ttft_ms=%v; want neither", m["ttft_ms"], m["worker_ttft_ms"])
+	}
+	if _, ok := r.FirstToken(); ok {
+		t.Fatal("FirstToken reports one before it was set")
+	}
+	// Readers encode the record while the proxy files its first token.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() { json.Marshal(r) })
+	}
+	want := FirstToken{TTFTMs: 1450, WorkerTTFTMs: 250}
+	if !r.SetFirstToken(want) {
+		t.Fatal("the first SetFirstToken did not count")
+	}
+	wg.Wait()
+	if r.SetFirstToken(FirstToken{TTFTMs: 1, WorkerTTFTMs: 1}) {
+		t.Fatal("a second SetFirstToken counted")
+	}
+	m := keys()
+	if diff := cmp.Diff(map[string]any{"queue_wait_ms": 1200.0, "ttft_ms": 1450.0, "worker_ttft_ms": 250.0},
+		map[string]any{"queue_wait_ms": m["queue_wait_ms"], "ttft_ms": m["ttft_ms"], "worker_ttft_ms": m["worker_ttft_ms"]}); diff != "" {
+		t.Errorf("JSON outcome fields (-want +got):\n%s", diff)
+	}
+	b, _ := json.Marshal(r)
+	var back Record
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := back.FirstToken()
+	if !ok || back.ID != "a" || back.QueueWaitMs != 1200 {
+		t.Fatalf("read back: id %q queue %v first token %v; want the record whole", back.ID, back.QueueWaitMs, ok)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("first token read back (-want +got):\n%s", diff)
+	}
+}
+
+func TestLog_AppendsFirstTokenAsLaterLine(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "d.jsonl")
+	l, err := NewLog(2, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := &Record{ID: "a", Outcome: "bound"}, &Record{ID: "b", Outcome: "bound"}
+	l.Add(a)
+	l.Add(b)
+	l.AddFirstToken(a, FirstToken{TTFTMs: 900, WorkerTTFTMs: 300})
+	l.AddFirstToken(a, FirstToken{TTFTMs: 5, WorkerTTFTMs: 5}) // only the first counts
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("file has %d lines, want the two decisions and a's first token:\n%s", len(lines), raw)
+	}
+	if got, want := lines[2], `{"id":"a","ttft_ms":900,"worker_ttft_ms":300}`; got != want {
+		t.Errorf("first-token line %s, want %s", got, want)
+	}
+	if got, _ := l.Get("a"); got != a {
+		t.Fatal("record a not held")
+	}
+	if ft, ok := a.FirstToken(); !ok || ft.TTFTMs != 900 {
+		t.Errorf("record a's first token %+v (set %v), want the one filed", ft, ok)
 	}
 }

@@ -7,16 +7,20 @@
 // # Concurrency Model
 //
 // A Record is built by the scheduler and never modified after it is handed
-// to a Log, except by its explanation: the first Explain (or MarshalJSON)
-// fills in the breakdown, the Candidates themselves for the scheduler's
-// records, once for every reader. Read Candidates after Explain; the other
-// fields, and Summary, may be read at any time. Log is safe for concurrent
-// use: one mutex guards the ring and the file writer.
+// to a Log, except by its explanation and its first token: the first
+// Explain (or MarshalJSON) fills in the breakdown, the Candidates
+// themselves for the scheduler's records, once for every reader; and
+// SetFirstToken, called when the request it bound ends having relayed a
+// first token, stores that outcome once through an atomic pointer. Read
+// Candidates after Explain; the other fields, Summary and FirstToken may be
+// read at any time. Log is safe for concurrent use: one mutex guards the
+// ring and the file writer.
 package decisions
 
 import (
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -51,10 +55,13 @@ type Record struct {
 	// (the tenant's average for prompts of this size), "tenant", "model",
 	// "default" (nothing learned yet) or "max_tokens" (the request's cap,
 	// below the estimate). The actual output is not added to the record,
-	// which is immutable once logged; it is in the response's usage.
+	// which changes once logged only by its first token (SetFirstToken);
+	// it is in the response's usage.
 	ExpectedOutputTokens int    `json:"expected_output_tokens"`
 	EstimateSource       string `json:"estimate_source,omitempty"`
-	// QueueWaitMs is how long the request waited in Sluice's queue.
+	// QueueWaitMs is how long the request waited in Sluice's queue. Its
+	// time to first token, with the worker's share, joins it in the JSON
+	// once the request has one (see FirstToken).
 	QueueWaitMs float64 `json:"queue_wait_ms"`
 	// QueueDepth is how many requests for the model were waiting when this
 	// one arrived (0 when placed at once).
@@ -89,6 +96,42 @@ type Record struct {
 	// from the same inputs only when someone reads the record.
 	once    sync.Once
 	explain func(*Record)
+	// firstToken is the bound request's time to first token, nil until it
+	// has one; the only field written after the record is logged.
+	firstToken atomic.Pointer[FirstToken]
+}
+
+// FirstToken is what became of a bound request by its first token: the
+// time to first token the client saw, and the worker's share of it. A
+// record gains it after it is logged, when the request has ended having
+// streamed at least one token; refusals, attempts that failed before
+// answering and answers that were not streamed have none. Its fields join
+// the record's own in JSON, beside queue_wait_ms.
+type FirstToken struct {
+	// TTFTMs is time to first token as the client saw it: from the
+	// request's arrival at Sluice to its first token relayed to the
+	// client, so parsing, the wait in Sluice's queue and any attempt that
+	// failed before answering are included.
+	TTFTMs float64 `json:"ttft_ms"`
+	// WorkerTTFTMs is the worker's share: from sending the request to the
+	// chosen worker to the worker's first token. It is what the moving
+	// averages that score workers learn from.
+	WorkerTTFTMs float64 `json:"worker_ttft_ms"`
+}
+
+// SetFirstToken stores the bound request's first token. A decision binds
+// one attempt, which has at most one first token: only the first call
+// counts, and it reports whether it did. Safe while others read r.
+func (r *Record) SetFirstToken(ft FirstToken) bool {
+	return r.firstToken.CompareAndSwap(nil, &ft)
+}
+
+// FirstToken returns what SetFirstToken stored, and whether it was called.
+func (r *Record) FirstToken() (FirstToken, bool) {
+	if ft := r.firstToken.Load(); ft != nil {
+		return *ft, true
+	}
+	return FirstToken{}, false
 }
 
 // SetExplain registers fn to fill in the breakdown the first time the
@@ -122,11 +165,34 @@ func (r *Record) Explain() *Record {
 	return r
 }
 
-// MarshalJSON encodes the record with its full breakdown.
+// plainRecord is a Record without its methods, so that encoding one does
+// not recurse into MarshalJSON.
+type plainRecord Record
+
+// MarshalJSON encodes the record with its full breakdown and, once the
+// request has one, its first token.
 func (r *Record) MarshalJSON() ([]byte, error) {
 	r.Explain()
-	type plain Record // without methods, so no recursion
-	return json.Marshal((*plain)(r))
+	return json.Marshal(struct {
+		*plainRecord
+		*FirstToken // nil until set: its fields are left out
+	}{(*plainRecord)(r), r.firstToken.Load()})
+}
+
+// UnmarshalJSON decodes what MarshalJSON wrote, first token included, so
+// a record read back from /debug/decisions or the log is whole.
+func (r *Record) UnmarshalJSON(b []byte) error {
+	v := struct {
+		*plainRecord
+		*FirstToken // allocated only when the JSON has its fields
+	}{plainRecord: (*plainRecord)(r)}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	if v.FirstToken != nil {
+		r.firstToken.Store(v.FirstToken)
+	}
+	return nil
 }
 
 // Summary counts a record's candidates and gives the chosen one's score.

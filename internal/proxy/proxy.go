@@ -3,7 +3,8 @@
 // the request to the chosen worker and its answer back — streaming SSE
 // event by event, flushed as it arrives — and measures what the worker
 // achieved (time to first token, end-to-end time, output tokens, decode
-// rate) for the moving averages.
+// rate) for the moving averages, and what the client saw (time to first
+// token from its arrival at Sluice) for metrics and decision records.
 //
 // A worker that fails before any byte reached the client (connection
 // refused, 5xx) is reported to health tracking and the request is placed
@@ -43,6 +44,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/auth"
+	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/stats"
@@ -69,9 +71,16 @@ type Result struct {
 	// a client must not be able to mint metric label values.
 	Model     string
 	QueueWait time.Duration
-	TTFT      time.Duration // 0 when unknown (non-streaming)
-	E2E       time.Duration
-	Tokens    int
+	// TTFT is time to first token as the client saw it: from the
+	// request's arrival (ServeHTTP began) to its first token relayed, so
+	// parsing, the wait in Sluice's queue and attempts that failed before
+	// answering count. WorkerTTFT is the worker's share: from sending to
+	// the worker that answered to its first token, what the moving
+	// averages learn. Both are 0 when unknown (not streamed).
+	TTFT       time.Duration
+	WorkerTTFT time.Duration
+	E2E        time.Duration
+	Tokens     int
 	// PromptTokens is the worker's count from usage when it gave one,
 	// else Sluice's estimate; 0 when the request was never parsed.
 	PromptTokens int
@@ -82,6 +91,9 @@ type Result struct {
 	// StaleRetries names the worker of each resend on a fresh connection
 	// after a pooled connection turned out closed (see Handler).
 	StaleRetries []string
+	// Decision is the record of the decision that placed the attempt that
+	// answered (nil when never placed), for filing its first token.
+	Decision *decisions.Record
 }
 
 // Options configures a Handler.
@@ -262,7 +274,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 			return
 		}
 		res.Attempts = req.Attempt
-		res.Worker, res.QueueWait = lease.Worker, lease.QueueWait
+		res.Worker, res.QueueWait, res.Decision = lease.Worker, lease.QueueWait, lease.Decision
 		sent, err := h.attempt(w, r, body, p, lease, start, res)
 		lease.Release()
 		if err == nil || sent {
@@ -382,7 +394,13 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	} else {
 		m, err = relayWhole(w, answer, maxParse)
 	}
-	res.Tokens, res.TTFT = m.tokens, m.ttft
+	res.Tokens = m.tokens
+	if m.ttft > 0 {
+		// m.ttft runs from attemptStart, on the monotonic clock as start:
+		// the client's view adds everything before the attempt.
+		res.WorkerTTFT = m.ttft
+		res.TTFT = attemptStart.Sub(start) + m.ttft
+	}
 	if m.promptTokens > 0 {
 		res.PromptTokens = m.promptTokens
 		h.ratio.observe(p, m.promptTokens) // also from a 400 that says the prompt was too long

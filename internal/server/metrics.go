@@ -21,6 +21,7 @@ type metrics struct {
 	requests     *prometheus.CounterVec
 	queueWait    *prometheus.HistogramVec
 	ttft         *prometheus.HistogramVec
+	workerTTFT   *prometheus.HistogramVec
 	e2e          *prometheus.HistogramVec
 	tpot         *prometheus.HistogramVec
 	tokens       *prometheus.CounterVec
@@ -48,7 +49,10 @@ func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metr
 			Name: "sluice_queue_wait_seconds", Help: "Time requests waited in Sluice's admission queue.", Buckets: latencyBuckets,
 		}, []string{"model"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "sluice_ttft_seconds", Help: "Time to first token of streamed requests, from sending to the worker, as the router saw it.", Buckets: latencyBuckets,
+			Name: "sluice_ttft_seconds", Help: "Time to first token of streamed requests as the client saw it: from arrival at Sluice to the first token relayed, queueing and failed attempts included.", Buckets: latencyBuckets,
+		}, wm),
+		workerTTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sluice_worker_ttft_seconds", Help: "The worker's share of time to first token of streamed requests: from sending to the worker to its first token, Sluice's queue not included.", Buckets: latencyBuckets,
 		}, wm),
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sluice_request_duration_seconds", Help: "End-to-end time of requests, queueing included.", Buckets: latencyBuckets,
@@ -69,7 +73,7 @@ func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metr
 			Name: "sluice_stale_connection_retries_total", Help: "Requests resent to the same worker on a fresh connection after the pooled one turned out closed by the worker; not counted against its health.",
 		}, []string{"worker"}),
 	}
-	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.e2e, m.tpot, m.tokens, m.promptTokens, m.retries, m.staleRetries,
+	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.workerTTFT, m.e2e, m.tpot, m.tokens, m.promptTokens, m.retries, m.staleRetries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{sched: sched, tracker: tracker})
 	return m
@@ -93,6 +97,9 @@ func (m *metrics) observe(r proxy.Result) {
 	if r.TTFT > 0 {
 		m.ttft.WithLabelValues(r.Worker, r.Model).Observe(r.TTFT.Seconds())
 	}
+	if r.WorkerTTFT > 0 {
+		m.workerTTFT.WithLabelValues(r.Worker, r.Model).Observe(r.WorkerTTFT.Seconds())
+	}
 	m.e2e.WithLabelValues(r.Worker, r.Model).Observe(r.E2E.Seconds())
 	if r.TPOT > 0 {
 		m.tpot.WithLabelValues(r.Worker, r.Model).Observe(r.TPOT.Seconds())
@@ -110,6 +117,7 @@ func (m *metrics) forget(worker string) {
 	l := prometheus.Labels{"worker": worker}
 	m.requests.DeletePartialMatch(l)
 	m.ttft.DeletePartialMatch(l)
+	m.workerTTFT.DeletePartialMatch(l)
 	m.e2e.DeletePartialMatch(l)
 	m.tpot.DeletePartialMatch(l)
 	m.tokens.DeletePartialMatch(l)
@@ -126,7 +134,7 @@ var (
 	descHealthy = prometheus.NewDesc("sluice_worker_eligible", "1 if the worker is healthy (or not yet probed) and not draining.", []string{"worker"}, nil)
 	descKV      = prometheus.NewDesc("sluice_worker_kv_cache_usage_ratio", "KV-cache use the worker last reported, 0..1.", []string{"worker"}, nil)
 	descGPU     = prometheus.NewDesc("sluice_worker_gpu_utilization_ratio", "GPU utilisation last read for the worker (DCGM or the engine), 0..1.", []string{"worker"}, nil)
-	descTTFT    = prometheus.NewDesc("sluice_worker_ema_ttft_seconds", "Moving average of the worker's time to first token.", []string{"worker"}, nil)
+	descTTFT    = prometheus.NewDesc("sluice_worker_ema_ttft_seconds", "Moving average of the worker's share of time to first token (from sending to it; compare sluice_worker_ttft_seconds), which the scheduler's latency term reads.", []string{"worker"}, nil)
 	descTPS     = prometheus.NewDesc("sluice_worker_ema_decode_tokens_per_second", "Moving average of the worker's per-stream decode rate.", []string{"worker"}, nil)
 	descQueue   = prometheus.NewDesc("sluice_queue_depth", "Requests waiting in Sluice's admission queue.", []string{"model"}, nil)
 	descQueueBy = prometheus.NewDesc("sluice_queue_depth_by_class", "Requests waiting in Sluice's admission queue, by priority class.", []string{"model", "class"}, nil)

@@ -122,6 +122,7 @@ func TestMetrics_NamesAndLabels(t *testing.T) {
 		"sluice_requests_total":                      {dto.MetricType_COUNTER, []string{"model", "reason", "status", "worker"}},
 		"sluice_queue_wait_seconds":                  {dto.MetricType_HISTOGRAM, []string{"model"}},
 		"sluice_ttft_seconds":                        {dto.MetricType_HISTOGRAM, []string{"model", "worker"}},
+		"sluice_worker_ttft_seconds":                 {dto.MetricType_HISTOGRAM, []string{"model", "worker"}},
 		"sluice_request_duration_seconds":            {dto.MetricType_HISTOGRAM, []string{"model", "worker"}},
 		"sluice_time_per_output_token_seconds":       {dto.MetricType_HISTOGRAM, []string{"model", "worker"}},
 		"sluice_output_tokens_total":                 {dto.MetricType_COUNTER, []string{"model", "worker"}},

@@ -188,7 +188,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Credentials:     s.credentials,
 		Observer:        s.tracker,
 		Reporter:        s,
-		OnResult:        func(r proxy.Result) { s.metrics.observe(r); s.dash.Observe(r) },
+		OnResult:        func(r proxy.Result) { s.metrics.observe(r); s.dash.Observe(r); s.fileFirstToken(r) },
 		Transport:       opt.Transport,
 		MaxBodyBytes:    cfg.Proxy.MaxBodyBytes,
 		MaxAttempts:     cfg.Proxy.MaxAttempts,
@@ -288,6 +288,19 @@ func (s *Server) record(r *decisions.Record) {
 	}
 	s.log.Info("decision", attrs...)
 }
+
+// fileFirstToken adds a streamed request's time to first token, as the
+// client saw it and the worker's share, to the decision that placed it:
+// its record in the ring and a line in the decision file.
+func (s *Server) fileFirstToken(r proxy.Result) {
+	if r.Decision == nil || r.TTFT <= 0 {
+		return
+	}
+	s.dlog.AddFirstToken(r.Decision, decisions.FirstToken{TTFTMs: millis(r.TTFT), WorkerTTFTMs: millis(r.WorkerTTFT)})
+}
+
+// millis is d in milliseconds, as decision records give times.
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // ReportRequest passes a request's outcome on a worker to its health.
 func (s *Server) ReportRequest(worker string, err error) {

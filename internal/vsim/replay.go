@@ -23,7 +23,9 @@ const DefaultReplayOutput = 256
 // (retries are the router's doing, not demand), arriving at the record's
 // time minus its queue wait, with its prompt tokens and max_tokens as the
 // output length (DefaultReplayOutput when unset). Refused requests are
-// kept: they were demand too. name is used in errors.
+// kept: they were demand too. A decision's first-token line, written after
+// it (decisions.Log.AddFirstToken: an id and ttft_ms, no time), is not
+// demand and is skipped. name is used in errors.
 func ParseDecisions(r io.Reader, name string) ([]bench.Item, error) {
 	type rec struct {
 		Time         time.Time `json:"time"`
@@ -31,6 +33,7 @@ func ParseDecisions(r io.Reader, name string) ([]bench.Item, error) {
 		PromptTokens int       `json:"prompt_tokens"`
 		MaxTokens    int       `json:"max_tokens"`
 		QueueWaitMs  float64   `json:"queue_wait_ms"`
+		TTFTMs       *float64  `json:"ttft_ms"`
 	}
 	type arrival struct {
 		at   time.Time
@@ -49,6 +52,9 @@ func ParseDecisions(r io.Reader, name string) ([]bench.Item, error) {
 		var d rec
 		if err := json.Unmarshal(b, &d); err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", name, line, err)
+		}
+		if d.Time.IsZero() && d.TTFTMs != nil {
+			continue // a first-token line: the decision above it is the demand
 		}
 		if d.Time.IsZero() {
 			return nil, fmt.Errorf("%s:%d: record has no time", name, line)

@@ -200,6 +200,7 @@ func TestParseDecisions_ReplaysFirstAttempts(t *testing.T) {
 	log := strings.Join([]string{
 		`{"id":"a-1","time":"2025-03-01T10:00:00Z","model":"m","policy":"sluice","attempt":1,"prompt_tokens":100,"max_tokens":20,"queue_wait_ms":0,"outcome":"bound","candidates":[]}`,
 		`{"id":"a-2","time":"2025-03-01T10:00:02.5Z","model":"m","policy":"sluice","attempt":1,"prompt_tokens":300,"queue_wait_ms":500,"outcome":"bound","candidates":[]}`,
+		`{"id":"a-1","ttft_ms":40,"worker_ttft_ms":40}`, // a-1's first token, logged when its request ended
 		`{"id":"a-3","time":"2025-03-01T10:00:03Z","model":"m","policy":"sluice","attempt":2,"prompt_tokens":300,"max_tokens":40,"queue_wait_ms":0,"outcome":"bound","candidates":[]}`,
 		``,
 		`{"id":"a-4","time":"2025-03-01T10:00:01Z","model":"m","policy":"sluice","attempt":1,"prompt_tokens":50,"max_tokens":5,"queue_wait_ms":0,"outcome":"queue_full","candidates":[]}`,
@@ -210,7 +211,7 @@ func TestParseDecisions_ReplaysFirstAttempts(t *testing.T) {
 	}
 	want := []bench.Item{
 		{At: 0, PromptTokens: 100, OutputTokens: 20, Row: 1},
-		{At: time.Second, PromptTokens: 50, OutputTokens: 5, Row: 5},
+		{At: time.Second, PromptTokens: 50, OutputTokens: 5, Row: 6},
 		{At: 2 * time.Second, PromptTokens: 300, OutputTokens: DefaultReplayOutput, Row: 2},
 	}
 	if d := cmp.Diff(want, items); d != "" {

@@ -37,6 +37,10 @@ const state = {
   busiest: [],
   lastChosen: "",
   serverNow: 0,
+  // awaitTTFT is the decision shown in the detail while its request has no
+  // first token yet; the detail is fetched again when the list says it has
+  // one, or once more when it leaves the list.
+  awaitTTFT: "",
 };
 
 // An admin token, when the router wants one, comes from #token=… or
@@ -191,7 +195,8 @@ function lineChart(el, legend, ts, series, opts) {
       let lastV = null;
       for (let i = s.values.length - 1; i >= 0; i--) if (s.values[i] != null) { lastV = s.values[i]; break; }
       const shown = opts.unit === "ms" ? fmtMs(lastV) : fmt(lastV, opts.digits);
-      return `<span><i style="background:${s.color}"></i>${esc(s.name)} <b>${shown}</b></span>`;
+      const mark = s.dash ? `background:repeating-linear-gradient(90deg,${s.color} 0 4px,transparent 4px 7px)` : `background:${s.color}`;
+      return `<span${s.key ? ` data-k="${esc(s.key)}"` : ""}><i style="${mark}"></i>${esc(s.name)} <b>${shown}</b></span>`;
     }).join("");
   }
 }
@@ -238,10 +243,15 @@ function drawCharts(busiest) {
     { name: "failed/s", color: "#9d8cf0", values: rate("failed") },
   ], { min: 1 });
   const pct = (key, p) => S.map((s) => (s[key] ? s[key][p] : null));
+  // TTFT as clients see it (from arrival at Sluice), with the workers'
+  // share of it (from sending to the worker) dashed beside it: the gap
+  // between the two is time spent in Sluice, mostly queueing.
   lineChart($("ch-ttft"), $("lg-ttft"), ts, [
     { name: "p50", color: "#5aa9e6", values: pct("ttft_ms", "p50") },
     { name: "p95", color: "#f28e2b", values: pct("ttft_ms", "p95") },
     { name: "p99", color: "#ef5a5a", values: pct("ttft_ms", "p99") },
+    { name: "worker p50", color: "#5aa9e6", values: pct("worker_ttft_ms", "p50"), dash: "4 3", key: "worker" },
+    { name: "worker p99", color: "#ef5a5a", values: pct("worker_ttft_ms", "p99"), dash: "4 3", key: "worker" },
   ], { unit: "ms" });
   lineChart($("ch-tpot"), $("lg-tpot"), ts, [
     { name: "p50", color: "#5aa9e6", values: pct("tpot_ms", "p50") },
@@ -372,7 +382,7 @@ function cardHTML(w, extent) {
     `<div title="${esc(wq.tip)}"><dt>worker q</dt><dd class="${wq.cls}">${wq.text}</dd></div>` +
     `<div title="${esc(kv.tip)}"><dt>KV cache</dt><dd class="${kv.cls}">${kv.text}</dd></div>` +
     `<div title="${esc(gpu.tip)}"><dt>GPU</dt><dd class="${gpu.cls}">${gpu.text}</dd></div>` +
-    `<div title="moving average of time to first token"><dt>TTFT</dt><dd>${fmtMs(a.ttft_ms)}</dd></div>` +
+    `<div title="moving average of the worker's share of time to first token: from sending to it, Sluice's queue not included (what the latency term scores)"><dt>wkr TTFT</dt><dd data-k="worker-ttft">${fmtMs(a.ttft_ms)}</dd></div>` +
     `<div title="moving average of per-stream decode rate"><dt>decode</dt><dd>${a.decode_tps != null ? fmt(a.decode_tps, 0) + " t/s" : "–"}</dd></div>` +
     `<div title="moving average of end-to-end time"><dt>e2e</dt><dd>${fmtMs(a.e2e_ms)}</dd></div>` +
     `<div title="requests measured"><dt>measured</dt><dd>${a.n != null ? esc(a.n) : "–"}</dd></div>` +
@@ -432,7 +442,7 @@ function drawSummary(ov) {
   if (h.down) parts.push(`<b style="color:var(--bad)">${h.down}</b> down`);
   if (f.draining) parts.push(`<b style="color:var(--info)">${f.draining}</b> draining`);
   $("chip-health").innerHTML = parts.join(" · ") || "–";
-  $("ttft-note").textContent = `ms, over the trailing ${ov.latency_window_s} s`;
+  $("ttft-note").textContent = `from arrival at Sluice; dashed: the workers' share · ms, ${ov.latency_window_s} s`;
 }
 
 // ---------- polling ----------
@@ -496,7 +506,7 @@ function drawDecisionList(list) {
   const body = $("dlist");
   if (!list.length) {
     rowEls.clear();
-    body.innerHTML = `<tr><td colspan="5" class="muted">no decisions yet: send a request</td></tr>`;
+    body.innerHTML = `<tr><td colspan="6" class="muted">no decisions yet: send a request</td></tr>`;
     return;
   }
   const keep = new Set();
@@ -508,10 +518,22 @@ function drawDecisionList(list) {
       tr = document.createElement("tr");
       tr.dataset.id = r.id;
       tr.dataset.outcome = r.outcome;
-      tr.innerHTML = `<td>${esc(fmtTime(r.time))}</td><td class="id">${esc(r.id)}</td>` +
+      tr.innerHTML = `<td>${esc(fmtTime(r.time))}</td><td class="id" title="${esc(r.id)}">${esc(r.id)}</td>` +
         `<td class="${bound ? "out-bound" : "out-refused"}">${esc(r.outcome)}${r.attempt > 1 ? " (retry " + esc(r.attempt) + ")" : ""}</td>` +
-        `<td>${esc(r.chosen || "–")}</td><td class="num">${fmtMs(r.queue_wait_ms)}</td>`;
+        `<td>${esc(r.chosen || "–")}</td><td class="num">${fmtMs(r.queue_wait_ms)}</td><td class="num" data-k="ttft"></td>`;
       rowEls.set(r.id, tr);
+    }
+    // A placement's first token comes after its decision: fill it in when
+    // the list has it.
+    const cell = tr.querySelector('td[data-k="ttft"]');
+    const ttft = fmtMs(r.ttft_ms);
+    if (cell.textContent !== ttft) {
+      cell.textContent = ttft;
+      cell.title = r.ttft_ms != null ? `time to first token from arrival at Sluice; the worker's share ${fmtMs(r.worker_ttft_ms)}` : "";
+    }
+    if (r.id === state.awaitTTFT && r.ttft_ms != null) {
+      state.awaitTTFT = "";
+      showDecision(r.id);
     }
     tr.classList.toggle("sel", r.id === state.selected);
     if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null);
@@ -519,10 +541,17 @@ function drawDecisionList(list) {
   for (const [id, tr] of rowEls) {
     if (!keep.has(id)) { tr.remove(); rowEls.delete(id); }
   }
+  if (state.awaitTTFT && !keep.has(state.awaitTTFT)) {
+    const id = state.awaitTTFT;
+    state.awaitTTFT = "";
+    showDecision(id, true);
+  }
   for (const el of [...body.children]) if (!el.dataset.id) el.remove();
 }
 
-async function showDecision(id) {
+// showDecision fetches and shows a decision's breakdown; last says not to
+// wait for its first token any longer.
+async function showDecision(id, last) {
   id = id.trim();
   if (!id) return;
   state.selected = id;
@@ -530,7 +559,9 @@ async function showDecision(id) {
   const box = $("detail");
   try {
     const r = await getJSON("/debug/decisions/" + encodeURIComponent(id));
+    if (state.selected !== id) return; // another was picked meanwhile
     box.innerHTML = detailHTML(r);
+    state.awaitTTFT = !last && r.outcome === "bound" && r.ttft_ms == null ? id : "";
   } catch (e) {
     box.innerHTML = `<p class="reason">${esc(e.message)}</p>`;
   }
@@ -542,14 +573,21 @@ function detailHTML(r) {
     return (a.rank || 1e9) - (b.rank || 1e9);
   });
   const extent = extentOf(cands.map((c) => c.terms));
+  // [label, value, key for tests, tooltip]
   const facts = [
     ["time", fmtTime(r.time)], ["model", r.model], ["outcome", r.outcome], ["worker", r.chosen || "–"],
-    ["policy", r.policy], ["attempt", r.attempt], ["queue wait", fmtMs(r.queue_wait_ms)],
-    ["queue depth", r.queue_depth], ["prompt", (r.prompt_tokens ?? "–") + " tok"],
+    ["policy", r.policy], ["attempt", r.attempt], ["queue wait", fmtMs(r.queue_wait_ms), "queue", "time in Sluice's queue"],
   ];
+  if (r.outcome === "bound") {
+    const none = "no first token yet: in flight, not streamed, or failed before one";
+    facts.push(
+      ["TTFT (client)", fmtMs(r.ttft_ms), "ttft", r.ttft_ms != null ? "time to first token as the client saw it: from arrival at Sluice to the first token relayed, queueing included" : none],
+      ["worker TTFT", fmtMs(r.worker_ttft_ms), "worker-ttft", r.worker_ttft_ms != null ? "the worker's share: from sending to it to its first token" : none]);
+  }
+  facts.push(["queue depth", r.queue_depth], ["prompt", (r.prompt_tokens ?? "–") + " tok"]);
   if (r.max_tokens) facts.push(["max_tokens", r.max_tokens]);
   let html = `<h3 data-decision="${esc(r.id)}">${esc(r.id)}</h3><div class="facts">` +
-    facts.map(([k, v]) => `<span>${esc(k)} <b>${esc(v)}</b></span>`).join("") + `</div>` +
+    facts.map(([k, v, key, tip]) => `<span${key ? ` data-k="${esc(key)}"` : ""}${tip ? ` title="${esc(tip)}"` : ""}>${esc(k)} <b>${esc(v)}</b></span>`).join("") + `</div>` +
     `<div class="because">${esc(r.reason)}</div>`;
   for (const c of cands) {
     const cls = c.worker === r.chosen ? "chosen" : c.eligible ? "" : "inel";
