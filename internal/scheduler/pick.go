@@ -42,7 +42,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker
 	// The eligible workers' candidates, and with records every worker's
 	// slot, are written in the same pass, while the worker is in cache.
 	slots, refs := s.pickSlotsLocked()
-	prefixOn := s.cfg.PrefixIndex != nil && len(req.Prefix) > 0 && !baseline // as prefixMatchLocked tests
+	prefixOn := s.prefixWeighted && len(req.Prefix) > 0 && !baseline // as prefixMatchLocked tests
 	// An index that answers for all candidates at once is asked once
 	// they are all known.
 	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)

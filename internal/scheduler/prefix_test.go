@@ -85,8 +85,21 @@ func TestPrefix_NoHerding(t *testing.T) {
 	}
 }
 
+// countingIndex counts the index's Match calls.
+type countingIndex struct {
+	*prefix.Index
+	matches int
+}
+
+func (c *countingIndex) Match(model string, hashes []uint64, worker string) float64 {
+	c.matches++
+	return c.Index.Match(model, hashes, worker)
+}
+
+// With weights.prefix 0 the term counts for nothing, so no pick asks the
+// index (it is on the hot path), and the record's prefix term is 0.
 func TestPrefix_WeightZeroIgnoresIndex(t *testing.T) {
-	idx := prefix.NewIndex(prefix.Options{})
+	idx := &countingIndex{Index: prefix.NewIndex(prefix.Options{})}
 	w := DefaultWeights()
 	w.Prefix = 0
 	s := newSched(t, Config{MaxQueue: 10, PrefixIndex: idx, Weights: w}, workers(2, 4, "m")...)
@@ -97,8 +110,11 @@ func TestPrefix_WeightZeroIgnoresIndex(t *testing.T) {
 	if l.Worker != "w1" {
 		t.Fatalf("with weights.prefix 0 the request went to %s; want w1, the least recently picked", l.Worker)
 	}
-	if got := termOf(t, l.Decision.Explain().Candidates[0], "prefix"); got.Raw != 1 || got.Weighted != 0 {
-		t.Errorf("w0's prefix term: %+v; want raw 1 recorded, weighted 0", got)
+	if got := termOf(t, l.Decision.Explain().Candidates[0], "prefix"); got.Raw != 0 || got.Weighted != 0 {
+		t.Errorf("w0's prefix term: %+v; want 0: the index was not asked", got)
+	}
+	if idx.matches != 0 {
+		t.Errorf("the index was asked %d times with the prefix weight 0", idx.matches)
 	}
 }
 

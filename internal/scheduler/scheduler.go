@@ -260,6 +260,9 @@ type Scheduler struct {
 	// answer: no other request of the model is placed meanwhile.
 	ledger    *ledgerRunner
 	reserving map[string]*reservation
+	// prefixWeighted says the prefix term counts: a PrefixIndex is set and
+	// the term's weight is not 0. Otherwise no pick asks the index.
+	prefixWeighted bool
 
 	// kvHeld says that the latest pick found no worker because the KV-fit
 	// rule passed over every eligible one (kvfit.go).
@@ -386,6 +389,13 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	}
 	if cfg.Ledger != nil {
 		s.ledger, s.reserving = newLedgerRunner(s, cfg.Ledger), map[string]*reservation{}
+	}
+	if cfg.PrefixIndex != nil {
+		for _, wt := range s.terms {
+			if wt.Term.Name() == (prefixMatch{}).Name() && wt.Weight != 0 {
+				s.prefixWeighted = true
+			}
+		}
 	}
 	for _, w := range workers {
 		if err := s.AddWorker(w); err != nil {
