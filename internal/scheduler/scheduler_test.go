@@ -489,11 +489,13 @@ func TestScheduler_DrainAndRemove(t *testing.T) {
 }
 
 func TestScheduler_BaselinePolicies(t *testing.T) {
+	leases := map[string]*Lease{}
 	pick := func(s *Scheduler) string {
 		l, err := s.Admit(context.Background(), Request{Model: "m"})
 		if err != nil {
 			t.Fatal(err)
 		}
+		leases[l.Worker] = l
 		return l.Worker
 	}
 	t.Run("round-robin ignores limits and cycles", func(t *testing.T) {
@@ -512,7 +514,7 @@ func TestScheduler_BaselinePolicies(t *testing.T) {
 		if a == b || b == c || a == c {
 			t.Fatalf("three picks %s %s %s on three idle workers", a, b, c)
 		}
-		s.byName[b].active = 0 // simulate b finishing
+		leases[b].Release() // b finishes
 		if got := pick(s); got != b {
 			t.Fatalf("picked %s, want %s with fewest connections", got, b)
 		}

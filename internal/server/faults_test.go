@@ -138,6 +138,15 @@ func TestFault_WorkerDownIsRetriedElsewhere(t *testing.T) {
 			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
 		}
 	}
+	// Round-robin sends the first request to the dead worker: it answered
+	// only because it was retried on the good one.
+	var retries float64
+	for _, m := range scrapeFamilies(t, r.url)["sluice_retries_total"].GetMetric() {
+		retries += m.GetCounter().GetValue()
+	}
+	if retries < 1 {
+		t.Fatalf("sluice_retries_total %v: the requests sent to the dead worker were not retried elsewhere", retries)
+	}
 }
 
 func TestFault_MalformedAnswersAreRelayedAsTheyAre(t *testing.T) {
