@@ -62,6 +62,11 @@ type compareOpts struct {
 	// router, when set, supplies weights, admission, telemetry and stats
 	// settings (and max_concurrency) instead of the defaults.
 	router *config.Config
+	// slo is the objective every run is judged by (bench.DefaultSLO).
+	slo bench.SLO
+	// goodput scans loads in steps of 5% for the highest one each policy
+	// serves within the SLO (virtual time only).
+	goodput bool
 }
 
 // scenario is one load of a comparison: the same items for every policy.
@@ -97,6 +102,11 @@ func benchCompare(args []string) error {
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "real HTTP only: per-request timeout (model time)")
 	fs.IntVar(&o.replicas, "replicas", 1, "real HTTP only: above 1, also run Sluice as this many replicas sharing the fleet through Redis (ledger and stats store) behind a round-robin front: the row \"sluice ×N\"")
 	fs.StringVar(&o.redis, "redis", "", "with --replicas: the redis:// URL the replicas share (keys under a prefix of the run's own, deleted at the end); empty starts a private redis-server from PATH")
+	o.slo = bench.DefaultSLO
+	fs.DurationVar(&o.slo.TTFT, "slo-ttft", o.slo.TTFT, "SLO: time to first token, before the allowance for the prompt")
+	fs.DurationVar(&o.slo.TTFTPer1kPrompt, "slo-ttft-per-1k", o.slo.TTFTPer1kPrompt, "SLO: time to first token allowed per 1,000 prompt tokens")
+	fs.Float64Var(&o.slo.MinDecodeTokS, "slo-min-decode", o.slo.MinDecodeTokS, "SLO: per-stream decode floor in tokens/s")
+	fs.BoolVar(&o.goodput, "goodput", false, "virtual only: also find each policy's goodput, the highest load (steps of 5% of capacity, up to 150%) at which at least 95% of requests meet the SLO")
 	routerFile := fs.String("config", "", "router config (sluice serve format) whose weights, admission, telemetry and stats settings to use; its workers and policy are ignored")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -325,7 +335,7 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 			if p == scheduler.PolicySluice {
 				limits, one = ws, &hs
 			}
-			runs = append(runs, bench.NamedRun{Name: string(p), Results: res})
+			runs = append(runs, bench.NamedRun{Name: string(p), Results: res, SLO: o.slo})
 		}
 		if o.replicas > 1 {
 			name := replicasRow(o.replicas)
@@ -335,7 +345,7 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 				return fmt.Errorf("%s, %s: %w", sc.name, name, err)
 			}
 			many = &hs
-			runs = append(runs, bench.NamedRun{Name: name, Results: res})
+			runs = append(runs, bench.NamedRun{Name: name, Results: res, SLO: o.slo})
 		}
 		dir := filepath.Join(o.out, sc.name)
 		if _, err := bench.WriteReport(dir, runs); err != nil {
@@ -355,12 +365,66 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 		writeReplicas(&md, runs, one, many)
 		writeLimits(&md, limits)
 	}
+	if o.goodput {
+		if err := writeGoodput(ctx, &md, o, fleet, items, capacity, logw); err != nil {
+			return err
+		}
+	}
 	path := filepath.Join(o.out, "summary.md")
 	if err := os.WriteFile(path, md.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("write summary: %w", err)
 	}
 	os.Stdout.Write(md.Bytes())
 	fmt.Fprintf(logw, "wrote %s\n", path)
+	return nil
+}
+
+// goodputStep and goodputMax bound the goodput scan, in % of capacity;
+// goodputShare is the share of requests that must meet the SLO.
+const (
+	goodputStep  = 5
+	goodputMax   = 150
+	goodputShare = 0.95
+)
+
+// goodput returns the highest load, in steps of goodputStep % of
+// capacity up to goodputMax, at which policy p serves at least
+// goodputShare of the items within the SLO (refused and failed requests
+// count as missed), and the attainment there; 0 when no step does.
+func goodput(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p scheduler.Policy, items []bench.Item, capacity float64, logw *os.File) (float64, float64, error) {
+	best, at := 0.0, 0.0
+	for l := goodputStep; l <= goodputMax; l += goodputStep {
+		it, err := vsim.AtRate(items, float64(l)/100*capacity)
+		if err != nil {
+			return 0, 0, err
+		}
+		res, _, _, err := runPolicy(ctx, o, fleet, p, 1, it, logw)
+		if err != nil {
+			return 0, 0, err
+		}
+		if a := bench.Summarize(res, o.slo).Attainment; a >= goodputShare {
+			best, at = float64(l), a
+		}
+	}
+	return best, at, nil
+}
+
+// writeGoodput scans every policy's goodput and writes the table.
+func writeGoodput(ctx context.Context, md *bytes.Buffer, o compareOpts, fleet []sim.WorkerSpec, items []bench.Item, capacity float64, logw *os.File) error {
+	if !o.virtual {
+		return errors.New("--goodput is virtual only: it runs every load from 5% to 150% of capacity")
+	}
+	fmt.Fprintf(md, "## Goodput\n\nThe highest load, in steps of %d%% of the estimated capacity up to %d%%, at which at least %.0f%% of requests meet the SLO (%s; refused and failed requests miss it):\n\n| policy | goodput (%% of capacity) | req/s | attainment there |\n| --- | ---: | ---: | ---: |\n",
+		goodputStep, goodputMax, 100*goodputShare, o.slo)
+	for _, p := range o.policies {
+		fmt.Fprintf(logw, "goodput: %s\n", p)
+		l, a, err := goodput(ctx, o, fleet, p, items, capacity, logw)
+		if err != nil {
+			return fmt.Errorf("goodput, policy %s: %w", p, err)
+		}
+		fmt.Fprintf(md, "| %s | %.0f%% | %.2f | %.1f%% |\n", p, l, l/100*capacity, 100*a)
+	}
+	fmt.Fprintln(md)
 	return nil
 }
 

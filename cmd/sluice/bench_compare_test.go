@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/redistest"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
@@ -150,5 +151,37 @@ func compare(t *testing.T, o compareOpts) {
 	defer cancel()
 	if err := runCompare(ctx, o, logf); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRunCompare_GoodputScansLoadsAgainstTheSLO runs a small virtual
+// comparison with --goodput: the summary states the SLO and gives each
+// policy its goodput, the highest load step at which 95% of requests met
+// it. With an SLO no request can meet, no step qualifies.
+func TestRunCompare_GoodputScansLoadsAgainstTheSLO(t *testing.T) {
+	run := func(slo bench.SLO) string {
+		out := t.TempDir()
+		compare(t, compareOpts{
+			virtual: true, trace: "synthetic", limit: 200, seed: 3, loads: []float64{50},
+			policies: []scheduler.Policy{scheduler.PolicySluice, scheduler.PolicyLeastConnections},
+			out:      out, slo: slo, goodput: true,
+		})
+		sum, err := os.ReadFile(filepath.Join(out, "summary.md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(sum)
+	}
+	sum := run(bench.DefaultSLO)
+	for _, want := range []string{"## Goodput", bench.DefaultSLO.String(), "| sluice | ", "| least-connections | "} {
+		if !strings.Contains(sum, want) {
+			t.Fatalf("summary.md lacks %q:\n%s", want, sum)
+		}
+	}
+	if strings.Contains(sum, "| sluice | 0% |") {
+		t.Fatalf("Sluice met the default SLO at no load:\n%s", sum)
+	}
+	if sum := run(bench.SLO{TTFT: time.Nanosecond}); !strings.Contains(sum, "| sluice | 0% |") || !strings.Contains(sum, "| least-connections | 0% |") {
+		t.Fatalf("with an SLO nobody meets, a goodput above 0:\n%s", sum)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -105,9 +106,31 @@ func cv(v []float64) float64 {
 type SLO struct {
 	// TTFT bounds time to first token.
 	TTFT time.Duration `json:"ttft_ns"`
+	// TTFTPer1kPrompt adds to the TTFT bound for every 1,000 prompt
+	// tokens: a long prompt takes longer to prefill.
+	TTFTPer1kPrompt time.Duration `json:"ttft_per_1k_prompt_ns"`
 	// TPOT bounds time per output token. Requests with fewer than two
 	// tokens have no TPOT and pass this bound.
 	TPOT time.Duration `json:"tpot_ns"`
+	// MinDecodeTokS is the per-stream decode-rate floor in tokens/s,
+	// after the first token; requests with fewer than two tokens pass.
+	MinDecodeTokS float64 `json:"min_decode_tok_s"`
+}
+
+// DefaultSLO is the objective `sluice bench compare` judges every policy
+// and trace by, stated before measuring: the first token within 2 s plus
+// a quarter of a second per 1,000 prompt tokens (prefill at 4,000
+// tokens/s), then at least 15 tokens/s. It is what a user of a chat or
+// coding tool notices, and the same for every trace.
+var DefaultSLO = SLO{TTFT: 2 * time.Second, TTFTPer1kPrompt: 250 * time.Millisecond, MinDecodeTokS: 15}
+
+// TTFTBound returns the TTFT bound for a prompt of n tokens; 0 when TTFT
+// is not bounded.
+func (s SLO) TTFTBound(n int) time.Duration {
+	if s.TTFT <= 0 {
+		return 0
+	}
+	return s.TTFT + time.Duration(float64(s.TTFTPer1kPrompt)*float64(n)/1000)
 }
 
 // Met reports whether a successful result meets the SLO. Failed requests
@@ -116,26 +139,38 @@ func (s SLO) Met(r Result) bool {
 	if !r.OK() {
 		return false
 	}
-	if s.TTFT > 0 && r.TTFT > s.TTFT {
+	if b := s.TTFTBound(r.PromptTokens); b > 0 && r.TTFT > b {
 		return false
 	}
 	if s.TPOT > 0 && r.OutputTokens >= 2 && r.TPOT > s.TPOT {
 		return false
 	}
+	if s.MinDecodeTokS > 0 && r.OutputTokens >= 2 && r.DecodeRate > 0 && r.DecodeRate < s.MinDecodeTokS {
+		return false
+	}
 	return true
 }
 
-// String describes the SLO, e.g. "TTFT ≤ 500ms, TPOT ≤ 50ms".
+// String describes the SLO, e.g. "TTFT ≤ 2s + 250ms/1k prompt tokens,
+// decode ≥ 15 tok/s".
 func (s SLO) String() string {
+	var parts []string
 	switch {
-	case s.TTFT > 0 && s.TPOT > 0:
-		return fmt.Sprintf("TTFT ≤ %v, TPOT ≤ %v", s.TTFT, s.TPOT)
+	case s.TTFT > 0 && s.TTFTPer1kPrompt > 0:
+		parts = append(parts, fmt.Sprintf("TTFT ≤ %v + %v/1k prompt tokens", s.TTFT, s.TTFTPer1kPrompt))
 	case s.TTFT > 0:
-		return fmt.Sprintf("TTFT ≤ %v", s.TTFT)
-	case s.TPOT > 0:
-		return fmt.Sprintf("TPOT ≤ %v", s.TPOT)
+		parts = append(parts, fmt.Sprintf("TTFT ≤ %v", s.TTFT))
 	}
-	return "none"
+	if s.TPOT > 0 {
+		parts = append(parts, fmt.Sprintf("TPOT ≤ %v", s.TPOT))
+	}
+	if s.MinDecodeTokS > 0 {
+		parts = append(parts, fmt.Sprintf("decode ≥ %g tok/s", s.MinDecodeTokS))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Summary is what a run amounts to.

@@ -120,3 +120,34 @@ func TestSLO_Met(t *testing.T) {
 		t.Error("a failure met the SLO")
 	}
 }
+
+// The default SLO allows for the prompt in its TTFT bound and holds each
+// stream to a decode floor.
+func TestSLO_DefaultAllowsForThePromptAndHoldsTheDecodeFloor(t *testing.T) {
+	tests := []struct {
+		name   string
+		prompt int
+		ttft   time.Duration
+		rate   float64
+		tokens int
+		want   bool
+	}{
+		{"quick first token, fast stream", 100, time.Second, 30, 50, true},
+		{"2.5 s for 2,000 prompt tokens: within 2 s + 2×250 ms", 2000, 2500 * time.Millisecond, 30, 50, true},
+		{"2.6 s for 2,000 prompt tokens: late", 2000, 2600 * time.Millisecond, 30, 50, false},
+		{"2.1 s for a short prompt: late", 100, 2100 * time.Millisecond, 30, 50, false},
+		{"decode under 15 tok/s", 100, time.Second, 14, 50, false},
+		{"one token: no decode rate to hold", 100, time.Second, 0, 1, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := Result{PromptTokens: tt.prompt, TTFT: tt.ttft, DecodeRate: tt.rate, OutputTokens: tt.tokens, Status: 200}
+			if got := DefaultSLO.Met(r); got != tt.want {
+				t.Fatalf("Met = %v, want %v (%s)", got, tt.want, DefaultSLO)
+			}
+		})
+	}
+	if got, want := DefaultSLO.String(), "TTFT ≤ 2s + 250ms/1k prompt tokens, decode ≥ 15 tok/s"; got != want {
+		t.Fatalf("String() = %q, want %q", got, want)
+	}
+}
