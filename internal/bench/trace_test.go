@@ -10,7 +10,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-const sharedTraces = "../../../shared/traces"
+// traces is the public traces shipped with the repository (traces/).
+const traces = "../../traces"
 
 func TestReadTrace_Azure(t *testing.T) {
 	items, err := ReadTrace("testdata/azure_conv.csv", TraceOptions{})
@@ -184,10 +185,7 @@ func TestReadTrace_SharedTraces(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
-			path := filepath.Join(sharedTraces, tc.file)
-			if _, err := os.Stat(path); err != nil {
-				t.Skipf("shared trace not present: %v", err)
-			}
+			path := filepath.Join(traces, tc.file)
 			opts := TraceOptions{Seed: 1}
 			if tc.needArrival {
 				opts.Arrivals = Arrivals{Rate: 5}
