@@ -260,12 +260,19 @@ func externalConfig(c Config, workers []config.Worker) config.Config {
 }
 
 // waitHealthy waits until the router has scraped every worker of ws as
-// healthy, with its slot count and, for those with a GPU exporter, GPU
+// healthy, with its slot count, its models when the config names none
+// (discovered from /v1/models) and, for those with a GPU exporter, GPU
 // readings, as a benchmark against a warm router would begin.
 func waitHealthy(ctx context.Context, s *scheduler.Scheduler, ws []config.Worker) error {
-	gpu := make(map[string]bool, len(ws))
+	type needs struct{ gpu, models bool }
+	need := make(map[string]needs, len(ws))
 	for _, w := range ws {
-		gpu[w.Name] = w.GPUMetrics != ""
+		need[w.Name] = needs{gpu: w.GPUMetrics != "", models: len(w.Models) == 0}
+	}
+	ready := func(w scheduler.WorkerState) bool {
+		n := need[w.Name]
+		return w.Health == scheduler.HealthOK && w.Snapshot != nil && w.Snapshot.Slots > 0 &&
+			(!n.gpu || w.Snapshot.GPUUtil.Known()) && (!n.models || len(w.Snapshot.Models) > 0)
 	}
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
@@ -274,7 +281,7 @@ func waitHealthy(ctx context.Context, s *scheduler.Scheduler, ws []config.Worker
 	for {
 		ok := 0
 		for _, w := range s.Workers() {
-			if w.Health == scheduler.HealthOK && w.Snapshot != nil && w.Snapshot.Slots > 0 && (!gpu[w.Name] || w.Snapshot.GPUUtil.Known()) {
+			if ready(w) {
 				ok++
 			}
 		}
