@@ -13,9 +13,9 @@
 # the policies sluice and least-connections on them, and prints the
 # summary table. The servers are stopped on exit.
 #
-# Not part of CI: the first run builds llama.cpp, which takes about 20
-# minutes on two cores; later runs reuse the build, the model and the
-# package in the work directory. The answers of a random-weight model are
+# Not part of CI: the first run builds llama.cpp, which takes tens of
+# minutes on two cores (39 under nice on a shared one); later runs reuse
+# the build, the model and the package in the work directory. The answers of a random-weight model are
 # noise and a CPU build's throughput says little about a GPU's; what is
 # real is the engine's HTTP API: its telemetry, metric names, slots,
 # errors and how it and Sluice's admission behave under load.
@@ -114,7 +114,7 @@ bundle_commit=$(git -C "$src" rev-parse HEAD)
 
 # --- build llama-server --------------------------------------------------------
 
-log "building llama-server (CPU, Release) in $build; the first build takes about 20 minutes"
+log "building llama-server (CPU, Release) in $build; the first build takes tens of minutes"
 build_start=$(date +%s)
 nice -n 19 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
 	-DGGML_NATIVE=OFF -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
