@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -67,6 +68,13 @@ type compareOpts struct {
 	// goodput scans loads in steps of 5% for the highest one each policy
 	// serves within the SLO (virtual time only).
 	goodput bool
+	// workers, when set, are running engines (kind llamacpp) to compare
+	// on instead of a sim fleet, on the wall clock.
+	workers []config.Worker
+	// capacity, above 0, is the fleet's capacity in req/s that --loads
+	// are percentages of, instead of vsim.Capacity's estimate of the sim
+	// fleet; required with workers.
+	capacity float64
 }
 
 // scenario is one load of a comparison: the same items for every policy.
@@ -107,6 +115,8 @@ func benchCompare(args []string) error {
 	fs.DurationVar(&o.slo.TTFTPer1kPrompt, "slo-ttft-per-1k", o.slo.TTFTPer1kPrompt, "SLO: time to first token allowed per 1,000 prompt tokens")
 	fs.Float64Var(&o.slo.MinDecodeTokS, "slo-min-decode", o.slo.MinDecodeTokS, "SLO: per-stream decode floor in tokens/s")
 	fs.BoolVar(&o.goodput, "goodput", false, "virtual only: also find each policy's goodput, the highest load (steps of 5% of capacity, up to 150%) at which at least 95% of requests meet the SLO")
+	workers := fs.String("workers", "", "real HTTP only: compare on these running workers instead of a sim fleet: comma-separated [NAME=]URL, kind llamacpp, models discovered; on the wall clock (time scale 1); needs --capacity")
+	fs.Float64Var(&o.capacity, "capacity", 0, "the fleet's capacity in req/s that --loads are percentages of; required with --workers (measure it, see docs/benchmarks.md); 0 with a sim fleet estimates it")
 	routerFile := fs.String("config", "", "router config (sluice serve format) whose weights, admission, telemetry and stats settings to use; its workers and policy are ignored")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -125,6 +135,21 @@ func benchCompare(args []string) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var err error
+	if *workers != "" {
+		if o.workers, err = parseWorkers(*workers); err != nil {
+			return err
+		}
+		var set []string
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "time-scale" || f.Name == "fleet" {
+				set = append(set, "--"+f.Name)
+			}
+		})
+		if len(set) > 0 {
+			return fmt.Errorf("%s: not with --workers, which run on the wall clock as they are", strings.Join(set, " and "))
+		}
+		o.timeScale = 1
+	}
 	if o.loads, err = parseLoads(loads); err != nil {
 		return err
 	}
@@ -134,6 +159,52 @@ func benchCompare(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	return runCompare(ctx, o, os.Stderr)
+}
+
+// parseWorkers reads --workers: comma-separated [NAME=]URL, each a
+// llama.cpp worker; a worker without a name is named by its host:port.
+func parseWorkers(s string) ([]config.Worker, error) {
+	var out []config.Worker
+	seen := map[string]bool{}
+	for f := range strings.SplitSeq(s, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		name, raw, named := strings.Cut(f, "=")
+		if !named {
+			raw = f
+		}
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("--workers: %q is not [NAME=]http(s)://HOST:PORT", f)
+		}
+		if !named {
+			name = u.Host
+		}
+		if name == "" || seen[name] {
+			return nil, fmt.Errorf("--workers: worker name %q is empty or given twice", name)
+		}
+		seen[name] = true
+		out = append(out, config.Worker{Name: name, URL: strings.TrimSuffix(raw, "/"), Kind: "llamacpp"})
+	}
+	if len(out) == 0 {
+		return nil, errors.New("--workers: none given")
+	}
+	return out, nil
+}
+
+// checkWorkers rejects what --workers cannot do: run in virtual time, or
+// guess the capacity of engines it cannot model.
+func checkWorkers(o compareOpts) error {
+	switch {
+	case len(o.workers) == 0:
+		return nil
+	case o.virtual:
+		return errors.New("--workers is real HTTP only: virtual time simulates a sim fleet, not running engines")
+	case o.capacity <= 0:
+		return errors.New("--workers needs --capacity REQ_PER_S: the loads are percentages of the fleet's capacity, which only a measurement of real engines can give (see docs/benchmarks.md)")
+	}
+	return nil
 }
 
 // checkReplicas rejects --replicas and --redis where they cannot apply.
@@ -251,9 +322,19 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	if err := checkReplicas(o); err != nil {
 		return err
 	}
+	if err := checkWorkers(o); err != nil {
+		return err
+	}
 	fleet := sim.DemoFleet()
 	fleetName := "sim.DemoFleet() (gpu-0, gpu-1 reference A100; gpu-2-slow speed 0.6; gpu-3-small-kv 8,192 KV tokens)"
-	if o.fleetFile != "" {
+	if len(o.workers) > 0 {
+		fleet = nil
+		var ws []string
+		for _, w := range o.workers {
+			ws = append(ws, fmt.Sprintf("%s %s (%s)", w.Name, w.URL, w.Kind))
+		}
+		fleetName = "running workers " + strings.Join(ws, ", ")
+	} else if o.fleetFile != "" {
 		var err error
 		if fleet, err = sim.ParseFleetFile(o.fleetFile); err != nil {
 			return err
@@ -267,7 +348,12 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	if len(items) == 0 {
 		return errors.New("the load is empty")
 	}
-	capacity := vsim.Capacity(fleet, items)
+	capacity := o.capacity
+	capacityLine := "Fleet capacity: %.2f req/s (given with --capacity)"
+	if capacity <= 0 {
+		capacity = vsim.Capacity(fleet, items)
+		capacityLine = "Estimated fleet capacity: %.2f req/s (vsim.Capacity: every slot busy, mean prompt and output of the rows, mean interference)"
+	}
 	scens, err := scenarios(o, items, capacity)
 	if err != nil {
 		return err
@@ -289,8 +375,11 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 		}
 	}
 	mode := fmt.Sprintf("real HTTP on loopback (sim fleet at time scale %g; times converted back to model time)", o.timeScale)
-	if o.virtual {
+	switch {
+	case o.virtual:
 		mode = "virtual time (internal/vsim)"
+	case len(o.workers) > 0:
+		mode = "real HTTP against running workers (wall-clock time: time scale 1)"
 	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return fmt.Errorf("create output directory: %w", err)
@@ -298,7 +387,7 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	var md bytes.Buffer
 	fmt.Fprintf(&md, "# Sluice policy comparison\n\n")
 	fmt.Fprintf(&md, "- Mode: %s\n- Fleet: %s\n- Load: %s\n- Seed: %d\n", mode, fleetName, load, o.seed)
-	fmt.Fprintf(&md, "- Estimated fleet capacity: %.2f req/s (vsim.Capacity: every slot busy, mean prompt and output of the rows, mean interference)\n", capacity)
+	fmt.Fprintf(&md, "- "+capacityLine+"\n", capacity)
 	mc := "auto (learned below each worker's slot count)"
 	switch {
 	case o.router != nil && !o.router.Limits.Adaptive && o.maxConcurrency > 0:
@@ -440,7 +529,7 @@ func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p sch
 		res, st, err := vsim.RunStats(cfg, items)
 		return res, st.Workers, vsim.HTTPStats{}, err
 	}
-	hc := vsim.HTTPConfig{Router: cfg, TimeScale: o.timeScale, Timeout: o.timeout,
+	hc := vsim.HTTPConfig{Router: cfg, TimeScale: o.timeScale, Timeout: o.timeout, External: o.workers,
 		Progress: bench.ProgressBar(logw, term.IsTerminal(int(logw.Fd())))}
 	if replicas > 1 {
 		hc.Replicas, hc.Redis = replicas, o.redis

@@ -2,13 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/bench"
+	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/redistest"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
@@ -183,5 +190,138 @@ func TestRunCompare_GoodputScansLoadsAgainstTheSLO(t *testing.T) {
 	}
 	if sum := run(bench.SLO{TTFT: time.Nanosecond}); !strings.Contains(sum, "| sluice | 0% |") || !strings.Contains(sum, "| least-connections | 0% |") {
 		t.Fatalf("with an SLO nobody meets, a goodput above 0:\n%s", sum)
+	}
+}
+
+// fakeLlamaServer is a worker shaped like llama.cpp's llama-server: its
+// /health, /metrics, /props, /slots and /v1/models are the payloads of
+// internal/telemetry/testdata, and /v1/chat/completions streams max_tokens
+// chunks for the model /v1/models lists. It counts the chat requests it
+// answered and refuses any asking for another model.
+type fakeLlamaServer struct {
+	srv    *httptest.Server
+	served atomic.Int64
+	wrong  atomic.Int64 // requests for a model it does not serve
+}
+
+func newFakeLlamaServer(t *testing.T) *fakeLlamaServer {
+	t.Helper()
+	read := func(name string) []byte {
+		b, err := os.ReadFile(filepath.Join("..", "..", "internal", "telemetry", "testdata", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	files := map[string][]byte{
+		"/health": read("llamacpp_health_ok.json"), "/metrics": read("llamacpp_metrics.txt"),
+		"/props": read("llamacpp_props.json"), "/slots": read("llamacpp_slots.json"), "/v1/models": read("llamacpp_models.json"),
+	}
+	f := &fakeLlamaServer{}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if b, ok := files[r.URL.Path]; ok && r.Method == http.MethodGet {
+			w.Write(b)
+			return
+		}
+		if r.URL.Path != "/v1/chat/completions" {
+			http.NotFound(w, r)
+			return
+		}
+		var body struct {
+			Model     string `json:"model"`
+			MaxTokens int    `json:"max_tokens"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || body.Model != "llama-3.1-8b-instruct" {
+			f.wrong.Add(1)
+			http.Error(w, `{"error":{"code":400,"message":"model not found","type":"invalid_request_error"}}`, http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range body.MaxTokens {
+			fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d \"}}]}\n\n", i)
+			w.(http.Flusher).Flush()
+		}
+		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":%d,\"total_tokens\":%d}}\n\n", body.MaxTokens, body.MaxTokens+10)
+		io.WriteString(w, "data: [DONE]\n\n")
+		f.served.Add(1)
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+// TestRunCompare_RunningWorkers compares two policies on two running
+// llama.cpp-shaped workers named with --workers: each request of each
+// policy must reach one of them, ask for the model they list, and the
+// summary must say it ran on them, on the wall clock, at the capacity
+// given.
+func TestRunCompare_RunningWorkers(t *testing.T) {
+	a, b := newFakeLlamaServer(t), newFakeLlamaServer(t)
+	ws, err := parseWorkers("a=" + a.srv.URL + ", " + b.srv.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	o := compareOpts{
+		trace: "synthetic", limit: 10, seed: 3, loads: []float64{50},
+		policies:  []scheduler.Policy{scheduler.PolicySluice, scheduler.PolicyLeastConnections},
+		timeScale: 1, out: out, timeout: time.Minute, workers: ws, capacity: 40,
+	}
+	compare(t, o)
+	if n := a.served.Load() + b.served.Load(); n != 20 {
+		t.Errorf("the workers answered %d chat requests, want 10 per policy", n)
+	}
+	if a.served.Load() == 0 || b.served.Load() == 0 {
+		t.Errorf("a answered %d, b %d: want both used", a.served.Load(), b.served.Load())
+	}
+	if n := a.wrong.Load() + b.wrong.Load(); n != 0 {
+		t.Errorf("%d requests asked for a model the workers do not list", n)
+	}
+	sum, err := os.ReadFile(filepath.Join(out, "summary.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := strings.TrimPrefix(b.srv.URL, "http://")
+	for _, want := range []string{
+		"real HTTP against running workers (wall-clock time: time scale 1)",
+		"running workers a " + a.srv.URL + " (llamacpp), " + host + " " + b.srv.URL + " (llamacpp)",
+		"Fleet capacity: 40.00 req/s (given with --capacity)",
+		"50% of capacity (20.00 req/s)",
+		"- errors: 0 map[]",
+	} {
+		if !strings.Contains(string(sum), want) {
+			t.Errorf("summary.md lacks %q:\n%s", want, sum)
+		}
+	}
+}
+
+func TestRunCompare_RunningWorkersNeedCapacityAndRealHTTP(t *testing.T) {
+	ws := []config.Worker{{Name: "a", URL: "http://127.0.0.1:1", Kind: "llamacpp"}}
+	for _, c := range []struct {
+		name string
+		o    compareOpts
+		want string
+	}{
+		{"no capacity", compareOpts{workers: ws, trace: "synthetic", limit: 4, loads: []float64{50}, out: t.TempDir()}, "--workers needs --capacity"},
+		{"virtual", compareOpts{workers: ws, capacity: 1, virtual: true}, "--workers is real HTTP only"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := runCompare(context.Background(), c.o, os.Stderr)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want one saying %q", err, c.want)
+			}
+		})
+	}
+	for _, bad := range []string{"", "a=", "ftp://x", "a=http://127.0.0.1:1,a=http://127.0.0.1:2", "127.0.0.1:8080"} {
+		if _, err := parseWorkers(bad); err == nil {
+			t.Errorf("parseWorkers(%q) accepted it", bad)
+		}
+	}
+	for _, args := range [][]string{
+		{"--workers", "http://127.0.0.1:1", "--capacity", "1", "--time-scale", "5"},
+		{"--workers", "http://127.0.0.1:1", "--capacity", "1", "--fleet", "f.yaml"},
+	} {
+		if err := benchCompare(args); err == nil || !strings.Contains(err.Error(), "not with --workers") {
+			t.Errorf("benchCompare(%q): %v, want a refusal", args, err)
+		}
 	}
 }

@@ -42,6 +42,16 @@ type HTTPConfig struct {
 	// own and deletes them at the end, so runs never see each other's
 	// state.
 	Redis string
+	// External are workers already running (real engines such as
+	// llama.cpp's llama-server) to run against instead of starting
+	// Router.Workers as a sim fleet; Router.Workers and TimeScale are then
+	// ignored: a real engine runs on the wall clock, so model time is wall
+	// time (scale 1). Each keeps its own kind, models (discovered from
+	// /v1/models when empty) and max_concurrency (Router.MaxConcurrency
+	// when 0); none is read for GPU metrics unless it names an exporter.
+	// Requests ask for Router.Model, else the first model the router
+	// discovered on the first worker.
+	External []config.Worker
 }
 
 // RouterConfig returns the router configuration RunHTTP uses for the
@@ -143,49 +153,64 @@ func RunHTTP(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]bench.Re
 func RunHTTPStats(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]bench.Result, HTTPStats, error) {
 	var st HTTPStats
 	c := hc.Router
-	if len(c.Workers) == 0 {
+	if len(c.Workers) == 0 && len(hc.External) == 0 {
 		return nil, st, errors.New("vsim: http: no workers")
 	}
 	if hc.Replicas > 1 && hc.Redis == "" {
 		return nil, st, fmt.Errorf("vsim: http: %d replicas need a Redis to share state through", hc.Replicas)
 	}
 	scale := hc.TimeScale
-	if scale <= 0 {
+	if scale <= 0 || len(hc.External) > 0 {
 		scale = 1
 	}
 	log := hc.Logger
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	specs := make([]sim.WorkerSpec, len(c.Workers))
-	for i, w := range c.Workers {
-		specs[i] = w
-		specs[i].TimeScale = scale
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	fl, err := sim.StartFleetLogged(ctx, specs, "127.0.0.1", 0, log)
-	if err != nil {
-		return nil, st, fmt.Errorf("vsim: http: start fleet: %w", err)
-	}
-	defer fl.Close()
-	for _, w := range fl.Workers() {
-		select {
-		case <-w.Server.Ready():
-		case <-ctx.Done():
-			return nil, st, fmt.Errorf("vsim: http: waiting for %s to load: %w", w.Name, ctx.Err())
+	var rc config.Config
+	if len(hc.External) > 0 {
+		rc = externalConfig(c, hc.External)
+	} else {
+		specs := make([]sim.WorkerSpec, len(c.Workers))
+		for i, w := range c.Workers {
+			specs[i] = w
+			specs[i].TimeScale = scale
 		}
+		fl, err := sim.StartFleetLogged(ctx, specs, "127.0.0.1", 0, log)
+		if err != nil {
+			return nil, st, fmt.Errorf("vsim: http: start fleet: %w", err)
+		}
+		defer fl.Close()
+		for _, w := range fl.Workers() {
+			select {
+			case <-w.Server.Ready():
+			case <-ctx.Done():
+				return nil, st, fmt.Errorf("vsim: http: waiting for %s to load: %w", w.Name, ctx.Err())
+			}
+		}
+		rc = RouterConfig(c, fl.URLs(), scale)
 	}
-	rc := RouterConfig(c, fl.URLs(), scale)
 	// Keep every decision of the run for the per-replica counts.
 	rc.Decisions.RingSize = max(rc.Decisions.RingSize, 2*len(items)+64)
-	peaks := newPeakCounter(fl)
+	peaks := newPeakCounter(rc.Workers)
 	rs, err := startRouters(ctx, rc, hc, peaks, log)
 	if rs != nil {
 		defer rs.stop()
 	}
 	if err != nil {
 		return nil, st, err
+	}
+	model := c.Model
+	if len(rc.Workers[0].Models) > 0 && model == "" {
+		model = rc.Workers[0].Models[0]
+	}
+	if model == "" {
+		model = rs.discoveredModel()
+	}
+	if model == "" {
+		return nil, st, fmt.Errorf("vsim: http: %s lists no model to ask for", rc.Workers[0].Name)
 	}
 
 	scaled := make([]bench.Item, len(items))
@@ -199,7 +224,7 @@ func RunHTTPStats(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]ben
 	if hc.Timeout > 0 {
 		timeout = time.Duration(float64(hc.Timeout) / scale)
 	}
-	results, err := bench.Run(ctx, bench.RunConfig{Target: rs.target, Items: scaled, Model: rc.Workers[0].Models[0],
+	results, err := bench.Run(ctx, bench.RunConfig{Target: rs.target, Items: scaled, Model: model,
 		Stream: true, Timeout: timeout, Client: client}, hc.Progress)
 	if err != nil {
 		return results, st, fmt.Errorf("vsim: http: run: %w", err)
@@ -219,10 +244,36 @@ func RunHTTPStats(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]ben
 	return results, st, err
 }
 
-// waitHealthy waits until the router has scraped n workers as healthy,
-// with their slot counts and GPU readings, as a benchmark against a warm
-// router would begin.
-func waitHealthy(ctx context.Context, s *scheduler.Scheduler, n int) error {
+// externalConfig is the router configuration for the scenario c against
+// running workers: RouterConfig's settings at time scale 1, with the
+// workers as given (max_concurrency from c where they set none).
+func externalConfig(c Config, workers []config.Worker) config.Config {
+	c.Workers = nil
+	rc := RouterConfig(c, nil, 1)
+	for _, w := range workers {
+		if w.MaxConcurrency == 0 {
+			w.MaxConcurrency = config.Concurrency(c.limitOf(w.Name))
+		}
+		rc.Workers = append(rc.Workers, w)
+	}
+	return rc
+}
+
+// waitHealthy waits until the router has scraped every worker of ws as
+// healthy, with its slot count, its models when the config names none
+// (discovered from /v1/models) and, for those with a GPU exporter, GPU
+// readings, as a benchmark against a warm router would begin.
+func waitHealthy(ctx context.Context, s *scheduler.Scheduler, ws []config.Worker) error {
+	type needs struct{ gpu, models bool }
+	need := make(map[string]needs, len(ws))
+	for _, w := range ws {
+		need[w.Name] = needs{gpu: w.GPUMetrics != "", models: len(w.Models) == 0}
+	}
+	ready := func(w scheduler.WorkerState) bool {
+		n := need[w.Name]
+		return w.Health == scheduler.HealthOK && w.Snapshot != nil && w.Snapshot.Slots > 0 &&
+			(!n.gpu || w.Snapshot.GPUUtil.Known()) && (!n.models || len(w.Snapshot.Models) > 0)
+	}
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	deadline := time.NewTimer(30 * time.Second)
@@ -230,18 +281,18 @@ func waitHealthy(ctx context.Context, s *scheduler.Scheduler, n int) error {
 	for {
 		ok := 0
 		for _, w := range s.Workers() {
-			if w.Health == scheduler.HealthOK && w.Snapshot != nil && w.Snapshot.Slots > 0 && w.Snapshot.GPUUtil.Known() {
+			if ready(w) {
 				ok++
 			}
 		}
-		if ok == n {
+		if ok == len(ws) {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("vsim: http: waiting for healthy workers: %w", ctx.Err())
 		case <-deadline.C:
-			return fmt.Errorf("vsim: http: only %d of %d workers healthy after 30s", ok, n)
+			return fmt.Errorf("vsim: http: only %d of %d workers healthy after 30s", ok, len(ws))
 		case <-tick.C:
 		}
 	}

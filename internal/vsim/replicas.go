@@ -23,7 +23,6 @@ import (
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/server"
 	"github.com/sluice-router/sluice/internal/shared"
-	"github.com/sluice-router/sluice/internal/sim"
 )
 
 // HTTPStats is what RunHTTPStats saw of the routers, besides the
@@ -148,7 +147,7 @@ func startRouters(ctx context.Context, rc config.Config, hc HTTPConfig, peaks *p
 		rs.serves = append(rs.serves, func() { stopServe(); <-served })
 		rs.target = "http://" + ln.Addr().String()
 		rs.urls = append(rs.urls, rs.target)
-		if err := waitHealthy(ctx, srv.Scheduler(), len(rc.Workers)); err != nil {
+		if err := waitHealthy(ctx, srv.Scheduler(), rc.Workers); err != nil {
 			return rs, err
 		}
 	}
@@ -342,7 +341,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // peakCounter counts the inference requests the routers have open on each
-// sim worker, across routers, and keeps the most at once.
+// worker, across routers, and keeps the most at once.
 type peakCounter struct {
 	byHost map[string]string // worker's host:port -> name
 	mu     sync.Mutex
@@ -350,9 +349,9 @@ type peakCounter struct {
 	peak   map[string]int
 }
 
-func newPeakCounter(fl *sim.Fleet) *peakCounter {
+func newPeakCounter(ws []config.Worker) *peakCounter {
 	p := &peakCounter{byHost: map[string]string{}, open: map[string]int{}, peak: map[string]int{}}
-	for _, w := range fl.Workers() {
+	for _, w := range ws {
 		if u, err := url.Parse(w.URL); err == nil {
 			p.byHost[u.Host] = w.Name
 			p.peak[w.Name] = 0
@@ -415,4 +414,17 @@ func (b *doneBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.once.Do(b.done)
 	return err
+}
+
+// discoveredModel is the first model the first router has discovered on
+// its first worker, or "".
+func (rs *routers) discoveredModel() string {
+	if len(rs.srvs) == 0 {
+		return ""
+	}
+	ws := rs.srvs[0].Scheduler().Workers()
+	if len(ws) == 0 || ws[0].Snapshot == nil || len(ws[0].Snapshot.Models) == 0 {
+		return ""
+	}
+	return ws[0].Snapshot.Models[0]
 }
