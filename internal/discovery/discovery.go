@@ -90,14 +90,17 @@ type Watcher struct {
 	owned map[string]config.Worker // workers this Watcher added, by name
 }
 
-// ParseSelector checks a label selector's syntax, naming the key.
+// ParseSelector checks a label selector's syntax. Its error is a
+// *config.Problem naming the key, so sluice config check reports it on
+// its line with the file's other problems.
 func ParseSelector(s string) (labels.Selector, error) {
+	const key = "discovery.kubernetes.selector"
 	sel, err := labels.Parse(s)
 	if err != nil {
-		return nil, fmt.Errorf("discovery.kubernetes.selector: %q: %w", s, err)
+		return nil, &config.Problem{Key: key, Msg: fmt.Sprintf("%q: %v", s, err)}
 	}
 	if sel.Empty() {
-		return nil, fmt.Errorf("discovery.kubernetes.selector: %q selects everything", s)
+		return nil, &config.Problem{Key: key, Msg: fmt.Sprintf("%q selects everything", s)}
 	}
 	return sel, nil
 }
