@@ -20,8 +20,9 @@ var inferencePaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/em
 	"/v1/responses", "/v1/rerank", "/rerank"}
 
 func (s *Server) routes() {
+	inference := s.counted(s.proxy)
 	for _, p := range inferencePaths {
-		s.mux.Handle(p, s.proxy)
+		s.mux.Handle(p, inference)
 	}
 	s.mux.HandleFunc("GET /v1/models", s.models)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -41,6 +42,23 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /api/overview", s.dash.ServeOverview)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		proxy.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// counted counts the requests h is serving in s.inFlight, so that a
+// shutdown knows when nothing is in flight.
+func (s *Server) counted(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.inFlight.Add(1)
+		defer func() {
+			if s.inFlight.Add(-1) == 0 {
+				select {
+				case s.idle <- struct{}{}:
+				default:
+				}
+			}
+		}()
+		h.ServeHTTP(w, r)
 	})
 }
 
