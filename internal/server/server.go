@@ -60,6 +60,7 @@ type Server struct {
 	dash        *dashboard.Dashboard
 	proxy       *proxy.Handler
 	mux         *http.ServeMux
+	patterns    []string                     // every pattern on mux, in order
 	handler     http.Handler                 // mux behind auth and limits
 	keys        atomic.Pointer[auth.Keyring] // swapped whole on reload
 	// transport sends to workers, each with its own TLS settings.
