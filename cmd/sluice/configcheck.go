@@ -21,8 +21,10 @@ func runConfig(args []string) error {
 }
 
 // configCheck validates a config file without starting anything: it
-// prints every problem with its key path, one a line, and fails; or says
-// what the file configures and succeeds.
+// prints every problem in the file, one a line as FILE:LINE: key: what is
+// wrong, and fails saying how many; or says what the file configures and
+// succeeds. A problem does not hide the others: a value of the wrong type
+// keeps its default and everything else is still checked.
 func configCheck(w io.Writer, args []string) error {
 	fs := flag.NewFlagSet("config check", flag.ContinueOnError)
 	path := fs.String("config", "", "config file to check")
@@ -37,19 +39,27 @@ func configCheck(w io.Writer, args []string) error {
 	if *path == "" {
 		return errors.New("--config FILE is required")
 	}
-	cfg, err := config.Load(*path)
-	if err == nil && cfg.Discovery.Kubernetes != nil {
+	data, err := os.ReadFile(*path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	rep := config.Check(*path, data)
+	cfg := rep.Config
+	if k := cfg.Discovery.Kubernetes; k != nil && strings.TrimSpace(k.Selector) != "" {
 		// The selector's syntax needs the Kubernetes label parser.
-		if _, serr := discovery.ParseSelector(cfg.Discovery.Kubernetes.Selector); serr != nil {
-			err = fmt.Errorf("config %s: %w", *path, serr)
+		if _, err := discovery.ParseSelector(k.Selector); err != nil {
+			var p *config.Problem
+			if !errors.As(err, &p) {
+				p = &config.Problem{Key: "discovery.kubernetes.selector", Msg: err.Error()}
+			}
+			rep.Add(p)
 		}
 	}
-	if err != nil {
-		problems := strings.Split(err.Error(), "\n")
-		for _, p := range problems {
+	if n := len(rep.Problems); n > 0 {
+		for _, p := range rep.Problems {
 			fmt.Fprintln(w, p)
 		}
-		return fmt.Errorf("%s: %d problem(s)", *path, len(problems))
+		return fmt.Errorf("%s: %d problem(s)", *path, n)
 	}
 	kinds := map[string]int{}
 	for _, wk := range cfg.Workers {

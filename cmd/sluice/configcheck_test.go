@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,6 +51,56 @@ func TestConfigCheck_ListsEveryProblemByKey(t *testing.T) {
 	}
 }
 
+// TestConfigCheck_ReportsEveryProblemAtOnce checks the first-hour file of
+// the issue: a typo and a duration without its unit must not hide the
+// URL, kind, weight and alpha problems beside them; each is printed with
+// the file, line and key, the typo with the key it is near, and the count
+// in the error is the count of lines printed.
+func TestConfigCheck_ReportsEveryProblemAtOnce(t *testing.T) {
+	path := writeConfigFile(t, `workers:
+  - name: a
+    url: ftp://gpu-a
+    kind: triton
+    max_concurency: 4
+admission:
+  queue_timeout: '30'
+weights:
+  latency: -1
+stats:
+  alpha: 3
+`)
+	var out bytes.Buffer
+	err := configCheck(&out, []string{"--config", path})
+	if err == nil {
+		t.Fatal("bad config accepted")
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := []string{
+		path + ":3: workers[0].url:",
+		path + ":4: workers[0].kind:",
+		path + ":5: workers[0].max_concurency: unknown key `max_concurency`; did you mean `max_concurrency`?",
+		path + ":7: admission.queue_timeout: must be a duration",
+		path + ":9: weights.latency:",
+		path + ":11: stats.alpha:",
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out.String())
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d: %q, want it to start %q", i+1, lines[i], w)
+		}
+	}
+	if got, want := err.Error(), fmt.Sprintf("%s: %d problem(s)", path, len(want)); got != want {
+		t.Errorf("err %q, want %q", got, want)
+	}
+	for _, goSpeak := range []string{"time.Duration", "config.Worker", "not found in type", "unmarshal"} {
+		if strings.Contains(out.String(), goSpeak) {
+			t.Errorf("output speaks Go (%q):\n%s", goSpeak, out.String())
+		}
+	}
+}
+
 func TestConfigCheck_UnknownKeyAndMissingFile(t *testing.T) {
 	var out bytes.Buffer
 	path := writeConfigFile(t, "workers:\n  - {name: a, url: 'http://h:1', colour: red}\n")
@@ -77,6 +128,13 @@ func TestConfigCheck_Discovery(t *testing.T) {
 	bad := writeConfigFile(t, "discovery:\n  kubernetes: {selector: 'app in (vllm'}\n")
 	if err := configCheck(&out, []string{"--config", bad}); err == nil || !strings.Contains(out.String(), "discovery.kubernetes.selector") {
 		t.Errorf("bad selector: err %v, output %q", err, out.String())
+	}
+	out.Reset()
+	out.Reset()
+	// A bad selector is reported with the file's other problems.
+	both := writeConfigFile(t, "listen: nowhere\ndiscovery:\n  kubernetes: {selector: 'app in (vllm'}\n")
+	if err := configCheck(&out, []string{"--config", both}); err == nil || !strings.Contains(out.String(), both+":3: discovery.kubernetes.selector") || !strings.Contains(out.String(), both+":1: listen") {
+		t.Errorf("bad selector and listen: err %v, output %q", err, out.String())
 	}
 	out.Reset()
 	none := writeConfigFile(t, "discovery:\n  kubernetes: {kind: vllm}\n")

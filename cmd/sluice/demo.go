@@ -12,10 +12,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/bench"
@@ -36,24 +34,24 @@ func runDemo(args []string) error {
 	duration := fs.Duration("duration", 0, "stop by itself after this long (0: run until Ctrl-C)")
 	state := fs.String("state", filepath.Join(os.TempDir(), "sluice-demo"), "directory for the demo's stats store and decision log")
 	logFormat := fs.String("log-format", "text", "text or json")
-	quiet := fs.Bool("quiet", false, "log warnings only (not every decision)")
+	logLevel := fs.String("log-level", "info", "debug (also a line per decision), info (a traffic line every 10 s, and changes), warn or error")
+	quiet := fs.Bool("quiet", false, "log warnings only (same as --log-level warn)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *rate < 0 || *scale <= 0 {
 		return fmt.Errorf("--rate must be positive (or 0 for the default) and --time-scale positive")
 	}
-	level := slog.LevelInfo
+	level, err := parseLevel(*logLevel)
+	if err != nil {
+		return err
+	}
 	if *quiet {
 		level = slog.LevelWarn
 	}
-	var h slog.Handler = slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})
-	if *logFormat == "json" {
-		h = slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})
-	}
-	log := slog.New(h)
+	log := newLogger(*logFormat, level)
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
 	if *duration > 0 {
 		var cancel context.CancelFunc
@@ -82,6 +80,9 @@ func runDemo(args []string) error {
 	cfg := config.DefaultConfig()
 	cfg.Listen, cfg.LogFormat = *listen, *logFormat
 	cfg.Stats.Store = filepath.Join(*state, "stats.db")
+	// No load balancer waits on the demo's /readyz: it stops once the
+	// requests in flight end (the load's end with Ctrl-C).
+	cfg.Shutdown.DrainDelay = 0
 	cfg.Decisions.File = filepath.Join(*state, "decisions.jsonl")
 	model := specs[0].Params.Model
 	for _, w := range fleet.Workers() {

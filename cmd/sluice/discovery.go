@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
-	"k8s.io/client-go/kubernetes"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/sluice-router/sluice/internal/config"
@@ -39,7 +39,7 @@ func startDiscovery(ctx context.Context, cfg config.Config, srv *server.Server, 
 	if err != nil {
 		return fmt.Errorf("discovery.kubernetes: not running in a pod: %w", err)
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := discoveryclient.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("discovery.kubernetes: %w", err)
 	}

@@ -23,6 +23,7 @@ func runServe(args []string) error {
 	path := fs.String("config", "sluice.yaml", "configuration file")
 	listen := fs.String("listen", "", "listen address (overrides the config's listen)")
 	logFormat := fs.String("log-format", "", "text or json (overrides the config's log_format)")
+	logLevel := fs.String("log-level", "info", "debug (also a line per decision), info (a traffic line every 10 s, and changes), warn or error")
 	grace := fs.Duration("grace", 0, "how long queued and in-flight requests may finish on shutdown (overrides the config's shutdown.grace)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -31,12 +32,16 @@ func runServe(args []string) error {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	load := func() (config.Config, error) { return loadServeConfig(*path, *listen, *logFormat) }
+	level, err := parseLevel(*logLevel)
+	if err != nil {
+		return err
+	}
 	cfg, err := load()
 	if err != nil {
 		return err
 	}
-	log := newLogger(cfg.LogFormat)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	log := newLogger(cfg.LogFormat, level)
+	ctx, stop := signalContext()
 	defer stop()
 	return serve(ctx, cfg, log, *grace, load)
 }
@@ -124,9 +129,20 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, grace time.
 	return err
 }
 
-func newLogger(format string) *slog.Logger {
+// newLogger logs to stderr in format (text or json) from level up.
+func newLogger(format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
 	if format == "json" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, nil))
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// parseLevel reads --log-level.
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
 }

@@ -229,3 +229,45 @@ shutdown: {drain_delay: 3s, grace: 20s}
 		t.Fatalf("persisted stats %+v, want w1 with the 2 finished requests", got)
 	}
 }
+
+// TestServe_CtrlCWithNothingInFlightStopsAtOnce checks the signal wiring
+// of Ctrl-C: SIGINT to an idle router ends it without the drain delay
+// (set to an hour here, so a router that waited it would never exit).
+func TestServe_CtrlCWithNothingInFlightStopsAtOnce(t *testing.T) {
+	if os.Getenv(childEnv) != "" {
+		t.Skip("in the child")
+	}
+	worker := holdWorker(t, make(chan string, 1), make(chan struct{}))
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "sluice.yaml")
+	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
+workers: [{name: w1, url: %q, kind: openai, models: [m]}]
+telemetry: {interval: 1h, stale_after: 1h}
+shutdown: {drain_delay: 1h, grace: 1h}
+`, worker.URL)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServe_SignalChild$", "-test.v=false")
+	cmd.Env = append(os.Environ(), childEnv+"="+cfgPath)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	log := followLog(stderr)
+	log.waitLine(t, "sluice listening")
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	log.waitLine(t, "interrupted with nothing in flight, no drain delay")
+	log.waitLine(t, "every request finished")
+	for range log.lines {
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("child: %v; log:\n%s", err, log.seen.String())
+	}
+}

@@ -5,7 +5,6 @@
 package config
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -297,7 +296,7 @@ func (c *Concurrency) UnmarshalYAML(n *yaml.Node) error {
 	}
 	var v int
 	if err := n.Decode(&v); err != nil {
-		return fmt.Errorf("max_concurrency: %q is neither a number nor auto", n.Value)
+		return fmt.Errorf("%q is neither a whole number nor auto", n.Value)
 	}
 	*c = Concurrency(v)
 	return nil
@@ -567,49 +566,41 @@ func DefaultConfig() Config {
 	}
 }
 
-// Load reads, decodes and validates the file at path.
+// Load reads, decodes and validates the file at path. Its error is a
+// Problems naming the file, with every problem found, or the reason the
+// file could not be read.
 func Load(path string) (Config, error) {
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
-	defer f.Close()
-	cfg, err := Parse(f)
-	if err != nil {
-		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	r := Check(path, data)
+	if err := r.Err(); err != nil {
+		return Config{}, err
 	}
-	return cfg, nil
+	return r.Config, nil
 }
 
 // Parse decodes YAML over DefaultConfig, rejecting unknown keys, and
-// validates the result.
+// validates the result. Its error is a Problems with every problem found.
 func Parse(r io.Reader) (Config, error) {
 	data, err := io.ReadAll(r)
 	if err != nil {
 		return Config{}, err
 	}
-	cfg := DefaultConfig()
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("decode: %w", err)
-	}
-	for i := range cfg.Workers {
-		if cfg.Workers[i].Kind == "" {
-			cfg.Workers[i].Kind = fleet.KindLlamaCPP
-		}
-	}
-	if err := cfg.Validate(); err != nil {
+	rep := Check("", data)
+	if err := rep.Err(); err != nil {
 		return Config{}, err
 	}
-	return cfg, nil
+	return rep.Config, nil
 }
 
-// Validate reports every problem in cfg, each prefixed with its key path.
+// Validate reports every problem in cfg, each with its key path: nil, or
+// a Problems.
 func (c *Config) Validate() error {
-	var errs []error
+	var errs Problems
 	bad := func(key, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+		errs = append(errs, problem(key, format, args...))
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen", "%q is not host:port: %v", c.Listen, err)
@@ -618,7 +609,7 @@ func (c *Config) Validate() error {
 		bad("log_format", "%q is not text or json", c.LogFormat)
 	}
 	if !slices.Contains(scheduler.Policies, scheduler.Policy(c.Policy)) {
-		bad("policy", "%q is not one of %v", c.Policy, scheduler.Policies)
+		bad("policy", "%q is not one of %s", c.Policy, oneOf(scheduler.Policies))
 	}
 	if len(c.Workers) == 0 {
 		if c.Discovery.Kubernetes == nil {
@@ -797,13 +788,25 @@ func (c *Config) Validate() error {
 	if k := c.Discovery.Kubernetes; k != nil {
 		errs = append(errs, k.validate("discovery.kubernetes")...)
 	}
-	return errors.Join(errs...)
+	if len(errs) == 0 {
+		return nil
+	}
+	return errs
 }
 
-func (w Worker) validate(key string) []error {
-	var errs []error
+// oneOf lists the allowed words, comma separated.
+func oneOf[S ~string](words []S) string {
+	out := make([]string, len(words))
+	for i, w := range words {
+		out[i] = string(w)
+	}
+	return strings.Join(out, ", ")
+}
+
+func (w Worker) validate(key string) Problems {
+	var errs Problems
 	bad := func(k, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s.%s: %s", key, k, fmt.Sprintf(format, args...)))
+		errs = append(errs, problem(key+"."+k, format, args...))
 	}
 	if w.Name == "" {
 		bad("name", "missing")
@@ -814,7 +817,7 @@ func (w Worker) validate(key string) []error {
 		bad("url", "%v", err)
 	}
 	if !slices.Contains(Kinds, w.Kind) {
-		bad("kind", "%q is not one of %v", w.Kind, Kinds)
+		bad("kind", "%q is not one of %s", w.Kind, oneOf(Kinds))
 	}
 	for i, m := range w.Models {
 		if strings.TrimSpace(m) == "" {
@@ -871,16 +874,16 @@ func checkURL(s string) error {
 
 // validate checks what can be checked without a cluster; the selector's
 // syntax is checked when discovery starts (and by sluice config check).
-func (k *KubernetesDiscovery) validate(key string) []error {
-	var errs []error
+func (k *KubernetesDiscovery) validate(key string) Problems {
+	var errs Problems
 	bad := func(k, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s.%s: %s", key, k, fmt.Sprintf(format, args...)))
+		errs = append(errs, problem(key+"."+k, format, args...))
 	}
 	if strings.TrimSpace(k.Selector) == "" {
 		bad("selector", "missing: without one every EndpointSlice of the namespace would become workers")
 	}
 	if k.Kind != "" && !slices.Contains(Kinds, k.Kind) {
-		bad("kind", "%q is not one of %v", k.Kind, Kinds)
+		bad("kind", "%q is not one of %s", k.Kind, oneOf(Kinds))
 	}
 	for i, m := range k.Models {
 		if strings.TrimSpace(m) == "" {

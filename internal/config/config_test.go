@@ -1,9 +1,15 @@
 package config
 
 import (
+	"errors"
+	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.yaml.in/yaml/v3"
 )
 
 const good = `
@@ -89,15 +95,15 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 		name, yaml string
 		want       []string // substrings of the error
 	}{
-		{"unknown key", "listen: 127.0.0.1:1\nlisten_addr: x\nworkers: [{name: a, url: 'http://h:1'}]", []string{"listen_addr", "not found"}},
-		{"unknown worker key", "workers: [{name: a, url: 'http://h:1', modle: x}]", []string{"modle"}},
+		{"unknown key", "listen: 127.0.0.1:1\nlisten_addr: x\nworkers: [{name: a, url: 'http://h:1'}]", []string{"line 2", "listen_addr: unknown key `listen_addr`"}},
+		{"unknown worker key", "workers: [{name: a, url: 'http://h:1', modle: x}]", []string{"workers[0].modle: unknown key `modle`; did you mean `models`?"}},
 		{"no workers", "listen: 127.0.0.1:1", []string{"workers: at least one worker"}},
 		{"bad url", "workers: [{name: a, url: 'ftp://h'}]", []string{"workers[0].url", "scheme"}},
 		{"missing url", "workers: [{name: a}]", []string{"workers[0].url: missing"}},
 		{"duplicate name", "workers: [{name: a, url: 'http://h:1'}, {name: a, url: 'http://h:2'}]", []string{"workers[1].name: duplicate worker name \"a\""}},
 		{"negative weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {kv_pressure: -1}", []string{"weights.kv_pressure: negative"}},
 		{"bad kind", "workers: [{name: a, url: 'http://h:1', kind: triton}]", []string{"workers[0].kind", "triton"}},
-		{"bad duration", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: soon}", []string{"line 2", "soon", "time.Duration"}},
+		{"bad duration", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: soon}", []string{"line 2: admission.queue_timeout: must be a duration", `got "soon"`}},
 		{"zero timeout", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: 0s}", []string{"admission.queue_timeout: must be positive"}},
 		{"bad listen", "listen: nowhere\nworkers: [{name: a, url: 'http://h:1'}]", []string{"listen:"}},
 		{"bad policy", "policy: fastest\nworkers: [{name: a, url: 'http://h:1'}]", []string{"policy:", "fastest"}},
@@ -158,15 +164,55 @@ func TestLoad_ExampleConfigsAreValid(t *testing.T) {
 	}
 }
 
+// FuzzParse holds Parse to two things on any input: what it accepts,
+// Validate accepts; and where a strict yaml.v3 decode (unknown keys
+// refused) of the same text succeeds, Parse's own decoding, which goes on
+// past problems to report them all, gives the same config. Inputs with
+// merge keys are left out of the comparison: yaml.v3's order of merged
+// keys is its own.
 func FuzzParse(f *testing.F) {
 	f.Add(good)
 	f.Add("workers: [{name: a, url: 'http://h:1'}]")
+	f.Add("workers: [{name: a, url: 'http://h:1', max_concurrency: auto, gpu_selector: {gpu: 1}}]\nlimits: {models: {m: {min_stream_tok_s: 3}}}\nadmission: {tenant_weights: {t: 2}, classes: [{name: x, max_queue_wait: 2s}]}")
+	f.Add("workers:\n  - &w {name: a, url: 'http://h:1'}\nweights: {latency: ~}\ndiscovery: {kubernetes: {selector: a=b}}\nstats: ~")
+	f.Add("workers: [{name: a, url: 'http://h:1', max_concurency: 3}]\nadmission: {queue_timeout: '30'}")
 	f.Fuzz(func(t *testing.T, s string) {
 		cfg, err := Parse(strings.NewReader(s))
 		if err == nil {
 			if verr := cfg.Validate(); verr != nil {
 				t.Fatalf("Parse accepted a config Validate rejects: %v", verr)
 			}
+		} else {
+			var ps Problems
+			if !errors.As(err, &ps) || len(ps) == 0 {
+				t.Fatalf("Parse failed with %T %v, want Problems", err, err)
+			}
+		}
+		if strings.Contains(s, "<<") {
+			return
+		}
+		strict := DefaultConfig()
+		dec := yaml.NewDecoder(strings.NewReader(s))
+		dec.KnownFields(true)
+		if derr := dec.Decode(&strict); derr != nil && !errors.Is(derr, io.EOF) {
+			return
+		}
+		for i := range strict.Workers {
+			if strict.Workers[i].Kind == "" {
+				strict.Workers[i].Kind = "llamacpp"
+			}
+		}
+		rep := Check("", []byte(s))
+		for _, p := range rep.Problems {
+			if strings.HasPrefix(p.Msg, "must be a whole number") || p.Msg == emptyKey || p.Msg == emptyItem {
+				return // yaml.v3 cuts 2.5 to 2 and drops empty keys and items; Check refuses them
+			}
+			if strict.Validate() == nil || !slices.ContainsFunc(asProblems(strict.Validate()), func(q *Problem) bool { return q.Key == p.Key && q.Msg == p.Msg }) {
+				t.Fatalf("yaml.v3 decodes %q, but Check reports %v", s, p)
+			}
+		}
+		if diff := cmp.Diff(strict, rep.Config); diff != "" {
+			t.Fatalf("Check decodes %q differently from yaml.v3 (-yaml.v3 +Check):\n%s", s, diff)
 		}
 	})
 }
@@ -180,7 +226,7 @@ func TestParse_MaxConcurrencyAutoOrCap(t *testing.T) {
 		{in: "auto", want: 0},
 		{in: "AUTO", want: 0},
 		{in: "3", want: 3},
-		{in: "many", wantErr: "neither a number nor auto"},
+		{in: "many", wantErr: `workers[0].max_concurrency: "many" is neither a whole number nor auto`},
 		{in: "-2", wantErr: "workers[0].max_concurrency: negative"},
 	}
 	for _, tt := range tests {

@@ -8,10 +8,10 @@ import (
 
 // validateHardening checks the auth, server, shutdown and TLS sections and
 // the workers' TLS settings, each problem with its key path.
-func (c *Config) validateHardening() []error {
-	var errs []error
+func (c *Config) validateHardening() Problems {
+	var errs Problems
 	bad := func(key, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+		errs = append(errs, problem(key, format, args...))
 	}
 	seen := map[string]int{}
 	for i, k := range c.Auth.Keys {

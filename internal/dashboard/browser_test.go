@@ -23,8 +23,10 @@ import (
 )
 
 // findBrowser returns a Chromium or Chrome binary: $SLUICE_CHROME, else the
-// first of the usual names on $PATH. The test skips when there is none.
-func findBrowser(t *testing.T) string {
+// first of the usual names on $PATH. The test skips when there is none,
+// except in CI (CI set, as .ci/run sets it), where it fails: .ci/run
+// installs Chromium, so the browser test must never pass unrun there.
+func findBrowser(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("SLUICE_CHROME"); p != "" {
 		return p
@@ -33,6 +35,9 @@ func findBrowser(t *testing.T) string {
 		if p, err := exec.LookPath(name); err == nil {
 			return p
 		}
+	}
+	if ci := os.Getenv("CI"); ci != "" && ci != "false" {
+		t.Fatal("no Chromium or Chrome binary on $PATH, and CI is set: the browser test must run in CI (.ci/install-deps installs chromium)")
 	}
 	t.Skip("no Chromium or Chrome binary on $PATH (apt-get install -y chromium, or set SLUICE_CHROME): skipping the browser test")
 	return ""
@@ -290,7 +295,22 @@ func TestDashboard_PagesAFleetOfHundreds(t *testing.T) {
 	}
 	waitJS[bool](t, ctx, "the filter", `document.getElementById("page-info").textContent === "1–1 of 1" && document.querySelector("#cards .card").dataset.worker === "gpu-0"`)
 	waitJS[bool](t, ctx, "a bounded concurrency chart", `document.querySelectorAll("#lg-conc span").length === 8`)
+
+	// A decision lists all 300 candidates: its breakdown, like the list,
+	// stays within the window (1000 px high) and scrolls inside itself.
+	if resp, body, err := r.chat(context.Background(), http.DefaultClient, false, 4); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("request: %v %v %s", err, resp, body)
+	}
+	waitJS[bool](t, ctx, "the newest decision's breakdown", `document.querySelectorAll("#detail .cand").length === 300`)
+	for _, sel := range []string{"#detail", ".dlist-wrap"} {
+		waitJS[bool](t, ctx, sel+" within the window", fmt.Sprintf(`(() => { const d = document.querySelector(%q), cs = getComputedStyle(d); return (cs.overflowY === "auto" || cs.overflowY === "scroll") && d.getBoundingClientRect().height <= innerHeight; })()`, sel))
+	}
+	waitJS[bool](t, ctx, "the breakdown scrolls to its last candidate", `(() => { const d = document.getElementById("detail"); d.scrollTop = d.scrollHeight; const last = [...d.querySelectorAll(".cand")].pop().getBoundingClientRect(), box = d.getBoundingClientRect(); return d.scrollTop > 0 && last.bottom <= box.bottom + 1 && last.top >= box.top - 1; })()`)
 }
+
+// longReason is a limit explanation longer than a card's two lines, as
+// the scheduler writes them when it borrows under a backlog.
+const longReason = "6: at 7 streams the slowest decode 35.9 tok/s (p16), under the floor 36.5; probing from 7 streams (1 samples there so far); floor 36.5 tok/s, half the best solo rate 73.0 tok/s of gpu-b; borrowing +1: the oldest queued request waited 2.3s"
 
 // TestDashboard_ShowsLimitReasonAndSendsToken serves the page's own
 // assets with a canned overview: the page must render fields the
@@ -323,7 +343,7 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 			"totals":{"admitted":1,"ok":1,"r429":0,"r503":0,"failed":0,"tokens":9},
 			"page":{"offset":0,"limit":24,"total":1,"sort":"config"},
 			"workers":[{"name":"gpu-a","health":"ok","draining":false,"models":["m"],"active":3,"active_other_replicas":2,"limit":6,
-				"limit_source":"learned","limit_reason":"TTFT rose past its goal above 6 in flight",
+				"limit_source":"learned","limit_cap":8,"limit_reason":"`+longReason+`",
 				"limit_moved":{"at":"1970-01-01T00:00:00Z","from":7,"to":6,"why":"slowest stream under the floor"},"sluice_queue":0,"averages":{},"spark":[3]}],
 			"busiest":[{"name":"gpu-a","limit":6,"active":[3]}],
 			"decisions":[{"id":"d-1","time":"2026-01-02T03:04:05Z","model":"m","outcome":"bound","chosen":"gpu-a","attempt":1,"queue_wait_ms":0}]}`)
@@ -346,7 +366,19 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 	if err := do(ctx, chromedp.Navigate(srv.URL+"/#token="+token)); err != nil {
 		t.Fatal(err)
 	}
-	waitJS[bool](t, ctx, "the card with its limit's source and reason", `(() => { const n = document.querySelector('#cards .card[data-worker="gpu-a"] .limitnote'); return n && /limit 6 · learned — TTFT rose past its goal above 6 in flight/.test(n.textContent); })()`)
+	waitJS[bool](t, ctx, "the card with its limit's source and reason", `(() => { const n = document.querySelector('#cards .card[data-worker="gpu-a"] .limitnote'); return n && /^limit 6 · learned, cap 8 — 6: at 7 streams the slowest decode/.test(n.textContent); })()`)
+	// The card shows two lines of it; the whole text is on hover, and in
+	// place after a click, which the card keeps across refreshes.
+	note := `document.querySelector('#cards .card[data-worker="gpu-a"] .limitnote')`
+	waitJS[bool](t, ctx, "the long reason cut to two lines on the card", `(() => { const n = `+note+`; return n.scrollHeight > n.clientHeight + 1; })()`)
+	if got, want := waitJS[string](t, ctx, "the whole text on hover", note+`.title`), "limit 6 · learned, cap 8 — "+longReason; got != want {
+		t.Errorf("limit note's title %q, want the whole text %q", got, want)
+	}
+	if err := do(ctx, chromedp.Click(`#cards .card[data-worker="gpu-a"] .limitnote`)); err != nil {
+		t.Fatal(err)
+	}
+	waitJS[bool](t, ctx, "the whole reason shown after a click", `(() => { const n = `+note+`; n.dataset.seen = "1"; return n.scrollHeight <= n.clientHeight + 1 && n.getAttribute("aria-expanded") === "true"; })()`)
+	waitJS[bool](t, ctx, "still whole after the card is drawn again", `(() => { const n = `+note+`; return !n.dataset.seen && n.scrollHeight <= n.clientHeight + 1; })()`)
 	waitJS[bool](t, ctx, "in flight across replicas against the limit", `(() => { const c = document.querySelector('#cards .card[data-worker="gpu-a"]'), n = c.querySelector('[data-k="active"]'); return c.dataset.active === "5" && /^5\/6$/.test(n.textContent) && /3 from this replica, 2 from the others/.test(n.title); })()`)
 	waitJS[bool](t, ctx, "when the limit last moved", `/moved 7→6 12 s ago/.test(document.querySelector('#cards .card[data-worker="gpu-a"]').textContent)`)
 	waitJS[bool](t, ctx, "the banner gone", `document.getElementById("banner").hidden`)

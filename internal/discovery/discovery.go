@@ -7,7 +7,10 @@
 //
 // # Concurrency Model
 //
-// A Watcher runs one client-go informer. Its event handlers only mark the
+// A Watcher runs one client-go informer, of EndpointSlices only: it
+// needs the typed client of the discovery.k8s.io group, not the whole
+// clientset and informer factory, whose hundreds of API groups would be
+// compiled and linked into the binary for nothing. Its event handlers only mark the
 // desired set dirty; a single reconcile goroutine recomputes the set from
 // the informer's cache and applies the difference to the Sink, so Sink
 // calls never run concurrently and never block the informer. The same
@@ -35,8 +38,10 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/sluice-router/sluice/internal/config"
@@ -78,7 +83,7 @@ type Options struct {
 // equal to their ready endpoints.
 type Watcher struct {
 	cfg    config.KubernetesDiscovery
-	client kubernetes.Interface
+	client discoveryclient.EndpointSlicesGetter
 	sink   Sink
 	log    *slog.Logger
 	resync time.Duration
@@ -90,14 +95,17 @@ type Watcher struct {
 	owned map[string]config.Worker // workers this Watcher added, by name
 }
 
-// ParseSelector checks a label selector's syntax, naming the key.
+// ParseSelector checks a label selector's syntax. Its error is a
+// *config.Problem naming the key, so sluice config check reports it on
+// its line with the file's other problems.
 func ParseSelector(s string) (labels.Selector, error) {
+	const key = "discovery.kubernetes.selector"
 	sel, err := labels.Parse(s)
 	if err != nil {
-		return nil, fmt.Errorf("discovery.kubernetes.selector: %q: %w", s, err)
+		return nil, &config.Problem{Key: key, Msg: fmt.Sprintf("%q: %v", s, err)}
 	}
 	if sel.Empty() {
-		return nil, fmt.Errorf("discovery.kubernetes.selector: %q selects everything", s)
+		return nil, &config.Problem{Key: key, Msg: fmt.Sprintf("%q selects everything", s)}
 	}
 	return sel, nil
 }
@@ -115,9 +123,10 @@ func OwnNamespace() string {
 	return strings.TrimSpace(string(b))
 }
 
-// New returns a Watcher for cfg. It fails on a selector that does not
-// parse or when no namespace is known.
-func New(cfg config.KubernetesDiscovery, client kubernetes.Interface, sink Sink, opts Options) (*Watcher, error) {
+// New returns a Watcher for cfg that reads EndpointSlices through client
+// (discoveryclient.NewForConfig, or its fake in tests). It fails on a
+// selector that does not parse or when no namespace is known.
+func New(cfg config.KubernetesDiscovery, client discoveryclient.EndpointSlicesGetter, sink Sink, opts Options) (*Watcher, error) {
 	sel, err := ParseSelector(cfg.Selector)
 	if err != nil {
 		return nil, err
@@ -153,24 +162,36 @@ func New(cfg config.KubernetesDiscovery, client kubernetes.Interface, sink Sink,
 // background until ctx ends. On ctx's end the discovered workers are left
 // in place: the process is stopping.
 func (w *Watcher) Run(ctx context.Context, ready func()) error {
-	factory := informers.NewSharedInformerFactoryWithOptions(w.client, w.resync,
-		informers.WithNamespace(w.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = w.sel.String() }))
-	inf := factory.Discovery().V1().EndpointSlices()
+	endpointSlices := w.client.EndpointSlices(w.cfg.Namespace)
+	selector := w.sel.String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return endpointSlices.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return endpointSlices.Watch(ctx, o)
+		},
+	}
+	// As the generated informers do: the client says whether it serves
+	// watch-list streams (client-go's fakes do not).
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, w.client), &discoveryv1.EndpointSlice{}, w.resync,
+		cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	mark := func(any) { w.markDirty() }
-	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    mark,
 		UpdateFunc: func(_, n any) { mark(n) },
 		DeleteFunc: mark,
 	}); err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
-	lister := inf.Lister()
-	factory.Start(ctx.Done())
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("discovery: %v informer did not sync: %w", typ, context.Cause(ctx))
-		}
+	lister := discoverylisters.NewEndpointSliceLister(inf.GetIndexer())
+	var running sync.WaitGroup
+	running.Go(func() { inf.RunWithContext(ctx) })
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		running.Wait()
+		return fmt.Errorf("discovery: endpointslices informer did not sync: %w", context.Cause(ctx))
 	}
 	w.log.Info("discovery watching endpointslices")
 	apply := func(all bool) {
@@ -188,7 +209,7 @@ func (w *Watcher) Run(ctx context.Context, ready func()) error {
 	go func() {
 		t := time.NewTicker(w.resync)
 		defer t.Stop()
-		defer factory.Shutdown()
+		defer running.Wait() // the informer stops with ctx
 		for {
 			select {
 			case <-ctx.Done():

@@ -10,26 +10,37 @@ import (
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
-// errorBody is the OpenAI error shape.
+// errorBody is the OpenAI error shape. Param names the request field the
+// error is about, null when it is about no one field.
 type errorBody struct {
 	Error struct {
-		Message string `json:"message"`
-		Type    string `json:"type"`
-		Code    string `json:"code"`
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
 	} `json:"error"`
 }
 
-func errorJSON(code, typ, msg string) []byte {
+func errorJSON(code, typ, param, msg string) []byte {
 	var b errorBody
 	b.Error.Message, b.Error.Type, b.Error.Code = msg, typ, code
+	if param != "" {
+		b.Error.Param = &param
+	}
 	out, _ := json.Marshal(b)
 	return out
 }
 
-// WriteError writes an OpenAI-style error with status and a
+// writeError writes an OpenAI-style error with status and a
 // machine-readable reason, in the body and in X-Sluice-Reason, and returns
 // both for the caller's accounting.
 func writeError(w http.ResponseWriter, status int, reason, msg string) (int, string) {
+	return writeParamError(w, status, reason, "", msg)
+}
+
+// writeParamError is writeError for an error about one request field,
+// named in the body's param.
+func writeParamError(w http.ResponseWriter, status int, reason, param, msg string) (int, string) {
 	typ := "invalid_request_error"
 	if status >= 500 || status == http.StatusTooManyRequests {
 		typ = "server_error"
@@ -40,7 +51,7 @@ func writeError(w http.ResponseWriter, status int, reason, msg string) (int, str
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Sluice-Reason", reason)
 	w.WriteHeader(status)
-	w.Write(append(errorJSON(reason, typ, msg), '\n'))
+	w.Write(append(errorJSON(reason, typ, param, msg), '\n'))
 	return status, reason
 }
 

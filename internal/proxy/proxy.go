@@ -228,13 +228,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	native := r.URL.Path == "/completion" || r.URL.Path == "/rerank" // llama.cpp's own routes: model optional
 	p, err := parseInference(body, !native)
 	if err != nil {
-		res.Status, res.Reason = writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		var bad *badRequest
+		param := ""
+		if errors.As(err, &bad) {
+			param = bad.param
+		}
+		res.Status, res.Reason = writeParamError(w, http.StatusBadRequest, "invalid_request", param, err.Error())
 		return
 	}
 	if p.model == "" { // native /completion: the model the fleet serves
 		models := h.opt.Scheduler.Models()
 		if len(models) != 1 {
-			res.Status, res.Reason = writeError(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("field \"model\" is required when the fleet serves %d models", len(models)))
+			res.Status, res.Reason = writeParamError(w, http.StatusBadRequest, "invalid_request", "model", fmt.Sprintf("field \"model\" is required when the fleet serves %d models", len(models)))
 			return
 		}
 		p.model = models[0]
@@ -617,7 +622,7 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 // writeStreamError ends a stream whose worker failed with an OpenAI-style
 // error event, so the client knows the answer is incomplete.
 func writeStreamError(w io.Writer, rc *http.ResponseController, code, msg string) {
-	fmt.Fprintf(w, "data: %s\n\n", errorJSON(code, "server_error", msg))
+	fmt.Fprintf(w, "data: %s\n\n", errorJSON(code, "server_error", "", msg))
 	rc.Flush()
 }
 

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bytes"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -23,8 +25,12 @@ func TestParseInference(t *testing.T) {
 		{"native n_predict", `{"prompt":"x","n_predict":12}`, false, parsed{maxTokens: 12}, ""},
 		{"missing model", `{"messages":[]}`, true, parsed{}, `missing required field "model"`},
 		{"malformed", `{"model":`, true, parsed{}, "not valid JSON"},
-		{"model not a string", `{"model":3}`, true, parsed{}, "not valid JSON"},
-		{"negative", `{"model":"m","max_tokens":-3}`, true, parsed{}, "must not be negative"},
+		{"model not a string", `{"model":3}`, true, parsed{}, `"model" must be a string, got a number`},
+		{"negative", `{"model":"m","max_tokens":-3}`, true, parsed{}, `"max_tokens" must not be negative`},
+		{"max_tokens -1 refused", `{"model":"m","max_tokens":-1}`, true, parsed{}, `"max_tokens" must not be negative, got -1`},
+		{"n_predict -1 is llama.cpp's no limit", `{"prompt":"x","n_predict":-1}`, false, parsed{}, ""},
+		{"n_predict below -1", `{"prompt":"x","n_predict":-2}`, false, parsed{}, `"n_predict" must be -1 (no limit) or more, got -2`},
+		{"first positive limit wins", `{"model":"m","max_tokens":0,"max_completion_tokens":7,"max_output_tokens":9}`, true, parsed{model: "m", maxTokens: 7}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -80,13 +86,35 @@ func TestStreamMeter(t *testing.T) {
 	}
 }
 
+// FuzzParseInference holds the request parser to its contract on any
+// body: what it accepts has a model, no negative limit and a prompt of at
+// least one token; what it refuses is a *badRequest whose message names
+// no Go type, and whose param, when set, is a key of the body.
 func FuzzParseInference(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`))
 	f.Add([]byte(`{"prompt":"x","n_predict":-1}`))
+	f.Add([]byte(`{"model":"m","stream":"yes"}`))
+	f.Add([]byte(`[{"model":"m"}]`))
+	f.Add([]byte(`{"model":7,"max_tokens":2.5}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := parseInference(b, true)
-		if err == nil && (p.model == "" || p.maxTokens < 0 || p.promptTokens < 1) {
-			t.Fatalf("accepted %q as %+v", b, p)
+		if err == nil {
+			if p.model == "" || p.maxTokens < 0 || p.promptTokens < 1 {
+				t.Fatalf("accepted %q as %+v", b, p)
+			}
+			return
+		}
+		var bad *badRequest
+		if !errors.As(err, &bad) || bad.msg == "" {
+			t.Fatalf("refused %q with %T %v, want a *badRequest with a message", b, err, err)
+		}
+		for _, goSpeak := range []string{"Go struct", "Go value", "inference.", "of type", "unmarshal"} {
+			if strings.Contains(bad.msg, goSpeak) {
+				t.Fatalf("refused %q with %q: speaks Go", b, bad.msg)
+			}
+		}
+		if bad.param != "" && !bytes.Contains(bytes.ToLower(b), []byte(strings.ToLower(bad.param))) && bad.param != "model" {
+			t.Fatalf("refused %q naming param %q, which it does not hold", b, bad.param)
 		}
 	})
 }

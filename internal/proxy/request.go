@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"unicode/utf8"
 )
@@ -35,31 +37,62 @@ type parsed struct {
 	promptExtra  int    // tokens of the prompt that are not in promptText
 }
 
+// badRequest is a request body Sluice refuses: what is wrong, in words a
+// client's developer reads, and the field it is about (OpenAI's "param";
+// empty for the body as a whole).
+type badRequest struct {
+	param, msg string
+}
+
+func (e *badRequest) Error() string { return e.msg }
+
+// tokenLimits are the fields that bound a request's output, in the order
+// they are read: the first positive one is the request's max_tokens.
+// OpenAI's own fields must not be negative, as in OpenAI's API and vLLM
+// (which refuses max_tokens under 1); llama.cpp's n_predict may be -1, its
+// "no limit", which is its default. llama.cpp also reads a max_tokens of
+// -1 as no limit, but a fleet that mixes engines would then answer the
+// same request differently by where it lands, so on the OpenAI fields it
+// is refused: leave the field out for no limit.
+var tokenLimits = []struct {
+	field string
+	min   int
+	get   func(*inference) *int
+}{
+	{"max_tokens", 0, func(in *inference) *int { return in.MaxTokens }},
+	{"max_completion_tokens", 0, func(in *inference) *int { return in.MaxCompletionTokens }},
+	{"n_predict", -1, func(in *inference) *int { return in.NPredict }},
+	{"max_output_tokens", 0, func(in *inference) *int { return in.MaxOutputTokens }},
+}
+
 // parseInference validates body. needModel is false for llama.cpp's native
-// /completion, which has no model field.
+// /completion, which has no model field. Its error is a *badRequest.
 func parseInference(body []byte, needModel bool) (parsed, error) {
 	var in inference
-	if err := json.Unmarshal(body, &in); err != nil {
-		return parsed{}, fmt.Errorf("request body is not valid JSON: %v", err)
+	if err := decodeBody(body, &in); err != nil {
+		return parsed{}, err
 	}
 	var p parsed
 	if in.Model != nil {
 		p.model = *in.Model
 	}
 	if p.model == "" && needModel {
-		return parsed{}, fmt.Errorf("missing required field \"model\"")
+		return parsed{}, &badRequest{"model", `missing required field "model" (a string naming the model)`}
 	}
 	p.stream = in.Stream
-	for _, v := range []*int{in.MaxTokens, in.MaxCompletionTokens, in.NPredict, in.MaxOutputTokens} {
+	for _, tl := range tokenLimits {
+		v := tl.get(&in)
 		if v == nil {
 			continue
 		}
-		if *v < -1 {
-			return parsed{}, fmt.Errorf("max_tokens must not be negative, got %d", *v)
+		if *v < tl.min {
+			if tl.min == 0 {
+				return parsed{}, &badRequest{tl.field, fmt.Sprintf("%q must not be negative, got %d (leave it out for no limit)", tl.field, *v)}
+			}
+			return parsed{}, &badRequest{tl.field, fmt.Sprintf("%q must be -1 (no limit) or more, got %d", tl.field, *v)}
 		}
-		if *v > 0 {
+		if *v > 0 && p.maxTokens == 0 {
 			p.maxTokens = *v
-			break
 		}
 	}
 	var pc promptCount
@@ -71,6 +104,94 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 	p.promptRunes = pc.runes
 	p.promptExtra = pc.tokens() - pc.runes/charsPerToken
 	return p, nil
+}
+
+// decodeBody decodes a JSON object into in, saying in a client's words
+// what is wrong when it cannot: not JSON at all, JSON but not an object,
+// or a field Sluice reads holding the wrong kind of value.
+func decodeBody(body []byte, in *inference) error {
+	if firstByte(body) == 0 {
+		return &badRequest{"", "request body is empty: want a JSON object"}
+	}
+	if !json.Valid(body) {
+		var syn *json.SyntaxError
+		if err := json.Unmarshal(body, new(json.RawMessage)); errors.As(err, &syn) {
+			return &badRequest{"", fmt.Sprintf("request body is not valid JSON: %v (at byte %d)", syn, syn.Offset)}
+		}
+		return &badRequest{"", "request body is not valid JSON"}
+	}
+	if t := firstByte(body); t != '{' {
+		return &badRequest{"", fmt.Sprintf("request body must be a JSON object ({...}), got %s", jsonKind(t))}
+	}
+	err := json.Unmarshal(body, in)
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return &badRequest{te.Field, fmt.Sprintf("%q must be %s, got %s", te.Field, wantJSON(te.Type), gotJSON(te.Value))}
+	}
+	if err != nil {
+		return &badRequest{"", "request body could not be read as JSON: " + err.Error()}
+	}
+	return nil
+}
+
+// firstByte is the first byte of body that is not JSON white space.
+func firstByte(body []byte) byte {
+	for _, c := range body {
+		switch c {
+		case ' ', '\t', '\r', '\n':
+			continue
+		}
+		return c
+	}
+	return 0
+}
+
+// jsonKind names the JSON value that starts with c.
+func jsonKind(c byte) string {
+	switch c {
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+// wantJSON says what a field Sluice reads must hold, by its Go type.
+func wantJSON(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Bool:
+		return "true or false"
+	case reflect.String:
+		return "a string"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "a whole number"
+	}
+	return "another kind of value"
+}
+
+// gotJSON names what json.UnmarshalTypeError saw: "string", "bool", or
+// "number 5.5" for a number that does not fit.
+func gotJSON(v string) string {
+	switch v {
+	case "array", "object":
+		return "an " + v
+	case "bool":
+		return "a boolean"
+	case "string", "number":
+		return "a " + v
+	}
+	if n, ok := strings.CutPrefix(v, "number "); ok {
+		return n
+	}
+	return v
 }
 
 // Prompt size estimates. Four characters per token is about right for

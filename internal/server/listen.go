@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,6 +15,13 @@ import (
 	"github.com/sluice-router/sluice/internal/config"
 )
 
+// ErrInterrupted is the cause to cancel Serve's context with when a
+// person stops the router at a terminal (Ctrl-C, SIGINT), as against an
+// orchestrator's SIGTERM. Then no load balancer is waiting to see /readyz
+// fail, so the drain delay is skipped when nothing is in flight, and ends
+// as soon as nothing is.
+var ErrInterrupted = errors.New("interrupted")
+
 // refuseWindow bounds how long, after the grace period, Sluice waits for
 // the requests it refused (still queued at the deadline) to get their 503
 // before it closes every connection.
@@ -23,7 +31,9 @@ const refuseWindow = time.Second
 //
 //  1. /readyz answers 503 at once while everything else is still served,
 //     for shutdown.drain_delay, so a load balancer takes the router out of
-//     rotation before it stops accepting;
+//     rotation before it stops accepting; when ctx was cancelled with
+//     ErrInterrupted (Ctrl-C), only while inference requests are in
+//     flight, so an idle router stops at once;
 //  2. the listener closes and idle connections with it; queued and
 //     in-flight requests go on, for up to grace (shutdown.grace when grace
 //     is 0);
@@ -59,6 +69,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	} else {
 		go func() { errc <- hs.Serve(ln) }()
 	}
+	consoleCtx, stopConsole := context.WithCancel(context.Background())
+	defer stopConsole()
+	tick := s.summaryTick
+	if tick == nil {
+		t := time.NewTicker(summaryInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	go s.runConsole(consoleCtx, tick)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -66,16 +85,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	}
 	s.stopping.Store(true)
 	delay := s.cfg.Shutdown.DrainDelay
-	s.log.Info("shutting down: /readyz now answers 503", "drain_delay", delay, "grace", grace)
+	interrupted := errors.Is(context.Cause(ctx), ErrInterrupted)
 	after := s.after
 	if after == nil {
 		after = time.After
 	}
-	if delay > 0 {
-		select {
-		case <-after(delay):
-		case err := <-errc:
-			return fmt.Errorf("serve: %w", err)
+	switch {
+	case delay <= 0:
+	case interrupted && s.inFlight.Load() == 0:
+		s.log.Info("shutting down: interrupted with nothing in flight, no drain delay", "grace", grace)
+	default:
+		s.log.Info("shutting down: /readyz now answers 503", "drain_delay", delay, "grace", grace)
+		if err := s.drainDelay(after(delay), interrupted, errc); err != nil {
+			return err
 		}
 	}
 	s.log.Info("shutting down: no longer accepting; waiting for queued and in-flight requests")
@@ -100,6 +122,29 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	err := hs.Close()
 	<-done
 	return err
+}
+
+// drainDelay waits until done fires, or, when interrupted, until nothing
+// is in flight either; it returns the listener's error if serving fails
+// meanwhile.
+func (s *Server) drainDelay(done <-chan time.Time, interrupted bool, errc <-chan error) error {
+	var idle <-chan struct{}
+	if interrupted {
+		idle = s.idle
+	}
+	for {
+		if interrupted && s.inFlight.Load() == 0 {
+			s.log.Info("shutting down: nothing in flight any more, drain delay ended")
+			return nil
+		}
+		select {
+		case <-done:
+			return nil
+		case <-idle:
+		case err := <-errc:
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
 }
 
 // Stopping reports whether the router is shutting down (it then answers

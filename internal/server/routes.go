@@ -19,28 +19,56 @@ import (
 var inferencePaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/completion",
 	"/v1/responses", "/v1/rerank", "/rerank"}
 
+// routes registers every route of the router on its mux.
 func (s *Server) routes() {
+	inference := s.counted(s.proxy)
 	for _, p := range inferencePaths {
-		s.mux.Handle(p, s.proxy)
+		s.route(p, inference)
 	}
-	s.mux.HandleFunc("GET /v1/models", s.models)
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+	s.routeFunc("GET /v1/models", s.models)
+	s.routeFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	s.mux.HandleFunc("GET /readyz", s.ready)
-	s.mux.HandleFunc("GET /debug/decisions", s.listDecisions)
-	s.mux.HandleFunc("GET /debug/decisions/{id}", s.getDecision)
-	s.mux.HandleFunc("GET /api/workers", s.listWorkers)
-	s.mux.HandleFunc("POST /api/workers", s.postWorker)
-	s.mux.HandleFunc("POST /api/workers/{name}/drain", s.drainWorker(true))
-	s.mux.HandleFunc("POST /api/workers/{name}/undrain", s.drainWorker(false))
-	s.mux.HandleFunc("DELETE /api/workers/{name}", s.deleteWorker)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
-	s.mux.HandleFunc("GET /{$}", s.dash.Index)
-	s.mux.Handle("GET /dashboard/", s.dash.Assets())
-	s.mux.HandleFunc("GET /api/overview", s.dash.ServeOverview)
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	s.routeFunc("GET /readyz", s.ready)
+	s.routeFunc("GET /debug/decisions", s.listDecisions)
+	s.routeFunc("GET /debug/decisions/{id}", s.getDecision)
+	s.routeFunc("GET /api/workers", s.listWorkers)
+	s.routeFunc("POST /api/workers", s.postWorker)
+	s.routeFunc("POST /api/workers/{name}/drain", s.drainWorker(true))
+	s.routeFunc("POST /api/workers/{name}/undrain", s.drainWorker(false))
+	s.routeFunc("DELETE /api/workers/{name}", s.deleteWorker)
+	s.route("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
+	s.routeFunc("GET /{$}", s.dash.Index)
+	s.route("GET /dashboard/", s.dash.Assets())
+	s.routeFunc("GET /api/overview", s.dash.ServeOverview)
+	s.routeFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		proxy.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	})
+}
+
+// route registers h for pattern and notes the pattern, so that a test
+// can hold the README's route table to what is served.
+func (s *Server) route(pattern string, h http.Handler) {
+	s.patterns = append(s.patterns, pattern)
+	s.mux.Handle(pattern, h)
+}
+
+func (s *Server) routeFunc(pattern string, f http.HandlerFunc) { s.route(pattern, f) }
+
+// counted counts the requests h is serving in s.inFlight, so that a
+// shutdown knows when nothing is in flight.
+func (s *Server) counted(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.inFlight.Add(1)
+		defer func() {
+			if s.inFlight.Add(-1) == 0 {
+				select {
+				case s.idle <- struct{}{}:
+				default:
+				}
+			}
+		}()
+		h.ServeHTTP(w, r)
 	})
 }
 

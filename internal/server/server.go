@@ -60,6 +60,7 @@ type Server struct {
 	dash        *dashboard.Dashboard
 	proxy       *proxy.Handler
 	mux         *http.ServeMux
+	patterns    []string                     // every pattern on mux, in order
 	handler     http.Handler                 // mux behind auth and limits
 	keys        atomic.Pointer[auth.Keyring] // swapped whole on reload
 	// transport sends to workers, each with its own TLS settings.
@@ -67,9 +68,17 @@ type Server struct {
 	// stopping is set when shutdown begins: /readyz turns 503.
 	stopping atomic.Bool
 	// after is time.After unless a test steers the shutdown phases.
-	after  func(time.Duration) <-chan time.Time
-	stopBg context.CancelFunc
-	bgDone chan struct{}
+	after func(time.Duration) <-chan time.Time
+	// inFlight counts the inference requests being served, queued ones
+	// included; idle gets a value each time it drops to 0.
+	inFlight atomic.Int64
+	idle     chan struct{}
+	// console keeps the counts of the traffic line; summaryTick, when a
+	// test sets it, times the lines instead of a summaryInterval ticker.
+	console     console
+	summaryTick <-chan time.Time
+	stopBg      context.CancelFunc
+	bgDone      chan struct{}
 
 	memberMu sync.Mutex // serialises worker membership changes
 	urls     sync.Map   // worker name -> *url.URL
@@ -93,7 +102,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{log: log, cfg: cfg, mux: http.NewServeMux(), bgDone: make(chan struct{})}
+	s := &Server{log: log, cfg: cfg, mux: http.NewServeMux(), bgDone: make(chan struct{}), idle: make(chan struct{}, 1)}
 	if err := s.loadKeys(cfg.Auth); err != nil {
 		return nil, err
 	}
@@ -183,12 +192,17 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Recent:      func(n int) []*decisions.Record { return s.dlog.Recent(n) },
 	})
 	s.proxy = proxy.New(proxy.Options{
-		Scheduler:       s.sched,
-		Resolve:         s.resolve,
-		Credentials:     s.credentials,
-		Observer:        s.tracker,
-		Reporter:        s,
-		OnResult:        func(r proxy.Result) { s.metrics.observe(r); s.dash.Observe(r); s.fileFirstToken(r) },
+		Scheduler:   s.sched,
+		Resolve:     s.resolve,
+		Credentials: s.credentials,
+		Observer:    s.tracker,
+		Reporter:    s,
+		OnResult: func(r proxy.Result) {
+			s.metrics.observe(r)
+			s.dash.Observe(r)
+			s.fileFirstToken(r)
+			s.console.observe(r)
+		},
 		Transport:       opt.Transport,
 		MaxBodyBytes:    cfg.Proxy.MaxBodyBytes,
 		MaxAttempts:     cfg.Proxy.MaxAttempts,
@@ -271,10 +285,14 @@ func (s *Server) closeStore() error {
 	return s.store.Close()
 }
 
-// record is the scheduler's Recorder: ring buffer, file, one log line.
+// record is the scheduler's Recorder: ring buffer, file, dashboard, and
+// a log line at debug level (the console's traffic line sums them up).
 func (s *Server) record(r *decisions.Record) {
 	s.dlog.Add(r)
 	s.dash.Decision(r)
+	if !s.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
 	attrs := []any{"id", r.ID, "model", r.Model, "outcome", r.Outcome, "queue_ms", r.QueueWaitMs, "attempt", r.Attempt}
 	// Another reader (GET /api/workers, the dashboard) may be building the
 	// record's candidates right now: read only what Explain never writes
@@ -286,7 +304,7 @@ func (s *Server) record(r *decisions.Record) {
 	if r.Chosen == "" && r.Reason != "" { // refusals; a binding's reason is built when its record is read
 		attrs = append(attrs, "reason", r.Reason)
 	}
-	s.log.Info("decision", attrs...)
+	s.log.Debug("decision", attrs...)
 }
 
 // fileFirstToken adds a streamed request's time to first token, as the

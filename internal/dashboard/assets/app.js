@@ -41,6 +41,7 @@ const state = {
   // first token yet; the detail is fetched again when the list says it has
   // one, or once more when it leaves the list.
   awaitTTFT: "",
+  openNotes: new Set(), // workers whose limit explanation is shown whole
 };
 
 // An admin token, when the router wants one, comes from #token=… or
@@ -351,9 +352,14 @@ function cardHTML(w, extent) {
   const sc = w.score;
   let limitNote = "";
   if (w.limit_source || w.limit_reason) {
-    const cap = w.limit_cap && w.limit_cap !== lim ? `, cap ${esc(w.limit_cap)}` : "";
-    limitNote = `<div class="limitnote" title="${esc(w.limit_reason || "")}">limit <b>${esc(lim)}</b>` +
-      (w.limit_source ? ` · ${esc(w.limit_source)}${cap}` : "") +
+    const cap = w.limit_cap && w.limit_cap !== lim ? `, cap ${w.limit_cap}` : "";
+    // Two lines on the card; the whole text on hover (title) and, on a
+    // click, in place (the card remembers it across refreshes).
+    const full = `limit ${lim}` + (w.limit_source ? ` · ${w.limit_source}${cap}` : "") +
+      (w.limit_reason ? ` — ${w.limit_reason}` : "");
+    const open = state.openNotes.has(w.name) ? " open" : "";
+    limitNote = `<div class="limitnote clamp${open}" data-k="limit" title="${esc(full)}" role="button" tabindex="0" aria-expanded="${open ? "true" : "false"}">limit <b>${esc(lim)}</b>` +
+      (w.limit_source ? ` · ${esc(w.limit_source)}${esc(cap)}` : "") +
       (w.limit_reason ? ` — ${esc(w.limit_reason)}` : "") + `</div>`;
     const mv = w.limit_moved;
     if (mv && mv.at) {
@@ -611,6 +617,20 @@ function detailHTML(r) {
 
 // ---------- controls ----------
 
+// A click (or Enter) on a card's limit explanation shows it whole, or
+// clamps it again.
+function toggleNote(e) {
+  const note = e.target.closest(".limitnote.clamp");
+  if (!note || (e.type === "keydown" && e.key !== "Enter" && e.key !== " ")) return;
+  e.preventDefault();
+  const name = note.closest(".card").dataset.worker;
+  if (state.openNotes.has(name)) state.openNotes.delete(name); else state.openNotes.add(name);
+  const open = state.openNotes.has(name);
+  note.classList.toggle("open", open);
+  note.setAttribute("aria-expanded", String(open));
+}
+$("cards").addEventListener("click", toggleNote);
+$("cards").addEventListener("keydown", toggleNote);
 $("dlist").addEventListener("click", (e) => {
   const tr = e.target.closest("tr[data-id]");
   if (tr) showDecision(tr.dataset.id);

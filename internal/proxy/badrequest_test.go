@@ -1,0 +1,95 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestServeHTTP_BadBodiesSayWhichFieldAndWhatItMustBe sends bodies that
+// are valid JSON but wrong, and some that are not JSON, over real HTTP:
+// each gets 400 in OpenAI's error shape, with param naming the field and
+// a message that says what the field must be, in no Go words.
+func TestServeHTTP_BadBodiesSayWhichFieldAndWhatItMustBe(t *testing.T) {
+	srv := httptest.NewServer(New(Options{})) // the scheduler is never reached
+	defer srv.Close()
+	type apiError struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	}
+	param := func(s string) *string { return &s }
+	tests := []struct {
+		name, path, body string
+		want             apiError
+	}{
+		{"stream not a bool", "/v1/chat/completions", `{"model":"m","stream":"yes","messages":[]}`,
+			apiError{`"stream" must be true or false, got a string`, "invalid_request_error", param("stream"), "invalid_request"}},
+		{"numeric model", "/v1/chat/completions", `{"model":7,"messages":[]}`,
+			apiError{`"model" must be a string, got a number`, "invalid_request_error", param("model"), "invalid_request"}},
+		{"fractional max_tokens", "/v1/completions", `{"model":"m","prompt":"a","max_tokens":2.5}`,
+			apiError{`"max_tokens" must be a whole number, got 2.5`, "invalid_request_error", param("max_tokens"), "invalid_request"}},
+		{"max_tokens as text", "/v1/completions", `{"model":"m","prompt":"a","max_tokens":"64"}`,
+			apiError{`"max_tokens" must be a whole number, got a string`, "invalid_request_error", param("max_tokens"), "invalid_request"}},
+		{"negative max_tokens", "/v1/completions", `{"model":"m","prompt":"a","max_tokens":-1}`,
+			apiError{`"max_tokens" must not be negative, got -1 (leave it out for no limit)`, "invalid_request_error", param("max_tokens"), "invalid_request"}},
+		{"negative max_output_tokens", "/v1/responses", `{"model":"m","input":"a","max_output_tokens":-4}`,
+			apiError{`"max_output_tokens" must not be negative, got -4 (leave it out for no limit)`, "invalid_request_error", param("max_output_tokens"), "invalid_request"}},
+		{"n_predict under -1", "/completion", `{"prompt":"a","n_predict":-2}`,
+			apiError{`"n_predict" must be -1 (no limit) or more, got -2`, "invalid_request_error", param("n_predict"), "invalid_request"}},
+		{"missing model", "/v1/chat/completions", `{"messages":[]}`,
+			apiError{`missing required field "model" (a string naming the model)`, "invalid_request_error", param("model"), "invalid_request"}},
+		{"array body", "/v1/chat/completions", `[{"model":"m"}]`,
+			apiError{"request body must be a JSON object ({...}), got an array", "invalid_request_error", nil, "invalid_request"}},
+		{"string body", "/v1/chat/completions", `"hello"`,
+			apiError{"request body must be a JSON object ({...}), got a string", "invalid_request_error", nil, "invalid_request"}},
+		{"not JSON", "/v1/chat/completions", `{"model":`,
+			apiError{"request body is not valid JSON: unexpected end of JSON input (at byte 9)", "invalid_request_error", nil, "invalid_request"}},
+		{"empty", "/v1/chat/completions", ``,
+			apiError{"request body is empty: want a JSON object", "invalid_request_error", nil, "invalid_request"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, err := http.Post(srv.URL+tt.path, "application/json", strings.NewReader(tt.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			raw, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400; body %s", resp.StatusCode, raw)
+			}
+			if got, want := resp.Header.Get("X-Sluice-Reason"), "invalid_request"; got != want {
+				t.Errorf("X-Sluice-Reason %q, want %q", got, want)
+			}
+			// The shape itself: exactly error.{message,type,param,code},
+			// param present (null when the error is about no one field).
+			var shape map[string]map[string]any
+			if err := json.Unmarshal(raw, &shape); err != nil {
+				t.Fatalf("body %s: %v", raw, err)
+			}
+			keys := slices.Sorted(maps.Keys(shape["error"]))
+			if diff := cmp.Diff([]string{"code", "message", "param", "type"}, keys); len(shape) != 1 || diff != "" {
+				t.Errorf("body %s: not OpenAI's error shape (-want +got keys):\n%s", raw, diff)
+			}
+			var got struct{ Error apiError }
+			if err := json.Unmarshal(raw, &got); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got.Error); diff != "" {
+				t.Errorf("error (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
