@@ -15,11 +15,12 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// readmeSection returns the lines of README.md from the heading that
+// readmeSection returns the lines of docs/configuration.md (the
+// configuration reference the README links) from the heading that
 // starts with heading up to the next heading of the same level.
 func readmeSection(t *testing.T, heading string) []string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +38,7 @@ func readmeSection(t *testing.T, heading string) []string {
 		}
 	}
 	if !in {
-		t.Fatalf("README has no %q section", heading)
+		t.Fatalf("docs/configuration.md has no %q section", heading)
 	}
 	return out
 }
@@ -308,12 +309,16 @@ func shortDuration(d time.Duration) string {
 // README (list items as no index).
 func readmeYAMLKeys(t *testing.T) map[string]bool {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
+	var text string
+	for _, doc := range []string{"../../docs/configuration.md", "../../docs/kubernetes.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text += string(b)
 	}
 	out := map[string]bool{}
-	for _, block := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+	for _, block := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(text, -1) {
 		var n yaml.Node
 		if err := yaml.Unmarshal([]byte(block[1]), &n); err != nil {
 			t.Fatalf("a YAML block of the README does not parse: %v\n%s", err, block[1])

@@ -136,7 +136,7 @@ type Config struct {
 	// ShortestFirst orders each tenant's requests cheapest first (by
 	// expected tokens), bounded by MaxOvertake; otherwise they go in
 	// arrival order. Off by default: on the Azure conversation trace in
-	// virtual time it raised p99 TTFT (see README, Priorities and fair
+	// virtual time it raised p99 TTFT (see docs/routing.md, Priorities and fair
 	// share).
 	ShortestFirst bool
 	// KVFit turns on the KV-fit rule (kvfit.go): a worker whose shared KV
@@ -1093,7 +1093,7 @@ func (s *Scheduler) expectedCost(w *worker, req Request) float64 {
 	if w != nil && s.cfg.Stats != nil {
 		// Placing on a worker: its own measured mean output, when it has
 		// one, weighs in the job-cost term as before the estimator (the
-		// estimate there raised p99 TTFT in virtual time, see README).
+		// estimate there raised p99 TTFT in virtual time, see docs/routing.md).
 		if st := s.cfg.Stats.Stats(w.spec.Name); st != nil && st.OutputTokens.Known() {
 			out = st.OutputTokens.Value
 			if req.MaxTokens > 0 {

@@ -11,20 +11,20 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// readmeRoutes reads the README's HTTP API table: each row's routes as
+// readmeRoutes reads the HTTP API table of docs/api.md (the README links it): each row's routes as
 // "METHOD /path" (or "/path" alone when the row names no method), with the
 // query strings left out. A path of one segment after a longer one is its
 // sibling: "POST /api/workers/{name}/drain, /undrain".
 func readmeRoutes(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/api.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := string(b)
 	start := strings.Index(text, "## HTTP API")
 	if start < 0 {
-		t.Fatal("README has no HTTP API section")
+		t.Fatal("docs/api.md has no HTTP API section")
 	}
 	text = text[start:]
 	if end := strings.Index(text[1:], "\n#"); end >= 0 {
@@ -84,7 +84,7 @@ func TestReadme_RouteTableMatchesTheMux(t *testing.T) {
 	if diff := cmp.Diff(served, documented); diff != "" {
 		t.Errorf("README's routes (-served by the mux +in the README):\n%s", diff)
 	}
-	for _, doc := range []string{"../../README.md", "../../docs/kubernetes.md", "../../docs/reliability.md"} {
+	for _, doc := range []string{"../../README.md", "../../docs/api.md", "../../docs/configuration.md", "../../docs/routing.md", "../../docs/kubernetes.md", "../../docs/reliability.md"} {
 		b, err := os.ReadFile(doc)
 		if err != nil {
 			t.Fatal(err)

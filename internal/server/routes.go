@@ -47,7 +47,7 @@ func (s *Server) routes() {
 }
 
 // route registers h for pattern and notes the pattern, so that a test
-// can hold the README's route table to what is served.
+// can hold the route table of docs/api.md to what is served.
 func (s *Server) route(pattern string, h http.Handler) {
 	s.patterns = append(s.patterns, pattern)
 	s.mux.Handle(pattern, h)
