@@ -28,46 +28,6 @@ func levels(now time.Time, ls ...[3]float64) stats.WorkerStats {
 	return ws
 }
 
-func TestLimit_LearnsFromLevels(t *testing.T) {
-	now := time.Unix(10000, 0)
-	old := now.Add(-2 * time.Minute)
-	stale := levels(old, [3]float64{80, 1, 9}, [3]float64{70, 2, 9}, [3]float64{40, 2, 9})
-	stale.Levels[0].Updated, stale.Levels[1].Updated = now, now
-	tests := []struct {
-		name   string
-		stats  *stats.WorkerStats
-		want   int
-		reason string
-	}{
-		{"no history: one stream", nil, 1, "probing from 1"},
-		{"solo proven: probe 2", ptr(levels(now, [3]float64{80, 1, 5})), 2, "probing from 2"},
-		{"climbs one level at a time", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{60, 2, 1})), 3, "probing from 3"},
-		{"stops under the floor", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{55, 8, 5})), 2, "at 3 streams the slowest decode 47.0"},
-		{"spread counts, not only the mean", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{60, 15, 5})), 1, "at 2 streams"},
-		{"every level holds: the cap", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{75, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5})), 4, "the cap"},
-		{"a stale verdict is probed again", &stale, 3, "re-probing"},
-		{"alone under the floor: still one", ptr(levels(now, [3]float64{30, 1, 5})), 1, "alone it decodes"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			fs := fakeStats{}
-			if tt.stats != nil {
-				fs["w"] = *tt.stats
-			}
-			s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now},
-				Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3, ProbeAfter: time.Minute}},
-				WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
-			st := s.Workers()[0]
-			if st.Learned != tt.want || st.Limit != tt.want {
-				t.Fatalf("limit %d learned %d, want %d (%s)", st.Limit, st.Learned, tt.want, st.LimitReason)
-			}
-			if st.LimitSource != LimitLearned || !strings.Contains(st.LimitReason, tt.reason) {
-				t.Fatalf("source %q reason %q, want learned and a reason containing %q", st.LimitSource, st.LimitReason, tt.reason)
-			}
-		})
-	}
-}
-
 func ptr[T any](v T) *T { return &v }
 
 // withTTFT sets each level's mean time to first token (ms) and the
@@ -81,6 +41,57 @@ func withTTFT(ws stats.WorkerStats, e2eMs float64, ttftMs ...float64) stats.Work
 	return ws
 }
 
+// limitCase is a worker of cap 4 and floor 50 tok/s with the given stats,
+// and the limit (and words of its reason) it should get.
+type limitCase struct {
+	name   string
+	stats  *stats.WorkerStats
+	want   int
+	reason string
+}
+
+// checkLimits runs the cases under the limit config lc.
+func checkLimits(t *testing.T, now time.Time, lc LimitConfig, tests []limitCase) {
+	t.Helper()
+	lc.MinStreamTokS, lc.MinSamples, lc.ProbeAfter = 50, 3, time.Minute
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := fakeStats{}
+			if tt.stats != nil {
+				fs["w"] = *tt.stats
+			}
+			s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, Limits: lc},
+				WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
+			st := s.Workers()[0]
+			if st.Learned != tt.want || st.Limit != tt.want {
+				t.Fatalf("limit %d learned %d, want %d (%s)", st.Limit, st.Learned, tt.want, st.LimitReason)
+			}
+			if st.LimitSource != LimitLearned || !strings.Contains(st.LimitReason, tt.reason) {
+				t.Fatalf("source %q reason %q, want learned and a reason containing %q", st.LimitSource, st.LimitReason, tt.reason)
+			}
+		})
+	}
+}
+
+// The floor-only controller (limits.policy: decode_first) climbs from one
+// stream, a level at a time, and stops under the floor.
+func TestLimit_LearnsFromLevels(t *testing.T) {
+	now := time.Unix(10000, 0)
+	old := now.Add(-2 * time.Minute)
+	stale := levels(old, [3]float64{80, 1, 9}, [3]float64{70, 2, 9}, [3]float64{40, 2, 9})
+	stale.Levels[0].Updated, stale.Levels[1].Updated = now, now
+	checkLimits(t, now, LimitConfig{DecodeFirst: true}, []limitCase{
+		{"no history: one stream", nil, 1, "probing from 1"},
+		{"solo proven: probe 2", ptr(levels(now, [3]float64{80, 1, 5})), 2, "probing from 2"},
+		{"climbs one level at a time", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{60, 2, 1})), 3, "probing from 3"},
+		{"stops under the floor", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{55, 8, 5})), 2, "at 3 streams the slowest decode 47.0"},
+		{"spread counts, not only the mean", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{60, 15, 5})), 1, "at 2 streams"},
+		{"every level holds: the cap", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{75, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5})), 4, "the cap"},
+		{"a stale verdict is probed again", &stale, 3, "re-probing"},
+		{"alone under the floor: still one", ptr(levels(now, [3]float64{30, 1, 5})), 1, "alone it decodes"},
+	})
+}
+
 // By default a limit stays at the cap until a level is measured worse for
 // both the decode rate (under the floor) and the first token (slower than
 // waiting at one stream fewer: that level's TTFT plus the worker's mean
@@ -89,12 +100,7 @@ func TestLimit_TTFTFirstLowersOnlyWhereBothAreWorse(t *testing.T) {
 	now := time.Unix(10000, 0)
 	under := levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{40, 2, 5})
 	staleUnder := levels(now.Add(-2*time.Minute), [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{40, 2, 5})
-	tests := []struct {
-		name   string
-		stats  *stats.WorkerStats
-		want   int
-		reason string
-	}{
+	checkLimits(t, now, LimitConfig{}, []limitCase{
 		{"no history: the cap", nil, 4, "no level measured worse"},
 		{"solo only: the cap", ptr(levels(now, [3]float64{80, 1, 5})), 4, "no level measured worse"},
 		{"under the floor, TTFT unknown: the cap", &under, 4, "no level measured worse"},
@@ -104,25 +110,7 @@ func TestLimit_TTFTFirstLowersOnlyWhereBothAreWorse(t *testing.T) {
 		{"under the floor and slower than waiting: one below", ptr(withTTFT(under, 400, 200, 300, 900)), 2, "first tokens take 900 ms there against 500 ms held at 2"},
 		{"a stale verdict is probed again", ptr(withTTFT(staleUnder, 400, 200, 300, 900)), 3, "re-probing"},
 		{"alone under the floor: the cap", ptr(withTTFT(levels(now, [3]float64{30, 1, 5}), 400, 200)), 4, "no level measured worse"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			fs := fakeStats{}
-			if tt.stats != nil {
-				fs["w"] = *tt.stats
-			}
-			s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now},
-				Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, ProbeAfter: time.Minute}},
-				WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
-			st := s.Workers()[0]
-			if st.Learned != tt.want || st.Limit != tt.want {
-				t.Fatalf("limit %d learned %d, want %d (%s)", st.Limit, st.Learned, tt.want, st.LimitReason)
-			}
-			if !strings.Contains(st.LimitReason, tt.reason) {
-				t.Fatalf("reason %q, want one containing %q", st.LimitReason, tt.reason)
-			}
-		})
-	}
+	})
 }
 
 // Without a configured floor, it is half the best solo rate among the
