@@ -441,12 +441,15 @@ func TestFault_StaleKeepAliveIsResentOnAFreshConnection(t *testing.T) {
 }
 
 // A fresh connection that fails too is the worker's fault, as before.
+// Every connection to the worker is closed unanswered, the probe's too:
+// a probe that passed would reset the count of consecutive failures.
 func TestFault_FreshConnectionFailureStillCounts(t *testing.T) {
-	u := badWorker(t, func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, _, _ := w.(http.Hijacker).Hijack()
 		c.Close() // every request, every connection
-	}).URL
-	r := startRouter(t, faultConfig(t, []string{u}, func(c *config.Config) { c.Telemetry.FailThreshold = 100 }))
+	}))
+	t.Cleanup(srv.Close)
+	r := startRouter(t, faultConfig(t, []string{srv.URL}, func(c *config.Config) { c.Telemetry.FailThreshold = 100 }))
 	for i := range 3 {
 		resp := post(t, context.Background(), r.url, chat(fmt.Sprint(i), true))
 		if readAll(t, resp); resp.StatusCode != http.StatusBadGateway {
