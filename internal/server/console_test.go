@@ -124,8 +124,12 @@ func TestConsole_OneTrafficLineNotOneLinePerDecision(t *testing.T) {
 		}
 	}
 
+	// A send returns once the tick before it was handled: the third send
+	// makes sure the first tick's line and the second's (the router went
+	// idle) are written; the third finds nothing new.
 	tick <- time.Time{}
-	tick <- time.Time{} // the first tick's line is written by now; the second finds nothing new
+	tick <- time.Time{}
+	tick <- time.Time{}
 	lines := drain()
 	var traffic []map[string]string
 	for _, r := range lines {
@@ -147,6 +151,7 @@ func TestConsole_OneTrafficLineNotOneLinePerDecision(t *testing.T) {
 	}
 	tick <- time.Time{}
 	tick <- time.Time{}
+	tick <- time.Time{} // the two before it handled
 	for _, r := range drain() {
 		if r.msg == "traffic" {
 			t.Errorf("an idle router logged a traffic line again: %v", r.attrs)
