@@ -23,6 +23,24 @@ import (
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
+// startChild starts this test binary again as a router serving cfgPath
+// (TestServe_SignalChild), kills it when the test ends, and follows its
+// log.
+func startChild(t *testing.T, cfgPath string) (*exec.Cmd, *logLines) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServe_SignalChild$", "-test.v=false")
+	cmd.Env = append(os.Environ(), childEnv+"="+cfgPath)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd, followLog(stderr)
+}
+
 // childEnv names the config a re-executed test binary serves.
 const childEnv = "SLUICE_TEST_SERVE_CONFIG"
 
@@ -126,17 +144,7 @@ shutdown: {drain_delay: 3s, grace: 20s}
 	if err := os.WriteFile(cfgPath, []byte(base), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestServe_SignalChild$", "-test.v=false")
-	cmd.Env = append(os.Environ(), childEnv+"="+cfgPath)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	log := followLog(stderr)
+	cmd, log := startChild(t, cfgPath)
 	m := regexp.MustCompile(`addr=(\S+)`).FindStringSubmatch(log.waitLine(t, "sluice listening"))
 	if m == nil {
 		t.Fatal("no addr in the listening line")
@@ -248,17 +256,7 @@ shutdown: {drain_delay: 1h, grace: 1h}
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestServe_SignalChild$", "-test.v=false")
-	cmd.Env = append(os.Environ(), childEnv+"="+cfgPath)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	log := followLog(stderr)
+	cmd, log := startChild(t, cfgPath)
 	log.waitLine(t, "sluice listening")
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)

@@ -306,21 +306,11 @@ func (d *decoder) structure(n *yaml.Node, v reflect.Value, key string) {
 	fields := yamlFields(v.Type())
 	seen := map[string]int{}
 	d.pairs(n, func(k, val *yaml.Node) {
+		if !d.keyOK(k, key, "key", seen) {
+			return
+		}
 		name := k.Value
 		path := join(key, name)
-		if k.Kind != yaml.ScalarNode {
-			d.bad(k, key, "a key must be a word, got %s", describe(k))
-			return
-		}
-		if k.ShortTag() == "!!null" {
-			d.bad(k, key, "%s", emptyKey)
-			return
-		}
-		if l, dup := seen[name]; dup {
-			d.bad(k, path, "given twice (also on line %d); the second would silently win", l)
-			return
-		}
-		seen[name] = k.Line
 		i, ok := fields[name]
 		if !ok {
 			d.r.lines[path] = k.Line
@@ -332,6 +322,26 @@ func (d *decoder) structure(n *yaml.Node, v reflect.Value, key string) {
 	})
 }
 
+// keyOK reports whether k, a key (what: "key" of a section, "name" of a
+// map entry) under section key, is a word given once, reporting the
+// problem when it is not; seen holds the lines of the keys met so far.
+func (d *decoder) keyOK(k *yaml.Node, key, what string, seen map[string]int) bool {
+	switch {
+	case k.Kind != yaml.ScalarNode:
+		d.bad(k, key, "a %s must be a word, got %s", what, describe(k))
+		return false
+	case k.ShortTag() == "!!null":
+		d.bad(k, key, "%s", emptyKey)
+		return false
+	}
+	if l, dup := seen[k.Value]; dup {
+		d.bad(k, join(key, k.Value), "given twice (also on line %d); the second would silently win", l)
+		return false
+	}
+	seen[k.Value] = k.Line
+	return true
+}
+
 // mapping decodes a mapping into the map v, whose keys are strings.
 func (d *decoder) mapping(n *yaml.Node, v reflect.Value, key string) {
 	if v.IsNil() {
@@ -339,21 +349,11 @@ func (d *decoder) mapping(n *yaml.Node, v reflect.Value, key string) {
 	}
 	seen := map[string]int{}
 	d.pairs(n, func(k, val *yaml.Node) {
-		if k.Kind != yaml.ScalarNode {
-			d.bad(k, key, "a name must be a word, got %s", describe(k))
-			return
-		}
-		if k.ShortTag() == "!!null" {
-			d.bad(k, key, "%s", emptyKey)
+		if !d.keyOK(k, key, "name", seen) {
 			return
 		}
 		name := k.Value
 		path := join(key, name)
-		if l, dup := seen[name]; dup {
-			d.bad(k, path, "given twice (also on line %d); the second would silently win", l)
-			return
-		}
-		seen[name] = k.Line
 		d.r.lines[path] = k.Line
 		mk := reflect.ValueOf(name).Convert(v.Type().Key())
 		elem := reflect.New(v.Type().Elem()).Elem()
