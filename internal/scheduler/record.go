@@ -2,7 +2,9 @@ package scheduler
 
 import (
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"time"
 	"unsafe"
 
@@ -296,4 +298,32 @@ func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at [
 	default:
 		r.Reason = fmt.Sprintf("lowest score %.2f (next: %s at %.2f)", first, cands[order[1]].Name, keys[order[1]].total)
 	}
+}
+
+func (s *Scheduler) newRecordLocked(req Request, now time.Time) *decisions.Record {
+	rec := new(decisions.Record)
+	s.fillRecordLocked(rec, req, now)
+	return rec
+}
+
+// fillRecordLocked fills in a new record's header: its ID and what it
+// says of the request.
+func (s *Scheduler) fillRecordLocked(rec *decisions.Record, req Request, now time.Time) {
+	s.ids++
+	var id [64]byte
+	*rec = decisions.Record{
+		ID:           string(strconv.AppendUint(append(append(id[:0], s.prefix...), '-'), s.ids, 10)),
+		Time:         now,
+		Model:        req.Model,
+		Policy:       string(s.cfg.Policy),
+		Attempt:      req.Attempt,
+		PromptTokens: req.PromptTokens,
+		PromptSource: req.PromptSource,
+		MaxTokens:    req.MaxTokens,
+		Class:        req.Class,
+		Tenant:       req.Tenant,
+	}
+	s.stampSharedLocked(rec)
+	out, src := s.est.estimate(&req)
+	rec.ExpectedOutputTokens, rec.EstimateSource = int(math.Round(out)), src
 }

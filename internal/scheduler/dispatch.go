@@ -1,0 +1,150 @@
+package scheduler
+
+import (
+	"cmp"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+)
+
+// dispatchLocked binds queued requests to workers with room, each queue's
+// head in its order (see queue), heads across models retries first, then
+// by class, then by arrival, until no queue has a placeable request.
+func (s *Scheduler) dispatchLocked() []*Ticket { return s.dispatchExceptLocked("", false) }
+
+// dispatchExceptLocked is dispatchLocked leaving model's queue alone when
+// skip is set. A model whose pick waits for the shared ledger's answer is
+// left alone too; that pick is then told that it was passed over, so that
+// it looks again if the ledger had no room.
+func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
+	if s.cfg.Policy != PolicySluice || len(s.queues) == 0 {
+		return nil
+	}
+	var done []*Ticket
+	now := s.clock.Now()
+	type head struct {
+		q *queue
+		t *Ticket
+	}
+	heads := make([]head, 0, len(s.queues))
+	var started []*reservation // asked for by this dispatch
+	for {
+		heads = heads[:0]
+		for m, q := range s.queues {
+			if skip && m == model {
+				continue
+			}
+			if res := s.reserving[m]; res != nil {
+				if !slices.Contains(started, res) {
+					res.missed = true
+				}
+				continue
+			}
+			heads = append(heads, head{q, q.head(s.order)})
+		}
+		slices.SortFunc(heads, func(a, b head) int { return ticketOrder(a.t, b.t) })
+		bound := false
+		for _, h := range heads {
+			if t, w, rec := s.placeableLocked(h.q, now); t != nil {
+				if s.shared.pending != nil {
+					s.startReserveLocked(t, w, rec)
+					started = append(started, t.res)
+				} else {
+					s.unqueueLocked(t, true)
+					s.bindLocked(t, w, rec, now)
+					done = append(done, t)
+				}
+				bound = true
+				break
+			}
+		}
+		if !bound {
+			return done
+		}
+	}
+}
+
+// sweepLocked refuses the queued requests that can no longer be served:
+// every worker of their model is down, draining or gone (no_healthy_worker),
+// or, now that every worker's models are known, nobody serves it
+// (model_not_found). It runs when the fleet changes, not on every release.
+func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
+	now := s.clock.Now()
+	var gone []*Ticket
+	for model, q := range s.queues {
+		why, spec := s.admissibleLocked(Request{Model: model})
+		if why != nil {
+			q.each(func(t *Ticket) { gone = append(gone, t) })
+			continue
+		}
+		q.spec = q.spec && spec
+		for _, t := range q.retries {
+			if len(t.req.Exclude) > 0 && s.whyNotWaitLocked(t.req) != nil {
+				gone = append(gone, t)
+			}
+		}
+	}
+	slices.SortFunc(gone, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
+	for _, t := range gone {
+		cause := s.whyNotWaitLocked(t.req)
+		if errors.Is(cause, ErrUnknownModel) && !s.queues[t.req.Model].spec {
+			// It was served when the request came: its workers went away.
+			cause = ErrNoHealthyWorker
+		}
+		s.unqueueLocked(t, false)
+		s.sharedGoneLocked(t)
+		_, rec := s.pickLocked(t.req, now, true)
+		s.refuseWithLocked(t, rec, cause)
+		done = append(done, t)
+	}
+	return done
+}
+
+// placeableLocked returns the ticket of q that goes next if a worker can
+// take it now. Tickets normally share one fate (same model, same eligible
+// workers), so only the head is tried; a retry that excludes workers which
+// failed it is skipped over, so it cannot hold back the requests behind
+// it.
+func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, *worker, *decisions.Record) {
+	for _, t := range q.retries {
+		if w, rec := s.pickQueuedLocked(t, now); w != nil {
+			return t, w, rec
+		}
+		if len(t.req.Exclude) == 0 {
+			return nil, nil, nil
+		}
+	}
+	if t := q.next(s.order); t != nil {
+		w, rec := s.pickQueuedLocked(t, now)
+		held := s.kvHeld
+		// A request behind the head may go first where its prefix is
+		// cached, within the aging bound (see affinity.go).
+		if u, uw, urec := s.affinityOvertakeLocked(q, t, w, now); u != nil {
+			return u, uw, urec
+		}
+		if w != nil {
+			return t, w, rec
+		}
+		if held { // the head's prompt fits no cache now (kvfit.go)
+			return s.kvOvertakeLocked(q, t, now)
+		}
+	}
+	return nil, nil, nil
+}
+
+// ticketOrder orders the heads of queues for placement: retries first,
+// then by class, then by arrival.
+func ticketOrder(a, b *Ticket) int {
+	if a.front != b.front {
+		if a.front {
+			return -1
+		}
+		return 1
+	}
+	if c := cmp.Compare(a.cls, b.cls); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.seq, b.seq)
+}

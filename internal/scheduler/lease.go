@@ -1,0 +1,230 @@
+package scheduler
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+)
+
+// Ticket is one request's place in admission. See the package doc.
+type Ticket struct {
+	req    Request
+	seq    uint64
+	front  bool
+	enq    time.Time
+	depth  int
+	notify func(*Ticket)
+	done   chan struct{}
+	cls    int     // index of its class in Scheduler.classes
+	cost   float64 // expected tokens: prompt plus expected output
+	hidx   int     // index in its flow's cost heap; -1 when in none
+
+	// res is the reservation the ledger is making for it, if any;
+	// waiting says it is on the shared ledger's waiting list.
+	res     *reservation
+	waiting bool
+
+	// Set once, under the scheduler's lock, before done is closed.
+	lease  *Lease
+	err    error
+	rec    *decisions.Record
+	queued bool
+}
+
+// Done reports whether the ticket has ended (bound or refused).
+func (t *Ticket) Done() bool {
+	select {
+	case <-t.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Wait returns a channel closed when the ticket ends.
+func (t *Ticket) Wait() <-chan struct{} { return t.done }
+
+// Result returns the lease or the refusal; valid once Done.
+func (t *Ticket) Result() (*Lease, error) { return t.lease, t.err }
+
+// Lease is a reservation of one slot on a worker. Release gives it back.
+type Lease struct {
+	s        *Scheduler
+	w        *worker
+	cost     float64
+	model    string
+	shared   string // the Ledger's lease, "" without one
+	req      Request
+	out      int // output tokens observed; -1 until Observe
+	released atomic.Bool
+
+	// Worker is the chosen worker's name.
+	Worker string
+	// Limit is the worker's concurrency limit when the lease was made
+	// (its decision record says why).
+	Limit      int
+	bound      time.Time // when the lease was made
+	busyAtBind float64   // the worker's busy integral then
+	// Decision is the record of the decision that made this lease.
+	Decision *decisions.Record
+	// QueueWait is how long the request waited for the lease.
+	QueueWait time.Duration
+}
+
+// Release gives the slot back and places the next queued request. Calling
+// it more than once has no further effect.
+func (l *Lease) Release() {
+	if !l.released.CompareAndSwap(false, true) {
+		return
+	}
+	s := l.s
+	now := s.clock.Now()
+	s.mu.Lock()
+	// The shared slot first: the dispatch below asks the ledger, which
+	// must already count it free, or this replica's own queue could not
+	// take the slot it just freed and would wait for the wake-up. The
+	// model's ledger calls are made in order.
+	s.sharedReleaseLocked(l)
+	l.w.busy.move(l.w.inFlight(), now)
+	l.w.active--
+	l.w.cost -= l.cost
+	if l.w.active == 0 {
+		l.w.cost = 0 // no float drift on an idle worker
+	}
+	s.drainedLocked(l, now)
+	done := s.dispatchLocked()
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+}
+
+// expectedCost estimates the tokens a request will keep a worker busy
+// with: its prompt plus its expected output (output length is unknowable
+// up front), capped by max_tokens. The output is the estimator's, learnt
+// per model, tenant and prompt size; on a worker (w not nil) that has
+// measured history, the worker's mean output stands in. w is nil for the
+// queue's order and deadlines.
+func (s *Scheduler) expectedCost(w *worker, req Request) float64 {
+	out, _ := s.est.estimate(&req)
+	if w != nil && s.cfg.Stats != nil {
+		// Placing on a worker: its own measured mean output, when it has
+		// one, weighs in the job-cost term as before the estimator (the
+		// estimate there raised p99 TTFT in virtual time, see docs/routing.md).
+		if st := s.cfg.Stats.Stats(w.spec.Name); st != nil && st.OutputTokens.Known() {
+			out = st.OutputTokens.Value
+			if req.MaxTokens > 0 {
+				out = math.Min(out, float64(req.MaxTokens))
+			}
+		}
+	}
+	return float64(req.PromptTokens) + out
+}
+
+// Observe records that the lease's request produced outputTokens tokens;
+// call it before Release for an answer that completed. The scheduler
+// learns output lengths from it (see Config.DefaultOutputTokens) and
+// measures its drain rate in the tokens actually produced.
+func (l *Lease) Observe(outputTokens int) {
+	if outputTokens < 0 || l.released.Load() {
+		return
+	}
+	s := l.s
+	s.mu.Lock()
+	s.est.observe(&l.req, outputTokens)
+	l.out = outputTokens
+	s.mu.Unlock()
+}
+
+// drainedLocked accounts a released lease in its model's drain rate, if
+// requests of the model are waiting.
+func (s *Scheduler) drainedLocked(l *Lease, now time.Time) {
+	q := s.queues[l.model]
+	if q == nil {
+		return // no backlog: an idle spell says nothing about the drain rate
+	}
+	d := s.rates[l.model]
+	if d == nil {
+		d = &drainRate{}
+		s.rates[l.model] = d
+	}
+	work := l.cost
+	if l.out >= 0 {
+		work = float64(l.req.PromptTokens + l.out)
+	}
+	d.drained(work, q.since, now)
+}
+
+func (s *Scheduler) bindLocked(t *Ticket, w *worker, rec *decisions.Record, now time.Time) {
+	cost := s.expectedCost(w, t.req)
+	w.busy.move(w.inFlight(), now)
+	w.active++
+	w.cost += cost
+	s.picks++
+	w.lastPick = s.picks
+	wait := now.Sub(t.enq)
+	if rec != nil {
+		rec.Outcome = "bound"
+		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
+		rec.QueueDepth = t.depth
+	}
+	s.recordPrefixLocked(t.req, w)
+	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, out: -1, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
+		Limit: w.pickLimit, bound: now, busyAtBind: w.busy.integral}
+	s.sharedBindLocked(t, t.lease)
+	t.rec = rec
+	t.queued = false
+}
+
+func (s *Scheduler) refuseWithLocked(t *Ticket, rec *decisions.Record, cause error) {
+	if t.res != nil {
+		t.res.gone = true // the ledger's answer gives back what it reserved
+		t.res = nil
+	}
+	wait := s.clock.Now().Sub(t.enq)
+	ref := &Refusal{Err: cause, Reason: reasonOf(cause), RetryAfter: s.retryAfterLocked(t), QueueWait: wait}
+	if rec != nil {
+		// The record's pick chose nobody for it: it reserves nothing, and
+		// with a Ledger it saw only this replica's view, by which a worker
+		// full across replicas looks free.
+		rec.Chosen = ""
+		rec.Outcome = ref.Reason
+		rec.Reason = cause.Error()
+		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
+		rec.QueueDepth = t.depth
+		ref.DecisionID = rec.ID
+	}
+	t.rec = rec
+	t.err = ref
+	t.queued = false
+}
+
+func (s *Scheduler) refuseLocked(t *Ticket, cause error, reason string) {
+	var rec *decisions.Record
+	if !s.cfg.NoRecords {
+		rec = s.newRecordLocked(t.req, s.clock.Now())
+		rec.Reason = reason
+	}
+	s.refuseWithLocked(t, rec, cause)
+}
+
+// retryAfterLocked estimates when t would be served: the work waiting for
+// its model plus its own over the model's drain rate, measured while
+// requests waited. Without a measured rate it is the queue timeout.
+func (s *Scheduler) retryAfterLocked(t *Ticket) time.Duration {
+	d := s.cfg.QueueTimeout
+	if r := s.rates[t.req.Model]; r != nil && r.rate.Known() && r.rate.Value > 0 {
+		work := t.cost
+		if q := s.queues[t.req.Model]; q != nil {
+			work += q.work
+		}
+		d = time.Duration(work / r.rate.Value * float64(time.Second))
+	}
+	return clampRetryAfter(d)
+}
+
+// clampRetryAfter keeps a Retry-After between a second and ten minutes.
+func clampRetryAfter(d time.Duration) time.Duration {
+	return min(max(d, time.Second), 10*time.Minute)
+}

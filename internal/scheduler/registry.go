@@ -1,0 +1,231 @@
+package scheduler
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+type worker struct {
+	spec   WorkerSpec
+	order  int
+	active int
+	// pickLimit is the limit the latest pick computed for the worker.
+	pickLimit int
+	cost      float64
+	draining  bool
+	removed   bool
+	lastPick  uint64
+	last      *decisions.Record // the latest decision that scored it
+	lastIdx   int               // its index among last's candidates
+	statsAt   stats.Handle      // where its stats are, for statsOf
+
+	// What the latest pick resolved of the worker, once per pick (see
+	// pickLocked). They are not cleared after it, as the candidate buffer
+	// is not: clearing costs a write per worker on every pick, and what
+	// they keep alive until the next is only the snapshot and stats the
+	// worker last published.
+	snap    *Snapshot
+	st      *stats.WorkerStats
+	lim     limitState
+	why     uint8 // one of the why* reasons of (in)eligibility
+	serving bool  // it serves the requested model
+	// prefixKV is the KV cache size (tokens) last passed to the prefix
+	// index's PrefixCapacity, so it is told only of changes.
+	prefixKV int
+
+	// Above, what a pick reads and writes of every worker, together in
+	// as few cache lines as may be; below, what it reads of a few or
+	// little of (moved: one line, when limits are learned).
+
+	// remote is the other replicas' requests in flight on the worker as
+	// the shared ledger last said (0 without one): the level a stream
+	// runs at is the worker's, not this replica's share of it.
+	remote int
+	busy   busy // integral of active+remote over time
+	// moved is the latest change of the learned limit.
+	moved limitMove
+}
+
+func (w *worker) snapshot() *Snapshot {
+	if w.spec.Source == nil {
+		return &emptySnapshot
+	}
+	if s := w.spec.Source.Snapshot(); s != nil {
+		return s
+	}
+	return &emptySnapshot
+}
+
+var emptySnapshot Snapshot
+
+func (w *worker) models(s *Snapshot) []string {
+	if s.Models != nil {
+		return s.Models
+	}
+	return w.spec.Models
+}
+
+func (w *worker) serves(s *Snapshot, model string) bool {
+	return slices.Contains(w.models(s), model)
+}
+
+// AddWorker adds a worker and places any queued requests it can take.
+func (s *Scheduler) AddWorker(spec WorkerSpec) error {
+	s.mu.Lock()
+	if _, ok := s.byName[spec.Name]; ok {
+		s.mu.Unlock()
+		return fmt.Errorf("scheduler: worker %q already exists", spec.Name)
+	}
+	w := &worker{spec: spec, order: len(s.workers)}
+	s.workers = append(s.workers, w)
+	s.byName[spec.Name] = w
+	done := s.dispatchLocked()
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+	return nil
+}
+
+// RemoveWorker stops sending requests to a worker and forgets it. Requests
+// in flight on it keep their leases and finish normally; queued requests
+// that nobody left can serve are refused.
+func (s *Scheduler) RemoveWorker(name string) error {
+	s.mu.Lock()
+	w, ok := s.byName[name]
+	if !ok {
+		s.mu.Unlock()
+		return fmt.Errorf("scheduler: no worker %q", name)
+	}
+	w.removed = true
+	delete(s.byName, name)
+	s.workers = slices.DeleteFunc(s.workers, func(x *worker) bool { return x == w })
+	for i, x := range s.workers {
+		x.order = i
+	}
+	done := s.sweepLocked(nil)
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+	return nil
+}
+
+// SetDraining stops (or resumes) new requests to a worker; requests in
+// flight finish normally, queued requests that no other worker can serve
+// are refused.
+func (s *Scheduler) SetDraining(name string, draining bool) error {
+	s.mu.Lock()
+	w, ok := s.byName[name]
+	if !ok {
+		s.mu.Unlock()
+		return fmt.Errorf("scheduler: no worker %q", name)
+	}
+	w.draining = draining
+	done := s.sweepLocked(s.dispatchLocked())
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+	return nil
+}
+
+// UpdateWorker replaces a worker's settings — models, max_concurrency,
+// telemetry source — in place. Its requests in flight, their reserved
+// cost and what was learned of it stay, so a config reload that changes a
+// worker cannot admit a fresh full batch while the old leases still run.
+func (s *Scheduler) UpdateWorker(spec WorkerSpec) error {
+	s.mu.Lock()
+	w, ok := s.byName[spec.Name]
+	if !ok {
+		s.mu.Unlock()
+		return fmt.Errorf("scheduler: no worker %q", spec.Name)
+	}
+	w.spec = spec
+	done := s.sweepLocked(s.dispatchLocked())
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+	return nil
+}
+
+// Kick places queued requests that have become placeable for reasons the
+// scheduler cannot see itself: a worker turned healthy, loaded a model, or
+// reported more slots. It also refuses those that can no longer be served:
+// every worker of their model went down, or discovery showed that nobody
+// serves it. The fleet calls it when a snapshot changes.
+func (s *Scheduler) Kick() {
+	s.mu.Lock()
+	done := s.sweepLocked(s.dispatchLocked())
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+}
+
+// unplaceable names the refusal for a request no worker can take now
+// under a baseline policy.
+func (s *Scheduler) unplaceable(req Request) error {
+	if err := s.whyNotWaitLocked(req); err != nil {
+		return err
+	}
+	return ErrNoHealthyWorker
+}
+
+// whyNotWaitLocked returns the error that makes waiting pointless: no
+// worker serves the model, or none that does could ever take this request
+// (all down, draining or already failed it). Loading workers count as
+// coming: capacity is a model loaded on a card, and it is on its way.
+func (s *Scheduler) whyNotWaitLocked(req Request) error {
+	err, _ := s.admissibleLocked(req)
+	return err
+}
+
+// admissibleLocked is whyNotWaitLocked that also reports whether waiting
+// is speculative: no worker is known to serve the model, but some
+// worker's models are still being discovered.
+func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) {
+	serves, undiscovered, fits := false, false, false
+	for _, w := range s.workers {
+		snap := w.snapshot()
+		if snap.Models == nil && len(w.spec.Models) == 0 && snap.Health != HealthDown {
+			undiscovered = true // its models are not known yet: it may serve this one
+		}
+		if !w.serves(snap, req.Model) {
+			continue
+		}
+		serves = true
+		if tooLong(snap, req) {
+			continue
+		}
+		fits = true
+		if snap.Health != HealthDown && !w.draining && !slices.Contains(req.Exclude, w.spec.Name) {
+			return nil, false
+		}
+	}
+	switch {
+	case undiscovered:
+		return nil, !serves
+	case !serves:
+		return ErrUnknownModel, false
+	case !fits:
+		return ErrPromptTooLong, false
+	}
+	return ErrNoHealthyWorker, false
+}
+
+// tooLong reports whether req's prompt cannot fit the worker's context
+// (prompt plus completion per slot, when the worker reports it). The
+// prompt size is an estimate, so only the prompt is held against it: a
+// request the worker would surely refuse is not sent there.
+func tooLong(snap *Snapshot, req Request) bool {
+	return snap.ContextTokens > 0 && req.PromptTokens > snap.ContextTokens
+}
+
+// servedLocked calls fn for every model some worker serves.
+func (s *Scheduler) servedLocked(fn func(model string)) {
+	for _, w := range s.workers {
+		for _, m := range w.models(w.snapshot()) {
+			fn(m)
+		}
+	}
+}

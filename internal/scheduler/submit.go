@@ -1,0 +1,244 @@
+package scheduler
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Submit enters a request into admission. If a worker can take it now the
+// returned ticket is already bound; otherwise it waits in the model's queue
+// or is refused. notify, if not nil, is called exactly once when the ticket
+// ends, outside the scheduler's lock (possibly before Submit returns).
+func (s *Scheduler) Submit(req Request, notify func(*Ticket)) *Ticket {
+	if req.Attempt == 0 {
+		req.Attempt = 1
+	}
+	now := s.clock.Now()
+	t := &Ticket{req: req, enq: now, notify: notify, done: make(chan struct{}), front: req.Attempt > 1, hidx: -1}
+	s.mu.Lock()
+	s.seq++
+	t.seq = s.seq
+	done := s.submitLocked(t, now)
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+	return t
+}
+
+func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
+	if s.closed {
+		s.refuseLocked(t, ErrClosed, "shutting down")
+		return []*Ticket{t}
+	}
+	cls, ok := s.classOf(t.req.Class)
+	if !ok {
+		_, rec := s.pickLocked(t.req, now, true)
+		names := make([]string, len(s.classes))
+		for i, c := range s.classes {
+			names[i] = c.Name
+		}
+		s.refuseWithLocked(t, rec, fmt.Errorf("%w %q (configured: %s)", ErrUnknownClass, t.req.Class, strings.Join(names, ", ")))
+		return []*Ticket{t}
+	}
+	t.cls, t.req.Class = cls, s.classes[cls].Name
+	t.cost = s.expectedCost(nil, t.req)
+	q := s.queues[t.req.Model]
+	// A new request may only jump the queue when nobody of its model is
+	// waiting (a retry was accepted earlier and goes first), nor waiting
+	// for the shared ledger's answer.
+	mayJump := q == nil || t.front || s.cfg.Policy != PolicySluice
+	if mayJump && s.reserving[t.req.Model] != nil {
+		// It waits only for the answer to another request of its model:
+		// it asks the ledger next, and goes on the shared waiting list
+		// only if the ledger has no room for it then.
+		return s.queueLocked(t, now, false)
+	}
+	if mayJump {
+		if w, rec := s.pickLocked(t.req, now, false); w != nil {
+			if s.shared.pending != nil {
+				s.startReserveLocked(t, w, rec)
+				return nil
+			}
+			s.bindLocked(t, w, rec, now)
+			return []*Ticket{t}
+		} else if s.cfg.Policy != PolicySluice {
+			_, rec = s.pickLocked(t.req, now, true)
+			s.refuseWithLocked(t, rec, s.unplaceable(t.req))
+			return []*Ticket{t}
+		}
+	}
+	return s.queueLocked(t, now, true)
+}
+
+// queueLocked puts t in its model's queue, or refuses it when waiting is
+// pointless, the queue is full or its deadline cannot be met; then it
+// places what can be placed. shared puts it on the shared ledger's
+// waiting list too.
+func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket {
+	q := s.queues[t.req.Model]
+	if q != nil {
+		t.depth = q.n
+	}
+	why, spec := s.admissibleLocked(t.req)
+	var retryAfter time.Duration
+	switch {
+	case why != nil:
+	case t.depth >= s.cfg.MaxQueue && !t.front:
+		why = ErrQueueFull
+	case spec && q == nil && s.speculativeLocked() >= s.cfg.MaxQueue:
+		// Requests for models nobody is known to serve yet share one
+		// budget: client-supplied names must not grow state unbounded.
+		why = ErrQueueFull
+	case !t.front:
+		if wait, ok := s.predictedWaitLocked(q, t); ok && wait > deadlineMargin*s.maxWait(t.req.Class) {
+			why, retryAfter = ErrDeadlineUnmeetable, wait-s.maxWait(t.req.Class)
+		}
+	}
+	if why != nil {
+		_, rec := s.pickLocked(t.req, now, true)
+		s.refuseWithLocked(t, rec, why)
+		if retryAfter > 0 {
+			t.err.(*Refusal).RetryAfter = clampRetryAfter(retryAfter)
+		}
+		return []*Ticket{t}
+	}
+	if q == nil {
+		q = newQueue(len(s.classes), now)
+		q.spec = spec
+		s.queues[t.req.Model] = q
+	}
+	t.queued = true
+	q.push(t, s.weightOf(t.req.Tenant))
+	if shared {
+		s.sharedQueuedLocked(t)
+	}
+	// Placing waits behind the queue, but the queue may be held only by
+	// retries that excluded the free workers.
+	return s.dispatchLocked()
+}
+
+// deadlineMargin is how far past its class's deadline a request's
+// predicted wait must be before it is refused at once. The prediction is
+// noisy: in the virtual-time simulation at 90% of capacity (vsim's
+// synthetic load of TestCapacity_ScalesWithSpeedAndSlots), requests
+// predicted to wait 20-30 s waited 17-19 s on average. Refusing at twice
+// the deadline sheds load that would time out while keeping work that
+// would have made it.
+const deadlineMargin = 2
+
+// predictedWaitLocked predicts how long t would wait in q: the work that
+// would be bound before it over the model's drain rate. It reports false
+// while the drain rate is unmeasured.
+func (s *Scheduler) predictedWaitLocked(q *queue, t *Ticket) (time.Duration, bool) {
+	r := s.rates[t.req.Model]
+	if r == nil || !r.rate.Known() || r.rate.Value <= 0 {
+		return 0, false
+	}
+	if q == nil {
+		return 0, true
+	}
+	return time.Duration(q.ahead(t, s.weightOf(t.req.Tenant)) / r.rate.Value * float64(time.Second)), true
+}
+
+// speculativeLocked counts the requests waiting for models no worker was
+// known to serve when they came.
+func (s *Scheduler) speculativeLocked() int {
+	n := 0
+	for _, q := range s.queues {
+		if q.spec {
+			n += q.n
+		}
+	}
+	return n
+}
+
+// Cancel refuses t with cause (ErrQueueTimeout or ErrClientGone) if it is
+// still queued, and reports whether it did. When it returns false the
+// ticket has ended already; if it was bound, the caller owns the lease.
+func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
+	now := s.clock.Now()
+	s.mu.Lock()
+	if !t.queued && t.res == nil {
+		s.mu.Unlock()
+		return false
+	}
+	if t.queued {
+		s.unqueueLocked(t, false)
+		s.sharedGoneLocked(t)
+	}
+	_, rec := s.pickLocked(t.req, now, true)
+	s.refuseWithLocked(t, rec, cause)
+	// The head may have changed: a retry blocked by its exclusions can
+	// have been holding back requests that fit now.
+	done := append(s.dispatchLocked(), t)
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+	return true
+}
+
+// unqueueLocked takes a queued ticket out of its model's queue (bound:
+// to be served) and deletes the queue when it empties.
+func (s *Scheduler) unqueueLocked(t *Ticket, bound bool) {
+	q := s.queues[t.req.Model]
+	q.remove(t, bound)
+	if q.n == 0 {
+		delete(s.queues, t.req.Model)
+	}
+}
+
+// QueueDepth returns how many requests wait for model.
+func (s *Scheduler) QueueDepth(model string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if q, ok := s.queues[model]; ok {
+		return q.n
+	}
+	return 0
+}
+
+// QueueDepths returns how many requests wait for each model: every model a
+// worker serves (0 when none wait), and any other with requests waiting.
+func (s *Scheduler) QueueDepths() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.queues))
+	s.servedLocked(func(m string) { out[m] = 0 })
+	for m, q := range s.queues {
+		out[m] = q.n
+	}
+	return out
+}
+
+// QueueDepthsByClass returns, for the models of QueueDepths, how many
+// requests wait in each priority class (retries counted in their class).
+func (s *Scheduler) QueueDepthsByClass() map[string]map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]map[string]int, len(s.queues))
+	zero := func(m string) {
+		by := make(map[string]int, len(s.classes))
+		for _, c := range s.classes {
+			by[c.Name] = 0
+		}
+		out[m] = by
+	}
+	s.servedLocked(zero)
+	for m, q := range s.queues {
+		if out[m] == nil {
+			zero(m)
+		}
+		for i, cq := range q.classes {
+			out[m][s.classes[i].Name] += cq.n
+		}
+		for _, t := range q.retries {
+			out[m][s.classes[t.cls].Name]++
+		}
+	}
+	return out
+}
+
+// Classes returns the priority classes in priority order.
+func (s *Scheduler) Classes() []Class { return slices.Clone(s.classes) }
