@@ -82,42 +82,39 @@ func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
 	return c.PrefixMatch
 }
 
-// affinityBorrowLocked is the second eligibility pass of a pick that found
-// no worker with room: workers full at their learned limit that hold
-// enough of req's prefix become eligible for one stream more (see above).
-// Each worker's why and lim are the first pass's; the workers made
-// eligible are appended to elig and idx.
-func (s *Scheduler) affinityBorrowLocked(req Request, elig []*worker, idx []int) ([]*worker, []int) {
-	for i, w := range s.workers {
-		if !oneMoreRoom(w) {
+// affinityBorrowLocked is the relaxation stage of a pick that found no
+// worker with room: workers full at their learned limit that hold enough
+// of the request's prefix become eligible for one stream more (see
+// above), appended to p.elig.
+func (s *Scheduler) affinityBorrowLocked(p *pick) {
+	for i := range p.views {
+		v := &p.views[i]
+		if !oneMoreRoom(v) {
 			continue
 		}
-		lim := &w.lim
-		m := s.matchOnLocked(req, w)
+		m := s.matchOnLocked(p.req, v.w)
 		if m < affinityBorrowMatch {
 			continue
 		}
-		lim.limit, lim.prefix = w.active+1, m
-		w.pickLimit = lim.limit
-		w.why = whyEligible
-		elig = append(elig, w)
-		idx = append(idx, i)
+		v.lim.limit, v.lim.prefix = v.w.active+1, m
+		v.why = whyEligible
+		p.elig = append(p.elig, v)
 	}
-	return elig, idx
 }
 
-// oneMoreRoom reports whether w, as the last pick left it, is full at its
+// oneMoreRoom reports whether v, as its pick found it, is full at its
 // learned limit and could run one stream more for a cached prefix.
-func oneMoreRoom(w *worker) bool {
-	return w.why == whyFull && atLearnedLimit(w)
+func oneMoreRoom(v *view) bool {
+	return v.why == whyFull && atLearnedLimit(v)
 }
 
-// atLearnedLimit reports whether w runs exactly its learned limit, which
-// is below its cap, with the floor known and no saturation reported.
-func atLearnedLimit(w *worker) bool {
-	lim := &w.lim
+// atLearnedLimit reports whether v's worker runs exactly its learned
+// limit, which is below its cap, with the floor known and no saturation
+// reported.
+func atLearnedLimit(v *view) bool {
+	lim, active := &v.lim, v.w.active
 	return lim.source == srcLearned && lim.floor > 0 && lim.sat == satNone &&
-		lim.limit == lim.learned && w.active == lim.learned && w.active < lim.cap
+		lim.limit == lim.learned && active == lim.learned && active < lim.cap
 }
 
 // behind appends to buf the requests waiting behind head in its class
@@ -151,15 +148,18 @@ func (q *queue) behind(buf []*Ticket, head *Ticket, bound time.Duration) []*Tick
 // affinityOvertakeLocked applies the holder-first rule to q's head, which
 // would be bound to w (nil: to nobody). It returns the request to bind
 // instead, its worker and record, or nil to bind the head as planned.
-func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, now time.Time) (*Ticket, *worker, *decisions.Record) {
+func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, now time.Time) (*Ticket, choice) {
 	if !s.affinityOn() {
-		return nil, nil, nil
+		return nil, choice{}
 	}
+	// The head's pick, the latest, is still in s.pk: the workers it found
+	// full are read from there before any other pick is made.
+	headViews := s.pk.views
 	waiting := q.behind(s.behindBuf[:0], head, s.order.overtake)
 	s.behindBuf = waiting[:0]
 	defer clear(waiting)
 	if len(waiting) == 0 {
-		return nil, nil, nil
+		return nil, choice{}
 	}
 	if w != nil {
 		// Someone behind the head holds much more of its prefix on w.
@@ -172,13 +172,13 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, no
 			}
 		}
 		if best == nil {
-			return nil, nil, nil
+			return nil, choice{}
 		}
-		if bw, rec := s.pickQueuedLocked(best, now); bw == w {
-			explainOvertake(rec, head, best, w.spec.Name, bestMatch, headMatch)
-			return best, bw, rec
+		if c := s.pickQueuedLocked(best, now); c.w == w {
+			explainOvertake(c.rec, head, best, w.spec.Name, bestMatch, headMatch)
+			return best, c
 		}
-		return nil, nil, nil
+		return nil, choice{}
 	}
 	// The head waits for room; someone behind it may run one stream over a
 	// holder's learned limit. Only the workers the head's pick found full
@@ -186,9 +186,9 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, no
 	// head's prompt but at their learned limit: a shorter one may fit): a
 	// cheap test before a pick, within a budget of lookups.
 	room := s.affBuf[:0]
-	for _, w := range s.workers {
-		if (w.why == whyFull || w.why == whyContext) && atLearnedLimit(w) {
-			room = append(room, w)
+	for i := range headViews {
+		if v := &headViews[i]; (v.why == whyFull || v.why == whyContext) && atLearnedLimit(v) {
+			room = append(room, v.w)
 		}
 	}
 	s.affBuf = room[:0]
@@ -201,7 +201,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, no
 		holds := false
 		for _, w := range room {
 			if budget == 0 {
-				return nil, nil, nil
+				return nil, choice{}
 			}
 			budget--
 			if s.matchOnLocked(t.req, w) >= affinityBorrowMatch {
@@ -212,12 +212,12 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, no
 		if !holds {
 			continue
 		}
-		if bw, rec := s.pickQueuedLocked(t, now); bw != nil {
-			explainOvertake(rec, head, t, bw.spec.Name, s.matchOnLocked(t.req, bw), s.matchOnLocked(head.req, bw))
-			return t, bw, rec
+		if c := s.pickQueuedLocked(t, now); c.w != nil {
+			explainOvertake(c.rec, head, t, c.w.spec.Name, s.matchOnLocked(t.req, c.w), s.matchOnLocked(head.req, c.w))
+			return t, c
 		}
 	}
-	return nil, nil, nil
+	return nil, choice{}
 }
 
 // explainOvertake has rec say why its request was bound before the head.

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"slices"
 	"time"
-
-	"github.com/sluice-router/sluice/internal/decisions"
 )
 
 // dispatchLocked binds queued requests to workers with room, each queue's
@@ -47,13 +45,13 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 		slices.SortFunc(heads, func(a, b head) int { return ticketOrder(a.t, b.t) })
 		bound := false
 		for _, h := range heads {
-			if t, w, rec := s.placeableLocked(h.q, now); t != nil {
-				if s.shared.pending != nil {
-					s.startReserveLocked(t, w, rec)
+			if t, c := s.placeableLocked(h.q, now); t != nil {
+				if c.pending != nil {
+					s.startReserveLocked(t, c)
 					started = append(started, t.res)
 				} else {
 					s.unqueueLocked(t, true)
-					s.bindLocked(t, w, rec, now)
+					s.bindLocked(t, c, "", now)
 					done = append(done, t)
 				}
 				bound = true
@@ -95,7 +93,7 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 		}
 		s.unqueueLocked(t, false)
 		s.sharedGoneLocked(t)
-		_, rec := s.pickLocked(t.req, now, true)
+		rec := s.refusalRecordLocked(t.req, now)
 		s.refuseWithLocked(t, rec, cause)
 		done = append(done, t)
 	}
@@ -107,31 +105,30 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 // workers), so only the head is tried; a retry that excludes workers which
 // failed it is skipped over, so it cannot hold back the requests behind
 // it.
-func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, *worker, *decisions.Record) {
+func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 	for _, t := range q.retries {
-		if w, rec := s.pickQueuedLocked(t, now); w != nil {
-			return t, w, rec
+		if c := s.pickQueuedLocked(t, now); c.w != nil {
+			return t, c
 		}
 		if len(t.req.Exclude) == 0 {
-			return nil, nil, nil
+			return nil, choice{}
 		}
 	}
 	if t := q.next(s.order); t != nil {
-		w, rec := s.pickQueuedLocked(t, now)
-		held := s.kvHeld
+		c := s.pickQueuedLocked(t, now)
 		// A request behind the head may go first where its prefix is
 		// cached, within the aging bound (see affinity.go).
-		if u, uw, urec := s.affinityOvertakeLocked(q, t, w, now); u != nil {
-			return u, uw, urec
+		if u, uc := s.affinityOvertakeLocked(q, t, c.w, now); u != nil {
+			return u, uc
 		}
-		if w != nil {
-			return t, w, rec
+		if c.w != nil {
+			return t, c
 		}
-		if held { // the head's prompt fits no cache now (kvfit.go)
+		if c.kvHeld { // the head's prompt fits no cache now (kvfit.go)
 			return s.kvOvertakeLocked(q, t, now)
 		}
 	}
-	return nil, nil, nil
+	return nil, choice{}
 }
 
 // ticketOrder orders the heads of queues for placement: retries first,

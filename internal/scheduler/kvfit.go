@@ -109,77 +109,71 @@ func (r *kvRoom) why(prompt int) string {
 	return fmt.Sprintf("prompt of ~%d tokens does not fit its free KV cache of ~%d tokens (%s)", prompt, r.free(), from)
 }
 
-// kvFitLocked applies the KV-fit rule to the eligible workers elig, idx
-// their configuration indexes and cands their candidates: it drops those
-// that cannot take the request's prompt now (all of them when none can,
-// but those with nothing of this replica's in flight; none when none can
-// and a shared Ledger orders the waiting), and sets kvHeld when it dropped
-// every one. A dropped worker's record slot (slots, nil without records)
-// says whyKVFit and keeps the job cost the rule read, from which the
-// record puts the estimate in words when read. It allocates nothing: the
-// slices are compacted in place.
-func (s *Scheduler) kvFitLocked(req *Request, elig []*worker, idx []int, cands []Candidate, slots []slot, now time.Time) ([]*worker, []int, []Candidate) {
-	if req.PromptTokens <= 0 {
-		return elig, idx, cands
+// kvFitFilter is the KV-fit rule as a filter: of the eligible workers it
+// drops those that cannot take the request's prompt now (all of them when
+// none can, but those with nothing of this replica's in flight; none when
+// none can and a shared Ledger orders the waiting), and sets the pick's
+// kvHeld when it dropped every one. It allocates nothing.
+type kvFitFilter struct{}
+
+func (kvFitFilter) keep(p *pick, in []*view, why uint8) []*view {
+	prompt := p.req.PromptTokens
+	if prompt <= 0 {
+		return in
 	}
-	fits := func(w *worker) bool {
-		r := kvRoomOf(w.snap, w.cost, w.active, now, s.cfg.StaleAfter)
-		return r.fits(req.PromptTokens)
+	fits := func(v *view) bool {
+		r := kvRoomOf(v.snap, v.w.cost, v.w.active, p.env.Now, p.env.StaleAfter)
+		return r.fits(prompt)
 	}
 	fit, miss := 0, 0
-	for _, w := range elig {
-		if fits(w) {
+	for _, v := range in {
+		if fits(v) {
 			fit++
 		} else {
 			miss++
 		}
 	}
-	if miss == 0 || fit == 0 && s.cfg.Ledger != nil {
-		return elig, idx, cands
+	if miss == 0 || fit == 0 && p.shared {
+		return in
 	}
-	n := 0
-	for i, w := range elig {
-		if fits(w) || (fit == 0 && w.active == 0) {
-			elig[n], idx[n], cands[n] = w, idx[i], cands[i]
-			n++
-			continue
-		}
-		w.why = whyKVFit
-		if slots != nil {
-			sl := &slots[idx[i]]
-			sl.why, sl.jobCost = whyKVFit, w.cost
-		}
-	}
-	s.kvHeld = n == 0
-	return elig[:n], idx[:n], cands[:n]
+	out := keepIf(in, why, func(v *view) bool { return fits(v) || (fit == 0 && v.w.active == 0) })
+	p.kvHeld = len(out) == 0
+	return out
+}
+
+// explain puts the estimate in words from the job cost the rule read,
+// which the record's slot keeps.
+func (kvFitFilter) explain(pr *pickRecord, sl *slot, ref *slotRefs) string {
+	room := kvRoomOf(ref.snap, sl.jobCost, int(sl.active), pr.env.Now, pr.env.StaleAfter)
+	return room.why(pr.req.PromptTokens)
 }
 
 // kvOvertakeLocked lets a request waiting behind q's head go first when
 // the head could not be placed because of the KV-fit rule alone (no
 // eligible worker had room in its cache for its prompt, see
-// Scheduler.kvHeld): the first of them, in arrival order, arrived no
+// choice.kvHeld): the first of them, in arrival order, arrived no
 // more than MaxOvertake after the head (the queue's aging bound, as for
 // prefix affinity), that a worker can take now. Without it a long prompt
 // at the head would hold back every request behind it while slots are
 // free. Not with a shared Ledger, whose waiting list orders binds across
 // replicas. It returns the request, its worker and record, or nil.
-func (s *Scheduler) kvOvertakeLocked(q *queue, head *Ticket, now time.Time) (*Ticket, *worker, *decisions.Record) {
+func (s *Scheduler) kvOvertakeLocked(q *queue, head *Ticket, now time.Time) (*Ticket, choice) {
 	if s.cfg.Ledger != nil {
-		return nil, nil, nil
+		return nil, choice{}
 	}
 	waiting := q.behind(s.behindBuf[:0], head, s.order.overtake)
 	s.behindBuf = waiting[:0]
 	defer clear(waiting)
 	for _, t := range waiting {
-		if w, rec := s.pickQueuedLocked(t, now); w != nil {
-			if rec != nil {
+		if c := s.pickQueuedLocked(t, now); c.w != nil {
+			if rec := c.rec; rec != nil {
 				longer := t.enq.Sub(head.enq).Seconds()
 				rec.AddExplain(func(r *decisions.Record) {
 					r.Reason += fmt.Sprintf("; bound before an older waiting request (it has waited %.1fs longer) whose prompt of ~%d tokens no eligible worker's free KV cache could take", longer, head.req.PromptTokens)
 				})
 			}
-			return t, w, rec
+			return t, c
 		}
 	}
-	return nil, nil, nil
+	return nil, choice{}
 }

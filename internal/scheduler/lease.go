@@ -156,7 +156,11 @@ func (s *Scheduler) drainedLocked(l *Lease, now time.Time) {
 	d.drained(work, q.since, now)
 }
 
-func (s *Scheduler) bindLocked(t *Ticket, w *worker, rec *decisions.Record, now time.Time) {
+// bindLocked binds t to c's worker: the slot is reserved, the lease made
+// (with the shared ledger's lease id, "" without one) and the record
+// completed.
+func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Time) {
+	w, rec := c.w, c.rec
 	cost := s.expectedCost(w, t.req)
 	w.busy.move(w.inFlight(), now)
 	w.active++
@@ -171,8 +175,8 @@ func (s *Scheduler) bindLocked(t *Ticket, w *worker, rec *decisions.Record, now 
 	}
 	s.recordPrefixLocked(t.req, w)
 	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, out: -1, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
-		Limit: w.pickLimit, bound: now, busyAtBind: w.busy.integral}
-	s.sharedBindLocked(t, t.lease)
+		Limit: c.limit, bound: now, busyAtBind: w.busy.integral}
+	s.sharedBindLocked(t, t.lease, sharedID)
 	t.rec = rec
 	t.queued = false
 }

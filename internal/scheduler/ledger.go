@@ -82,17 +82,10 @@ var (
 	ErrLedgerDown = errors.New("scheduler: shared state unavailable")
 )
 
-// ledgerState is the scheduler's side of a Ledger, guarded by its mutex.
-type ledgerState struct {
-	binding bool         // the pick in progress will be bound (not a refusal's record)
-	pending *reservation // the pick in progress asks the ledger (startReserveLocked)
-	lease   string       // the lease of the pick being bound, for bindLocked
-}
-
 func ticketWaitID(t *Ticket) string { return strconv.FormatUint(t.seq, 10) }
 
 // pickQueuedLocked picks for a queued ticket.
-func (s *Scheduler) pickQueuedLocked(t *Ticket, now time.Time) (*worker, *decisions.Record) {
+func (s *Scheduler) pickQueuedLocked(t *Ticket, now time.Time) choice {
 	return s.pickLocked(t.req, now, false)
 }
 
@@ -106,23 +99,28 @@ func (s *Scheduler) activeWeight() float64 {
 	return 0
 }
 
-// pendingSharedLocked prepares the reservation that replaces scoreLocked's
+// pendingSharedLocked prepares the reservation that replaces the score's
 // local choice when a Ledger is set and the pick will be bound: the
 // totals without the active term go to the ledger, outside the lock
-// (startReserveLocked, reserver.go); best, the local choice, is held
-// until it answers.
-func (s *Scheduler) pendingSharedLocked(pr *pickRecord, cands []Candidate, tot []float64, elig []*worker) {
+// (startReserveLocked, reserver.go); the local choice is held until it
+// answers. The totals are the picker's, in s.scratch.
+func (s *Scheduler) pendingSharedLocked(p *pick, pr *pickRecord) {
 	aw := s.activeWeight()
+	cands, tot := p.cands, s.scratch.total[:len(p.cands)]
 	res := &reservation{pr: pr, aw: aw,
-		sc:     make([]SharedCandidate, len(cands)),
-		elig:   slices.Clone(elig),
-		tot:    slices.Clone(tot[:len(cands)]),
-		active: make([]int, len(cands))}
-	for i := range cands {
-		res.sc[i] = SharedCandidate{Worker: cands[i].Name, Score: tot[i] - aw*float64(cands[i].Active), ActiveWeight: aw, Limit: elig[i].pickLimit}
-		res.active[i] = cands[i].Active
+		sc:      make([]SharedCandidate, len(cands)),
+		elig:    make([]*worker, len(cands)),
+		tot:     slices.Clone(tot),
+		active:  make([]int, len(cands)),
+		slotIdx: make([]int, len(cands))}
+	for i, v := range p.elig {
+		res.sc[i] = SharedCandidate{Worker: cands[i].Name, Score: tot[i] - aw*float64(cands[i].Active), ActiveWeight: aw, Limit: v.lim.limit}
+		res.elig[i], res.active[i], res.slotIdx[i] = v.w, cands[i].Active, v.w.order
 	}
-	s.shared.pending = res
+	p.pending = res
+	if pr != nil {
+		pr.pending = true
+	}
 }
 
 // setRemoteLocked notes that n requests of other replicas are in flight
@@ -140,13 +138,13 @@ func (s *Scheduler) setRemoteLocked(w *worker, n int, now time.Time) {
 	w.remote = n
 }
 
-// sharedBindLocked hands the pick's lease to the new Lease and takes a
-// queued ticket off the shared waiting list.
-func (s *Scheduler) sharedBindLocked(t *Ticket, lease *Lease) {
+// sharedBindLocked hands the ledger's lease (id) to the new Lease and
+// takes a queued ticket off the shared waiting list.
+func (s *Scheduler) sharedBindLocked(t *Ticket, lease *Lease, id string) {
 	if s.ledger == nil {
 		return
 	}
-	lease.shared, s.shared.lease = s.shared.lease, ""
+	lease.shared = id
 	s.sharedGoneLocked(t)
 }
 

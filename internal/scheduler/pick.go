@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"fmt"
 	"slices"
 	"time"
 
@@ -9,282 +8,244 @@ import (
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
-// pickLocked chooses the worker for req without reserving it, and returns
-// the decision record explaining the choice. When no worker is eligible it
-// returns no record unless always is set (a refusal needs one): under a
-// backlog every arrival and release asks, and most answers are "nobody",
-// which must cost no allocation.
-func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) (*worker, *decisions.Record) {
-	s.shared.binding = !always // a refusal's record reserves nothing
-	elig := s.eligBuf[:0]
-	idx := s.idxBuf[:0] // configuration index of each eligible worker
-	baseline := s.cfg.Policy != PolicySluice
-	learning := !baseline && !s.limits.Fixed
-	// Each worker's telemetry and stats are resolved once for the whole
-	// pick: the floor, the limit and the score all read them.
-	best := 0.0 // the best solo decode rate among the model's workers
-	for _, w := range s.workers {
-		w.snap, w.st = w.snapshot(), s.statsOf(w)
-		w.serving = w.serves(w.snap, req.Model)
-		if learning && w.serving {
-			best = bestSolo(best, w.st)
-		}
-	}
-	var floor float64
-	var waited time.Duration
-	if learning {
-		var ok bool
-		if floor, ok = s.configuredFloor(req.Model); !ok {
-			floor = s.limits.FloorFraction * best
-		}
-		waited = s.oldestWaitLocked(req.Model, now)
-	}
-	// The eligible workers' candidates, and with records every worker's
-	// slot, are written in the same pass, while the worker is in cache.
-	slots, refs := s.pickSlotsLocked()
-	prefixOn := s.prefixWeighted && len(req.Prefix) > 0 && !baseline // as prefixMatchLocked tests
-	// An index that answers for all candidates at once is asked once
-	// they are all known.
-	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)
-	prefixEach := prefixOn && batch == nil
-	cands := s.candBuf[:0]
-	if cap(cands) < len(s.workers) {
-		cands = make([]Candidate, 0, len(s.workers))
-	}
-	for i, w := range s.workers {
-		snap := w.snap
-		why := whyEligible
-		if !baseline {
-			s.limitInto(&w.lim, w, snap, w.st, floor, waited, now)
-			w.pickLimit = w.lim.limit
-			w.noteLimitLocked(&w.lim, now)
-		} else {
-			w.lim = limitState{}
-		}
-		switch {
-		case w.draining:
-			why = whyDraining
-		case snap.Health == HealthDown:
-			why = whyDown
-		case snap.Health == HealthLoading:
-			why = whyLoading
-		case !w.serving:
-			why = whyModel
-		case len(req.Exclude) > 0 && slices.Contains(req.Exclude, w.spec.Name):
-			why = whyExcluded
-		case snap.ContextTokens > 0 && req.PromptTokens > snap.ContextTokens: // tooLong
-			why = whyContext
-		case !baseline && w.active >= w.lim.limit:
-			why = whyFull
-		default:
-			elig = append(elig, w)
-			idx = append(idx, i)
-			cands = s.appendCandLocked(&req, cands, w, prefixEach)
-		}
-		w.why = why
-		if slots != nil {
-			// Field by field, every one: a struct literal would be copied
-			// in with a bulk write barrier, slow while the GC runs, and
-			// the slots are the previous pick's.
-			ref, sl := &refs[i], &slots[i]
-			ref.name, ref.snap, ref.st = w.spec.Name, snap, w.st
-			sl.prefix, sl.lastPick, sl.limit, sl.cap = w.lim.prefix, w.lastPick, w.lim.limit, w.lim.cap
-			sl.active, sl.why, sl.source = int32(w.active), why, w.lim.source
-			sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc = 0, 0, 0, 0, 0
-		}
-	}
-	if len(elig) == 0 && !baseline && !s.limits.Fixed && len(req.Prefix) > 0 && s.affinityOn() {
-		elig, idx = s.affinityBorrowLocked(req, elig, idx)
-		for j, w := range elig {
-			cands = s.appendCandLocked(&req, cands, w, prefixEach)
-			if slots != nil {
-				sl := &slots[idx[j]]
-				sl.why, sl.limit, sl.prefix = w.why, w.lim.limit, w.lim.prefix
-			}
-		}
-	}
-	if prefixOn && batch != nil && len(cands) > 0 {
-		s.prefixMatchesLocked(&req, cands, batch)
-	}
-	s.kvHeld = false
-	if !baseline && s.cfg.KVFit {
-		elig, idx, cands = s.kvFitLocked(&req, elig, idx, cands, slots, now)
-	}
-	s.eligBuf, s.idxBuf, s.candBuf = elig[:0], idx[:0], cands[:0]
-	if len(elig) == 0 && (!always || s.cfg.NoRecords) {
-		return nil, nil // the slots stay in s.scratch for the next pick
-	}
-	if s.cfg.NoRecords {
-		return s.chooseLocked(nil, &req, cands, idx, elig, now), nil
-	}
-	pr := s.newPickRecordLocked(req, now, floor, waited)
-	rec := &pr.rec
-	var w *worker
-	if len(elig) == 0 {
-		rec.Reason = "no eligible worker"
-	} else {
-		w = s.chooseLocked(pr, &req, cands, idx, elig, now)
-	}
-	pr.keepLocked(s, slots, refs, cands, idx)
-	rec.SetExplain(pr.explain)
-	return w, rec
+// A pick chooses the worker for one request, in stages, each a small step
+// with one job, run in this order under the scheduler's lock:
+//
+//	resolve     each worker's telemetry and stats, read once      (view)
+//	limits      each worker's concurrency limit                    (limit.go)
+//	filters     eligibility, one rule each, with a reason code     (filter*.go)
+//	relax       one stream over a learned limit for a cached prefix,
+//	            when no worker is left                             (affinity.go)
+//	kv fit      pass over workers whose KV cache cannot take it    (kvfit.go)
+//	candidates  what the terms see of each eligible worker          (Candidate)
+//	picker      the policy's choice; Sluice's by the terms' score  (picker.go, terms.go)
+//	record      what the decision record is explained from, later  (record.go)
+//
+// With a shared Ledger a pick that will be bound then holds its choice
+// and the reserver asks the ledger, outside the lock (reserver.go).
+//
+// The stages pass one value, the pick, from one to the next instead of
+// leaving scratch on the Scheduler or its workers; its buffers are kept
+// for the next pick, so a pick that finds nobody allocates nothing. What
+// a caller needs of a pick once it is made is its choice.
+type pick struct {
+	req Request
+	env Env // of the decision; env.Req is &req
+	// binding says the pick's choice will be bound (not a refusal's
+	// record): only then may the shared ledger be asked.
+	binding  bool
+	baseline bool // a baseline policy: no limits, no scoring, no queue
+	shared   bool // a shared Ledger orders binds across replicas
+	learning bool // limits are learned (Sluice's policy, not Fixed)
+	floor    float64
+	waited   time.Duration
+
+	views []view      // every worker, in configuration order
+	elig  []*view     // the eligible ones, in configuration order
+	cands []Candidate // what the terms see of elig[i]
+	slots []slot      // the record's slots (nil without records)
+	refs  []slotRefs
+
+	// kvHeld says the KV-fit rule passed over every eligible worker.
+	kvHeld bool
+	// pending is the reservation the ledger is to make (ledger.go).
+	pending *reservation
 }
 
-// appendCandLocked appends eligible w's candidate to cands, which has
-// room for it, with its prefix match for req when prefixOn.
-func (s *Scheduler) appendCandLocked(req *Request, cands []Candidate, w *worker, prefixOn bool) []Candidate {
-	cands = cands[:len(cands)+1]
-	// Field by field, every one, over the previous pick's: a struct
-	// literal (or a zeroed append) is copied in with a bulk write barrier.
-	c := &cands[len(cands)-1]
-	c.Name, c.Active, c.JobCost, c.Snap, c.Stats = w.spec.Name, w.active, w.cost, w.snap, w.st
-	c.PrefixMatch, c.PrefixSource = 0, ""
-	if prefixOn {
-		s.prefixMatchLocked(req, c)
-	}
-	return cands
+// view is one worker as a pick sees it: what the pick resolved of it once
+// (its telemetry, stats and limit) and why it is or is not eligible.
+type view struct {
+	w       *worker
+	snap    *Snapshot
+	st      *stats.WorkerStats
+	lim     limitState
+	why     uint8 // whyEligible, or the code of the filter that dropped it
+	serving bool  // it serves the requested model
 }
 
-// chooseLocked applies the policy to the eligible workers and returns the
-// chosen one, filling pr (when not nil) with the choice and its reason.
-func (s *Scheduler) chooseLocked(pr *pickRecord, req *Request, cands []Candidate, idx []int, elig []*worker, now time.Time) *worker {
-	var reason string
-	var best int
-	switch s.cfg.Policy {
-	case PolicySluice:
-		best = s.scoreLocked(pr, req, cands, elig, now)
-		if res := s.shared.pending; res != nil {
-			res.slotIdx = slices.Clone(idx[:len(cands)])
-		}
-	case PolicyRoundRobin:
-		best = int(s.rr % uint64(len(elig)))
-		s.rr++
-		reason = "round-robin"
-	case PolicyLeastConnections:
-		best = 0
-		for i, w := range elig {
-			if w.active < elig[best].active || (w.active == elig[best].active && w.lastPick < elig[best].lastPick) {
-				best = i
-			}
-		}
-		if pr != nil {
-			reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", elig[best].active)
-		}
-	case PolicyRandom:
-		best = s.rng.IntN(len(elig))
-		reason = "random"
-	case PolicyPowerOfTwo:
-		a, b := s.rng.IntN(len(elig)), s.rng.IntN(len(elig))
-		if len(elig) > 1 {
-			for b == a {
-				b = s.rng.IntN(len(elig))
-			}
-		}
-		best = a
-		if elig[b].active < elig[a].active {
-			best = b
-		}
-		if pr != nil {
-			reason = fmt.Sprintf("fewer active of two random (%s, %s)", elig[a].spec.Name, elig[b].spec.Name)
-		}
+// choice is a pick's outcome: the worker chosen (nil: nobody), its limit
+// at the pick, the decision record (nil without records, and when nobody
+// was eligible unless one was asked for), and what the caller does next:
+// ask the ledger (pending), or let a request behind wait less (kvHeld).
+type choice struct {
+	w       *worker
+	limit   int
+	rec     *decisions.Record
+	pending *reservation
+	kvHeld  bool
+}
+
+// pickLocked runs a pick for req. When no worker is eligible it returns
+// no record unless always is set (a refusal needs one): under a backlog
+// every arrival and release asks, and most answers are "nobody", which
+// must cost no allocation.
+func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
+	p := s.startPickLocked(req, now, !always)
+	s.resolveLocked(p)
+	if !p.baseline {
+		s.limitsLocked(p)
 	}
-	w := elig[best]
+	p.elig = p.elig[:0]
+	for i := range p.views {
+		p.elig = append(p.elig, &p.views[i])
+	}
+	for why := whyDraining; why <= whyFull; why++ {
+		p.elig = filters[why].keep(p, p.elig, why)
+	}
+	if len(p.elig) == 0 && p.learning && len(req.Prefix) > 0 && s.affinityOn() {
+		s.affinityBorrowLocked(p)
+	}
+	if !p.baseline && s.cfg.KVFit {
+		p.elig = filters[whyKVFit].keep(p, p.elig, whyKVFit)
+	}
+	if len(p.elig) == 0 && (!always || s.cfg.NoRecords) {
+		return choice{kvHeld: p.kvHeld}
+	}
+	s.candidatesLocked(p)
+	var pr *pickRecord
+	if !s.cfg.NoRecords {
+		s.slotsLocked(p)
+		pr = s.newPickRecordLocked(p)
+	}
+	c := choice{kvHeld: p.kvHeld}
+	if len(p.elig) > 0 {
+		best := s.picker.choose(p, pr)
+		if s.ledger != nil && p.binding && !p.baseline {
+			// The ledger chooses, outside the lock; best is held meanwhile.
+			s.pendingSharedLocked(p, pr)
+		}
+		v := p.elig[best]
+		c.w, c.limit, c.pending = v.w, v.lim.limit, p.pending
+		if pr != nil {
+			pr.rec.Chosen, pr.chosen = v.w.spec.Name, v.w.order
+		}
+	} else if pr != nil {
+		pr.rec.Reason = "no eligible worker"
+	}
 	if pr == nil {
-		return w
+		return c
 	}
-	pr.rec.Chosen = w.spec.Name
-	pr.chosen = idx[best]
-	if s.cfg.Policy != PolicySluice {
-		pr.rec.Reason = reason
-	}
-	return w
+	pr.keepLocked(s, p)
+	pr.rec.SetExplain(pr.explain)
+	c.rec = &pr.rec
+	return c
 }
 
-// Why a worker was not eligible, as recorded during the pick; put in words
-// when a record is built.
-const (
-	whyEligible uint8 = iota
-	whyDraining
-	whyDown
-	whyLoading
-	whyModel
-	whyExcluded
-	whyContext
-	whyFull
-	whyKVFit // eligible, passed over by the KV-fit rule (kvfit.go)
-)
+// startPickLocked readies the scheduler's pick for req: the request, the
+// time, the policy's mode, and buffers for every worker.
+func (s *Scheduler) startPickLocked(req Request, now time.Time, binding bool) *pick {
+	p := &s.pk
+	p.req = req
+	p.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &p.req}
+	p.binding = binding
+	p.baseline = s.cfg.Policy != PolicySluice
+	p.learning = !p.baseline && !s.limits.Fixed
+	p.shared = s.cfg.Ledger != nil
+	p.floor, p.waited = 0, 0
+	p.kvHeld, p.pending = false, nil
+	n := len(s.workers)
+	if cap(p.views) < n {
+		p.views, p.elig, p.cands = make([]view, n), make([]*view, 0, n), make([]Candidate, 0, n)
+	}
+	p.views = p.views[:n]
+	return p
+}
 
-// scoreLocked scores the eligible candidates and returns the index of the
-// winner: lowest total, then least recently picked, then first in
-// configuration order (with a Ledger, the local choice to hold while the
-// ledger chooses: s.shared.pending). The totals are left in s.scratch for pr (when not nil) to keep;
-// ranks, the per-term breakdown and the reason in words are computed when
-// the record is read (pickRecord.explain).
-func (s *Scheduler) scoreLocked(pr *pickRecord, req *Request, cands []Candidate, elig []*worker, now time.Time) int {
-	// The terms see the request through the scratch space: an Env on the
-	// stack would escape through the Term interface, and the request with it.
-	sc := &s.scratch
-	sc.req = *req
-	sc.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &sc.req}
-	tot := totals(s.terms, &sc.env, cands, sc)
-	best := 0
-	bk := rankKey{tot[0], elig[0].lastPick, elig[0].order}
-	for i := 1; i < len(cands); i++ { // one pass: only the winner is needed now
-		if k := (rankKey{tot[i], elig[i].lastPick, elig[i].order}); k.less(bk) {
-			best, bk = i, k
+// resolveLocked reads each worker's telemetry and stats once for the
+// whole pick: the floor, the limits, the filters and the terms all read
+// them. With learned limits it also finds the model's floor (configured,
+// or FloorFraction of the best solo decode rate among its workers) and
+// how long its oldest queued request has waited.
+func (s *Scheduler) resolveLocked(p *pick) {
+	best := 0.0
+	for i, w := range s.workers {
+		v := &p.views[i]
+		v.w, v.snap, v.st = w, w.snapshot(), s.statsOf(w)
+		v.serving = w.serves(v.snap, p.req.Model)
+		v.why = whyEligible
+		v.lim = limitState{}
+		if p.learning && v.serving {
+			best = bestSolo(best, v.st)
 		}
 	}
-	if s.ledger != nil && s.shared.binding {
-		// The ledger chooses, outside the lock; best is held meanwhile.
-		s.pendingSharedLocked(pr, cands, tot, elig)
+	if !p.learning {
+		return
 	}
-	if pr != nil {
-		pr.scored = true
-		pr.pending = s.shared.pending != nil
+	var ok bool
+	if p.floor, ok = s.configuredFloor(p.req.Model); !ok {
+		p.floor = s.limits.FloorFraction * best
 	}
-	return best
+	p.waited = s.oldestWaitLocked(p.req.Model, p.env.Now)
 }
 
-// rankKey orders candidates: lowest total, then least recently picked,
-// then first in configuration order. No two workers share a key, so the
-// order is total and the pick deterministic.
-type rankKey struct {
-	total    float64
-	lastPick uint64
-	order    int
+// limitsLocked computes every worker's concurrency limit for the pick
+// (limit.go), and notes any change of a learned limit. The baselines
+// have none: they neither queue nor respect max_concurrency.
+func (s *Scheduler) limitsLocked(p *pick) {
+	for i := range p.views {
+		v := &p.views[i]
+		s.limitInto(&v.lim, v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
+		v.w.noteLimitLocked(&v.lim, p.env.Now)
+	}
 }
 
-func (k rankKey) less(o rankKey) bool {
-	switch {
-	case k.total != o.total:
-		return k.total < o.total
-	case k.lastPick != o.lastPick:
-		return k.lastPick < o.lastPick
+// candidatesLocked writes what the terms see of each eligible worker,
+// with its prefix match when the prefix term counts; an index that
+// answers for all candidates at once is asked once.
+func (s *Scheduler) candidatesLocked(p *pick) {
+	prefixOn := s.prefixWeighted && len(p.req.Prefix) > 0 && !p.baseline
+	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)
+	cands := p.cands[:0]
+	for _, v := range p.elig {
+		cands = cands[:len(cands)+1]
+		// Field by field, every one, over the previous pick's: a struct
+		// literal (or a zeroed append) is copied in with a bulk write barrier.
+		c := &cands[len(cands)-1]
+		c.Name, c.Active, c.JobCost, c.Snap, c.Stats = v.w.spec.Name, v.w.active, v.w.cost, v.snap, v.st
+		c.PrefixMatch, c.PrefixSource = 0, ""
+		if prefixOn && batch == nil {
+			s.prefixMatchLocked(&p.req, c)
+		}
 	}
-	return k.order < o.order
+	p.cands = cands
+	if prefixOn && batch != nil && len(cands) > 0 {
+		s.prefixMatchesLocked(&p.req, cands, batch)
+	}
 }
 
-// noStats stands in for a worker without measured history.
-var noStats stats.WorkerStats
-
-// statsOf returns w's measured averages (&noStats when none). Call it
-// under the lock: a *stats.Tracker is read through w's handle.
-func (s *Scheduler) statsOf(w *worker) *stats.WorkerStats {
-	var st *stats.WorkerStats
-	switch {
-	case s.statsVia != nil:
-		st = s.statsVia.StatsVia(&w.statsAt, w.spec.Name)
-	case s.cfg.Stats != nil:
-		st = s.cfg.Stats.Stats(w.spec.Name)
+// slotsLocked writes every worker's slot of the record: what its limit
+// was computed from and why it is or is not eligible (the eligible ones'
+// scores are added by keepLocked).
+func (s *Scheduler) slotsLocked(p *pick) {
+	n := len(s.workers)
+	sc := &s.scratch
+	if cap(sc.slots) < n {
+		sc.slots, sc.refs = make([]slot, n), make([]slotRefs, n)
 	}
-	if st != nil {
-		return st
+	p.slots, p.refs = sc.slots[:n], sc.refs[:n]
+	for i := range p.views {
+		v := &p.views[i]
+		// Field by field, every one: a struct literal would be copied in
+		// with a bulk write barrier, slow while the GC runs, and the
+		// slots are the previous pick's.
+		ref, sl := &p.refs[i], &p.slots[i]
+		ref.name, ref.snap, ref.st = v.w.spec.Name, v.snap, v.st
+		sl.prefix, sl.lastPick, sl.limit, sl.cap = v.lim.prefix, v.w.lastPick, v.lim.limit, v.lim.cap
+		sl.active, sl.why, sl.source = int32(v.w.active), v.why, v.lim.source
+		sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc = 0, 0, 0, 0, 0
+		if v.why == whyKVFit {
+			sl.jobCost = v.w.cost // what the rule read, for the record's words
+		}
 	}
-	return &noStats
 }
 
-// statsVia is a StatsReader that reads a worker's stats through a handle
-// kept on the worker, without a map lookup per pick (*stats.Tracker).
-type statsVia interface {
-	StatsVia(h *stats.Handle, worker string) *stats.WorkerStats
+// refusalRecordLocked returns the record of a refusal of req: who could
+// have taken it and why nobody did (nil without records).
+func (s *Scheduler) refusalRecordLocked(req Request, now time.Time) *decisions.Record {
+	return s.pickLocked(req, now, true).rec
+}
+
+// excluded reports whether req already failed on w.
+func excluded(req *Request, w *worker) bool {
+	return len(req.Exclude) > 0 && slices.Contains(req.Exclude, w.spec.Name)
 }

@@ -122,45 +122,31 @@ func prefixSourceCode(src string) uint8 {
 	panic(fmt.Sprintf("scheduler: prefix source %q missing from prefixSources", src))
 }
 
-// newPickRecordLocked starts the record of a pick made at now; floor and
-// waited are the pick's limit inputs (when limits are learned).
-func (s *Scheduler) newPickRecordLocked(req Request, now time.Time, floor float64, waited time.Duration) *pickRecord {
-	pr := &pickRecord{req: req, terms: s.terms, floor: floor, waited: waited, chosen: -1}
-	pr.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &pr.req}
-	if s.cfg.Policy == PolicySluice && !s.limits.Fixed {
+// newPickRecordLocked starts the record of pick p.
+func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
+	pr := &pickRecord{req: p.req, terms: s.terms, floor: p.floor, waited: p.waited, chosen: -1}
+	pr.env = Env{Now: p.env.Now, StaleAfter: s.cfg.StaleAfter, Req: &pr.req}
+	if p.learning {
 		pr.limits = s.limits
 	}
-	s.fillRecordLocked(&pr.rec, req, now)
+	s.fillRecordLocked(&pr.rec, p.req, p.env.Now)
 	return pr
 }
 
-// pickSlotsLocked returns the slots and refs the pick in progress fills
-// in when it makes records (nil when it does not), s.scratch's. Their
-// values are the previous pick's and must all be written.
-func (s *Scheduler) pickSlotsLocked() ([]slot, []slotRefs) {
-	if s.cfg.NoRecords {
-		return nil, nil
-	}
-	n := len(s.workers)
-	sc := &s.scratch
-	if cap(sc.slots) < n {
-		sc.slots, sc.refs = make([]slot, n), make([]slotRefs, n)
-	}
-	return sc.slots[:n], sc.refs[:n]
-}
-
-// keepLocked fills in what the pick's slots say of the eligible workers:
-// cands, as chosen among (idx their configuration indexes), and, when pr
-// was scored, their totals in s.scratch. Then it gives pr its chunks of
-// them: the latest record's where they hold the same, new ones elsewhere.
-func (pr *pickRecord) keepLocked(s *Scheduler, slots []slot, refs []slotRefs, cands []Candidate, idx []int) {
-	for j, i := range idx[:len(cands)] {
-		sl, c := &slots[i], &cands[j]
+// keepLocked fills in what p's slots say of the eligible workers, as
+// chosen among, and, when pr was scored, their totals in s.scratch. Then
+// it gives pr its chunks of them: the latest record's where they hold the
+// same, new ones elsewhere.
+func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
+	slots, refs := p.slots, p.refs
+	for j, v := range p.elig {
+		i := v.w.order
+		sl, c := &slots[i], &p.cands[j]
 		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
 		if pr.scored {
 			sl.total = s.scratch.total[j]
 			if !pr.pending {
-				s.workers[i].last, s.workers[i].lastIdx = &pr.rec, i
+				v.w.last, v.w.lastIdx = &pr.rec, i
 			}
 		}
 	}
@@ -180,7 +166,7 @@ func (pr *pickRecord) keepLocked(s *Scheduler, slots []slot, refs []slotRefs, ca
 	}
 	pr.chunks, pr.n = chunks, n
 	s.scratch.chunks = chunks
-	pr.rec.Summary = decisions.Summary{Candidates: n, Eligible: len(cands)}
+	pr.rec.Summary = decisions.Summary{Candidates: n, Eligible: len(p.cands)}
 	if pr.scored && pr.chosen >= 0 && !pr.pending {
 		pr.rec.Summary.Score = slots[pr.chosen].total
 	}
@@ -191,13 +177,11 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 	cs := make([]decisions.Candidate, pr.n)
 	var cands []Candidate // the eligible ones as scored
 	var at []int          // their indexes in cs
-	modelWhy := ""
 	for i := range pr.n {
 		sl, ref, c := pr.slot(i), pr.ref(i), &cs[i]
 		c.Worker, c.Active, c.Limit, c.Eligible = ref.name, int(sl.active), sl.limit, sl.why == whyEligible
 		c.LimitSource = sl.source.String()
-		switch sl.why {
-		case whyEligible:
+		if sl.why == whyEligible {
 			cands = append(cands, Candidate{Name: ref.name, Active: int(sl.scored), JobCost: sl.jobCost, Snap: ref.snap, Stats: ref.st,
 				PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc]})
 			at = append(at, i)
@@ -205,26 +189,8 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 				// Active as scored: with a Ledger, the count across replicas.
 				c.Active, c.Total = int(sl.scored), sl.total
 			}
-		case whyDraining:
-			c.Why = "draining"
-		case whyDown:
-			c.Why = "unhealthy: " + ref.snap.HealthReason
-		case whyLoading:
-			c.Why = "loading model"
-		case whyModel:
-			if modelWhy == "" {
-				modelWhy = fmt.Sprintf("does not serve model %q", pr.req.Model)
-			}
-			c.Why = modelWhy
-		case whyExcluded:
-			c.Why = "already failed this request"
-		case whyContext:
-			c.Why = fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, ref.snap.ContextTokens)
-		case whyFull:
-			c.Why = fmt.Sprintf("at max_concurrency (%d/%d)", c.Active, c.Limit)
-		case whyKVFit: // the slot keeps the job cost the rule read
-			room := kvRoomOf(ref.snap, sl.jobCost, int(sl.active), pr.env.Now, pr.env.StaleAfter)
-			c.Why = room.why(pr.req.PromptTokens)
+		} else {
+			c.Why = filters[sl.why].explain(pr, sl, ref)
 		}
 		if pr.limits != nil {
 			// This replica's in-flight count, which the limit saw.

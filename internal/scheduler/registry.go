@@ -8,37 +8,23 @@ import (
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
+// worker is the registry's entry for one worker: its spec and the
+// counters admission keeps of it, guarded by the scheduler's lock. What a
+// pick resolves of it (telemetry, stats, limit) is the pick's (view).
 type worker struct {
-	spec   WorkerSpec
-	order  int
-	active int
-	// pickLimit is the limit the latest pick computed for the worker.
-	pickLimit int
-	cost      float64
-	draining  bool
-	removed   bool
-	lastPick  uint64
-	last      *decisions.Record // the latest decision that scored it
-	lastIdx   int               // its index among last's candidates
-	statsAt   stats.Handle      // where its stats are, for statsOf
-
-	// What the latest pick resolved of the worker, once per pick (see
-	// pickLocked). They are not cleared after it, as the candidate buffer
-	// is not: clearing costs a write per worker on every pick, and what
-	// they keep alive until the next is only the snapshot and stats the
-	// worker last published.
-	snap    *Snapshot
-	st      *stats.WorkerStats
-	lim     limitState
-	why     uint8 // one of the why* reasons of (in)eligibility
-	serving bool  // it serves the requested model
+	spec     WorkerSpec
+	order    int // its index in configuration order
+	active   int // Sluice's requests in flight on it
+	cost     float64
+	draining bool
+	removed  bool
+	lastPick uint64
+	last     *decisions.Record // the latest decision that scored it
+	lastIdx  int               // its index among last's candidates
+	statsAt  stats.Handle      // where its stats are, for statsOf
 	// prefixKV is the KV cache size (tokens) last passed to the prefix
 	// index's PrefixCapacity, so it is told only of changes.
 	prefixKV int
-
-	// Above, what a pick reads and writes of every worker, together in
-	// as few cache lines as may be; below, what it reads of a few or
-	// little of (moved: one line, when limits are learned).
 
 	// remote is the other replicas' requests in flight on the worker as
 	// the shared ledger last said (0 without one): the level a stream
@@ -228,4 +214,29 @@ func (s *Scheduler) servedLocked(fn func(model string)) {
 			fn(m)
 		}
 	}
+}
+
+// noStats stands in for a worker without measured history.
+var noStats stats.WorkerStats
+
+// statsOf returns w's measured averages (&noStats when none). Call it
+// under the lock: a *stats.Tracker is read through w's handle.
+func (s *Scheduler) statsOf(w *worker) *stats.WorkerStats {
+	var st *stats.WorkerStats
+	switch {
+	case s.statsVia != nil:
+		st = s.statsVia.StatsVia(&w.statsAt, w.spec.Name)
+	case s.cfg.Stats != nil:
+		st = s.cfg.Stats.Stats(w.spec.Name)
+	}
+	if st != nil {
+		return st
+	}
+	return &noStats
+}
+
+// statsVia is a StatsReader that reads a worker's stats through a handle
+// kept on the worker, without a map lookup per pick (*stats.Tracker).
+type statsVia interface {
+	StatsVia(h *stats.Handle, worker string) *stats.WorkerStats
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"sync"
 	"time"
-
-	"github.com/sluice-router/sluice/internal/decisions"
 )
 
 // The shared ledger's calls are network round trips (Redis), so none of
@@ -131,11 +129,10 @@ type reservation struct {
 }
 
 // startReserveLocked asks the ledger to reserve a worker for t, as the
-// pick in progress (pickLocked, which left it in s.shared.pending) scored
-// them, holding w, the local choice, until it answers.
-func (s *Scheduler) startReserveLocked(t *Ticket, w *worker, rec *decisions.Record) {
-	res := s.shared.pending
-	s.shared.pending = nil
+// pick c scored them, holding c's worker, the local choice, until it
+// answers.
+func (s *Scheduler) startReserveLocked(t *Ticket, c choice) {
+	res, w, rec := c.pending, c.w, c.rec
 	res.t, res.hold = t, w
 	res.holdCost = s.expectedCost(w, t.req)
 	now := s.clock.Now()
@@ -254,8 +251,7 @@ func (s *Scheduler) bindReservedLocked(res *reservation, i int, lease string, ac
 	if t.queued {
 		s.unqueueLocked(t, true)
 	}
-	s.shared.lease = lease
-	s.bindLocked(t, w, t.rec, now)
+	s.bindLocked(t, choice{w: w, limit: res.sc[i].Limit, rec: t.rec}, lease, now)
 }
 
 // patchShared rewrites the record of a reserved pick with the ledger's

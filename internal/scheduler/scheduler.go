@@ -63,7 +63,6 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -236,21 +235,17 @@ type Scheduler struct {
 	queues  map[string]*queue     // only models with requests waiting
 	rates   map[string]*drainRate // drain rates of served models
 	est     estimator
-	seq     uint64 // tickets submitted
-	picks   uint64 // reservations made
-	ids     uint64 // decision records made
-	rr      uint64 // round-robin position
-	rng     *rand.Rand
-	scratch scratch
-	idxBuf  []int
-	candBuf []Candidate
-	eligBuf []*worker
+	seq     uint64    // tickets submitted
+	picks   uint64    // reservations made
+	ids     uint64    // decision records made
+	picker  picker    // the policy's choice (picker.go)
+	pk      pick      // the pick in progress; its buffers are kept (pick.go)
+	scratch scratch   // the terms' and the record's space (terms.go, record.go)
 	affBuf  []*worker // workers with room for one stream more (affinity.go)
 	// behindBuf holds the requests that may overtake the head (affinity.go).
 	behindBuf []*Ticket
 	closed    bool
 	changed   chan struct{} // closed at the next state change; nil when nobody waits
-	shared    ledgerState
 	// ledger makes cfg.Ledger's calls outside the lock (reserver.go); nil
 	// without one. reserving holds, per model, the pick waiting for its
 	// answer: no other request of the model is placed meanwhile.
@@ -259,10 +254,6 @@ type Scheduler struct {
 	// prefixWeighted says the prefix term counts: a PrefixIndex is set and
 	// the term's weight is not 0. Otherwise no pick asks the index.
 	prefixWeighted bool
-
-	// kvHeld says that the latest pick found no worker because the KV-fit
-	// rule passed over every eligible one (kvfit.go).
-	kvHeld bool
 }
 
 // New returns a Scheduler with the given workers.
@@ -302,11 +293,11 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		prefix:   cfg.IDPrefix,
 		byName:   map[string]*worker{},
 		queues:   map[string]*queue{},
-		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5eed)),
 	}
 	if s.terms == nil {
 		s.terms = DefaultTerms(cfg.Weights)
 	}
+	s.picker = newPicker(cfg.Policy, s.terms, &s.scratch, cfg.Seed)
 	s.statsVia, _ = cfg.Stats.(statsVia)
 	if cfg.ShortestFirst {
 		s.order.costOvertake = cfg.MaxOvertake

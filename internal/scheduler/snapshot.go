@@ -64,6 +64,11 @@ type Snapshot struct {
 	// Models lists the models the worker has loaded. Nil means "unknown";
 	// the scheduler then falls back to the models in the worker's config.
 	Models []string `json:"models"`
+	// LoadingModels lists the models the worker is loading now, when it
+	// serves several and says so; they are not served there until loaded
+	// (see loadingFilter). A worker that loads its only model reports
+	// HealthLoading instead.
+	LoadingModels []string `json:"loading_models,omitempty"`
 	// Slots is the number of parallel slots the worker reports (llama.cpp
 	// /props total_slots); 0 when unknown. Used as max_concurrency when the
 	// config leaves it out.

@@ -34,7 +34,7 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 	}
 	cls, ok := s.classOf(t.req.Class)
 	if !ok {
-		_, rec := s.pickLocked(t.req, now, true)
+		rec := s.refusalRecordLocked(t.req, now)
 		names := make([]string, len(s.classes))
 		for i, c := range s.classes {
 			names[i] = c.Name
@@ -56,15 +56,15 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 		return s.queueLocked(t, now, false)
 	}
 	if mayJump {
-		if w, rec := s.pickLocked(t.req, now, false); w != nil {
-			if s.shared.pending != nil {
-				s.startReserveLocked(t, w, rec)
+		if c := s.pickLocked(t.req, now, false); c.w != nil {
+			if c.pending != nil {
+				s.startReserveLocked(t, c)
 				return nil
 			}
-			s.bindLocked(t, w, rec, now)
+			s.bindLocked(t, c, "", now)
 			return []*Ticket{t}
 		} else if s.cfg.Policy != PolicySluice {
-			_, rec = s.pickLocked(t.req, now, true)
+			rec := s.refusalRecordLocked(t.req, now)
 			s.refuseWithLocked(t, rec, s.unplaceable(t.req))
 			return []*Ticket{t}
 		}
@@ -97,7 +97,7 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 		}
 	}
 	if why != nil {
-		_, rec := s.pickLocked(t.req, now, true)
+		rec := s.refusalRecordLocked(t.req, now)
 		s.refuseWithLocked(t, rec, why)
 		if retryAfter > 0 {
 			t.err.(*Refusal).RetryAfter = clampRetryAfter(retryAfter)
@@ -168,7 +168,7 @@ func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
 		s.unqueueLocked(t, false)
 		s.sharedGoneLocked(t)
 	}
-	_, rec := s.pickLocked(t.req, now, true)
+	rec := s.refusalRecordLocked(t.req, now)
 	s.refuseWithLocked(t, rec, cause)
 	// The head may have changed: a retry blocked by its exclusions can
 	// have been holding back requests that fit now.

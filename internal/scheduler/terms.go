@@ -356,8 +356,6 @@ type WeightedTerm struct {
 type scratch struct {
 	raw, norm, total []float64
 	order            []int
-	env              Env     // of the pick being scored
-	req              Request // its request, which env points to
 	// slots and refs are the slots of the pick in progress (see
 	// pickSlotsLocked); chunks are the latest record's, which the next
 	// record shares where nothing changed (pickRecord.keepLocked).

@@ -1,0 +1,131 @@
+package scheduler
+
+import "fmt"
+
+// A filter is one eligibility rule of a pick. keep returns the views of
+// in that pass the rule, compacted in place (in order), and marks every
+// one it drops with why, its reason code; explain puts that reason in
+// words when a decision record is read. Filters read the pick and its
+// views and write nothing else, so each is testable on a pick built by
+// hand.
+//
+// A worker's reason is the first rule that dropped it, in the order of
+// the codes below; the filter stage runs whyDraining through whyFull, the
+// KV-fit rule runs after the affinity relaxation (pick.go). A new rule is
+// a file with its type, a code here and its entry in filters.
+type filter interface {
+	keep(p *pick, in []*view, why uint8) []*view
+	explain(pr *pickRecord, sl *slot, ref *slotRefs) string
+}
+
+// Why a worker is or is not eligible: whyEligible, or the code of the
+// filter that dropped it (an index into filters).
+const (
+	whyEligible uint8 = iota
+	whyDraining
+	whyDown
+	whyLoading
+	whyModel
+	whyExcluded
+	whyContext
+	whyFull
+	whyKVFit
+)
+
+// filters are the rules by code.
+var filters = [...]filter{
+	whyDraining: drainingFilter{},
+	whyDown:     healthFilter{},
+	whyLoading:  loadingFilter{},
+	whyModel:    modelFilter{},
+	whyExcluded: excludedFilter{},
+	whyContext:  contextFilter{},
+	whyFull:     limitFilter{},
+	whyKVFit:    kvFitFilter{},
+}
+
+// keepIf is the body of most filters: it keeps the views for which ok
+// holds and marks the others with why.
+func keepIf(in []*view, why uint8, ok func(v *view) bool) []*view {
+	n := 0
+	for _, v := range in {
+		if ok(v) {
+			in[n] = v
+			n++
+			continue
+		}
+		v.why = why
+	}
+	return in[:n]
+}
+
+// drainingFilter keeps out a worker being drained (the admin API, a
+// config reload, an endpoint going away): it finishes what it runs and
+// takes nothing new.
+type drainingFilter struct{}
+
+func (drainingFilter) keep(_ *pick, in []*view, why uint8) []*view {
+	return keepIf(in, why, func(v *view) bool { return !v.w.draining })
+}
+func (drainingFilter) explain(*pickRecord, *slot, *slotRefs) string { return "draining" }
+
+// healthFilter keeps out a worker the fleet judged down (failed probes or
+// requests in a row); a worker not yet probed is eligible.
+type healthFilter struct{}
+
+func (healthFilter) keep(_ *pick, in []*view, why uint8) []*view {
+	return keepIf(in, why, func(v *view) bool { return v.snap.Health != HealthDown })
+}
+func (healthFilter) explain(_ *pickRecord, _ *slot, ref *slotRefs) string {
+	return "unhealthy: " + ref.snap.HealthReason
+}
+
+// modelFilter keeps the workers that serve the requested model: loaded
+// as discovered, else as configured.
+type modelFilter struct{}
+
+func (modelFilter) keep(_ *pick, in []*view, why uint8) []*view {
+	return keepIf(in, why, func(v *view) bool { return v.serving })
+}
+func (modelFilter) explain(pr *pickRecord, _ *slot, _ *slotRefs) string {
+	return fmt.Sprintf("does not serve model %q", pr.req.Model)
+}
+
+// excludedFilter keeps a retry away from the workers it already failed on.
+type excludedFilter struct{}
+
+func (excludedFilter) keep(p *pick, in []*view, why uint8) []*view {
+	if len(p.req.Exclude) == 0 {
+		return in
+	}
+	return keepIf(in, why, func(v *view) bool { return !excluded(&p.req, v.w) })
+}
+func (excludedFilter) explain(*pickRecord, *slot, *slotRefs) string {
+	return "already failed this request"
+}
+
+// contextFilter keeps out a worker whose context (per slot, as it reports
+// it) is shorter than the prompt: it would refuse the request. The prompt
+// size is an estimate, so only the prompt is held against it (tooLong).
+type contextFilter struct{}
+
+func (contextFilter) keep(p *pick, in []*view, why uint8) []*view {
+	return keepIf(in, why, func(v *view) bool { return !tooLong(v.snap, p.req) })
+}
+func (contextFilter) explain(pr *pickRecord, _ *slot, ref *slotRefs) string {
+	return fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, ref.snap.ContextTokens)
+}
+
+// limitFilter keeps a worker only while Sluice runs fewer requests there
+// than its concurrency limit (limit.go). The baselines have no limit.
+type limitFilter struct{}
+
+func (limitFilter) keep(p *pick, in []*view, why uint8) []*view {
+	if p.baseline {
+		return in
+	}
+	return keepIf(in, why, func(v *view) bool { return v.w.active < v.lim.limit })
+}
+func (limitFilter) explain(_ *pickRecord, sl *slot, _ *slotRefs) string {
+	return fmt.Sprintf("at max_concurrency (%d/%d)", sl.active, sl.limit)
+}

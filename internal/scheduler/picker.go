@@ -1,0 +1,140 @@
+package scheduler
+
+import (
+	"fmt"
+	"math/rand/v2"
+)
+
+// A picker is a policy's choice among a pick's eligible workers (at
+// least one): choose returns the index in p.elig of the worker to serve
+// the request and, when pr is not nil, says why in pr. Pickers keep
+// their own state (a round-robin position, a random source), guarded by
+// the scheduler's lock.
+type picker interface {
+	choose(p *pick, pr *pickRecord) int
+}
+
+// newPicker returns the picker of a policy. The random ones draw from a
+// source seeded by seed, so a benchmark's baselines are reproducible.
+func newPicker(policy Policy, terms []WeightedTerm, sc *scratch, seed uint64) picker {
+	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	switch policy {
+	case PolicyRoundRobin:
+		return &roundRobin{}
+	case PolicyLeastConnections:
+		return leastConnections{}
+	case PolicyRandom:
+		return randomPicker{rng}
+	case PolicyPowerOfTwo:
+		return powerOfTwo{rng}
+	}
+	return &scorePicker{terms: terms, sc: sc}
+}
+
+// scorePicker is Sluice's policy: the lowest weighted sum of the terms
+// (totals, terms.go) wins; ties go to the least recently picked worker,
+// then to the first in configuration order, so the choice is never
+// random. The totals are left in sc for the record (keepLocked) and the
+// shared ledger (pendingSharedLocked); ranks, the per-term breakdown and
+// the reason in words are computed when the record is read.
+type scorePicker struct {
+	terms []WeightedTerm
+	sc    *scratch
+}
+
+func (sp *scorePicker) choose(p *pick, pr *pickRecord) int {
+	tot := totals(sp.terms, &p.env, p.cands, sp.sc)
+	best := 0
+	bk := rankKey{tot[0], p.elig[0].w.lastPick, p.elig[0].w.order}
+	for i := 1; i < len(p.cands); i++ { // one pass: only the winner is needed now
+		v := p.elig[i]
+		if k := (rankKey{tot[i], v.w.lastPick, v.w.order}); k.less(bk) {
+			best, bk = i, k
+		}
+	}
+	if pr != nil {
+		pr.scored = true
+	}
+	return best
+}
+
+// rankKey orders candidates: lowest total, then least recently picked,
+// then first in configuration order. No two workers share a key, so the
+// order is total and the pick deterministic.
+type rankKey struct {
+	total    float64
+	lastPick uint64
+	order    int
+}
+
+func (k rankKey) less(o rankKey) bool {
+	switch {
+	case k.total != o.total:
+		return k.total < o.total
+	case k.lastPick != o.lastPick:
+		return k.lastPick < o.lastPick
+	}
+	return k.order < o.order
+}
+
+// roundRobin takes the eligible workers in turn.
+type roundRobin struct{ n uint64 }
+
+func (r *roundRobin) choose(p *pick, pr *pickRecord) int {
+	best := int(r.n % uint64(len(p.elig)))
+	r.n++
+	if pr != nil {
+		pr.rec.Reason = "round-robin"
+	}
+	return best
+}
+
+// leastConnections takes the worker with the fewest requests in flight,
+// the least recently picked among ties (nginx's and HAProxy's least_conn).
+type leastConnections struct{}
+
+func (leastConnections) choose(p *pick, pr *pickRecord) int {
+	best := 0
+	for i, v := range p.elig {
+		b := p.elig[best].w
+		if v.w.active < b.active || (v.w.active == b.active && v.w.lastPick < b.lastPick) {
+			best = i
+		}
+	}
+	if pr != nil {
+		pr.rec.Reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", p.elig[best].w.active)
+	}
+	return best
+}
+
+// randomPicker takes a worker at random.
+type randomPicker struct{ rng *rand.Rand }
+
+func (r randomPicker) choose(p *pick, pr *pickRecord) int {
+	best := r.rng.IntN(len(p.elig))
+	if pr != nil {
+		pr.rec.Reason = "random"
+	}
+	return best
+}
+
+// powerOfTwo takes the less busy of two workers drawn at random.
+type powerOfTwo struct{ rng *rand.Rand }
+
+func (r powerOfTwo) choose(p *pick, pr *pickRecord) int {
+	n := len(p.elig)
+	a, b := r.rng.IntN(n), r.rng.IntN(n)
+	if n > 1 {
+		for b == a {
+			b = r.rng.IntN(n)
+		}
+	}
+	best := a
+	if p.elig[b].w.active < p.elig[a].w.active {
+		best = b
+	}
+	if pr != nil {
+		pr.rec.Reason = fmt.Sprintf("fewer active of two random (%s, %s)", p.elig[a].w.spec.Name, p.elig[b].w.spec.Name)
+	}
+	return best
+}
