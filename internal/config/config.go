@@ -634,6 +634,11 @@ func (c *Config) Validate() error {
 			bad("weights."+name, "negative weight %v (the throughput term is already a reward; use 0 to disable a term)", v)
 		}
 	}
+	for name, v := range c.Weights.Optional {
+		if v < 0 {
+			bad("weights."+name, "negative weight %v (use 0, or leave it out, to keep the term off)", v)
+		}
+	}
 	if c.Admission.MaxQueue < 0 {
 		bad("admission.max_queue", "negative (%d)", c.Admission.MaxQueue)
 	}

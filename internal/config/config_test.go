@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/sluice-router/sluice/internal/scheduler"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -90,6 +91,25 @@ func TestParse_KVFitOnUnlessTurnedOff(t *testing.T) {
 	}
 }
 
+// An optional term's weight is written beside the shipped ones and turns
+// the term on.
+func TestParse_OptionalTermWeight(t *testing.T) {
+	c, err := Parse(strings.NewReader("workers: [{name: a, url: 'http://h:1'}]\nweights: {latency: 4, uncached_prompt: 20}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Weights.Latency != 4 || c.Weights.Optional["uncached_prompt"] != 20 {
+		t.Fatalf("weights = %+v, want latency 4 and uncached_prompt 20", c.Weights)
+	}
+	var names []string
+	for _, wt := range scheduler.DefaultTerms(c.Weights) {
+		names = append(names, wt.Term.Name())
+	}
+	if names[len(names)-1] != "uncached_prompt" {
+		t.Fatalf("terms = %v, want uncached_prompt last", names)
+	}
+}
+
 func TestParse_BadConfigsNameTheKey(t *testing.T) {
 	tests := []struct {
 		name, yaml string
@@ -102,6 +122,8 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 		{"missing url", "workers: [{name: a}]", []string{"workers[0].url: missing"}},
 		{"duplicate name", "workers: [{name: a, url: 'http://h:1'}, {name: a, url: 'http://h:2'}]", []string{"workers[1].name: duplicate worker name \"a\""}},
 		{"negative weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {kv_pressure: -1}", []string{"weights.kv_pressure: negative"}},
+		{"negative optional weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {uncached_prompt: -1}", []string{"weights.uncached_prompt: negative"}},
+		{"misspelt optional term", "workers: [{name: a, url: 'http://h:1'}]\nweights: {uncached_promt: 3}", []string{"weights.uncached_promt: unknown key `uncached_promt`; did you mean `uncached_prompt`?"}},
 		{"bad kind", "workers: [{name: a, url: 'http://h:1', kind: triton}]", []string{"workers[0].kind", "triton"}},
 		{"bad duration", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: soon}", []string{"line 2: admission.queue_timeout: must be a duration", `got "soon"`}},
 		{"zero timeout", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: 0s}", []string{"admission.queue_timeout: must be positive"}},

@@ -1,34 +1,66 @@
 package scheduler
 
-// builtinTotals is totals for the score as the router ships it: the terms
-// of DefaultTerms, in their order, with any weights. The general path
-// runs each term over every candidate and then adds it in, some twenty
-// passes over the candidates, each reading their telemetry and stats
-// again, with a call per term. This makes two passes: one gathers what
-// the terms normalise by (maxima, confidence-weighted means), the other
-// computes every term of a candidate and adds it in. Every value is
-// computed by the same operations in the same order as the terms' Score
-// methods and totals, so the totals are bit for bit the same
-// (TestBuiltinTotals). It reports false, computing nothing, for any other
-// list of terms.
-func builtinTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) bool {
-	if len(terms) != 8 {
-		return false
+// The kinds of term fastTotals computes itself; any other term's values
+// come from its own Score.
+const (
+	kindOther uint8 = iota
+	kindActive
+	kindQueue
+	kindLatency
+	kindJob
+	kindThroughput
+	kindKV
+	kindGPU
+	kindPrefix
+)
+
+// kindOf returns the kind of a term, kindOther for one fastTotals does
+// not compute itself.
+func kindOf(t Term) uint8 {
+	switch t.(type) {
+	case activeRequests:
+		return kindActive
+	case queueLength:
+		return kindQueue
+	case latency:
+		return kindLatency
+	case jobCost:
+		return kindJob
+	case throughput:
+		return kindThroughput
+	case kvPressure:
+		return kindKV
+	case gpuUtil:
+		return kindGPU
+	case prefixMatch:
+		return kindPrefix
 	}
-	_, ok0 := terms[0].Term.(activeRequests)
-	_, ok1 := terms[1].Term.(queueLength)
-	_, ok2 := terms[2].Term.(latency)
-	_, ok3 := terms[3].Term.(jobCost)
-	_, ok4 := terms[4].Term.(throughput)
-	_, ok5 := terms[5].Term.(kvPressure)
-	_, ok6 := terms[6].Term.(gpuUtil)
-	_, ok7 := terms[7].Term.(prefixMatch)
-	if !(ok0 && ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7) {
-		return false
+	return kindOther
+}
+
+// fastTotals is totals for any list of terms, in two passes over the
+// candidates instead of one or two per term. Pass one gathers what the
+// shipped terms normalise by (maxima, confidence-weighted means); any
+// other term is run through its own Score first, into scratch. Pass two
+// computes each candidate's terms and adds them in, in the list's order.
+// Every value is computed by the same operations in the same order as the
+// terms' Score methods and termTotals, so the totals are bit for bit the
+// same (TestFastTotals).
+func fastTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) {
+	nt := len(terms)
+	if cap(sc.kinds) < nt {
+		sc.kinds, sc.weights, sc.custom = make([]uint8, nt), make([]float64, nt), make([][]float64, nt)
 	}
-	var w [8]float64
+	kinds, w, custom := sc.kinds[:nt], sc.weights[:nt], sc.custom[:nt]
 	for t := range terms {
-		w[t] = signedWeight(terms[t])
+		kinds[t], w[t] = kindOf(terms[t].Term), signedWeight(terms[t])
+		if kinds[t] == kindOther {
+			if cap(custom[t]) < len(cands) {
+				custom[t] = make([]float64, len(cands))
+			}
+			custom[t] = custom[t][:len(cands)]
+			terms[t].Term.Score(env, cands, sc.raw, custom[t])
+		}
 	}
 	tele := sc.tele[:len(cands)]
 	// Pass one: what the terms normalise by (see telemetryTerm,
@@ -93,34 +125,45 @@ func builtinTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratc
 	out := sc.total[:len(cands)]
 	for i := range cands {
 		c, ti := &cands[i], &tele[i]
-		var lat, tps, job float64
-		switch {
-		case ttftOdd:
-			lat = ttftNorm[i]
-		case ttftMax > 0:
-			lat = c.Stats.TTFTMs.Value / ttftMax
-		}
-		switch {
-		case tpsOdd:
-			tps = tpsNorm[i]
-		case tpsMax > 0:
-			tps = c.Stats.DecodeTPS.Value / tpsMax
-		}
-		if jobMax > 0 {
-			job = c.JobCost / jobMax
-		}
 		total := 0.0
-		total += w[0] * float64(c.Active)
-		total += w[1] * (ti.qc*ti.q + (1-ti.qc)*qNeutral)
-		total += w[2] * lat
-		total += w[3] * job
-		total += w[4] * tps
-		total += w[5] * (ti.kvc*ti.kv + (1-ti.kvc)*kvNeutral)
-		total += w[6] * (ti.gpuc*ti.gpu + (1-ti.gpuc)*gpuNeutral)
-		total += w[7] * clamp01(c.PrefixMatch)
+		for t, k := range kinds {
+			var v float64
+			switch k {
+			case kindActive:
+				v = float64(c.Active)
+			case kindQueue:
+				v = ti.qc*ti.q + (1-ti.qc)*qNeutral
+			case kindLatency:
+				switch {
+				case ttftOdd:
+					v = ttftNorm[i]
+				case ttftMax > 0:
+					v = c.Stats.TTFTMs.Value / ttftMax
+				}
+			case kindJob:
+				if jobMax > 0 {
+					v = c.JobCost / jobMax
+				}
+			case kindThroughput:
+				switch {
+				case tpsOdd:
+					v = tpsNorm[i]
+				case tpsMax > 0:
+					v = c.Stats.DecodeTPS.Value / tpsMax
+				}
+			case kindKV:
+				v = ti.kvc*ti.kv + (1-ti.kvc)*kvNeutral
+			case kindGPU:
+				v = ti.gpuc*ti.gpu + (1-ti.gpuc)*gpuNeutral
+			case kindPrefix:
+				v = clamp01(c.PrefixMatch)
+			default:
+				v = custom[t][i]
+			}
+			total += w[t] * v
+		}
 		out[i] = total
 	}
-	return true
 }
 
 // teleInputs is what pass one of builtinTotals keeps of a candidate's

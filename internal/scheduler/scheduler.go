@@ -315,7 +315,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	}
 	if cfg.PrefixIndex != nil {
 		for _, wt := range s.terms {
-			if wt.Term.Name() == (prefixMatch{}).Name() && wt.Weight != 0 {
+			if _, ok := wt.Term.(readsPrefix); ok && wt.Weight != 0 {
 				s.prefixWeighted = true
 			}
 		}

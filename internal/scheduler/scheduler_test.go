@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -49,7 +50,7 @@ func workers(n, limit int, model string) []WorkerSpec {
 
 func newSched(t testing.TB, cfg Config, ws ...WorkerSpec) *Scheduler {
 	t.Helper()
-	if cfg.Weights == (Weights{}) {
+	if reflect.ValueOf(cfg.Weights).IsZero() {
 		cfg.Weights = DefaultWeights()
 	}
 	if cfg.QueueTimeout == 0 {

@@ -21,6 +21,30 @@ type Weights struct {
 	// Prefix rewards a worker expected to hold the request's prompt
 	// prefix in KV cache (a reward, subtracted; see prefixMatch).
 	Prefix float64 `yaml:"prefix" json:"prefix"`
+	// Optional are the weights of the optional terms (OptionalTerms) by
+	// name, written beside the others (weights: {uncached_prompt: 20}).
+	// An optional term is in the score only with a weight above 0.
+	Optional map[string]float64 `yaml:",inline" json:"optional,omitempty"`
+}
+
+// optionalTerms are the terms shipped off: in the score only when given
+// a weight (Weights.Optional). A new term is its file, its test and its
+// entry here.
+var optionalTerms = []Term{
+	uncachedPrompt{},
+}
+
+// InlineKeys names the keys a config's weights section takes beside
+// the fields: the optional terms.
+func (Weights) InlineKeys() []string { return OptionalTerms() }
+
+// OptionalTerms returns the names of the optional terms.
+func OptionalTerms() []string {
+	names := make([]string, len(optionalTerms))
+	for i, t := range optionalTerms {
+		names[i] = t.Name()
+	}
+	return names
 }
 
 // DefaultWeights returns the weights Sluice ships with: concurrency
@@ -332,9 +356,10 @@ func emaProvenance(c *Candidate, which uint8, name string) (string, time.Time, b
 }
 
 // DefaultTerms returns the terms of Sluice's score, in record order, with
-// their weights from w.
+// their weights from w: the eight shipped on, then each optional term w
+// gives a weight above 0.
 func DefaultTerms(w Weights) []WeightedTerm {
-	return []WeightedTerm{
+	terms := []WeightedTerm{
 		{activeRequests{}, w.ActiveRequests},
 		{queueLength{}, w.QueueLength},
 		{latency{}, w.Latency},
@@ -344,6 +369,12 @@ func DefaultTerms(w Weights) []WeightedTerm {
 		{gpuUtil{}, w.GPUUtil},
 		{prefixMatch{}, w.Prefix},
 	}
+	for _, t := range optionalTerms {
+		if v := w.Optional[t.Name()]; v > 0 {
+			terms = append(terms, WeightedTerm{t, v})
+		}
+	}
+	return terms
 }
 
 // WeightedTerm pairs a term with its weight.
@@ -366,9 +397,12 @@ type scratch struct {
 	names  []string
 	frac   []float64
 	remote []bool
-	// tele and ratio are builtinTotals' space.
-	tele  []teleInputs
-	ratio [2][]float64
+	// tele, ratio, kinds, weights and custom are fastTotals' space.
+	tele    []teleInputs
+	ratio   [2][]float64
+	kinds   []uint8
+	weights []float64
+	custom  [][]float64
 }
 
 func (sc *scratch) grow(n int) {
@@ -381,18 +415,16 @@ func (sc *scratch) grow(n int) {
 
 // totals runs every term over cands and returns each candidate's weighted
 // sum. It is the one place weights are applied, and the hot path: it
-// touches only numbers and builds no records. The result lives in sc.
+// touches only numbers and builds no records (fastTotals). The result
+// lives in sc.
 func totals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []float64 {
 	sc.grow(len(cands))
-	out := sc.total
-	if builtinTotals(terms, env, cands, sc) {
-		return out
-	}
-	return termTotals(terms, env, cands, sc)
+	fastTotals(terms, env, cands, sc)
+	return sc.total
 }
 
-// termTotals is totals through each term's own Score: the path for any
-// term list, and what builtinTotals must equal bit for bit. sc is grown.
+// termTotals is totals through each term's own Score, one after the
+// other: what fastTotals must equal bit for bit. sc is grown.
 func termTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []float64 {
 	out := sc.total
 	clear(out)
@@ -442,14 +474,26 @@ func signedWeight(wt WeightedTerm) float64 {
 	return wt.Weight
 }
 
-// isTelemetry reports whether a term reads scraped telemetry (as opposed to
-// Sluice's own counters and averages, which are never stale).
+// readsTelemetry is a Term that reads scraped telemetry (as opposed to
+// Sluice's own counters and averages, which are never stale): a record
+// marks its stale readings.
+type readsTelemetry interface{ telemetry() }
+
+func (queueLength) telemetry() {}
+func (kvPressure) telemetry()  {}
+func (gpuUtil) telemetry()     {}
+
+// isTelemetry reports whether a term reads scraped telemetry.
 func isTelemetry(t Term) bool {
-	switch t.(type) {
-	case queueLength, kvPressure, gpuUtil:
-		return true
-	}
-	return false
+	_, ok := t.(readsTelemetry)
+	return ok
 }
+
+// readsPrefix is a Term that reads the candidates' prefix match: the
+// prefix index is asked at a pick only while one of them has a weight.
+type readsPrefix interface{ prefix() }
+
+func (prefixMatch) prefix()    {}
+func (uncachedPrompt) prefix() {}
 
 func clamp01(v float64) float64 { return min(max(v, 0), 1) }
