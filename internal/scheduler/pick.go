@@ -108,7 +108,11 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
 		pr = s.newPickRecordLocked(p)
 	}
 	c := choice{kvHeld: p.kvHeld}
-	if len(p.elig) > 0 {
+	if always && pr != nil && !p.baseline {
+		// A refusal's record: who could have taken the request, scored
+		// when the record is read, not under the lock.
+		pr.unscored = len(p.elig) > 0
+	} else if len(p.elig) > 0 {
 		best := s.picker.choose(p, pr)
 		if s.ledger != nil && p.binding && !p.baseline {
 			// The ledger chooses, outside the lock; best is held meanwhile.
@@ -119,7 +123,8 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
 		if pr != nil {
 			pr.rec.Chosen, pr.chosen = v.w.spec.Name, v.w.order
 		}
-	} else if pr != nil {
+	}
+	if len(p.elig) == 0 && pr != nil {
 		pr.rec.Reason = "no eligible worker"
 	}
 	if pr == nil {
@@ -240,8 +245,12 @@ func (s *Scheduler) slotsLocked(p *pick) {
 }
 
 // refusalRecordLocked returns the record of a refusal of req: who could
-// have taken it and why nobody did (nil without records).
+// have taken it and why nobody did (nil without records). It scores
+// nobody under the lock: the ranks are computed when the record is read.
 func (s *Scheduler) refusalRecordLocked(req Request, now time.Time) *decisions.Record {
+	if s.cfg.NoRecords {
+		return nil
+	}
 	return s.pickLocked(req, now, true).rec
 }
 

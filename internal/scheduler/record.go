@@ -34,10 +34,13 @@ type pickRecord struct {
 	floor  float64
 	waited time.Duration
 
-	chosen  int  // slot of the chosen worker, -1 when none
-	scored  bool // the eligible workers were scored and one chosen
-	shared  bool // the shared ledger chose: its choice ranks first
-	pending bool // the ledger has yet to choose (patchShared completes it)
+	chosen int  // slot of the chosen worker, -1 when none
+	scored bool // the eligible workers were scored and one chosen
+	// unscored says the pick was a refusal's: nobody was scored under the
+	// lock, and the score is computed when the record is read.
+	unscored bool
+	shared   bool // the shared ledger chose: its choice ranks first
+	pending  bool // the ledger has yet to choose (patchShared completes it)
 }
 
 // slot is what a record keeps of one worker besides its slotRefs: what
@@ -206,20 +209,34 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 	r.Candidates = cs
 	switch {
 	case pr.scored:
-		pr.explainScores(r, cands, at)
+		tot := make([]float64, len(at))
+		for j, i := range at {
+			tot[j] = pr.slot(i).total
+		}
+		pr.explainScores(r, cands, at, tot)
+	case pr.unscored && len(cands) > 0:
+		// A refusal's pick scored nobody: the score is the same computed
+		// now, from the same values (terms are pure).
+		var sc scratch
+		tot := totals(pr.terms, &pr.env, cands, &sc)
+		for j, i := range at {
+			cs[i].Total = tot[j]
+		}
+		pr.explainScores(r, cands, at, tot)
 	case pr.chosen >= 0: // a baseline policy's choice
 		cs[pr.chosen].Rank = 1
 	}
 }
 
 // explainScores fills in the terms and ranks of the eligible candidates
-// (cands, at their indexes at in r.Candidates) and the reason in words.
-func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at []int) {
+// (cands, at their indexes at in r.Candidates, with totals tot) and the
+// reason in words.
+func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at []int, tot []float64) {
 	keys := make([]rankKey, len(at))
 	won := -1 // with a Ledger, its choice: ties and shared limits were its
 	for j, i := range at {
 		sl := pr.slot(i)
-		keys[j] = rankKey{sl.total, sl.lastPick, i}
+		keys[j] = rankKey{tot[j], sl.lastPick, i}
 		if pr.shared && i == pr.chosen {
 			won = j
 		}

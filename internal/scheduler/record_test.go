@@ -2,9 +2,13 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/sluice-router/sluice/internal/decisions"
 )
 
 func TestPrefixSourceCode_RoundTrips(t *testing.T) {
@@ -75,5 +79,36 @@ func TestRecord_SharesTheChunksThatDidNotChange(t *testing.T) {
 		if shared, want := first[c] == second[c], c != at/chunkLen; shared != want {
 			t.Errorf("chunk %d shared %t after %s was picked, want %t", c, shared, chosen, want)
 		}
+	}
+}
+
+// A refusal's record ranks the workers that could have taken the request
+// as a bound request's would, the score computed when the record is read
+// rather than under the lock.
+func TestRecord_RefusalRanksWhoCouldHaveGone(t *testing.T) {
+	var recs []*decisions.Record
+	cfg := Config{MaxQueue: 5, Recorder: func(r *decisions.Record) { recs = append(recs, r) }}
+	s := newSched(t, cfg, workers(3, 4, "m")...)
+	busy, err := s.Admit(context.Background(), Request{Model: "m"}) // w0 has one in flight
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Release()
+	if _, err := s.Admit(context.Background(), Request{Model: "m", Class: "nope"}); !errors.Is(err, ErrUnknownClass) {
+		t.Fatalf("unknown class: %v", err)
+	}
+	rec := recs[len(recs)-1]
+	if rec.Chosen != "" || rec.Outcome != "unknown_priority_class" {
+		t.Fatalf("refusal record chose %q with outcome %q", rec.Chosen, rec.Outcome)
+	}
+	got := map[string]int{}
+	for _, c := range rec.Explain().Candidates {
+		got[c.Worker] = c.Rank
+		if len(c.Terms) == 0 || c.Total == 0 && c.Worker == "w0" {
+			t.Errorf("%s: terms %v, total %v: not scored", c.Worker, c.Terms, c.Total)
+		}
+	}
+	if diff := cmp.Diff(map[string]int{"w1": 1, "w2": 2, "w0": 3}, got); diff != "" {
+		t.Errorf("ranks (-want +got):\n%s", diff)
 	}
 }

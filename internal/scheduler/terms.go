@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -381,97 +380,6 @@ func DefaultTerms(w Weights) []WeightedTerm {
 type WeightedTerm struct {
 	Term   Term
 	Weight float64
-}
-
-// scratch is reusable space for scoring, owned by the scheduler's lock.
-type scratch struct {
-	raw, norm, total []float64
-	order            []int
-	// slots and refs are the slots of the pick in progress (see
-	// pickSlotsLocked); chunks are the latest record's, which the next
-	// record shares where nothing changed (pickRecord.keepLocked).
-	slots  []slot
-	refs   []slotRefs
-	chunks []*slotChunk
-	// names, frac and remote are prefixMatchesLocked's space.
-	names  []string
-	frac   []float64
-	remote []bool
-	// tele, ratio, kinds, weights and custom are fastTotals' space.
-	tele    []teleInputs
-	ratio   [2][]float64
-	kinds   []uint8
-	weights []float64
-	custom  [][]float64
-}
-
-func (sc *scratch) grow(n int) {
-	if cap(sc.raw) < n {
-		sc.raw, sc.norm, sc.total, sc.order = make([]float64, n), make([]float64, n), make([]float64, n), make([]int, n)
-		sc.tele = make([]teleInputs, n)
-	}
-	sc.raw, sc.norm, sc.total, sc.order, sc.tele = sc.raw[:n], sc.norm[:n], sc.total[:n], sc.order[:n], sc.tele[:n]
-}
-
-// totals runs every term over cands and returns each candidate's weighted
-// sum. It is the one place weights are applied, and the hot path: it
-// touches only numbers and builds no records (fastTotals). The result
-// lives in sc.
-func totals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []float64 {
-	sc.grow(len(cands))
-	fastTotals(terms, env, cands, sc)
-	return sc.total
-}
-
-// termTotals is totals through each term's own Score, one after the
-// other: what fastTotals must equal bit for bit. sc is grown.
-func termTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []float64 {
-	out := sc.total
-	clear(out)
-	for _, wt := range terms {
-		wt.Term.Score(env, cands, sc.raw, sc.norm)
-		w := signedWeight(wt)
-		for i, n := range sc.norm {
-			out[i] += w * n
-		}
-	}
-	return out
-}
-
-// explain recomputes the terms from the same candidates (terms are pure,
-// so the numbers are identical to those totals summed) and returns each
-// candidate's breakdown for the decision record.
-func explain(terms []WeightedTerm, env *Env, cands []Candidate) [][]decisions.Term {
-	recs := make([][]decisions.Term, len(cands))
-	slab := make([]decisions.Term, len(cands)*len(terms))
-	for i := range recs {
-		recs[i] = slab[i*len(terms) : i*len(terms) : (i+1)*len(terms)]
-	}
-	var sc scratch
-	sc.grow(len(cands))
-	for _, wt := range terms {
-		wt.Term.Score(env, cands, sc.raw, sc.norm)
-		w := signedWeight(wt)
-		for i := range cands {
-			src, at, neutral := wt.Term.Provenance(env, &cands[i])
-			t := decisions.Term{Name: wt.Term.Name(), Raw: sc.raw[i], Norm: sc.norm[i], Weight: w, Weighted: w * sc.norm[i], Source: src, Neutral: neutral}
-			if !at.IsZero() {
-				age := env.Now.Sub(at)
-				t.AgeMs = float64(age) / float64(time.Millisecond)
-				t.Stale = env.StaleAfter > 0 && age > env.StaleAfter && isTelemetry(wt.Term)
-			}
-			recs[i] = append(recs[i], t)
-		}
-	}
-	return recs
-}
-
-// signedWeight is the weight as applied: negative for a reward.
-func signedWeight(wt WeightedTerm) float64 {
-	if wt.Term.Reward() {
-		return -wt.Weight
-	}
-	return wt.Weight
 }
 
 // readsTelemetry is a Term that reads scraped telemetry (as opposed to
