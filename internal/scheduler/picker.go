@@ -5,6 +5,24 @@ import (
 	"math/rand/v2"
 )
 
+// Policy selects how a worker is chosen. PolicySluice scores and queues;
+// the others are the baselines people use today, built in so a benchmark
+// compares policies and nothing else. Baselines neither queue nor respect
+// max_concurrency, as nginx and HAProxy do not.
+type Policy string
+
+// The routing policies.
+const (
+	PolicySluice           Policy = "sluice"
+	PolicyRoundRobin       Policy = "round-robin"
+	PolicyLeastConnections Policy = "least-connections"
+	PolicyRandom           Policy = "random"
+	PolicyPowerOfTwo       Policy = "p2c"
+)
+
+// Policies lists every policy, Sluice's first.
+var Policies = []Policy{PolicySluice, PolicyRoundRobin, PolicyLeastConnections, PolicyRandom, PolicyPowerOfTwo}
+
 // A picker is a policy's choice among a pick's eligible workers (at
 // least one): choose returns the index in p.elig of the worker to serve
 // the request and, when pr is not nil, says why in pr. Pickers keep

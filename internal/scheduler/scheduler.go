@@ -1,27 +1,47 @@
 // Package scheduler decides which worker serves each request, and when.
 //
 // It scores every eligible worker (healthy, serving the model, under its
-// max_concurrency) with a weighted sum of terms — active requests dominate,
-// throughput is a reward, KV pressure and GPU load are visible — and the
-// lowest score wins. When no worker has room the request waits in a bounded
-// per-model queue, in priority and fair-share order (see queue), and is
-// bound to whichever worker frees first (late binding). Picking and reserving are one step under one lock,
-// so four requests arriving together at four idle workers land one per
-// worker, with no randomness: ties go to the least recently picked worker,
-// then to the worker listed first.
+// concurrency limit) with a weighted sum of terms — active requests
+// dominate, throughput is a reward, KV pressure and GPU load are visible —
+// and the lowest score wins. When no worker has room the request waits in
+// a bounded per-model queue, in priority and fair-share order (see
+// queue), and is bound to whichever worker frees first (late binding).
+// Picking and reserving are one step under one lock, so four requests
+// arriving together at four idle workers land one per worker, with no
+// randomness: ties go to the least recently picked worker, then to the
+// worker listed first.
 //
 // The package is pure: no HTTP, no network call under its lock, time from
 // a Clock. The HTTP router calls the blocking Admit; the virtual-time
 // simulation calls Submit and Cancel and drives time itself.
 //
+// # Stages
+//
+// A pick (pick.go) runs as stages passing one value: resolve each
+// worker's telemetry and stats once; compute its limit (limit.go); the
+// filters, one type per rule, each with a reason code the decision record
+// puts in words (filter.go: draining, health, model loading, model,
+// excluded, context, limit, then the KV-fit rule, kvfit.go); the
+// affinity relaxation when nobody is left (affinity.go); the candidates
+// the terms see; the picker (picker.go: the score, terms.go and score.go,
+// or a baseline); the record's slots, explained when read (record.go).
+// Around it: the registry of workers and their counters (registry.go),
+// the queue and what it learns (queue.go, estimate.go), submission and
+// dispatch (submit.go, dispatch.go), leases (lease.go) and, with a
+// shared Ledger, the reserver (reserver.go).
+//
 // # Concurrency Model
 //
-// A Scheduler is safe for concurrent use. One mutex guards all admission
-// state: per-worker in-flight counts and outstanding cost, the queues, the
-// drain rates, the output estimator and the pick sequence. Telemetry is read from each worker's Source, which
-// returns an immutable snapshot without blocking, and measured averages
-// from a StatsReader; neither is written here. Callbacks (Recorder, a
-// ticket's notify) run after the lock is released.
+// A Scheduler is safe for concurrent use. One mutex guards the state that
+// admission changes: the registry's counters (in flight, outstanding
+// cost, last pick, draining), the queues, the drain rates, the output
+// estimator, the pickers' positions and the buffers a pick reuses. The
+// stages read that state and immutable values only: telemetry from each
+// worker's Source, which returns an immutable snapshot without blocking,
+// and measured averages from a StatsReader; neither is written here. The
+// filters, terms and pickers are functions of the pick value, testable
+// without a Scheduler. Callbacks (Recorder, a ticket's notify) run after
+// the lock is released, and a record's words are built when it is read.
 //
 // With a shared Ledger (replicas on Redis) the ledger's calls are network
 // round trips and are made outside the lock, in order per model, by one
@@ -72,24 +92,6 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/stats"
 )
-
-// Policy selects how a worker is chosen. PolicySluice scores and queues;
-// the others are the baselines people use today, built in so a benchmark
-// compares policies and nothing else. Baselines neither queue nor respect
-// max_concurrency, as nginx and HAProxy do not.
-type Policy string
-
-// The routing policies.
-const (
-	PolicySluice           Policy = "sluice"
-	PolicyRoundRobin       Policy = "round-robin"
-	PolicyLeastConnections Policy = "least-connections"
-	PolicyRandom           Policy = "random"
-	PolicyPowerOfTwo       Policy = "p2c"
-)
-
-// Policies lists every policy, Sluice's first.
-var Policies = []Policy{PolicySluice, PolicyRoundRobin, PolicyLeastConnections, PolicyRandom, PolicyPowerOfTwo}
 
 // StatsReader gives the measured averages of a worker: an immutable value,
 // or nil when there are none. *stats.Tracker is one.
