@@ -98,7 +98,7 @@ func (s *Scheduler) affinityBorrowLocked(p *pick) {
 		}
 		v.lim.limit, v.lim.prefix = v.w.active+1, m
 		v.why = whyEligible
-		p.elig = append(p.elig, v)
+		p.elig = append(p.elig, int32(i))
 	}
 }
 

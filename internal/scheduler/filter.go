@@ -3,7 +3,7 @@ package scheduler
 import "fmt"
 
 // A filter is one eligibility rule of a pick. keep returns the views of
-// in that pass the rule, compacted in place (in order), and marks every
+// in (indexes into p.views) that pass the rule, compacted in place (in order), and marks every
 // one it drops with why, its reason code; explain puts that reason in
 // words when a decision record is read. Filters read the pick and its
 // views and write nothing else, so each is testable on a pick built by
@@ -14,7 +14,7 @@ import "fmt"
 // KV-fit rule runs after the affinity relaxation (pick.go). A new rule is
 // a file with its type, a code here and its entry in filters.
 type filter interface {
-	keep(p *pick, in []*view, why uint8) []*view
+	keep(p *pick, in []int32, why uint8) []int32
 	explain(pr *pickRecord, sl *slot, ref *slotRefs) string
 }
 
@@ -46,15 +46,15 @@ var filters = [...]filter{
 
 // keepIf is the body of most filters: it keeps the views for which ok
 // holds and marks the others with why.
-func keepIf(in []*view, why uint8, ok func(v *view) bool) []*view {
+func keepIf(p *pick, in []int32, why uint8, ok func(v *view) bool) []int32 {
 	n := 0
-	for _, v := range in {
-		if ok(v) {
-			in[n] = v
+	for _, i := range in {
+		if v := &p.views[i]; ok(v) {
+			in[n] = i
 			n++
-			continue
+		} else {
+			v.why = why
 		}
-		v.why = why
 	}
 	return in[:n]
 }
@@ -64,8 +64,8 @@ func keepIf(in []*view, why uint8, ok func(v *view) bool) []*view {
 // takes nothing new.
 type drainingFilter struct{}
 
-func (drainingFilter) keep(_ *pick, in []*view, why uint8) []*view {
-	return keepIf(in, why, func(v *view) bool { return !v.w.draining })
+func (drainingFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepIf(p, in, why, func(v *view) bool { return !v.w.draining })
 }
 func (drainingFilter) explain(*pickRecord, *slot, *slotRefs) string { return "draining" }
 
@@ -73,8 +73,8 @@ func (drainingFilter) explain(*pickRecord, *slot, *slotRefs) string { return "dr
 // requests in a row); a worker not yet probed is eligible.
 type healthFilter struct{}
 
-func (healthFilter) keep(_ *pick, in []*view, why uint8) []*view {
-	return keepIf(in, why, func(v *view) bool { return v.snap.Health != HealthDown })
+func (healthFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepIf(p, in, why, func(v *view) bool { return v.snap.Health != HealthDown })
 }
 func (healthFilter) explain(_ *pickRecord, _ *slot, ref *slotRefs) string {
 	return "unhealthy: " + ref.snap.HealthReason
@@ -84,8 +84,8 @@ func (healthFilter) explain(_ *pickRecord, _ *slot, ref *slotRefs) string {
 // as discovered, else as configured.
 type modelFilter struct{}
 
-func (modelFilter) keep(_ *pick, in []*view, why uint8) []*view {
-	return keepIf(in, why, func(v *view) bool { return v.serving })
+func (modelFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepIf(p, in, why, func(v *view) bool { return v.serving })
 }
 func (modelFilter) explain(pr *pickRecord, _ *slot, _ *slotRefs) string {
 	return fmt.Sprintf("does not serve model %q", pr.req.Model)
@@ -94,11 +94,11 @@ func (modelFilter) explain(pr *pickRecord, _ *slot, _ *slotRefs) string {
 // excludedFilter keeps a retry away from the workers it already failed on.
 type excludedFilter struct{}
 
-func (excludedFilter) keep(p *pick, in []*view, why uint8) []*view {
+func (excludedFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	if len(p.req.Exclude) == 0 {
 		return in
 	}
-	return keepIf(in, why, func(v *view) bool { return !excluded(&p.req, v.w) })
+	return keepIf(p, in, why, func(v *view) bool { return !excluded(&p.req, v.w) })
 }
 func (excludedFilter) explain(*pickRecord, *slot, *slotRefs) string {
 	return "already failed this request"
@@ -109,8 +109,8 @@ func (excludedFilter) explain(*pickRecord, *slot, *slotRefs) string {
 // size is an estimate, so only the prompt is held against it (tooLong).
 type contextFilter struct{}
 
-func (contextFilter) keep(p *pick, in []*view, why uint8) []*view {
-	return keepIf(in, why, func(v *view) bool { return !tooLong(v.snap, p.req) })
+func (contextFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepIf(p, in, why, func(v *view) bool { return !tooLong(v.snap, p.req) })
 }
 func (contextFilter) explain(pr *pickRecord, _ *slot, ref *slotRefs) string {
 	return fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, ref.snap.ContextTokens)
@@ -120,11 +120,11 @@ func (contextFilter) explain(pr *pickRecord, _ *slot, ref *slotRefs) string {
 // than its concurrency limit (limit.go). The baselines have no limit.
 type limitFilter struct{}
 
-func (limitFilter) keep(p *pick, in []*view, why uint8) []*view {
+func (limitFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	if p.baseline {
 		return in
 	}
-	return keepIf(in, why, func(v *view) bool { return v.w.active < v.lim.limit })
+	return keepIf(p, in, why, func(v *view) bool { return v.w.active < v.lim.limit })
 }
 func (limitFilter) explain(_ *pickRecord, sl *slot, _ *slotRefs) string {
 	return fmt.Sprintf("at max_concurrency (%d/%d)", sl.active, sl.limit)

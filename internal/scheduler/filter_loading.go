@@ -17,8 +17,8 @@ import (
 // loading worker as capacity on its way).
 type loadingFilter struct{}
 
-func (loadingFilter) keep(p *pick, in []*view, why uint8) []*view {
-	return keepIf(in, why, func(v *view) bool { return !loading(v.snap, p.req.Model) })
+func (loadingFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepIf(p, in, why, func(v *view) bool { return !loading(v.snap, p.req.Model) })
 }
 
 func (loadingFilter) explain(pr *pickRecord, _ *slot, ref *slotRefs) string {

@@ -43,7 +43,7 @@ func TestFilters(t *testing.T) {
 			p := &pick{req: tt.req, baseline: tt.baseline}
 			p.env.Req = &p.req
 			p.views = make([]view, len(tt.ws))
-			var in []*view
+			var in []int32
 			for i, x := range tt.ws {
 				snap := x.snap
 				wk := &worker{spec: WorkerSpec{Name: x.name}, order: i, draining: x.draining, active: x.active}
@@ -51,12 +51,12 @@ func TestFilters(t *testing.T) {
 					wk.cost = 3500 // a's 4,000-token cache holds 3,500 already
 				}
 				p.views[i] = view{w: wk, snap: &snap, serving: x.serving, lim: limitState{limit: x.limit}}
-				in = append(in, &p.views[i])
+				in = append(in, int32(i))
 			}
 			out := filters[tt.why].keep(p, in, tt.why)
 			var got []string
-			for _, v := range out {
-				got = append(got, v.w.spec.Name)
+			for _, i := range out {
+				got = append(got, p.views[i].w.spec.Name)
 			}
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Fatalf("kept (-want +got):\n%s", diff)
@@ -65,7 +65,7 @@ func TestFilters(t *testing.T) {
 				v := &p.views[i]
 				kept := false
 				for _, o := range out {
-					kept = kept || o == v
+					kept = kept || int(o) == i
 				}
 				if want := map[bool]uint8{true: whyEligible, false: tt.why}[kept]; v.why != want {
 					t.Errorf("%s: why %d, want %d", v.w.spec.Name, v.why, want)

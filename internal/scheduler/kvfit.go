@@ -116,7 +116,7 @@ func (r *kvRoom) why(prompt int) string {
 // kvHeld when it dropped every one. It allocates nothing.
 type kvFitFilter struct{}
 
-func (kvFitFilter) keep(p *pick, in []*view, why uint8) []*view {
+func (kvFitFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	prompt := p.req.PromptTokens
 	if prompt <= 0 {
 		return in
@@ -126,8 +126,8 @@ func (kvFitFilter) keep(p *pick, in []*view, why uint8) []*view {
 		return r.fits(prompt)
 	}
 	fit, miss := 0, 0
-	for _, v := range in {
-		if fits(v) {
+	for _, i := range in {
+		if fits(&p.views[i]) {
 			fit++
 		} else {
 			miss++
@@ -136,7 +136,7 @@ func (kvFitFilter) keep(p *pick, in []*view, why uint8) []*view {
 	if miss == 0 || fit == 0 && p.shared {
 		return in
 	}
-	out := keepIf(in, why, func(v *view) bool { return fits(v) || (fit == 0 && v.w.active == 0) })
+	out := keepIf(p, in, why, func(v *view) bool { return fits(v) || (fit == 0 && v.w.active == 0) })
 	p.kvHeld = len(out) == 0
 	return out
 }

@@ -113,7 +113,8 @@ func (s *Scheduler) pendingSharedLocked(p *pick, pr *pickRecord) {
 		tot:     slices.Clone(tot),
 		active:  make([]int, len(cands)),
 		slotIdx: make([]int, len(cands))}
-	for i, v := range p.elig {
+	for i := range p.elig {
+		v := p.at(i)
 		res.sc[i] = SharedCandidate{Worker: cands[i].Name, Score: tot[i] - aw*float64(cands[i].Active), ActiveWeight: aw, Limit: v.lim.limit}
 		res.elig[i], res.active[i], res.slotIdx[i] = v.w, cands[i].Active, v.w.order
 	}

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/stats"
@@ -41,7 +42,7 @@ type pick struct {
 	waited   time.Duration
 
 	views []view      // every worker, in configuration order
-	elig  []*view     // the eligible ones, in configuration order
+	elig  []int32     // the eligible ones (indexes into views), in order
 	cands []Candidate // what the terms see of elig[i]
 	slots []slot      // the record's slots (nil without records)
 	refs  []slotRefs
@@ -62,6 +63,9 @@ type view struct {
 	why     uint8 // whyEligible, or the code of the filter that dropped it
 	serving bool  // it serves the requested model
 }
+
+// at returns the view of the j-th eligible worker.
+func (p *pick) at(j int) *view { return &p.views[p.elig[j]] }
 
 // choice is a pick's outcome: the worker chosen (nil: nobody), its limit
 // at the pick, the decision record (nil without records, and when nobody
@@ -87,7 +91,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
 	}
 	p.elig = p.elig[:0]
 	for i := range p.views {
-		p.elig = append(p.elig, &p.views[i])
+		p.elig = append(p.elig, int32(i))
 	}
 	for why := whyDraining; why <= whyFull; why++ {
 		p.elig = filters[why].keep(p, p.elig, why)
@@ -118,7 +122,7 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
 			// The ledger chooses, outside the lock; best is held meanwhile.
 			s.pendingSharedLocked(p, pr)
 		}
-		v := p.elig[best]
+		v := p.at(best)
 		c.w, c.limit, c.pending = v.w, v.lim.limit, p.pending
 		if pr != nil {
 			pr.rec.Chosen, pr.chosen = v.w.spec.Name, v.w.order
@@ -150,7 +154,7 @@ func (s *Scheduler) startPickLocked(req Request, now time.Time, binding bool) *p
 	p.kvHeld, p.pending = false, nil
 	n := len(s.workers)
 	if cap(p.views) < n {
-		p.views, p.elig, p.cands = make([]view, n), make([]*view, 0, n), make([]Candidate, 0, n)
+		p.views, p.elig, p.cands = make([]view, n), make([]int32, 0, n), make([]Candidate, 0, n)
 	}
 	p.views = p.views[:n]
 	return p
@@ -165,7 +169,9 @@ func (s *Scheduler) resolveLocked(p *pick) {
 	best := 0.0
 	for i, w := range s.workers {
 		v := &p.views[i]
-		v.w, v.snap, v.st = w, w.snapshot(), s.statsOf(w)
+		setPtr(&v.w, w)
+		setPtr(&v.snap, w.snapshot())
+		setPtr(&v.st, s.statsOf(w))
 		v.serving = w.serves(v.snap, p.req.Model)
 		v.why = whyEligible
 		v.lim = limitState{}
@@ -201,13 +207,17 @@ func (s *Scheduler) candidatesLocked(p *pick) {
 	prefixOn := s.prefixWeighted && len(p.req.Prefix) > 0 && !p.baseline
 	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)
 	cands := p.cands[:0]
-	for _, v := range p.elig {
+	for _, i := range p.elig {
+		v := &p.views[i]
 		cands = cands[:len(cands)+1]
 		// Field by field, every one, over the previous pick's: a struct
 		// literal (or a zeroed append) is copied in with a bulk write barrier.
 		c := &cands[len(cands)-1]
-		c.Name, c.Active, c.JobCost, c.Snap, c.Stats = v.w.spec.Name, v.w.active, v.w.cost, v.snap, v.st
-		c.PrefixMatch, c.PrefixSource = 0, ""
+		setStr(&c.Name, v.w.spec.Name)
+		setPtr(&c.Snap, v.snap)
+		setPtr(&c.Stats, v.st)
+		setStr(&c.PrefixSource, "")
+		c.Active, c.JobCost, c.PrefixMatch = v.w.active, v.w.cost, 0
 		if prefixOn && batch == nil {
 			s.prefixMatchLocked(&p.req, c)
 		}
@@ -234,13 +244,32 @@ func (s *Scheduler) slotsLocked(p *pick) {
 		// with a bulk write barrier, slow while the GC runs, and the
 		// slots are the previous pick's.
 		ref, sl := &p.refs[i], &p.slots[i]
-		ref.name, ref.snap, ref.st = v.w.spec.Name, v.snap, v.st
+		setStr(&ref.name, v.w.spec.Name)
+		setPtr(&ref.snap, v.snap)
+		setPtr(&ref.st, v.st)
 		sl.prefix, sl.lastPick, sl.limit, sl.cap = v.lim.prefix, v.w.lastPick, v.lim.limit, v.lim.cap
 		sl.active, sl.why, sl.source = int32(v.w.active), v.why, v.lim.source
 		sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc = 0, 0, 0, 0, 0
 		if v.why == whyKVFit {
 			sl.jobCost = v.w.cost // what the rule read, for the record's words
 		}
+	}
+}
+
+// setPtr and setStr write a pointer or string only when it changes. A
+// pick rewrites every worker's view, candidate and slot over the previous
+// pick's, and from one pick to the next most of them point where they
+// did; an unconditional write of a pointer costs a write barrier while the
+// GC runs, which made up a third of a pick's time.
+func setPtr[T any](dst **T, v *T) {
+	if *dst != v {
+		*dst = v
+	}
+}
+
+func setStr(dst *string, v string) {
+	if unsafe.StringData(*dst) != unsafe.StringData(v) || len(*dst) != len(v) {
+		*dst = v
 	}
 }
 

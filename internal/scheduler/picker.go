@@ -63,9 +63,9 @@ type scorePicker struct {
 func (sp *scorePicker) choose(p *pick, pr *pickRecord) int {
 	tot := totals(sp.terms, &p.env, p.cands, sp.sc)
 	best := 0
-	bk := rankKey{tot[0], p.elig[0].w.lastPick, p.elig[0].w.order}
+	bk := rankKey{tot[0], p.at(0).w.lastPick, p.at(0).w.order}
 	for i := 1; i < len(p.cands); i++ { // one pass: only the winner is needed now
-		v := p.elig[i]
+		v := p.at(i)
 		if k := (rankKey{tot[i], v.w.lastPick, v.w.order}); k.less(bk) {
 			best, bk = i, k
 		}
@@ -113,14 +113,14 @@ type leastConnections struct{}
 
 func (leastConnections) choose(p *pick, pr *pickRecord) int {
 	best := 0
-	for i, v := range p.elig {
-		b := p.elig[best].w
+	for i := range p.elig {
+		v, b := p.at(i), p.at(best).w
 		if v.w.active < b.active || (v.w.active == b.active && v.w.lastPick < b.lastPick) {
 			best = i
 		}
 	}
 	if pr != nil {
-		pr.rec.Reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", p.elig[best].w.active)
+		pr.rec.Reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", p.at(best).w.active)
 	}
 	return best
 }
@@ -148,11 +148,11 @@ func (r powerOfTwo) choose(p *pick, pr *pickRecord) int {
 		}
 	}
 	best := a
-	if p.elig[b].w.active < p.elig[a].w.active {
+	if p.at(b).w.active < p.at(a).w.active {
 		best = b
 	}
 	if pr != nil {
-		pr.rec.Reason = fmt.Sprintf("fewer active of two random (%s, %s)", p.elig[a].w.spec.Name, p.elig[b].w.spec.Name)
+		pr.rec.Reason = fmt.Sprintf("fewer active of two random (%s, %s)", p.at(a).w.spec.Name, p.at(b).w.spec.Name)
 	}
 	return best
 }

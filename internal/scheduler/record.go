@@ -142,7 +142,8 @@ func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
 // same, new ones elsewhere.
 func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
 	slots, refs := p.slots, p.refs
-	for j, v := range p.elig {
+	for j := range p.elig {
+		v := p.at(j)
 		i := v.w.order
 		sl, c := &slots[i], &p.cands[j]
 		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
