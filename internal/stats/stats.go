@@ -71,7 +71,46 @@ type WorkerStats struct {
 	// limit is learned from them; being persisted with the rest, a worker
 	// known to slow down at 3 streams is still known to after a restart.
 	Levels []Level `json:"levels,omitempty"`
+	// Fit is the latency model package predict fitted to this worker's
+	// finished requests (nil: none yet, or a stats file older than it),
+	// kept here so that it survives a restart with the averages.
+	Fit *Fit `json:"fit,omitempty"`
 	// Updated is when the stats last changed.
+	Updated time.Time `json:"updated"`
+}
+
+// Fit is the state of package predict's model of one worker, persisted
+// with its averages. Its meaning belongs to package predict; stats only
+// keeps it, replaces it whole (SetFit) and never changes it in place, so a
+// *Fit, once published, is immutable like the rest of WorkerStats.
+type Fit struct {
+	// Theta are the coefficients of the TTFT regression and P the
+	// inverse of its weighted information matrix, row-major
+	// (len(Theta)² values): together, the state of the recursive least
+	// squares that fits them.
+	Theta []float64 `json:"theta,omitempty"`
+	P     []float64 `json:"p,omitempty"`
+	// Samples counts the outcomes the regression has seen.
+	Samples int64 `json:"samples,omitempty"`
+	// TTFTDrift and DecodeDrift are fast moving averages of the log of
+	// actual over modelled TTFT and decode rate: how far the card has
+	// drifted from its fitted curves lately.
+	TTFTDrift   EMA `json:"ttft_drift"`
+	DecodeDrift EMA `json:"decode_drift"`
+	// HoldMs is how long a stream holds a slot (first token to last), in
+	// milliseconds; WaitScale the measured in-worker wait over the one
+	// predicted from it.
+	HoldMs    EMA `json:"hold_ms"`
+	WaitScale EMA `json:"wait_scale"`
+	// TTFTErr and DecodeErr are moving averages of the relative error
+	// |predicted − actual| / actual of the predictions recorded against
+	// outcomes; TTFTErrs and DecodeErrs the most recent of those errors,
+	// oldest first, from which trust is judged.
+	TTFTErr    EMA       `json:"ttft_err"`
+	DecodeErr  EMA       `json:"decode_err"`
+	TTFTErrs   []float64 `json:"ttft_errs,omitempty"`
+	DecodeErrs []float64 `json:"decode_errs,omitempty"`
+	// Updated is when the fit last changed.
 	Updated time.Time `json:"updated"`
 }
 
@@ -313,6 +352,36 @@ func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats 
 	return s
 }
 
+// SetFit replaces worker's fitted latency model by f, which the caller
+// must not change afterwards, and marks the worker for the next flush. A
+// Folder does not fold fits: with a shared store each replica keeps its
+// own fit in memory (adopting the shared averages keeps the local fit).
+func (t *Tracker) SetFit(worker string, f *Fit, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var s WorkerStats
+	cur := *t.stats.Load()
+	c := cur[worker]
+	if c != nil {
+		s = *c.p.Load()
+	}
+	s.Fit = f
+	s.Updated = now
+	t.setLocked(cur, c, worker, &s)
+	if t.folder == nil {
+		t.dirty[worker] = true
+	}
+}
+
+// keepFit returns ws, adopted from the store, with the fit of old (the
+// local value, may be nil) when the store has none.
+func keepFit(ws WorkerStats, old *cell) WorkerStats {
+	if ws.Fit == nil && old != nil {
+		ws.Fit = old.p.Load().Fit
+	}
+	return ws
+}
+
 // Get returns worker's stats; the zero WorkerStats when none are known.
 func (t *Tracker) Get(worker string) WorkerStats {
 	if s := t.Stats(worker); s != nil {
@@ -463,7 +532,7 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 				ws = t.fold(ws, o, later.Updated)
 			}
 		}
-		next[name] = newCell(ws)
+		next[name] = newCell(keepFit(ws, cur[name]))
 	}
 	t.stats.Store(&next)
 	if err != nil {
@@ -485,14 +554,15 @@ func (t *Tracker) Refresh(ctx context.Context) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	next := maps.Clone(*t.stats.Load())
+	cur := *t.stats.Load()
+	next := maps.Clone(cur)
 	for name, ws := range loaded {
 		if p := t.pending[name]; p != nil {
 			for _, o := range p.Obs {
 				ws = t.fold(ws, o, p.Updated)
 			}
 		}
-		next[name] = newCell(ws)
+		next[name] = newCell(keepFit(ws, cur[name]))
 	}
 	t.stats.Store(&next)
 	return nil
