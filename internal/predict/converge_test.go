@@ -2,6 +2,7 @@ package predict
 
 import (
 	"testing"
+	"time"
 )
 
 // TestPredictor_ConvergesOnEachCard drives four simulated cards of mixed
@@ -54,7 +55,7 @@ func TestPredictor_ConvergesOnEachCard(t *testing.T) {
 			const n, warm = 600, 200
 			var errs relErrs
 			drive(t, p, trafficSpec{rate: c.rate, promptMedian: c.prompt, promptSigma: 0.6, n: n, seed: uint64(i + 7)},
-				func(in Input) Prediction { return l.p.Predict(c.name, in) },
+				func(in Input, _ time.Time) Prediction { return l.p.Predict(c.name, in) },
 				func(pred Prediction, o Outcome, idx int) {
 					if idx >= warm {
 						errs.add(pred, o)

@@ -16,7 +16,7 @@
 // Time to first token on the worker (send to first token), in ms, is a
 // linear model of what the request finds there when it is sent:
 //
-//	ttft = d · θ·x,  x = [1, u, o, o·u, a]
+//	ttft = d · θ·x,  x = [1, u, o, o·u, a, o²]
 //
 // with u the uncached prompt tokens (prompt − cached) in thousands, o the
 // other streams running beside it (in flight, capped at slots − 1 when
@@ -25,12 +25,16 @@
 // fixed overhead, θ₁ the prefill time per 1k tokens alone, θ₂ what each
 // running stream adds (its token rides in the same step), θ₃ how much
 // slower prefill runs per running stream (batch interference), θ₄ the
-// prefill queued ahead. θ is fitted by recursive least squares with
-// exponential forgetting (λ = 0.98, a memory of about 50 requests),
-// weighted by 1/ttft² so that it minimises relative, not absolute,
-// error. d = exp(EMA of log(actual/θ·x)) with α = 0.2 is the drift: a
-// card that slows down is followed within a few requests, before the
-// regression has forgotten its past.
+// prefill queued ahead, θ₅ (a feature o²) the decode steps' own
+// interference. d is the drift, the card's speed lately against the
+// fitted shape: log d moves by α = 0.2 of log(actual / predicted) at each
+// outcome, so a card that slows down is followed within a few requests.
+// θ is fitted to ttft/d, the shape without the drift, by recursive least
+// squares with exponential forgetting (λ = 0.98, a memory of about 50
+// requests), weighted by 1/ttft² so that it minimises relative, not
+// absolute, error, and clipping a sample beyond 3× the prediction. The
+// two never compete for the same change: d takes what scales every
+// request alike, θ what changes the shape.
 //
 // When the worker's slot count is known and it would be full, the request
 // waits inside it for a slot: wait = w · p · hold / slots, with p its
@@ -51,7 +55,8 @@
 // has samples (its samples against 5 for the line), times its own drift
 // factor, like d. The streams already running move from level n to n+1
 // and are stalled once by this prompt's prefill, (θ₁ + θ₃·o)·u, spread
-// over the half of a mean output they have left.
+// over the half of a mean output they have left. The decode drift moves
+// like d, against the levels' rate.
 //
 // # Trust
 //
@@ -351,10 +356,11 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 		y := ms(o.TTFT)
 		yhat := m.ttftModel(&x)
 		if pos == 0 {
+			d := drift(m.ttftDrift)
 			if m.samples >= minSamples {
-				m.ttftDrift = m.ttftDrift.Add(clampLog(y/yhat), driftAlpha)
+				m.ttftDrift = nudge(m.ttftDrift, y/(yhat*d))
 			}
-			m.rls(&x, y)
+			m.rls(&x, y/d)
 			prefillMs = y
 		} else {
 			prefillMs = yhat * drift(m.ttftDrift)
@@ -369,10 +375,18 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 	if o.DecodeTPS > 0 && o.MeanConcurrency > 0 {
 		k := min(max(int(math.Round(o.MeanConcurrency)), 1), stats.MaxLevels)
 		if r := m.levelRate(ws, k); r > 0 {
-			m.decodeDrift = m.decodeDrift.Add(clampLog(o.DecodeTPS/r), driftAlpha)
+			m.decodeDrift = nudge(m.decodeDrift, o.DecodeTPS/(r*drift(m.decodeDrift)))
 		}
 	}
 	p.src.SetFit(worker, m.fit(o.At), o.At)
+}
+
+// nudge moves a drift (the log of a factor) by driftAlpha of the log of
+// ratio, actual over the drifted prediction: a feedback loop, so that as
+// the slower fit underneath catches up, the drift returns to 1 instead of
+// adding to it.
+func nudge(e stats.EMA, ratio float64) stats.EMA {
+	return stats.EMA{Value: e.Value + driftAlpha*clampLog(ratio), N: e.N + 1}
 }
 
 func clampLog(r float64) float64 { return min(max(math.Log(r), -maxLogDrift), maxLogDrift) }

@@ -36,7 +36,7 @@ type sent struct {
 // in front of the card would: at each send it asks predict for its Input,
 // at each finish it hands over the Outcome, in time order. It returns
 // nothing: the callbacks keep what the test needs.
-func drive(t *testing.T, p sim.Params, tr trafficSpec, onSend func(Input) Prediction, onDone func(Prediction, Outcome, int)) {
+func drive(t *testing.T, p sim.Params, tr trafficSpec, onSend func(Input, time.Time) Prediction, onDone func(Prediction, Outcome, int)) {
 	t.Helper()
 	start := time.Unix(1_800_000_000, 0)
 	eng := sim.NewEngine(p, start)
@@ -72,7 +72,7 @@ func drive(t *testing.T, p sim.Params, tr trafficSpec, onSend func(Input) Predic
 			prompt := int(math.Round(tr.promptMedian * math.Exp(tr.promptSigma*rng.NormFloat64())))
 			prompt = min(max(prompt, 16), 6000)
 			s := &sent{at: now, in: Input{PromptTokens: prompt, InFlight: inflight, Slots: p.Slots, PrefillAhead: prefillAhead()}}
-			s.predicted = onSend(s.in)
+			s.predicted = onSend(s.in, now)
 			change(now, +1)
 			s.area0 = area
 			prefilling[s] = prompt
