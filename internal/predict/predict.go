@@ -212,6 +212,7 @@ type model struct {
 	samples int64
 
 	ttftDrift, decodeDrift stats.EMA // of log(actual/model)
+	dT, dD                 float64   // their factors, exp(Value), kept for Predict
 	hold, waitScale        stats.EMA // ms; ratio
 
 	ttftErr, decodeErr   stats.EMA
@@ -238,6 +239,7 @@ func (p *Predictor) modelLocked(worker string) *model {
 	}
 	m := &model{}
 	m.reset()
+	m.refresh()
 	if ws := p.src.Stats(worker); ws != nil && ws.Fit != nil {
 		m.load(ws.Fit)
 	}
@@ -268,7 +270,11 @@ func (m *model) load(f *stats.Fit) {
 	m.ttftErr, m.decodeErr = f.TTFTErr, f.DecodeErr
 	m.ttftErrs.load(f.TTFTErrs)
 	m.decodeErrs.load(f.DecodeErrs)
+	m.refresh()
 }
+
+// refresh recomputes the drift factors after the drifts changed.
+func (m *model) refresh() { m.dT, m.dD = drift(m.ttftDrift), drift(m.decodeDrift) }
 
 // fit returns the model's state to persist.
 func (m *model) fit(now time.Time) *stats.Fit {
@@ -378,6 +384,7 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 			m.decodeDrift = nudge(m.decodeDrift, o.DecodeTPS/(r*drift(m.decodeDrift)))
 		}
 	}
+	m.refresh()
 	p.src.SetFit(worker, m.fit(o.At), o.At)
 }
 
@@ -497,7 +504,7 @@ func (p *Predictor) Predict(worker string, in Input) Prediction {
 	u := max(in.PromptTokens-max(in.CachedTokens, 0), 0)
 
 	var pr Prediction
-	d := drift(m.ttftDrift)
+	d := m.dT
 	others, pos := place(in.InFlight, in.Slots, in.Queue)
 	x := features(u, others, in.PrefillAhead)
 	wait := m.waitMs(pos, in.Slots, in.InFlight)
@@ -518,7 +525,7 @@ func (p *Predictor) Predict(worker string, in Input) Prediction {
 
 	k := min(in.InFlight+1, stats.MaxLevels)
 	if r := m.levelRate(ws, k); r > 0 {
-		r *= drift(m.decodeDrift)
+		r *= m.dD
 		pr.Decode = r
 		if in.InFlight > 0 {
 			// The running streams, one level up, stalled once by this

@@ -36,7 +36,7 @@ type sent struct {
 // in front of the card would: at each send it asks predict for its Input,
 // at each finish it hands over the Outcome, in time order. It returns
 // nothing: the callbacks keep what the test needs.
-func drive(t *testing.T, p sim.Params, tr trafficSpec, onSend func(Input, time.Time) Prediction, onDone func(Prediction, Outcome, int)) {
+func drive(t testing.TB, p sim.Params, tr trafficSpec, onSend func(Input, time.Time) Prediction, onDone func(Prediction, Outcome, int)) {
 	t.Helper()
 	start := time.Unix(1_800_000_000, 0)
 	eng := sim.NewEngine(p, start)
@@ -121,7 +121,7 @@ type learner struct {
 	p  *Predictor
 }
 
-func newLearner(t *testing.T) *learner {
+func newLearner(t testing.TB) *learner {
 	t.Helper()
 	tr, err := stats.NewTracker(context.Background(), 0.2, nil, nil)
 	if err != nil {
