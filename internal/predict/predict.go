@@ -375,6 +375,9 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 			}
 		}
 	}
+	if math.IsInf(o.DecodeTPS, 0) || math.IsNaN(o.DecodeTPS) {
+		o.DecodeTPS = 0
+	}
 	if o.DecodeTPS > 0 && o.OutputTokens > 1 && prefillMs > 0 {
 		m.hold = m.hold.Add(prefillMs+float64(o.OutputTokens-1)/o.DecodeTPS*1000, driftAlpha)
 	}
@@ -389,9 +392,9 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 }
 
 // nudge moves a drift (the log of a factor) by driftAlpha of the log of
-// ratio, actual over the drifted prediction: a feedback loop, so that as
-// the slower fit underneath catches up, the drift returns to 1 instead of
-// adding to it.
+// ratio, actual over the drifted prediction: a feedback loop, which
+// settles where the drifted predictions meet the outcomes, whatever the
+// fit underneath does meanwhile.
 func nudge(e stats.EMA, ratio float64) stats.EMA {
 	return stats.EMA{Value: e.Value + driftAlpha*clampLog(ratio), N: e.N + 1}
 }

@@ -236,3 +236,44 @@ func BenchmarkPredict(b *testing.B) {
 		}
 	})
 }
+
+func TestPredictor_UnknownSlotsMeanNoWait(t *testing.T) {
+	// A vLLM worker reports no slot count: every stream in flight runs
+	// beside the new one, and nothing is predicted to wait in it unless
+	// it reports a queue.
+	l := newLearner(t)
+	trained(t, l, "w", 1, 0.3, 300)
+	many := l.p.Predict("w", Input{PromptTokens: 1000, InFlight: 6})
+	if many.Wait != 0 {
+		t.Errorf("wait %v with no slot count and no queue", many.Wait)
+	}
+	queued := l.p.Predict("w", Input{PromptTokens: 1000, InFlight: 6, Queue: 2})
+	if queued.Wait == 0 || queued.TTFT <= many.TTFT {
+		t.Errorf("a reported queue of 2 predicts no wait: %+v", queued)
+	}
+}
+
+func TestPredictor_SafeForConcurrentUse(t *testing.T) {
+	l := newLearner(t)
+	done := make(chan struct{})
+	for g := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range 200 {
+				w := []string{"a", "b"}[(g+i)%2]
+				pr := l.p.Predict(w, Input{PromptTokens: 100 + i, InFlight: i % 5, Slots: 4})
+				o := Outcome{PromptTokens: 100 + i, InFlight: i % 5, Slots: 4, MeanConcurrency: float64(i%5 + 1),
+					TTFT: time.Duration(20+i) * time.Millisecond, DecodeTPS: 50, OutputTokens: 20, At: time.Unix(int64(i), 0)}
+				l.p.Record(w, pr, o)
+				l.finish(w, pr, o)
+				l.p.Trusted(w)
+			}
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	if got := l.p.Predict("a", Input{PromptTokens: 100}); !got.Known {
+		t.Fatalf("not known after 400 outcomes: %+v", got)
+	}
+}
