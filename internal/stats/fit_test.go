@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/sluice-router/sluice/internal/redistest"
 )
 
 func sampleFit() *Fit {
@@ -151,13 +153,51 @@ func TestTracker_RefreshKeepsTheLocalFit(t *testing.T) {
 	if got.TTFTMs.N != 9 || got.Fit != f {
 		t.Fatalf("after Refresh: %+v, want the store's averages and the local fit", got)
 	}
-	// A fit in the store wins over the local one.
+	// A fit in the store does not replace this replica's own, fresher
+	// one; a replica with none adopts it.
 	other := sampleFit()
 	st.m["w"] = WorkerStats{Fit: other}
 	if err := tr.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got := tr.Get("w"); got.Fit == f || got.Fit == nil {
-		t.Fatalf("the store's fit was not adopted")
+	if got := tr.Get("w"); got.Fit != f {
+		t.Fatalf("the stored fit replaced the local one")
+	}
+	fresh, err := NewTracker(context.Background(), 0.2, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fresh.Get("w"); got.Fit == nil || got.Fit.Samples != other.Samples {
+		t.Fatalf("a fresh tracker did not adopt the stored fit: %+v", got.Fit)
+	}
+}
+
+func TestRedisStore_FitSurvivesARestartAndFoldsKeepIt(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	tr := newRedisTracker(t, openRedisStore(t, srv.URL(4), ""))
+	now := time.Unix(1_700_000_500, 0).UTC()
+	tr.Observe("w", obs(1), now)
+	f := sampleFit()
+	tr.SetFit("w", f, now)
+	if err := tr.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := tr.Get("w"); got.Fit != f || got.TTFTMs.N != 1 {
+		t.Fatalf("after the fold: %+v", got)
+	}
+	// Another replica folds observations; the stored fit stays.
+	other := newRedisTracker(t, openRedisStore(t, srv.URL(4), ""))
+	other.Observe("w", obs(2), now)
+	if err := other.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := newRedisTracker(t, openRedisStore(t, srv.URL(4), ""))
+	got := again.Get("w")
+	if got.TTFTMs.N != 2 {
+		t.Fatalf("samples %d, want both replicas' 2", got.TTFTMs.N)
+	}
+	if diff := cmp.Diff(f, got.Fit); diff != "" {
+		t.Fatalf("fit after a restart (-want +got):\n%s", diff)
 	}
 }

@@ -17,10 +17,16 @@
 // atomically, and reloads it every flush interval, so each replica's
 // averages include every replica's samples, and an unreachable store only
 // delays that — the local averages keep every sample meanwhile.
+//
+// A worker's stats also carry package predict's fitted latency model
+// (Fit), set whole by SetFit and persisted with the averages. Fits are
+// not folded: each replica keeps its own, a shared store holds the last
+// one flushed, and a replica that starts adopts it.
 package stats
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -229,6 +235,7 @@ type Tracker struct {
 	dirty map[string]bool
 
 	pending map[string]*FoldBatch // observations not yet folded into folder
+	fits    map[string]*Fit       // fits set since the last flush, for a FitSaver folder
 	dropped int64                 // pending observations dropped since the last flush
 }
 
@@ -250,7 +257,7 @@ func NewTracker(ctx context.Context, alpha float64, store Store, log *slog.Logge
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}, pending: map[string]*FoldBatch{}}
+	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}, pending: map[string]*FoldBatch{}, fits: map[string]*Fit{}}
 	t.folder, _ = store.(Folder)
 	m := map[string]*cell{}
 	t.stats.Store(&m)
@@ -353,9 +360,11 @@ func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats 
 }
 
 // SetFit replaces worker's fitted latency model by f, which the caller
-// must not change afterwards, and marks the worker for the next flush. A
-// Folder does not fold fits: with a shared store each replica keeps its
-// own fit in memory (adopting the shared averages keeps the local fit).
+// must not change afterwards, and marks the worker for the next flush.
+// A fit is not folded: with a shared store (a Folder) each replica keeps
+// its own, adopting the shared averages keeps it, and the next flush
+// writes it over the stored one when the store is a FitSaver (the last
+// replica to flush wins; a replica starting adopts the stored fit).
 func (t *Tracker) SetFit(worker string, f *Fit, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -370,14 +379,25 @@ func (t *Tracker) SetFit(worker string, f *Fit, now time.Time) {
 	t.setLocked(cur, c, worker, &s)
 	if t.folder == nil {
 		t.dirty[worker] = true
+		return
 	}
+	t.fits[worker] = f
+}
+
+// FitSaver is a Folder that also stores fits, which it does not fold:
+// SaveFits replaces each worker's stored fit.
+type FitSaver interface {
+	SaveFits(ctx context.Context, fits map[string]*Fit) error
 }
 
 // keepFit returns ws, adopted from the store, with the fit of old (the
-// local value, may be nil) when the store has none.
+// local value, may be nil) when it has one: this replica's fit is its
+// freshest; the stored one is only a starting point.
 func keepFit(ws WorkerStats, old *cell) WorkerStats {
-	if ws.Fit == nil && old != nil {
-		ws.Fit = old.p.Load().Fit
+	if old != nil {
+		if f := old.p.Load().Fit; f != nil {
+			ws.Fit = f
+		}
 	}
 	return ws
 }
@@ -499,12 +519,27 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 	clear(t.pending)
 	dropped := t.dropped
 	t.dropped = 0
+	fits := t.fits
+	t.fits = map[string]*Fit{}
 	t.mu.Unlock()
+	var fitErr error
+	if fs, ok := t.folder.(FitSaver); ok && len(fits) > 0 {
+		if fitErr = fs.SaveFits(ctx, fits); fitErr != nil {
+			t.mu.Lock()
+			for name, f := range fits {
+				if _, newer := t.fits[name]; !newer {
+					t.fits[name] = f
+				}
+			}
+			t.mu.Unlock()
+			fitErr = fmt.Errorf("stats: save fits: %w", fitErr)
+		}
+	}
 	if dropped > 0 {
 		t.log.Error("shared stats store unreachable for long: dropped observations it will never see", "dropped", dropped)
 	}
 	if len(batch) == 0 {
-		return nil
+		return fitErr
 	}
 	folded, err := t.folder.Fold(ctx, t.alpha, batch)
 	t.mu.Lock()
@@ -536,9 +571,9 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 	}
 	t.stats.Store(&next)
 	if err != nil {
-		return fmt.Errorf("stats: fold: %w", err)
+		return errors.Join(fmt.Errorf("stats: fold: %w", err), fitErr)
 	}
-	return nil
+	return fitErr
 }
 
 // Refresh replaces the local averages by the store's, which other replicas
