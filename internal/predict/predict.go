@@ -34,7 +34,8 @@
 // requests), weighted by 1/ttft² so that it minimises relative, not
 // absolute, error, and clipping a sample beyond 3× the prediction. The
 // two never compete for the same change: d takes what scales every
-// request alike, θ what changes the shape.
+// request alike, θ what changes the shape. One outcome's log ratio
+// counts for at most ±1.6 (a factor of 5).
 //
 // When the worker's slot count is known and it would be full, the request
 // waits inside it for a slot: wait = w · p · hold / slots, with p its
@@ -56,7 +57,11 @@
 // factor, like d. The streams already running move from level n to n+1
 // and are stalled once by this prompt's prefill, (θ₁ + θ₃·o)·u, spread
 // over the half of a mean output they have left. The decode drift moves
-// like d, against the levels' rate.
+// like d, against the levels' rate, but one outcome's log ratio counts
+// for at most ±0.35: short streams' rates are bimodal (stalled by a
+// prompt arriving while they run, or not), and a clipped step settles
+// near the median ratio rather than the mean, while ten outcomes still
+// move it by ln 2, a card at half speed.
 //
 // # Trust
 //
@@ -174,18 +179,19 @@ const (
 
 // Tuning of the model, stated in the package doc.
 const (
-	nx          = 6    // regression features
-	forget      = 0.98 // RLS forgetting factor
-	driftAlpha  = 0.2  // EMA factor of the drifts, the hold time and the wait scale
-	minSamples  = 8    // outcomes before the TTFT regression is trusted to predict
-	levelCap    = 20   // most samples a level weighs with
-	blendLine   = 5    // weight of the fitted line against a level's own samples
-	errWindow   = 32   // predictions the trust rule looks back on
-	errMin      = 8    // recorded predictions before trust is judged
-	maxTTFTErr  = 0.5  // median relative TTFT error above which a worker is untrusted
-	maxDecErr   = 0.3  // same for the decode rate
-	soloSlope   = 0.1  // prior: each extra stream costs 10 % of a solo token's time
-	maxLogDrift = 1.6  // clamp of one sample's log ratio (×5)
+	nx         = 6    // regression features
+	forget     = 0.98 // RLS forgetting factor
+	driftAlpha = 0.2  // EMA factor of the drifts, the hold time and the wait scale
+	minSamples = 8    // outcomes before the TTFT regression is trusted to predict
+	levelCap   = 20   // most samples a level weighs with
+	blendLine  = 5    // weight of the fitted line against a level's own samples
+	errWindow  = 32   // predictions the trust rule looks back on
+	errMin     = 8    // recorded predictions before trust is judged
+	maxTTFTErr = 0.5  // median relative TTFT error above which a worker is untrusted
+	maxDecErr  = 0.3  // same for the decode rate
+	soloSlope  = 0.1  // prior: each extra stream costs 10 % of a solo token's time
+	ttftClip   = 1.6  // most one TTFT outcome's log ratio counts (×5)
+	decodeClip = 0.35 // most one decode outcome's log ratio counts (×1.4)
 )
 
 // prior θ (ms): no overhead, 5,000 tokens/s prefill, a 13 ms decode step
@@ -364,7 +370,7 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 		if pos == 0 {
 			d := drift(m.ttftDrift)
 			if m.samples >= minSamples {
-				m.ttftDrift = nudge(m.ttftDrift, y/(yhat*d))
+				m.ttftDrift = nudge(m.ttftDrift, y/(yhat*d), ttftClip)
 			}
 			m.rls(&x, y/d)
 			prefillMs = y
@@ -384,7 +390,7 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 	if o.DecodeTPS > 0 && o.MeanConcurrency > 0 {
 		k := min(max(int(math.Round(o.MeanConcurrency)), 1), stats.MaxLevels)
 		if r := m.levelRate(ws, k); r > 0 {
-			m.decodeDrift = nudge(m.decodeDrift, o.DecodeTPS/(r*drift(m.decodeDrift)))
+			m.decodeDrift = nudge(m.decodeDrift, o.DecodeTPS/(r*drift(m.decodeDrift)), decodeClip)
 		}
 	}
 	m.refresh()
@@ -395,11 +401,9 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 // ratio, actual over the drifted prediction: a feedback loop, which
 // settles where the drifted predictions meet the outcomes, whatever the
 // fit underneath does meanwhile.
-func nudge(e stats.EMA, ratio float64) stats.EMA {
-	return stats.EMA{Value: e.Value + driftAlpha*clampLog(ratio), N: e.N + 1}
+func nudge(e stats.EMA, ratio, clip float64) stats.EMA {
+	return stats.EMA{Value: e.Value + driftAlpha*min(max(math.Log(ratio), -clip), clip), N: e.N + 1}
 }
-
-func clampLog(r float64) float64 { return min(max(math.Log(r), -maxLogDrift), maxLogDrift) }
 
 // rls folds one sample into θ: weighted recursive least squares with
 // forgetting, the weight 1/y² making the fit minimise relative error.
