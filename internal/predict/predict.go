@@ -63,6 +63,20 @@
 // near the median ratio rather than the mean, while ten outcomes still
 // move it by ln 2, a card at half speed.
 //
+// A prediction is Known once the worker's regression has 8 outcomes and
+// it has decode history; before that the scheduler should not trust it.
+//
+// # Use
+//
+// At each pick the scheduler calls Predict for each candidate worker and
+// keeps the chosen worker's Prediction with the request (its decision
+// record shows TTFT, Decode and Source). When the request ends the proxy
+// calls Record with that prediction and the Outcome, then Observe, then
+// the stats.Tracker's Observe, in that order, so the decode drift is
+// measured against levels that do not hold the request yet. Observe
+// persists the worker's fit through the Tracker (SetFit); a Predictor
+// made after a restart starts from the stored fits.
+//
 // # Trust
 //
 // Record scores a prediction against the outcome. A worker is untrusted
