@@ -22,6 +22,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-router/sluice/internal/fleet"
+	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
@@ -350,6 +351,15 @@ type Admission struct {
 	// prompt now, and holds the request in the queue when none can; on
 	// by default (see scheduler.Config.KVFit).
 	KVFit bool `yaml:"kv_fit"`
+	// SLO is each priority class's service-level objective, by class
+	// name: its time to first token (ttft plus ttft_per_1k_prompt_tokens
+	// per 1,000 prompt tokens not expected to be cached), its per-stream
+	// decode floor and what to do when it is predicted to be missed. A
+	// field left out, and a class left out, take the default derived from
+	// what the fleet does unloaded (predict.DefaultSLO). It is a map
+	// beside admission.classes rather than a key of each class because
+	// the class type belongs to package scheduler.
+	SLO map[string]predict.SLO `yaml:"slo"`
 }
 
 // Stats configures the moving averages.
@@ -506,6 +516,9 @@ type APIKey struct {
 	// MaxConcurrent is the most requests the key may have open at once;
 	// 0 is unlimited.
 	MaxConcurrent int `yaml:"max_concurrent"`
+	// SLO overrides, field by field, the SLO of the key's class for its
+	// requests; a field left out takes the class's.
+	SLO predict.SLO `yaml:"slo"`
 }
 
 // ServerLimits bound what one client or connection may cost.
@@ -666,6 +679,26 @@ func (c *Config) Validate() error {
 		if _, ok := classSeen[k.Class]; k.Class != "" && !ok {
 			bad(fmt.Sprintf("auth.keys[%d].class", i), "%q is not one of admission.classes", k.Class)
 		}
+		for _, p := range k.SLO.Problems() {
+			bad(fmt.Sprintf("auth.keys[%d].slo.%s", i, p.Key), "%s", p.Msg)
+		}
+	}
+	classNames := make([]string, len(c.Admission.Classes))
+	for i, cl := range c.Admission.Classes {
+		classNames[i] = cl.Name
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Admission.SLO)) {
+		key := "admission.slo." + name
+		if _, ok := classSeen[name]; !ok {
+			msg := fmt.Sprintf("%q is not one of admission.classes (%s)", name, strings.Join(classNames, ", "))
+			if near := nearest(name, classNames); near != "" {
+				msg += fmt.Sprintf("; did you mean `%s`?", near)
+			}
+			bad(key, "%s", msg)
+		}
+		for _, p := range c.Admission.SLO[name].Problems() {
+			bad(key+"."+p.Key, "%s", p.Msg)
+		}
 	}
 	for name, w := range c.Admission.TenantWeights {
 		if w <= 0 {
@@ -800,6 +833,21 @@ func (c *Config) Validate() error {
 }
 
 // oneOf lists the allowed words, comma separated.
+// nearest returns the word of words close enough to name to be taken for
+// a typo of it, or "".
+func nearest(name string, words []string) string {
+	best, bestD := "", 0
+	for _, w := range words {
+		if d := editDistance(strings.ToLower(name), strings.ToLower(w)); best == "" || d < bestD {
+			best, bestD = w, d
+		}
+	}
+	if best != "" && bestD <= typoDistance(name) {
+		return best
+	}
+	return ""
+}
+
 func oneOf[S ~string](words []S) string {
 	out := make([]string, len(words))
 	for i, w := range words {

@@ -2,6 +2,7 @@ package stats
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -207,6 +208,25 @@ func (s *RedisStore) Save(ctx context.Context, entries map[string]WorkerStats) e
 	return nil
 }
 
+// SaveFits writes each worker's fit, as JSON in its hash's "fit" field,
+// replacing the stored one: fits are not folded, the last replica to
+// flush wins.
+func (s *RedisStore) SaveFits(ctx context.Context, fits map[string]*Fit) error {
+	pipe := s.rdb.TxPipeline()
+	for name, f := range fits {
+		b, err := json.Marshal(f)
+		if err != nil {
+			return fmt.Errorf("stats store %s: fit of %q: %w", s.desc, name, err)
+		}
+		pipe.HSet(ctx, s.workerKey(name), "fit", string(b))
+		pipe.SAdd(ctx, s.setKey(), name)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("stats store %s: save fits: %w", s.desc, err)
+	}
+	return nil
+}
+
 // Close closes the connection pool.
 func (s *RedisStore) Close() error { return s.rdb.Close() }
 
@@ -216,6 +236,11 @@ func encodeFields(ws WorkerStats) []any {
 		out = append(out, redisFields[2*i], fmtFloat(e.Value), redisFields[2*i+1], strconv.FormatInt(e.N, 10))
 	}
 	out = append(out, redisFields[8], strconv.FormatInt(unixMicro(ws.Updated), 10))
+	if ws.Fit != nil {
+		if b, err := json.Marshal(ws.Fit); err == nil {
+			out = append(out, "fit", string(b))
+		}
+	}
 	for k, l := range ws.Levels {
 		if l.Updated.IsZero() && !l.DecodeTPS.Known() && !l.TTFTMs.Known() {
 			continue
@@ -276,6 +301,14 @@ func decodeHash(h map[string]string) (WorkerStats, error) {
 	ws := WorkerStats{
 		TTFTMs: ema("ttft_ms"), E2EMs: ema("e2e_ms"), OutputTokens: ema("output_tokens"), DecodeTPS: ema("decode_tps"),
 		Updated: fromMicro(cnt("updated_us")),
+	}
+	if v := h["fit"]; v != "" {
+		// A fit that does not decode (another version's) is dropped, not
+		// an error: the predictor starts afresh, the averages stay.
+		var f Fit
+		if json.Unmarshal([]byte(v), &f) == nil {
+			ws.Fit = &f
+		}
 	}
 	top := 0
 	for key := range h {

@@ -17,10 +17,16 @@
 // atomically, and reloads it every flush interval, so each replica's
 // averages include every replica's samples, and an unreachable store only
 // delays that — the local averages keep every sample meanwhile.
+//
+// A worker's stats also carry package predict's fitted latency model
+// (Fit), set whole by SetFit and persisted with the averages. Fits are
+// not folded: each replica keeps its own, a shared store holds the last
+// one flushed, and a replica that starts adopts it.
 package stats
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -71,7 +77,46 @@ type WorkerStats struct {
 	// limit is learned from them; being persisted with the rest, a worker
 	// known to slow down at 3 streams is still known to after a restart.
 	Levels []Level `json:"levels,omitempty"`
+	// Fit is the latency model package predict fitted to this worker's
+	// finished requests (nil: none yet, or a stats file older than it),
+	// kept here so that it survives a restart with the averages.
+	Fit *Fit `json:"fit,omitempty"`
 	// Updated is when the stats last changed.
+	Updated time.Time `json:"updated"`
+}
+
+// Fit is the state of package predict's model of one worker, persisted
+// with its averages. Its meaning belongs to package predict; stats only
+// keeps it, replaces it whole (SetFit) and never changes it in place, so a
+// *Fit, once published, is immutable like the rest of WorkerStats.
+type Fit struct {
+	// Theta are the coefficients of the TTFT regression and P the
+	// inverse of its weighted information matrix, row-major
+	// (len(Theta)² values): together, the state of the recursive least
+	// squares that fits them.
+	Theta []float64 `json:"theta,omitempty"`
+	P     []float64 `json:"p,omitempty"`
+	// Samples counts the outcomes the regression has seen.
+	Samples int64 `json:"samples,omitempty"`
+	// TTFTDrift and DecodeDrift are fast moving averages of the log of
+	// actual over modelled TTFT and decode rate: how far the card has
+	// drifted from its fitted curves lately.
+	TTFTDrift   EMA `json:"ttft_drift"`
+	DecodeDrift EMA `json:"decode_drift"`
+	// HoldMs is how long a stream holds a slot (first token to last), in
+	// milliseconds; WaitScale the measured in-worker wait over the one
+	// predicted from it.
+	HoldMs    EMA `json:"hold_ms"`
+	WaitScale EMA `json:"wait_scale"`
+	// TTFTErr and DecodeErr are moving averages of the relative error
+	// |predicted − actual| / actual of the predictions recorded against
+	// outcomes; TTFTErrs and DecodeErrs the most recent of those errors,
+	// oldest first, from which trust is judged.
+	TTFTErr    EMA       `json:"ttft_err"`
+	DecodeErr  EMA       `json:"decode_err"`
+	TTFTErrs   []float64 `json:"ttft_errs,omitempty"`
+	DecodeErrs []float64 `json:"decode_errs,omitempty"`
+	// Updated is when the fit last changed.
 	Updated time.Time `json:"updated"`
 }
 
@@ -190,6 +235,7 @@ type Tracker struct {
 	dirty map[string]bool
 
 	pending map[string]*FoldBatch // observations not yet folded into folder
+	fits    map[string]*Fit       // fits set since the last flush, for a FitSaver folder
 	dropped int64                 // pending observations dropped since the last flush
 }
 
@@ -211,7 +257,7 @@ func NewTracker(ctx context.Context, alpha float64, store Store, log *slog.Logge
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}, pending: map[string]*FoldBatch{}}
+	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}, pending: map[string]*FoldBatch{}, fits: map[string]*Fit{}}
 	t.folder, _ = store.(Folder)
 	m := map[string]*cell{}
 	t.stats.Store(&m)
@@ -311,6 +357,49 @@ func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats 
 	}
 	s.Updated = now
 	return s
+}
+
+// SetFit replaces worker's fitted latency model by f, which the caller
+// must not change afterwards, and marks the worker for the next flush.
+// A fit is not folded: with a shared store (a Folder) each replica keeps
+// its own, adopting the shared averages keeps it, and the next flush
+// writes it over the stored one when the store is a FitSaver (the last
+// replica to flush wins; a replica starting adopts the stored fit).
+func (t *Tracker) SetFit(worker string, f *Fit, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var s WorkerStats
+	cur := *t.stats.Load()
+	c := cur[worker]
+	if c != nil {
+		s = *c.p.Load()
+	}
+	s.Fit = f
+	s.Updated = now
+	t.setLocked(cur, c, worker, &s)
+	if t.folder == nil {
+		t.dirty[worker] = true
+		return
+	}
+	t.fits[worker] = f
+}
+
+// FitSaver is a Folder that also stores fits, which it does not fold:
+// SaveFits replaces each worker's stored fit.
+type FitSaver interface {
+	SaveFits(ctx context.Context, fits map[string]*Fit) error
+}
+
+// keepFit returns ws, adopted from the store, with the fit of old (the
+// local value, may be nil) when it has one: this replica's fit is its
+// freshest; the stored one is only a starting point.
+func keepFit(ws WorkerStats, old *cell) WorkerStats {
+	if old != nil {
+		if f := old.p.Load().Fit; f != nil {
+			ws.Fit = f
+		}
+	}
+	return ws
 }
 
 // Get returns worker's stats; the zero WorkerStats when none are known.
@@ -430,12 +519,27 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 	clear(t.pending)
 	dropped := t.dropped
 	t.dropped = 0
+	fits := t.fits
+	t.fits = map[string]*Fit{}
 	t.mu.Unlock()
+	var fitErr error
+	if fs, ok := t.folder.(FitSaver); ok && len(fits) > 0 {
+		if fitErr = fs.SaveFits(ctx, fits); fitErr != nil {
+			t.mu.Lock()
+			for name, f := range fits {
+				if _, newer := t.fits[name]; !newer {
+					t.fits[name] = f
+				}
+			}
+			t.mu.Unlock()
+			fitErr = fmt.Errorf("stats: save fits: %w", fitErr)
+		}
+	}
 	if dropped > 0 {
 		t.log.Error("shared stats store unreachable for long: dropped observations it will never see", "dropped", dropped)
 	}
 	if len(batch) == 0 {
-		return nil
+		return fitErr
 	}
 	folded, err := t.folder.Fold(ctx, t.alpha, batch)
 	t.mu.Lock()
@@ -463,13 +567,13 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 				ws = t.fold(ws, o, later.Updated)
 			}
 		}
-		next[name] = newCell(ws)
+		next[name] = newCell(keepFit(ws, cur[name]))
 	}
 	t.stats.Store(&next)
 	if err != nil {
-		return fmt.Errorf("stats: fold: %w", err)
+		return errors.Join(fmt.Errorf("stats: fold: %w", err), fitErr)
 	}
-	return nil
+	return fitErr
 }
 
 // Refresh replaces the local averages by the store's, which other replicas
@@ -485,14 +589,15 @@ func (t *Tracker) Refresh(ctx context.Context) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	next := maps.Clone(*t.stats.Load())
+	cur := *t.stats.Load()
+	next := maps.Clone(cur)
 	for name, ws := range loaded {
 		if p := t.pending[name]; p != nil {
 			for _, o := range p.Obs {
 				ws = t.fold(ws, o, p.Updated)
 			}
 		}
-		next[name] = newCell(ws)
+		next[name] = newCell(keepFit(ws, cur[name]))
 	}
 	t.stats.Store(&next)
 	return nil
