@@ -256,6 +256,13 @@ func FromFields(messages, prompt json.RawMessage, blockBytes int) []uint64 {
 	return hashPrompt(msgs, prompt, blockBytes)
 }
 
+// FromMessages is FromBody for a body whose `messages` its caller has
+// decoded already (into msgs, as FromBody would) and whose `prompt` it
+// holds as sent: the proxy's one decode of a request yields both.
+func FromMessages(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
+	return hashPrompt(msgs, prompt, blockBytes)
+}
+
 // hashPrompt hashes the rendered messages, else the prompt.
 func hashPrompt(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
 	hs := NewHasher(blockBytes)

@@ -45,7 +45,6 @@ import (
 
 	"github.com/sluice-router/sluice/internal/auth"
 	"github.com/sluice-router/sluice/internal/decisions"
-	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -261,7 +260,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 	if id, ok := auth.FromContext(r.Context()); ok {
 		req.Tenant, req.Class = id.Tenant, id.Class
 	}
-	req.Prefix = prefix.FromBody(body, prefix.BlockBytes) // where its prompt prefix may be cached
+	req.Prefix = p.prefix // where its prompt prefix may be cached
 	res.PromptTokens = p.promptTokens
 	req.Class = h.opt.Scheduler.RequestedClass(req.Class, r.Header.Get("X-Sluice-Priority"))
 	var lastErr error
