@@ -22,7 +22,9 @@
 // Handler is stateless apart from its collaborators, each safe for
 // concurrent use: the scheduler (admission), the stats tracker
 // (averages), the reporter (health) and the metrics. Each request runs in
-// its own handler goroutine and owns its lease until it releases it.
+// its own handler goroutine and owns its lease until it ends it: with
+// Lease.Complete for an answer relayed in full (which files its
+// measurements before giving the slot back), else with Release.
 package proxy
 
 import (
