@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"encoding/json"
 	"slices"
 	"testing"
 )
@@ -40,4 +41,45 @@ func FuzzFromBody(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzPlainString holds plainString to json.Unmarshal: whatever it
+// accepts must be a JSON string whose text is exactly what it returns.
+func FuzzPlainString(f *testing.F) {
+	for _, s := range []string{`"hello"`, `"héllo"`, `"a\nb"`, `"a\"b"`, "\"\xff\"", "\"\x01\"", `"`, `""`, `"abc" `, `"a"b"`, `"\u2028"`, "\"\u2028\""} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		text, ok := plainString(raw)
+		if !ok {
+			return
+		}
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			t.Fatalf("plainString took %q, which json.Unmarshal refuses: %v", raw, err)
+		}
+		if s != string(text) {
+			t.Fatalf("plainString(%q) = %q, json.Unmarshal says %q", raw, text, s)
+		}
+	})
+}
+
+func TestPlainString_TakesTextWithoutEscapes(t *testing.T) {
+	for _, tt := range []struct {
+		raw  string
+		ok   bool
+		text string
+	}{
+		{`"hello there"`, true, "hello there"},
+		{`"héllo ☃"`, true, "héllo ☃"},
+		{`""`, true, ""},
+		{`"a\nb"`, false, ""},     // an escape: decoded instead
+		{"\"\xffab\"", false, ""}, // invalid UTF-8 becomes U+FFFD when decoded
+		{`[1]`, false, ""},
+	} {
+		text, ok := plainString([]byte(tt.raw))
+		if ok != tt.ok || (ok && string(text) != tt.text) {
+			t.Errorf("plainString(%q) = %q, %v; want %q, %v", tt.raw, text, ok, tt.text, tt.ok)
+		}
+	}
 }

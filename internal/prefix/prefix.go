@@ -51,7 +51,10 @@
 //     Index's memory of the worker (SetCapacity) in place of Capacity.
 package prefix
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"unicode/utf8"
+)
 
 // The router's block size. BlockTokens is a compromise between precision
 // (a prefix is matched to within one block) and the index's memory (one
@@ -196,6 +199,10 @@ func writeContent(hs TextWriter, raw json.RawMessage) {
 	}
 	switch raw[0] {
 	case '"':
+		if s, ok := plainString(raw); ok {
+			hs.Write(s)
+			return
+		}
 		var s string
 		if json.Unmarshal(raw, &s) == nil {
 			hs.WriteString(s)
@@ -224,6 +231,27 @@ func writeContent(hs TextWriter, raw json.RawMessage) {
 		}
 	}
 	hs.Write(raw)
+}
+
+// plainString returns the text of a JSON string that has no escapes, no
+// control characters and no invalid UTF-8: its bytes between the quotes,
+// which is what json.Unmarshal would give, without a second pass over a
+// body already decoded. ok is false for any other raw; decode that.
+func plainString(raw []byte) (text []byte, ok bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return nil, false
+	}
+	text = raw[1 : len(raw)-1]
+	ascii := true
+	for _, c := range text {
+		switch {
+		case c == '"' || c == '\\' || c < 0x20:
+			return nil, false
+		case c >= utf8.RuneSelf:
+			ascii = false
+		}
+	}
+	return text, ascii || utf8.Valid(text)
 }
 
 // body is what FromBody reads of an inference request.
@@ -256,6 +284,13 @@ func FromFields(messages, prompt json.RawMessage, blockBytes int) []uint64 {
 	return hashPrompt(msgs, prompt, blockBytes)
 }
 
+// FromMessages is FromBody for a body whose `messages` its caller has
+// decoded already (into msgs, as FromBody would) and whose `prompt` it
+// holds as sent: the proxy's one decode of a request yields both.
+func FromMessages(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
+	return hashPrompt(msgs, prompt, blockBytes)
+}
+
 // hashPrompt hashes the rendered messages, else the prompt.
 func hashPrompt(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
 	hs := NewHasher(blockBytes)
@@ -263,6 +298,10 @@ func hashPrompt(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64
 	case len(msgs) > 0:
 		Render(hs, msgs)
 	case len(prompt) > 0 && prompt[0] == '"':
+		if s, ok := plainString(prompt); ok {
+			hs.Write(s)
+			break
+		}
 		var s string
 		if json.Unmarshal(prompt, &s) != nil {
 			return nil

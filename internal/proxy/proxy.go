@@ -22,7 +22,9 @@
 // Handler is stateless apart from its collaborators, each safe for
 // concurrent use: the scheduler (admission), the stats tracker
 // (averages), the reporter (health) and the metrics. Each request runs in
-// its own handler goroutine and owns its lease until it releases it.
+// its own handler goroutine and owns its lease until it ends it: with
+// Lease.Complete for an answer relayed in full (which files its
+// measurements before giving the slot back), else with Release.
 package proxy
 
 import (
@@ -45,7 +47,6 @@ import (
 
 	"github.com/sluice-router/sluice/internal/auth"
 	"github.com/sluice-router/sluice/internal/decisions"
-	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -57,10 +58,9 @@ type Reporter interface {
 }
 
 // Observer receives the measurements of each finished request: the stats
-// tracker for the averages, and metrics.
-type Observer interface {
-	Observe(worker string, o stats.Observation, now time.Time)
-}
+// tracker for the averages, and metrics. It is the scheduler's, since
+// Lease.Complete hands the observation to it.
+type Observer = scheduler.Observer
 
 // Result is what the proxy tells its metrics hook about one request.
 type Result struct {
@@ -262,7 +262,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 	if id, ok := auth.FromContext(r.Context()); ok {
 		req.Tenant, req.Class = id.Tenant, id.Class
 	}
-	req.Prefix = prefix.FromBody(body, prefix.BlockBytes) // where its prompt prefix may be cached
+	req.Prefix = p.prefix // where its prompt prefix may be cached
 	res.PromptTokens = p.promptTokens
 	req.Class = h.opt.Scheduler.RequestedClass(req.Class, r.Header.Get("X-Sluice-Priority"))
 	var lastErr error
@@ -280,8 +280,14 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		}
 		res.Attempts = req.Attempt
 		res.Worker, res.QueueWait, res.Decision = lease.Worker, lease.QueueWait, lease.Decision
-		sent, err := h.attempt(w, r, body, p, lease, start, res)
-		lease.Release()
+		sent, done, err := h.attempt(w, r, body, p, lease, start, res)
+		if done != nil {
+			// Answered in full: the finish sequence the simulation
+			// follows too (observation, stats, output estimate, release).
+			lease.Complete(*done, h.opt.Observer, time.Now())
+		} else {
+			lease.Release()
+		}
 		if err == nil || sent {
 			return
 		}
@@ -324,11 +330,13 @@ func (h *Handler) tokenize(ctx context.Context, p parsed) (int, bool) {
 
 // attempt sends the request to the lease's worker and relays the answer.
 // It reports whether anything was written to the client; when nothing
-// was and err is not nil, the caller may retry elsewhere.
-func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result) (sent bool, err error) {
+// was and err is not nil, the caller may retry elsewhere. done is the
+// measurement of an answer that completed successfully, for the caller to
+// end the lease with (Lease.Complete); nil otherwise.
+func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result) (sent bool, done *stats.Observation, err error) {
 	base, ok := h.opt.Resolve(lease.Worker)
 	if !ok {
-		return false, fmt.Errorf("worker %s has no address", lease.Worker)
+		return false, nil, fmt.Errorf("worker %s has no address", lease.Worker)
 	}
 	// The attempt's own context lets the idle timer cut a stalled answer
 	// off without touching the client's request.
@@ -340,7 +348,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	})
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base.JoinPath(r.URL.Path).String(), bytes.NewReader(body))
 	if err != nil {
-		return false, fmt.Errorf("build request for %s: %w", lease.Worker, err)
+		return false, nil, fmt.Errorf("build request for %s: %w", lease.Worker, err)
 	}
 	out.URL.RawQuery = r.URL.RawQuery
 	copyHeader(out.Header, r.Header)
@@ -367,14 +375,14 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		if r.Context().Err() == nil {
 			h.report(lease.Worker, err)
 		}
-		return false, fmt.Errorf("send to %s: %w", lease.Worker, err)
+		return false, nil, fmt.Errorf("send to %s: %w", lease.Worker, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 500 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		err := fmt.Errorf("worker %s answered %s: %s", lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
 		h.report(lease.Worker, err)
-		return false, err
+		return false, nil, err
 	}
 
 	hdr := w.Header()
@@ -426,18 +434,12 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	case resp.StatusCode < 300:
 		h.report(lease.Worker, nil)
 		o := observation(m, time.Since(attemptStart))
-		o.Concurrency = lease.MeanConcurrency() // the level its rate is filed under
 		if o.DecodeTPS > 0 {
 			res.TPOT = time.Duration(float64(time.Second) / o.DecodeTPS)
 		}
-		if h.opt.Observer != nil {
-			h.opt.Observer.Observe(lease.Worker, o, time.Now())
-		}
-		if m.tokens > 0 {
-			lease.Observe(m.tokens) // teaches the scheduler's output estimate
-		}
+		done = &o
 	}
-	return true, nil
+	return true, done, nil
 }
 
 // staleConn reports whether a request's failure before any answer may be

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/sluice-router/sluice/internal/prefix"
 )
 
 // inference is what Sluice reads of an inference request body. Everything
@@ -18,12 +20,37 @@ type inference struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	NPredict            *int            `json:"n_predict"`         // llama.cpp native
 	MaxOutputTokens     *int            `json:"max_output_tokens"` // /v1/responses
-	Messages            json.RawMessage `json:"messages"`
+	Messages            messagesField   `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Input               json.RawMessage `json:"input"`        // embeddings, /v1/responses
 	Instructions        json.RawMessage `json:"instructions"` // /v1/responses
 	Query               json.RawMessage `json:"query"`        // rerank
 	Documents           json.RawMessage `json:"documents"`    // rerank
+}
+
+// messagesField is a request's `messages` as sent, for the prompt count,
+// and decoded as prefix.FromBody decodes it, for the prefix blocks, in the
+// same pass over the body. It never fails the body's decode: messages of
+// the wrong shape are the worker's to refuse, and only cost the request
+// its prefix blocks.
+type messagesField struct {
+	raw  json.RawMessage
+	msgs []prefix.Message
+	// bad is set when some occurrence of the field is not a list of
+	// messages: prefix.FromBody finds no blocks in such a body.
+	bad bool
+}
+
+// UnmarshalJSON keeps b and decodes it into f.msgs. A key repeated in the
+// body calls it again: raw keeps the last value, as a json.RawMessage
+// field would, and msgs is decoded into again, as the one decode of the
+// whole body that prefix.FromBody makes would.
+func (f *messagesField) UnmarshalJSON(b []byte) error {
+	f.raw = append(f.raw[:0], b...)
+	if json.Unmarshal(b, &f.msgs) != nil {
+		f.bad = true
+	}
+	return nil
 }
 
 // parsed is a validated request.
@@ -35,6 +62,9 @@ type parsed struct {
 	promptText   string // the prompt's text content, for the worker's /tokenize
 	promptRunes  int    // characters of that text (all of it, past maxPromptText too)
 	promptExtra  int    // tokens of the prompt that are not in promptText
+	// prefix is the prompt's chained block hashes (prefix.FromBody of
+	// the body), where its prefix may be cached.
+	prefix []uint64
 }
 
 // badRequest is a request body Sluice refuses: what is wrong, in words a
@@ -96,8 +126,11 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 		}
 	}
 	var pc promptCount
-	for _, raw := range []json.RawMessage{in.Messages, in.Prompt, in.Input, in.Instructions, in.Query, in.Documents} {
+	for _, raw := range []json.RawMessage{in.Messages.raw, in.Prompt, in.Input, in.Instructions, in.Query, in.Documents} {
 		pc.add(raw)
+	}
+	if !in.Messages.bad {
+		p.prefix = prefix.FromMessages(in.Messages.msgs, in.Prompt, prefix.BlockBytes)
 	}
 	p.promptTokens = max(pc.tokens(), 1)
 	p.promptText = pc.text.String()
@@ -108,22 +141,27 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 
 // decodeBody decodes a JSON object into in, saying in a client's words
 // what is wrong when it cannot: not JSON at all, JSON but not an object,
-// or a field Sluice reads holding the wrong kind of value.
+// or a field Sluice reads holding the wrong kind of value. It is the one
+// decode of the body: the prompt count and the prefix blocks read what it
+// yields. A body that starts as an object is not checked on its own
+// first, since json.Unmarshal checks the whole of it before decoding and
+// reports the same syntax error json.Valid's scan would have found.
 func decodeBody(body []byte, in *inference) error {
-	if firstByte(body) == 0 {
+	t := firstByte(body)
+	if t == 0 {
 		return &badRequest{"", "request body is empty: want a JSON object"}
 	}
-	if !json.Valid(body) {
-		var syn *json.SyntaxError
-		if err := json.Unmarshal(body, new(json.RawMessage)); errors.As(err, &syn) {
-			return &badRequest{"", fmt.Sprintf("request body is not valid JSON: %v (at byte %d)", syn, syn.Offset)}
+	if t != '{' {
+		if !json.Valid(body) {
+			return syntaxError(json.Unmarshal(body, new(json.RawMessage)))
 		}
-		return &badRequest{"", "request body is not valid JSON"}
-	}
-	if t := firstByte(body); t != '{' {
 		return &badRequest{"", fmt.Sprintf("request body must be a JSON object ({...}), got %s", jsonKind(t))}
 	}
 	err := json.Unmarshal(body, in)
+	var syn *json.SyntaxError
+	if errors.As(err, &syn) {
+		return syntaxError(err)
+	}
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) && te.Field != "" {
 		return &badRequest{te.Field, fmt.Sprintf("%q must be %s, got %s", te.Field, wantJSON(te.Type), gotJSON(te.Value))}
@@ -132,6 +170,16 @@ func decodeBody(body []byte, in *inference) error {
 		return &badRequest{"", "request body could not be read as JSON: " + err.Error()}
 	}
 	return nil
+}
+
+// syntaxError is the refusal of a body that is not JSON; err is what
+// json.Unmarshal said of it.
+func syntaxError(err error) error {
+	var syn *json.SyntaxError
+	if errors.As(err, &syn) {
+		return &badRequest{"", fmt.Sprintf("request body is not valid JSON: %v (at byte %d)", syn, syn.Offset)}
+	}
+	return &badRequest{"", "request body is not valid JSON"}
 }
 
 // firstByte is the first byte of body that is not JSON white space.

@@ -82,6 +82,16 @@ func (l *Lease) Release() {
 	s := l.s
 	now := s.clock.Now()
 	s.mu.Lock()
+	done := s.releaseLocked(l, now)
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+}
+
+// releaseLocked gives l's slot back and places the queued requests that
+// can now go, returning the tickets that ended for s.finish. The caller
+// has won l.released and holds s.mu.
+func (s *Scheduler) releaseLocked(l *Lease, now time.Time) []*Ticket {
 	// The shared slot first: the dispatch below asks the ledger, which
 	// must already count it free, or this replica's own queue could not
 	// take the slot it just freed and would wait for the wake-up. The
@@ -94,10 +104,7 @@ func (l *Lease) Release() {
 		l.w.cost = 0 // no float drift on an idle worker
 	}
 	s.drainedLocked(l, now)
-	done := s.dispatchLocked()
-	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
+	return s.dispatchLocked()
 }
 
 // expectedCost estimates the tokens a request will keep a worker busy

@@ -31,8 +31,9 @@
 //     Workers that have been idle since their last scrape are not
 //     re-scraped: their snapshot could not change.
 //   - The first token and the end of a request are recorded; the end is
-//     folded into a stats.Tracker measured from the moment of binding (as
-//     the proxy measures from the attempt's start) and the lease released.
+//     measured from the moment of binding (as the proxy measures from the
+//     attempt's start) and ends the lease through Lease.Complete, the
+//     proxy's own finish sequence: stats.Tracker, output estimate, release.
 //
 // Differences from the router, all below the model's resolution: no
 // network or SSE latency, no proxy retries (a simulated engine never fails

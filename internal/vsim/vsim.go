@@ -603,10 +603,7 @@ func (r *run) finished(i int, at time.Time, sr sim.Result) {
 	}
 	rq.ended = true
 	r.clock.now = at
-	obs.Concurrency = rq.lease.MeanConcurrency()
-	r.tracker.Observe(r.workers[rq.worker].name, obs, at)
-	rq.lease.Observe(sr.CompletionTokens)
-	rq.lease.Release()
+	rq.lease.Complete(obs, r.tracker, at) // as the proxy ends an answered request
 }
 
 // scrape publishes fresh telemetry of every worker that may have changed.

@@ -1,0 +1,62 @@
+package scheduler
+
+import (
+	"time"
+
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// Observer receives the measurements of each request answered in full:
+// the stats tracker for its averages (which the scheduler reads back
+// through Config.Stats), and metrics.
+type Observer interface {
+	Observe(worker string, o stats.Observation, now time.Time)
+}
+
+// Complete is the finish sequence of a request whose answer completed,
+// the one both the HTTP proxy and the virtual-time simulation follow:
+//
+//  1. o is filed under the concurrency level it was measured at
+//     (MeanConcurrency, which must be read before the slot is given back);
+//  2. obs, if not nil, folds o into the worker's stats; this comes before
+//     the release because the release places the next queued request, and
+//     that pick reads those stats;
+//  3. Finish teaches the output estimate o.OutputTokens and releases the
+//     lease in one acquisition of the scheduler's lock.
+//
+// now is the time the observation is filed at (the wall clock, or the
+// simulation's). It returns o as filed. A lease already released is not
+// released again, but its observation still reaches obs.
+func (l *Lease) Complete(o stats.Observation, obs Observer, now time.Time) stats.Observation {
+	o.Concurrency = l.MeanConcurrency()
+	if obs != nil {
+		obs.Observe(l.Worker, o, now)
+	}
+	l.Finish(o.OutputTokens)
+	return o
+}
+
+// Finish is Observe(outputTokens) followed by Release, under one
+// acquisition of the scheduler's lock instead of two: it teaches the
+// output estimate and the drain rate the tokens the answer produced, gives
+// the slot back and places the next queued request. outputTokens of 0 or
+// less means the count is unknown (an answer without usage), and teaches
+// nothing. Like Release, it has an effect only the first time the lease
+// is ended: a Release after it does nothing, nor does a Finish after a
+// Release.
+func (l *Lease) Finish(outputTokens int) {
+	if !l.released.CompareAndSwap(false, true) {
+		return
+	}
+	s := l.s
+	now := s.clock.Now()
+	s.mu.Lock()
+	if outputTokens > 0 {
+		s.est.observe(&l.req, outputTokens)
+		l.out = outputTokens
+	}
+	done := s.releaseLocked(l, now)
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+}

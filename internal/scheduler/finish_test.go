@@ -1,0 +1,210 @@
+package scheduler
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
+// finishTrace is what a run of backlogRun shows of the scheduler's
+// learning: each decision's expected output and where it came from, and
+// the Retry-After of the refusal at the end, which follows the drain rate.
+type finishTrace struct {
+	Expected   []int
+	Sources    []string
+	RetryAfter time.Duration
+}
+
+// backlogRun keeps one worker busy with a backlog, ends each lease with
+// end after 4 s of (fake) time, and reports what the scheduler learnt.
+func backlogRun(t *testing.T, end func(*Lease)) finishTrace {
+	t.Helper()
+	var mu sync.Mutex
+	var recs []*decisions.Record
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	s := newSched(t, Config{MaxQueue: 3, Clock: clock, QueueTimeout: time.Hour, DefaultOutputTokens: 200, Recorder: func(r *decisions.Record) {
+		mu.Lock()
+		recs = append(recs, r)
+		mu.Unlock()
+	}}, workers(1, 1, "m")...)
+	req := Request{Model: "m", PromptTokens: 50}
+	l, err := s.Submit(req, nil).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queued := []*Ticket{s.Submit(req, nil), s.Submit(req, nil)}
+	for range 4 {
+		clock.t = clock.t.Add(4 * time.Second)
+		end(l)
+		if l, err = queued[0].Result(); err != nil || l == nil {
+			t.Fatalf("queued request not bound when the lease ended: %v", err)
+		}
+		queued = append(queued[1:], s.Submit(req, nil))
+	}
+	s.Submit(req, nil) // the queue is full now
+	_, err = s.Submit(req, nil).Result()
+	var ref *Refusal
+	if !errors.As(err, &ref) {
+		t.Fatalf("err %v, want a refusal", err)
+	}
+	var tr finishTrace
+	mu.Lock()
+	defer mu.Unlock()
+	for _, r := range recs {
+		tr.Expected = append(tr.Expected, r.ExpectedOutputTokens)
+		tr.Sources = append(tr.Sources, r.EstimateSource)
+	}
+	tr.RetryAfter = ref.RetryAfter
+	return tr
+}
+
+func TestLease_FinishLearnsAsObserveThenRelease(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		tokens int
+		// old is the two calls Finish replaces.
+		old func(l *Lease, tokens int)
+		// expected is the estimate the last decision shows.
+		expected int
+	}{
+		{"tokens counted", 80, func(l *Lease, n int) { l.Observe(n); l.Release() }, 80},
+		{"one token", 1, func(l *Lease, n int) { l.Observe(n); l.Release() }, 1},
+		// The proxy called Observe only for a positive count: 0 is an
+		// answer without usage, not an empty answer.
+		{"count unknown", 0, func(l *Lease, _ int) { l.Release() }, 200},
+		{"negative", -3, func(l *Lease, n int) { l.Observe(n); l.Release() }, 200},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			want := backlogRun(t, func(l *Lease) { tt.old(l, tt.tokens) })
+			got := backlogRun(t, func(l *Lease) { l.Finish(tt.tokens) })
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Fatalf("Finish learnt otherwise than Observe+Release (-old +Finish):\n%s", diff)
+			}
+			if n := len(got.Expected); n == 0 || got.Expected[n-1] != tt.expected {
+				t.Fatalf("expected outputs %v, want the last %d", got.Expected, tt.expected)
+			}
+		})
+	}
+}
+
+func TestLease_FinishReleasesOnce(t *testing.T) {
+	var mu sync.Mutex
+	var recs []*decisions.Record
+	s := newSched(t, Config{MaxQueue: 5, DefaultOutputTokens: 200, Recorder: func(r *decisions.Record) {
+		mu.Lock()
+		recs = append(recs, r)
+		mu.Unlock()
+	}}, workers(1, 1, "m")...)
+	a := admitNow(t, s, Request{Model: "m"})
+	a.Finish(10)
+	b := admitNow(t, s, Request{Model: "m"}) // a's slot is free
+	a.Release()                              // no effect: a ended
+	a.Finish(10)                             // nor this
+	c := s.Submit(Request{Model: "m"}, nil)
+	if c.Done() {
+		l, err := c.Result()
+		t.Fatalf("third request placed (lease %v, err %v) while b holds the only slot: a was released twice", l, err)
+	}
+	b.Release()
+	lc, err := c.Result()
+	if !c.Done() || err != nil {
+		t.Fatalf("queued request not placed when b ended: %v", err)
+	}
+	lc.Release()
+	lc.Finish(999) // after Release it must teach nothing
+	admitNow(t, s, Request{Model: "m"}).Release()
+	mu.Lock()
+	defer mu.Unlock()
+	last := recs[len(recs)-1]
+	if got, want := last.ExpectedOutputTokens, 10; got != want {
+		t.Fatalf("expected output %d after Finish(10) and Finish(999) of a released lease, want %d", got, want)
+	}
+}
+
+// recordingObserver is an Observer that keeps what it was given and, at
+// the time, whether the ticket waiting for the slot was already placed.
+type recordingObserver struct {
+	waiting *Ticket
+	worker  string
+	o       stats.Observation
+	placed  bool
+	calls   int
+}
+
+func (r *recordingObserver) Observe(worker string, o stats.Observation, now time.Time) {
+	r.worker, r.o, r.placed = worker, o, r.waiting.Done()
+	r.calls++
+}
+
+func TestLease_CompleteObservesBeforeRelease(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	s := newSched(t, Config{MaxQueue: 5, Clock: clock}, workers(1, 1, "m")...)
+	l := admitNow(t, s, Request{Model: "m"})
+	obs := &recordingObserver{waiting: s.Submit(Request{Model: "m"}, nil)}
+	clock.t = clock.t.Add(2 * time.Second)
+	in := stats.Observation{TTFT: time.Second, E2E: 2 * time.Second, OutputTokens: 30, DecodeTPS: 30}
+	filed := l.Complete(in, obs, clock.t)
+	want := in
+	want.Concurrency = 1 // l alone in flight: the queued one was not yet placed
+	if diff := cmp.Diff(want, filed); diff != "" {
+		t.Fatalf("filed observation (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want, obs.o); diff != "" {
+		t.Fatalf("observer got (-want +got):\n%s", diff)
+	}
+	if obs.worker != "w0" || obs.calls != 1 {
+		t.Fatalf("observer called %d times for %q, want once for w0", obs.calls, obs.worker)
+	}
+	if obs.placed {
+		t.Fatalf("the slot was given back before the stats were told: the next pick would read stale stats")
+	}
+	if !obs.waiting.Done() {
+		t.Fatalf("queued request not placed after Complete")
+	}
+	l.Complete(in, nil, clock.t) // a nil observer, on an ended lease: no effect, no panic
+	if next := s.Submit(Request{Model: "m"}, nil); next.Done() {
+		t.Fatalf("request placed while the queued one holds the only slot: Complete released twice")
+	}
+}
+
+// BenchmarkLease_End measures ending a lease of an answered request, with
+// Observe and Release (two acquisitions of the scheduler's lock) and with
+// Finish (one). The leases are made in batches off the clock, so only
+// their ends are timed.
+func BenchmarkLease_End(b *testing.B) {
+	for _, bm := range []struct {
+		name string
+		end  func(*Lease)
+	}{
+		{"Observe+Release", func(l *Lease) { l.Observe(100); l.Release() }},
+		{"Finish", func(l *Lease) { l.Finish(100) }},
+	} {
+		b.Run(bm.name, func(b *testing.B) {
+			s := newSched(b, Config{MaxQueue: 10}, workers(8, 1<<20, "m")...)
+			req := Request{Model: "m", PromptTokens: 100}
+			leases := make([]*Lease, 0, 1024)
+			b.ReportAllocs()
+			for n := 0; n < b.N; n += len(leases) {
+				b.StopTimer()
+				leases = leases[:0]
+				for range min(cap(leases), b.N-n) {
+					l, err := s.Submit(req, nil).Result()
+					if err != nil {
+						b.Fatal(err)
+					}
+					leases = append(leases, l)
+				}
+				b.StartTimer()
+				for _, l := range leases {
+					bm.end(l)
+				}
+			}
+		})
+	}
+}
