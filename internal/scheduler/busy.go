@@ -35,6 +35,11 @@ func (l *Lease) MeanConcurrency() float64 {
 	now := s.clock.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return l.meanConcurrencyLocked(now)
+}
+
+// meanConcurrencyLocked is MeanConcurrency at now, under s.mu.
+func (l *Lease) meanConcurrencyLocked(now time.Time) float64 {
 	b := l.w.busy
 	b.move(l.w.inFlight(), now)
 	d := now.Sub(l.bound).Seconds()

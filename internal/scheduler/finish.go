@@ -8,7 +8,9 @@ import (
 
 // Observer receives the measurements of each request answered in full:
 // the stats tracker for its averages (which the scheduler reads back
-// through Config.Stats), and metrics.
+// through Config.Stats). Complete calls it under the scheduler's lock,
+// so it must not block: *stats.Tracker folds in memory and persists in
+// the background.
 type Observer interface {
 	Observe(worker string, o stats.Observation, now time.Time)
 }
@@ -21,18 +23,28 @@ type Observer interface {
 //  2. obs, if not nil, folds o into the worker's stats; this comes before
 //     the release because the release places the next queued request, and
 //     that pick reads those stats;
-//  3. Finish teaches the output estimate o.OutputTokens and releases the
-//     lease in one acquisition of the scheduler's lock.
+//  3. the output estimate learns o.OutputTokens and the lease is released.
+//
+// All three under one acquisition of the scheduler's lock: the level is
+// read, the stats told and the slot given back with nothing in between.
 //
 // now is the time the observation is filed at (the wall clock, or the
 // simulation's). It returns o as filed. A lease already released is not
 // released again, but its observation still reaches obs.
 func (l *Lease) Complete(o stats.Observation, obs Observer, now time.Time) stats.Observation {
-	o.Concurrency = l.MeanConcurrency()
+	s := l.s
+	s.mu.Lock()
+	o.Concurrency = l.meanConcurrencyLocked(s.clock.Now())
 	if obs != nil {
 		obs.Observe(l.Worker, o, now)
 	}
-	l.Finish(o.OutputTokens)
+	if !l.released.CompareAndSwap(false, true) {
+		s.mu.Unlock()
+		return o
+	}
+	done := s.finishLocked(l, o.OutputTokens, s.clock.Now())
+	s.mu.Unlock()
+	s.finish(done)
 	return o
 }
 
@@ -51,12 +63,19 @@ func (l *Lease) Finish(outputTokens int) {
 	s := l.s
 	now := s.clock.Now()
 	s.mu.Lock()
+	done := s.finishLocked(l, outputTokens, now)
+	s.mu.Unlock()
+	s.finish(done)
+}
+
+// finishLocked is Finish under s.mu, for a lease whose release the
+// caller has won.
+func (s *Scheduler) finishLocked(l *Lease, outputTokens int, now time.Time) []*Ticket {
 	if outputTokens > 0 {
 		s.est.observe(&l.req, outputTokens)
 		l.out = outputTokens
 	}
 	done := s.releaseLocked(l, now)
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
+	return done
 }

@@ -73,10 +73,13 @@
 // it did; if the ticket was bound first, its lease belongs to the caller,
 // who must Release it. A queued ticket is also refused when the fleet
 // changes (Kick, SetDraining, RemoveWorker) so that nobody left can serve
-// it. Lease.Observe, before Release, tells the scheduler how many tokens
-// the answer produced: it teaches the output estimate and the drain rate.
-// Releasing the lease is the only way a reservation is given back, and
-// Release is idempotent. A model's queue exists only while requests wait.
+// it. A request answered in full ends with Lease.Complete (finish.go):
+// its measurements reach the stats at the level it ran at, the tokens it
+// produced teach the output estimate and the drain rate, and the slot is
+// given back, under one acquisition of the lock; any other ends with
+// Release. Releasing is the only way a reservation is given back, and it
+// happens once however often it is asked for. A model's queue exists only
+// while requests wait.
 package scheduler
 
 import (
