@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/predict"
 )
 
 // Identity is who sent a request, as its API key says.
@@ -41,6 +42,8 @@ type Identity struct {
 	Tenant string
 	// Class is the key's priority class; empty is the default class.
 	Class string
+	// SLO is the key's own SLO, over its class's (auth.keys[].slo).
+	SLO predict.SLO
 }
 
 type ctxKey struct{}
@@ -103,7 +106,7 @@ func Load(cfg config.Auth, prev *Keyring, now func() time.Time) (*Keyring, error
 			continue
 		}
 		seen[h] = i
-		key := &Key{hash: h, Identity: Identity{Tenant: kc.Tenant, Class: kc.Class}}
+		key := &Key{hash: h, Identity: Identity{Tenant: kc.Tenant, Class: kc.Class, SLO: kc.SLO}}
 		if old := prev.find(h); old != nil && old.Limiter.same(kc.Rate, kc.MaxConcurrent) {
 			key.Limiter = old.Limiter
 		} else {

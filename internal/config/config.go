@@ -360,6 +360,11 @@ type Admission struct {
 	// beside admission.classes rather than a key of each class because
 	// the class type belongs to package scheduler.
 	SLO map[string]predict.SLO `yaml:"slo"`
+	// Mode is how workers are judged for a request: "limits", by their
+	// learned concurrency limits, or "slo", by the predicted promise (its
+	// first token within the SLO's objective without any stream below the
+	// floor; see scheduler.AdmitBySLO).
+	Mode string `yaml:"mode"`
 }
 
 // Stats configures the moving averages.
@@ -565,7 +570,7 @@ func DefaultConfig() Config {
 		LogFormat: "text",
 		Policy:    string(scheduler.PolicySluice),
 		Weights:   scheduler.DefaultWeights(),
-		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true},
+		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits},
 		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
@@ -651,6 +656,9 @@ func (c *Config) Validate() error {
 		if v < 0 {
 			bad("weights."+name, "negative weight %v (use 0, or leave it out, to keep the term off)", v)
 		}
+	}
+	if m := c.Admission.Mode; m != scheduler.AdmitByLimits && m != scheduler.AdmitBySLO {
+		bad("admission.mode", "unknown mode %q (limits or slo)", m)
 	}
 	if c.Admission.MaxQueue < 0 {
 		bad("admission.max_queue", "negative (%d)", c.Admission.MaxQueue)

@@ -90,6 +90,9 @@ type Record struct {
 	// Degraded marks a decision made on this replica's local view because
 	// the shared state was unavailable.
 	Degraded bool `json:"degraded,omitempty"`
+	// Promise is what the request was promised and predicted to get on
+	// the chosen worker, when a predictor made a prediction (see Promise).
+	Promise *Promise `json:"promise,omitempty"`
 
 	// explain fills in the candidates or their Terms. The score is
 	// computed on the hot path from plain numbers; the breakdown is built
@@ -99,6 +102,40 @@ type Record struct {
 	// firstToken is the bound request's time to first token, nil until it
 	// has one; the only field written after the record is logged.
 	firstToken atomic.Pointer[FirstToken]
+}
+
+// Promise is a request's SLO as admission by promise judged it, and what
+// the chosen worker was predicted to give it. The outcome is recorded
+// against it: FirstToken's WorkerTTFTMs and DecodeTPS are the actual
+// values of PredictedTTFTMs and PredictedDecode.
+type Promise struct {
+	// ObjectiveMs is the request's TTFT objective, from its arrival;
+	// RemainingMs what was left of it at the decision, after its wait.
+	ObjectiveMs float64 `json:"ttft_objective_ms,omitempty"`
+	RemainingMs float64 `json:"ttft_remaining_ms,omitempty"`
+	// MinDecode is its decode floor, tokens/s; OnMiss what its SLO says
+	// to do when it cannot be met ("serve" or "refuse").
+	MinDecode float64 `json:"min_decode_tok_s,omitempty"`
+	OnMiss    string  `json:"on_miss,omitempty"`
+	// PredictedTTFTMs is the predicted time to first token on the chosen
+	// worker, from sending it there; PredictedDecode the predicted decode
+	// rate of its stream and PredictedOthersDecode that of the streams
+	// already running there once it is added.
+	PredictedTTFTMs       float64 `json:"predicted_ttft_ms"`
+	PredictedDecode       float64 `json:"predicted_decode_tok_s"`
+	PredictedOthersDecode float64 `json:"predicted_others_decode_tok_s,omitempty"`
+	// Source says what the prediction rests on; Known whether it had
+	// enough history to be used; Untrusted, when set, why the worker's
+	// predictions are not used (they kept missing): it was judged by its
+	// learned limit instead.
+	Source    string `json:"prediction_source,omitempty"`
+	Known     bool   `json:"prediction_known"`
+	Untrusted string `json:"prediction_untrusted,omitempty"`
+	// Verdict is what admission made of the predictions: "meets", or
+	// why the request waited, was served anyway or was refused. Empty
+	// when admission was by the learned limits and the prediction only
+	// recorded.
+	Verdict string `json:"verdict,omitempty"`
 }
 
 // FirstToken is what became of a bound request by its first token: the
@@ -117,6 +154,9 @@ type FirstToken struct {
 	// chosen worker to the worker's first token. It is what the moving
 	// averages that score workers learn from.
 	WorkerTTFTMs float64 `json:"worker_ttft_ms"`
+	// DecodeTPS is the stream's decode rate after its first token, when
+	// it produced more than one token.
+	DecodeTPS float64 `json:"decode_tok_s,omitempty"`
 }
 
 // SetFirstToken stores the bound request's first token. A decision binds

@@ -140,22 +140,24 @@ func TestDefaultSLO(t *testing.T) {
 		{"no history: the fallback", nil, FallbackSLO},
 		{"nothing known: the fallback", []Unloaded{{}, {}}, FallbackSLO},
 		{
-			// fixed parts 10+2·10 = 30 ms, 20+2·20 = 60 ms, 5+2·5 = 15 ms:
-			// median 30 ms, doubled; slowest prefill 300 ms/1k, doubled;
-			// slowest solo decode 50 tok/s, halved.
-			"three cards",
+			// Fast cards keep the plain SLO: fixed parts 30, 60 and 15 ms
+			// (median 30, doubled: under 2 s); slowest prefill 300 ms/1k,
+			// doubled to 600 ms, over 250 ms: relaxed; slowest solo decode
+			// 50 tok/s, halved to 25, over 15: kept at 15.
+			"three fast cards",
 			[]Unloaded{
 				{Overhead: 10 * time.Millisecond, PrefillPer1k: 200 * time.Millisecond, SoloDecode: 100},
 				{Overhead: 20 * time.Millisecond, PrefillPer1k: 300 * time.Millisecond, SoloDecode: 50},
 				{Overhead: 5 * time.Millisecond, PrefillPer1k: 100 * time.Millisecond, SoloDecode: 200},
 			},
-			SLO{TTFT: 60 * time.Millisecond, TTFTPer1k: 600 * time.Millisecond, MinDecode: 25, OnMiss: OnMissServe},
+			SLO{TTFT: 2 * time.Second, TTFTPer1k: 600 * time.Millisecond, MinDecode: 15, OnMiss: OnMissServe},
 		},
 		{
-			// fixed parts 20 and 40 ms: their mean, doubled.
-			"even count: mean of the middle two",
-			[]Unloaded{{Overhead: 0, SoloDecode: 100}, {Overhead: 20 * time.Millisecond, SoloDecode: 100}},
-			SLO{TTFT: 60 * time.Millisecond, TTFTPer1k: FallbackSLO.TTFTPer1k, MinDecode: 50, OnMiss: OnMissServe},
+			// Slow cards relax it: fixed parts 1.2 s and 1.6 s (mean of
+			// the middle two 1.4 s, doubled to 2.8 s); solo 20 tok/s halved.
+			"slow cards: mean of the middle two",
+			[]Unloaded{{Overhead: 1100 * time.Millisecond, SoloDecode: 20}, {Overhead: 1500 * time.Millisecond, SoloDecode: 20}},
+			SLO{TTFT: 2800 * time.Millisecond, TTFTPer1k: FallbackSLO.TTFTPer1k, MinDecode: 10, OnMiss: OnMissServe},
 		},
 	}
 	for _, tt := range tests {

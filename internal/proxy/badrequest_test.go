@@ -93,3 +93,35 @@ func TestServeHTTP_BadBodiesSayWhichFieldAndWhatItMustBe(t *testing.T) {
 		})
 	}
 }
+
+// A malformed SLO header gets 400 naming the header and its value, before
+// the request is admitted anywhere.
+func TestServeHTTP_BadSLOHeaderIsNamed(t *testing.T) {
+	srv := httptest.NewServer(New(Options{})) // the scheduler is never reached
+	defer srv.Close()
+	for _, tt := range []struct{ header, value string }{
+		{"X-Sluice-TTFT-SLO", "soon"},
+		{"X-Sluice-TTFT-SLO", "-5ms"},
+		{"X-Sluice-Min-Decode", "fast"},
+	} {
+		t.Run(tt.header+"="+tt.value, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+			req.Header.Set(tt.header, tt.value)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var e struct {
+				Error struct{ Message, Code string } `json:"error"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusBadRequest || e.Error.Code != "invalid_header" ||
+				!strings.Contains(e.Error.Message, tt.header) || !strings.Contains(e.Error.Message, tt.value) {
+				t.Fatalf("%d %+v: want 400 invalid_header naming %s and %q", resp.StatusCode, e.Error, tt.header, tt.value)
+			}
+		})
+	}
+}

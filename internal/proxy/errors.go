@@ -69,7 +69,7 @@ func StatusOf(err error) int {
 	case errors.Is(err, scheduler.ErrQueueFull):
 		return http.StatusTooManyRequests
 	case errors.Is(err, scheduler.ErrQueueTimeout), errors.Is(err, scheduler.ErrNoHealthyWorker), errors.Is(err, scheduler.ErrClosed),
-		errors.Is(err, scheduler.ErrDeadlineUnmeetable):
+		errors.Is(err, scheduler.ErrDeadlineUnmeetable), errors.Is(err, scheduler.ErrSLOUnmeetable):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, scheduler.ErrUnknownClass), errors.Is(err, scheduler.ErrPromptTooLong):
 		return http.StatusBadRequest

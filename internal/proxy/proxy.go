@@ -47,6 +47,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/auth"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -251,6 +252,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // nothing has been written to the client.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
 	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1}
+	if id, ok := auth.FromContext(r.Context()); ok {
+		req.Tenant, req.Class, req.SLO = id.Tenant, id.Class, id.SLO
+	}
+	// A client may tighten its SLO, never loosen it (X-Sluice-TTFT-SLO,
+	// X-Sluice-Min-Decode).
+	slo, err := predict.Tighten(req.SLO, r.Header.Get)
+	if err != nil {
+		res.Status, res.Reason = writeError(w, http.StatusBadRequest, "invalid_header", err.Error())
+		return
+	}
+	req.SLO = slo
 	if n, src, ok := h.ratio.estimate(p); ok {
 		req.PromptTokens, req.PromptSource = n, src
 		p.promptTokens = n
@@ -258,9 +270,6 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 	if n, ok := h.tokenize(r.Context(), p); ok {
 		req.PromptTokens, req.PromptSource = n, SourceTokenize
 		p.promptTokens = n
-	}
-	if id, ok := auth.FromContext(r.Context()); ok {
-		req.Tenant, req.Class = id.Tenant, id.Class
 	}
 	req.Prefix = p.prefix // where its prompt prefix may be cached
 	res.PromptTokens = p.promptTokens

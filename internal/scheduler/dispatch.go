@@ -46,7 +46,12 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 		bound := false
 		for _, h := range heads {
 			if t, c := s.placeableLocked(h.q, now); t != nil {
-				if c.pending != nil {
+				if c.refuse {
+					s.unqueueLocked(t, false)
+					s.sharedGoneLocked(t)
+					s.refuseWithLocked(t, c.rec, ErrSLOUnmeetable)
+					done = append(done, t)
+				} else if c.pending != nil {
 					s.startReserveLocked(t, c)
 					started = append(started, t.res)
 				} else {
@@ -107,7 +112,7 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 // it.
 func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 	for _, t := range q.retries {
-		if c := s.pickQueuedLocked(t, now); c.w != nil {
+		if c := s.pickQueuedLocked(t, now); c.w != nil || c.refuse {
 			return t, c
 		}
 		if len(t.req.Exclude) == 0 {
@@ -121,7 +126,7 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 		if u, uc := s.affinityOvertakeLocked(q, t, c.w, now); u != nil {
 			return u, uc
 		}
-		if c.w != nil {
+		if c.w != nil || c.refuse {
 			return t, c
 		}
 		if c.kvHeld { // the head's prompt fits no cache now (kvfit.go)

@@ -74,6 +74,8 @@ func reasonOf(err error) string {
 		return "context_length_exceeded"
 	case errors.Is(err, ErrUnknownClass):
 		return "unknown_priority_class"
+	case errors.Is(err, ErrSLOUnmeetable):
+		return "slo_unmeetable"
 	}
 	return "internal"
 }

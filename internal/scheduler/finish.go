@@ -3,6 +3,7 @@ package scheduler
 import (
 	"time"
 
+	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -35,6 +36,17 @@ func (l *Lease) Complete(o stats.Observation, obs Observer, now time.Time) stats
 	s := l.s
 	s.mu.Lock()
 	o.Concurrency = l.meanConcurrencyLocked(s.clock.Now())
+	if p := s.cfg.Predictor; p != nil {
+		// Before the stats: the decode drift is measured against levels
+		// that do not hold this request yet.
+		out := predict.Outcome{PromptTokens: l.found.PromptTokens, CachedTokens: l.found.CachedTokens,
+			InFlight: l.found.InFlight, Slots: l.found.Slots, MeanConcurrency: o.Concurrency,
+			TTFT: o.TTFT, DecodeTPS: o.DecodeTPS, OutputTokens: o.OutputTokens, At: now}
+		if l.Prediction != nil {
+			p.Record(l.Worker, *l.Prediction, out)
+		}
+		p.Observe(l.Worker, out)
+	}
 	if obs != nil {
 		obs.Observe(l.Worker, o, now)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/predict"
 )
 
 // Ticket is one request's place in admission. See the package doc.
@@ -71,6 +72,12 @@ type Lease struct {
 	Decision *decisions.Record
 	// QueueWait is how long the request waited for the lease.
 	QueueWait time.Duration
+	// Prediction is what the request was predicted to get on the worker
+	// (nil without a Predictor, or when the shared ledger chose); what it
+	// found there when bound (in flight, slots, prefix expected cached)
+	// goes with its outcome to the predictor (Complete).
+	Prediction *predict.Prediction
+	found      predict.Input
 }
 
 // Release gives the slot back and places the next queued request. Calling
@@ -182,7 +189,7 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 	}
 	s.recordPrefixLocked(t.req, w)
 	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, out: -1, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
-		Limit: c.limit, bound: now, busyAtBind: w.busy.integral}
+		Limit: c.limit, bound: now, busyAtBind: w.busy.integral, Prediction: c.pred, found: c.found}
 	s.sharedBindLocked(t, t.lease, sharedID)
 	t.rec = rec
 	t.queued = false

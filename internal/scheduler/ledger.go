@@ -86,7 +86,7 @@ func ticketWaitID(t *Ticket) string { return strconv.FormatUint(t.seq, 10) }
 
 // pickQueuedLocked picks for a queued ticket.
 func (s *Scheduler) pickQueuedLocked(t *Ticket, now time.Time) choice {
-	return s.pickLocked(t.req, now, false)
+	return s.pickForLocked(t.req, t.enq, now, false)
 }
 
 // activeWeight is the weight of the active-requests term, 0 without one.

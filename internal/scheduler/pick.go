@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -49,6 +50,17 @@ type pick struct {
 
 	// kvHeld says the KV-fit rule passed over every eligible worker.
 	kvHeld bool
+
+	// Admission by promise (promise.go): bySLO says the stage runs;
+	// arrived is when the request came, out its expected output; preds
+	// are the predictions of the eligible workers (parallel to cands),
+	// meets the stage's space.
+	bySLO   bool
+	arrived time.Time
+	out     float64
+	promise promiseState
+	preds   []predict.Prediction
+	meets   []bool
 	// pending is the reservation the ledger is to make (ledger.go).
 	pending *reservation
 }
@@ -77,6 +89,13 @@ type choice struct {
 	rec     *decisions.Record
 	pending *reservation
 	kvHeld  bool
+	// refuse says the promise stage refused the request (on_miss:
+	// refuse); pred is the chosen worker's prediction, when one was made.
+	refuse bool
+	pred   *predict.Prediction
+	// found is what the request found on the chosen worker, for its
+	// outcome (Lease.Complete); only with a Predictor.
+	found predict.Input
 }
 
 // pickLocked runs a pick for req. When no worker is eligible it returns
@@ -84,7 +103,14 @@ type choice struct {
 // every arrival and release asks, and most answers are "nobody", which
 // must cost no allocation.
 func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
+	return s.pickForLocked(req, now, now, always)
+}
+
+// pickForLocked is pickLocked for a request that arrived at arrived: the
+// promise stage counts its objective from then.
+func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bool) choice {
 	p := s.startPickLocked(req, now, !always)
+	p.arrived = arrived
 	s.resolveLocked(p)
 	if !p.baseline {
 		s.limitsLocked(p)
@@ -106,6 +132,16 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
 		return choice{kvHeld: p.kvHeld}
 	}
 	s.candidatesLocked(p)
+	if p.bySLO && len(p.elig) > 0 && !always {
+		s.startPromiseLocked(p)
+		s.promiseLocked(p)
+		if p.promise.verdict == verdictRefuse {
+			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now)}
+		}
+		if len(p.elig) == 0 {
+			return choice{kvHeld: p.kvHeld} // it waits (verdictWait, or every worker at its learned limit)
+		}
+	}
 	var pr *pickRecord
 	if !s.cfg.NoRecords {
 		s.slotsLocked(p)
@@ -124,8 +160,22 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
 		}
 		v := p.at(best)
 		c.w, c.limit, c.pending = v.w, v.lim.limit, p.pending
+		if s.cfg.Predictor != nil && !p.baseline && !always {
+			c.found = s.inputFor(p, v, &p.cands[best])
+			if p.bySLO && len(p.preds) > best {
+				pr := p.preds[best] // a copy: the buffer is the next pick's
+				c.pred = &pr
+			} else if p.pending == nil {
+				pr := s.cfg.Predictor.Predict(v.w.spec.Name, c.found)
+				c.pred = &pr
+			}
+		}
 		if pr != nil {
 			pr.rec.Chosen, pr.chosen = v.w.spec.Name, v.w.order
+			if c.pred != nil {
+				_, why := s.cfg.Predictor.Trusted(v.w.spec.Name)
+				pr.rec.Promise = promiseRecord(&p.promise, c.pred, why)
+			}
 		}
 	}
 	if len(p.elig) == 0 && pr != nil {
@@ -150,6 +200,8 @@ func (s *Scheduler) startPickLocked(req Request, now time.Time, binding bool) *p
 	p.baseline = s.cfg.Policy != PolicySluice
 	p.learning = !p.baseline && !s.limits.Fixed
 	p.shared = s.cfg.Ledger != nil
+	p.bySLO = s.promiseOn(p)
+	p.promise = promiseState{}
 	p.floor, p.waited = 0, 0
 	p.kvHeld, p.pending = false, nil
 	n := len(s.workers)

@@ -93,6 +93,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -174,6 +175,22 @@ type Config struct {
 	Ledger Ledger
 	// Limits configures adaptive per-worker concurrency (see LimitConfig).
 	Limits LimitConfig
+	// Predictor, when set, predicts what a request would get on each
+	// worker (package predict): the chosen worker's prediction goes in
+	// the record and on the lease, and learns from each outcome
+	// (Lease.Complete). With Admission "slo" it decides admission.
+	Predictor *predict.Predictor
+	// Admission is how workers are judged: AdmitByLimits (the learned
+	// limits, also when empty) or AdmitBySLO (the predicted promise; see
+	// promise.go).
+	Admission string
+	// SLOs are the priority classes' SLOs by class name; a request's own
+	// (Request.SLO) fills its fields first.
+	SLOs map[string]predict.SLO
+	// DefaultSLO is the SLO of a class without one; when zero it is
+	// derived from what the model's workers do unloaded
+	// (predict.DefaultSLO).
+	DefaultSLO predict.SLO
 }
 
 // WorkerSpec describes a worker to the scheduler.
@@ -218,6 +235,9 @@ type Request struct {
 	// Prefix holds the chained block hashes of the prompt (see package
 	// prefix): hash i covers blocks 0..i. Empty when unknown.
 	Prefix []uint64
+	// SLO is the request's own SLO (its API key's, tightened by its
+	// headers); unset fields come from its class's, then the default.
+	SLO predict.SLO
 }
 
 // Scheduler admits requests to workers. See the package doc.
@@ -259,6 +279,8 @@ type Scheduler struct {
 	// prefixWeighted says the prefix term counts: a PrefixIndex is set and
 	// the term's weight is not 0. Otherwise no pick asks the index.
 	prefixWeighted bool
+	// derivedSLO is each model's default SLO as last derived (promise.go).
+	derivedSLO map[string]*derived
 }
 
 // New returns a Scheduler with the given workers.
@@ -286,18 +308,19 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	}
 	classes, def := sortClasses(cfg.Classes)
 	s := &Scheduler{
-		classes:  classes,
-		defClass: def,
-		order:    order{overtake: cfg.MaxOvertake, costOvertake: -1},
-		rates:    map[string]*drainRate{},
-		est:      estimator{def: cfg.DefaultOutputTokens},
-		cfg:      cfg,
-		limits:   new(cfg.Limits.withDefaults()),
-		terms:    cfg.Terms,
-		clock:    cfg.Clock,
-		prefix:   cfg.IDPrefix,
-		byName:   map[string]*worker{},
-		queues:   map[string]*queue{},
+		classes:    classes,
+		defClass:   def,
+		order:      order{overtake: cfg.MaxOvertake, costOvertake: -1},
+		rates:      map[string]*drainRate{},
+		est:        estimator{def: cfg.DefaultOutputTokens},
+		cfg:        cfg,
+		limits:     new(cfg.Limits.withDefaults()),
+		terms:      cfg.Terms,
+		clock:      cfg.Clock,
+		prefix:     cfg.IDPrefix,
+		byName:     map[string]*worker{},
+		queues:     map[string]*queue{},
+		derivedSLO: map[string]*derived{},
 	}
 	if s.terms == nil {
 		s.terms = DefaultTerms(cfg.Weights)

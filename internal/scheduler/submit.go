@@ -56,7 +56,12 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 		return s.queueLocked(t, now, false)
 	}
 	if mayJump {
-		if c := s.pickLocked(t.req, now, false); c.w != nil {
+		c := s.pickLocked(t.req, now, false)
+		if c.refuse {
+			s.refuseWithLocked(t, c.rec, ErrSLOUnmeetable)
+			return []*Ticket{t}
+		}
+		if c.w != nil {
 			if c.pending != nil {
 				s.startReserveLocked(t, c)
 				return nil

@@ -1,8 +1,10 @@
 package server
 
 import (
+	"math"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -28,7 +30,12 @@ type metrics struct {
 	promptTokens *prometheus.CounterVec
 	retries      *prometheus.CounterVec
 	staleRetries *prometheus.CounterVec
+	predError    *prometheus.HistogramVec
 }
+
+// predErrorBuckets span relative errors of 1% to 256% (|predicted −
+// actual| / actual).
+var predErrorBuckets = prometheus.ExponentialBuckets(0.01, 2, 9)
 
 // latencyBuckets span 5 ms to about 3 minutes: LLM requests differ by two
 // orders of magnitude.
@@ -57,6 +64,9 @@ func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metr
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sluice_request_duration_seconds", Help: "End-to-end time of requests, queueing included.", Buckets: latencyBuckets,
 		}, wm),
+		predError: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sluice_prediction_error", Help: "Relative error of the predictor, |predicted - actual| / actual, of each streamed request's worker-side time to first token (kind=\"ttft\") and decode rate (kind=\"decode\") on the worker chosen.", Buckets: predErrorBuckets,
+		}, []string{"worker", "kind"}),
 		tpot: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sluice_time_per_output_token_seconds", Help: "Time per output token after the first, of successful requests whose decode rate is known.", Buckets: tpotBuckets,
 		}, wm),
@@ -73,7 +83,7 @@ func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metr
 			Name: "sluice_stale_connection_retries_total", Help: "Requests resent to the same worker on a fresh connection after the pooled one turned out closed by the worker; not counted against its health.",
 		}, []string{"worker"}),
 	}
-	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.workerTTFT, m.e2e, m.tpot, m.tokens, m.promptTokens, m.retries, m.staleRetries,
+	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.workerTTFT, m.e2e, m.tpot, m.predError, m.tokens, m.promptTokens, m.retries, m.staleRetries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{sched: sched, tracker: tracker})
 	return m
@@ -103,6 +113,17 @@ func (m *metrics) observe(r proxy.Result) {
 	m.e2e.WithLabelValues(r.Worker, r.Model).Observe(r.E2E.Seconds())
 	if r.TPOT > 0 {
 		m.tpot.WithLabelValues(r.Worker, r.Model).Observe(r.TPOT.Seconds())
+	}
+	if r.Status == 200 && r.Decision != nil && r.Decision.Promise != nil && r.Decision.Promise.Known {
+		p := r.Decision.Promise
+		if r.WorkerTTFT > 0 && p.PredictedTTFTMs > 0 {
+			actual := float64(r.WorkerTTFT) / float64(time.Millisecond)
+			m.predError.WithLabelValues(r.Worker, "ttft").Observe(math.Abs(p.PredictedTTFTMs-actual) / actual)
+		}
+		if r.TPOT > 0 && p.PredictedDecode > 0 {
+			actual := float64(time.Second) / float64(r.TPOT)
+			m.predError.WithLabelValues(r.Worker, "decode").Observe(math.Abs(p.PredictedDecode-actual) / actual)
+		}
 	}
 	if r.Tokens > 0 {
 		m.tokens.WithLabelValues(r.Worker, r.Model).Add(float64(r.Tokens))

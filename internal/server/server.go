@@ -34,6 +34,7 @@ import (
 	"github.com/sluice-router/sluice/internal/dashboard"
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/fleet"
+	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/prefixshare"
 	"github.com/sluice-router/sluice/internal/proxy"
@@ -158,6 +159,9 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Stats:         s.tracker,
 		Recorder:      s.record,
 		PrefixIndex:   prefixIndex,
+		Predictor:     predict.New(s.tracker),
+		Admission:     cfg.Admission.Mode,
+		SLOs:          cfg.Admission.SLO,
 	})
 	if err != nil {
 		s.shared.close()
@@ -314,7 +318,16 @@ func (s *Server) fileFirstToken(r proxy.Result) {
 	if r.Decision == nil || r.TTFT <= 0 {
 		return
 	}
-	s.dlog.AddFirstToken(r.Decision, decisions.FirstToken{TTFTMs: millis(r.TTFT), WorkerTTFTMs: millis(r.WorkerTTFT)})
+	s.dlog.AddFirstToken(r.Decision, decisions.FirstToken{TTFTMs: millis(r.TTFT), WorkerTTFTMs: millis(r.WorkerTTFT), DecodeTPS: decodeRate(r.TPOT)})
+}
+
+// decodeRate is the tokens per second of a time per output token, 0 when
+// unknown.
+func decodeRate(tpot time.Duration) float64 {
+	if tpot <= 0 {
+		return 0
+	}
+	return float64(time.Second) / float64(tpot)
 }
 
 // millis is d in milliseconds, as decision records give times.

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
@@ -55,6 +56,10 @@ type Config struct {
 	ShortestFirst bool
 	// KVFit is admission.kv_fit.
 	KVFit bool
+	// Admission is admission.mode (scheduler.AdmitByLimits when empty);
+	// SLOs are admission.slo, the classes' SLOs.
+	Admission string
+	SLOs      map[string]predict.SLO
 	// ScrapeInterval is the telemetry interval; 0 means 1s.
 	ScrapeInterval time.Duration
 	// StaleAfter marks telemetry older than this stale in records.
@@ -93,6 +98,8 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		MaxOvertake:    rc.Admission.MaxOvertake,
 		ShortestFirst:  rc.Admission.ShortestFirst,
 		KVFit:          rc.Admission.KVFit,
+		Admission:      rc.Admission.Mode,
+		SLOs:           rc.Admission.SLO,
 		ScrapeInterval: rc.Telemetry.Interval,
 		StaleAfter:     rc.Telemetry.StaleAfter,
 		Alpha:          rc.Stats.Alpha,
@@ -338,6 +345,9 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		IDPrefix:      "vsim",
 		PrefixIndex:   prefixIndex(cfg.Workers, items, r.clock),
 		Limits:        cfg.Concurrency,
+		Predictor:     predict.New(r.tracker),
+		Admission:     cfg.Admission,
+		SLOs:          cfg.SLOs,
 	}, specs...)
 	if err != nil {
 		return nil, fmt.Errorf("vsim: %w", err)
