@@ -612,9 +612,16 @@ func writeLimits(md *bytes.Buffer, ws []scheduler.WorkerState) {
 	if len(ws) == 0 {
 		return
 	}
-	fmt.Fprintf(md, "Sluice's concurrency limits at the end of the run:\n\n| worker | limit | learned | cap | why |\n| --- | ---: | ---: | ---: | --- |\n")
+	fmt.Fprintf(md, "Sluice's concurrency limits at the end of the run, and how its predictions held up (median |predicted − actual| / actual over each worker's last 32 requests, worker-side time to first token and decode rate):\n\n| worker | limit | learned | cap | why | TTFT error | decode error |\n| --- | ---: | ---: | ---: | --- | ---: | ---: |\n")
 	for _, w := range ws {
-		fmt.Fprintf(md, "| %s | %d | %d | %d | %s |\n", w.Name, w.Limit, w.Learned, w.Cap, w.LimitReason)
+		te, de := "-", "-"
+		if p := w.Prediction; p != nil && p.TTFTN > 0 {
+			te = fmt.Sprintf("%.0f%%", 100*p.TTFTError)
+		}
+		if p := w.Prediction; p != nil && p.DecodeN > 0 {
+			de = fmt.Sprintf("%.0f%%", 100*p.DecodeError)
+		}
+		fmt.Fprintf(md, "| %s | %d | %d | %d | %s | %s | %s |\n", w.Name, w.Limit, w.Learned, w.Cap, w.LimitReason, te, de)
 	}
 	fmt.Fprintln(md)
 }

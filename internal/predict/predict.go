@@ -629,6 +629,16 @@ func (p *Predictor) Errors(worker string) (ttft, decode float64) {
 	return m.ttftErr.Value, m.decodeErr.Value
 }
 
+// MedianErrors returns the median relative TTFT and decode prediction
+// errors over worker's last recorded predictions (up to 32), and how many
+// each median is over: what Trusted judges, for dashboards and reports.
+func (p *Predictor) MedianErrors(worker string) (ttft, decode float64, nTTFT, nDecode int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.modelLocked(worker)
+	return m.ttftErrs.median(), m.decodeErrs.median(), m.ttftErrs.n, m.decodeErrs.n
+}
+
 // Trusted reports whether worker's predictions have held up (see the
 // package doc's rule); when not, reason says which error broke it and by
 // how much. A worker with fewer than 8 recorded predictions is trusted.
@@ -682,6 +692,9 @@ func (r *ring) load(vs []float64) {
 }
 
 func (r *ring) median() float64 {
+	if r.n == 0 {
+		return 0
+	}
 	s := r.v // a copy on the stack
 	w := s[:r.n]
 	slices.Sort(w)

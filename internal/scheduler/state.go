@@ -43,6 +43,23 @@ type WorkerState struct {
 	// it, and LastScoredAt when that was.
 	LastTerms    *decisions.Candidate `json:"last_terms,omitempty"`
 	LastScoredAt time.Time            `json:"last_scored_at,omitzero"`
+	// Prediction is how the predictor's predictions for the worker have
+	// held up, when there is a predictor.
+	Prediction *PredictionState `json:"prediction,omitempty"`
+}
+
+// PredictionState is how a worker's predictions have held up: the median
+// relative error, |predicted − actual| / actual, over its last recorded
+// predictions (up to 32) of the worker-side time to first token and of
+// the decode rate, how many each is over, and whether admission by
+// promise trusts them (when not, why).
+type PredictionState struct {
+	TTFTError   float64 `json:"ttft_error"`
+	DecodeError float64 `json:"decode_error"`
+	TTFTN       int     `json:"ttft_n"`
+	DecodeN     int     `json:"decode_n"`
+	Trusted     bool    `json:"trusted"`
+	Untrusted   string  `json:"untrusted,omitempty"`
 }
 
 // LimitMove is the latest change of a worker's learned limit.
@@ -92,6 +109,14 @@ func (s *Scheduler) Workers() []WorkerState {
 		if i < len(moves) && moves[i].known {
 			m := moves[i]
 			out[i].LimitMoved = &LimitMove{At: m.at, From: m.from, To: m.state.learned, Why: m.state.String()}
+		}
+	}
+	if p := s.cfg.Predictor; p != nil {
+		for i := range out {
+			var ps PredictionState
+			ps.TTFTError, ps.DecodeError, ps.TTFTN, ps.DecodeN = p.MedianErrors(out[i].Name)
+			ps.Trusted, ps.Untrusted = p.Trusted(out[i].Name)
+			out[i].Prediction = &ps
 		}
 	}
 	// Explaining builds the breakdown: do it outside the routing lock.
