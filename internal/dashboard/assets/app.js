@@ -369,6 +369,16 @@ function cardHTML(w, extent) {
   } else if (w.slots) {
     limitNote = `<div class="limitnote">worker reports <b>${esc(w.slots)}</b> slots</div>`;
   }
+  // How far the predictor has been off here: the median relative error
+  // of its last predictions; when it keeps missing, admission by promise
+  // judges the worker by its limit instead, and says why.
+  const pr = w.prediction;
+  if (pr && (pr.ttft_n || pr.decode_n)) {
+    const part = (n, e, what) => n ? `<b>${fmtPct(e)}</b> ${what}` : "";
+    limitNote += `<div class="limitnote prednote" title="median |predicted − actual| / actual over the last ${esc(Math.max(pr.ttft_n, pr.decode_n))} requests">predictions off by ` +
+      [part(pr.ttft_n, pr.ttft_error, "first token"), part(pr.decode_n, pr.decode_error, "decode")].filter(Boolean).join(" · ") +
+      (pr.trusted ? "" : ` — not trusted: ${esc(pr.untrusted || "")}`) + `</div>`;
+  }
   let scoreHTML = `<div class="score"><div class="line"><span>not scored yet</span></div></div>`;
   if (sc) {
     const rank = sc.eligible ? (sc.rank ? `rank ${sc.rank}` : "eligible") : "not eligible";
