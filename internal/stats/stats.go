@@ -286,14 +286,7 @@ func NewTracker(ctx context.Context, alpha float64, store Store, log *slog.Logge
 func (t *Tracker) Observe(worker string, o Observation, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var s WorkerStats
-	cur := *t.stats.Load()
-	c := cur[worker]
-	if c != nil {
-		s = *c.p.Load()
-	}
-	s = t.fold(s, o, now)
-	t.setLocked(cur, c, worker, &s)
+	t.updateLocked(worker, func(s *WorkerStats) { *s = t.fold(*s, o, now) })
 	if t.folder == nil {
 		t.dirty[worker] = true
 		return
@@ -309,6 +302,19 @@ func (t *Tracker) Observe(worker string, o Observation, now time.Time) {
 	}
 	p.Obs = append(p.Obs, o)
 	p.Updated = now
+}
+
+// updateLocked publishes a copy of worker's stats (zero when it has none)
+// changed by change. t.mu must be held.
+func (t *Tracker) updateLocked(worker string, change func(*WorkerStats)) {
+	var s WorkerStats
+	cur := *t.stats.Load()
+	c := cur[worker]
+	if c != nil {
+		s = *c.p.Load()
+	}
+	change(&s)
+	t.setLocked(cur, c, worker, &s)
 }
 
 // setLocked publishes s as worker's stats; only a worker seen for the
@@ -368,15 +374,7 @@ func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats 
 func (t *Tracker) SetFit(worker string, f *Fit, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var s WorkerStats
-	cur := *t.stats.Load()
-	c := cur[worker]
-	if c != nil {
-		s = *c.p.Load()
-	}
-	s.Fit = f
-	s.Updated = now
-	t.setLocked(cur, c, worker, &s)
+	t.updateLocked(worker, func(s *WorkerStats) { s.Fit, s.Updated = f, now })
 	if t.folder == nil {
 		t.dirty[worker] = true
 		return
