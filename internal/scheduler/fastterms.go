@@ -42,7 +42,7 @@ func kindOf(t Term) uint8 {
 // candidates instead of one or two per term. Pass one gathers what the
 // shipped terms normalise by (maxima, confidence-weighted means); any
 // other term is run through its own Score first, into scratch. Pass two
-// computes each candidate's terms and adds them in, in the list's order.
+// adds each term in over every candidate, in the list's order.
 // Every value is computed by the same operations in the same order as the
 // terms' Score methods and termTotals, so the totals are bit for bit the
 // same (TestFastTotals).
@@ -121,48 +121,73 @@ func fastTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) 
 		tpsNorm = sc.ratioNorms(1, len(cands))
 		ratioToMax(cands, sc.raw, tpsNorm, emaDecodeTPS)
 	}
-	// Pass two: every term of a candidate, added in term order.
+	// Pass two: each term over every candidate, added in term order; a
+	// candidate's total takes the same additions in the same order as
+	// termTotals', with the term's kind switched on once, not per
+	// candidate.
 	out := sc.total[:len(cands)]
-	for i := range cands {
-		c, ti := &cands[i], &tele[i]
-		total := 0.0
-		for t, k := range kinds {
-			var v float64
-			switch k {
-			case kindActive:
-				v = float64(c.Active)
-			case kindQueue:
-				v = ti.qc*ti.q + (1-ti.qc)*qNeutral
-			case kindLatency:
+	clear(out)
+	for t, k := range kinds {
+		wt := w[t]
+		switch k {
+		case kindActive:
+			for i := range cands {
+				out[i] += wt * float64(cands[i].Active)
+			}
+		case kindQueue:
+			for i := range cands {
+				ti := &tele[i]
+				out[i] += wt * (ti.qc*ti.q + (1-ti.qc)*qNeutral)
+			}
+		case kindLatency:
+			for i := range cands {
+				var v float64
 				switch {
 				case ttftOdd:
 					v = ttftNorm[i]
 				case ttftMax > 0:
-					v = c.Stats.TTFTMs.Value / ttftMax
+					v = cands[i].Stats.TTFTMs.Value / ttftMax
 				}
-			case kindJob:
+				out[i] += wt * v
+			}
+		case kindJob:
+			for i := range cands {
+				var v float64
 				if jobMax > 0 {
-					v = c.JobCost / jobMax
+					v = cands[i].JobCost / jobMax
 				}
-			case kindThroughput:
+				out[i] += wt * v
+			}
+		case kindThroughput:
+			for i := range cands {
+				var v float64
 				switch {
 				case tpsOdd:
 					v = tpsNorm[i]
 				case tpsMax > 0:
-					v = c.Stats.DecodeTPS.Value / tpsMax
+					v = cands[i].Stats.DecodeTPS.Value / tpsMax
 				}
-			case kindKV:
-				v = ti.kvc*ti.kv + (1-ti.kvc)*kvNeutral
-			case kindGPU:
-				v = ti.gpuc*ti.gpu + (1-ti.gpuc)*gpuNeutral
-			case kindPrefix:
-				v = clamp01(c.PrefixMatch)
-			default:
-				v = custom[t][i]
+				out[i] += wt * v
 			}
-			total += w[t] * v
+		case kindKV:
+			for i := range cands {
+				ti := &tele[i]
+				out[i] += wt * (ti.kvc*ti.kv + (1-ti.kvc)*kvNeutral)
+			}
+		case kindGPU:
+			for i := range cands {
+				ti := &tele[i]
+				out[i] += wt * (ti.gpuc*ti.gpu + (1-ti.gpuc)*gpuNeutral)
+			}
+		case kindPrefix:
+			for i := range cands {
+				out[i] += wt * clamp01(cands[i].PrefixMatch)
+			}
+		default:
+			for i, v := range custom[t] {
+				out[i] += wt * v
+			}
 		}
-		out[i] = total
 	}
 }
 
