@@ -163,11 +163,11 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 		if s.cfg.Predictor != nil && !p.baseline && !always {
 			c.found = s.inputFor(p, v, &p.cands[best])
 			if p.bySLO && len(p.preds) > best {
-				pr := p.preds[best] // a copy: the buffer is the next pick's
-				c.pred = &pr
+				pred := p.preds[best] // a copy: the buffer is the next pick's
+				c.pred = &pred
 			} else if p.pending == nil {
-				pr := s.cfg.Predictor.Predict(v.w.spec.Name, c.found)
-				c.pred = &pr
+				pred := s.cfg.Predictor.Predict(v.w.spec.Name, c.found)
+				c.pred = &pred
 			}
 		}
 		if pr != nil {
