@@ -37,7 +37,11 @@ type ledgerRunner struct {
 	mu   sync.Mutex
 	byM  map[string][]ledgerCall // calls not yet made, per model
 	busy map[string]bool         // a goroutine is making the model's calls
-	wg   sync.WaitGroup
+	// idle is signalled, under mu, when the last model goroutine ends:
+	// wait blocks on it while busy is not empty. (A WaitGroup cannot
+	// serve: a push from another goroutine may start a model's goroutine
+	// while wait waits, an Add from zero during a Wait.)
+	idle *sync.Cond
 }
 
 // ledgerCall is one call: exactly one of its kinds.
@@ -56,7 +60,9 @@ const (
 )
 
 func newLedgerRunner(s *Scheduler, l Ledger) *ledgerRunner {
-	return &ledgerRunner{l: l, s: s, byM: map[string][]ledgerCall{}, busy: map[string]bool{}}
+	r := &ledgerRunner{l: l, s: s, byM: map[string][]ledgerCall{}, busy: map[string]bool{}}
+	r.idle = sync.NewCond(&r.mu)
+	return r
 }
 
 // push queues c for model, starting the model's goroutine if none runs.
@@ -66,9 +72,6 @@ func (r *ledgerRunner) push(model string, c ledgerCall) {
 	r.byM[model] = append(r.byM[model], c)
 	start := !r.busy[model]
 	r.busy[model] = true
-	if start {
-		r.wg.Add(1)
-	}
 	r.mu.Unlock()
 	if start {
 		go r.run(model)
@@ -77,13 +80,15 @@ func (r *ledgerRunner) push(model string, c ledgerCall) {
 
 // run makes model's calls until none is left.
 func (r *ledgerRunner) run(model string) {
-	defer r.wg.Done()
 	for {
 		r.mu.Lock()
 		q := r.byM[model]
 		if len(q) == 0 {
 			delete(r.byM, model)
 			delete(r.busy, model)
+			if len(r.busy) == 0 {
+				r.idle.Broadcast()
+			}
 			r.mu.Unlock()
 			return
 		}
@@ -105,8 +110,15 @@ func (r *ledgerRunner) run(model string) {
 	}
 }
 
-// wait returns when every call queued so far has been made.
-func (r *ledgerRunner) wait() { r.wg.Wait() }
+// wait returns when every call queued so far has been made, and every
+// call those calls' answers queued: when no model has calls in progress.
+func (r *ledgerRunner) wait() {
+	r.mu.Lock()
+	for len(r.busy) > 0 {
+		r.idle.Wait()
+	}
+	r.mu.Unlock()
+}
 
 // reservation is a pick waiting for the ledger's answer.
 type reservation struct {
