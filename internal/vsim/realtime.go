@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
 )
@@ -79,6 +80,24 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	}
 	rc.Admission.ShortestFirst = c.ShortestFirst
 	rc.Admission.KVFit = c.KVFit
+	if c.Admission != "" {
+		rc.Admission.Mode = c.Admission
+	}
+	if len(c.SLOs) > 0 {
+		// The objectives are of the scenario's clock: durations divided
+		// by the scale, rates multiplied, as for the limits.
+		rc.Admission.SLO = make(map[string]predict.SLO, len(c.SLOs))
+		for class, slo := range c.SLOs {
+			if slo.TTFT > 0 {
+				slo.TTFT = sd(slo.TTFT)
+			}
+			if slo.TTFTPer1k > 0 {
+				slo.TTFTPer1k = sd(slo.TTFTPer1k)
+			}
+			slo.MinDecode *= scale
+			rc.Admission.SLO[class] = slo
+		}
+	}
 	interval := c.ScrapeInterval
 	if interval <= 0 {
 		interval = time.Second
