@@ -34,6 +34,11 @@
 #                          /slots, /metrics, /v1/models and one streamed chat
 #                          completion there (idle, under load and after)
 #   CAPTURE_PREFIX         prefix of the captured files' names (default none)
+#   SLUICE_CONFIG          router config file (sluice serve format) passed to
+#                          bench compare as --config: its admission, limits,
+#                          weights, telemetry and stats settings are used, its
+#                          workers and policy ignored (default none: the
+#                          built-in defaults, admission.mode: limits)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,6 +52,7 @@ BURST=${BURST:-1}
 JOBS=${JOBS:-2}
 CAPTURE_DIR=${CAPTURE_DIR:-}
 CAPTURE_PREFIX=${CAPTURE_PREFIX:-}
+SLUICE_CONFIG=${SLUICE_CONFIG:-}
 HOST=127.0.0.1
 MODEL_ALIAS="sluice-random-llama"
 
@@ -87,6 +93,14 @@ if ! "$PYTHON" -c 'import numpy, yaml' 2>/dev/null; then
 		apt_install python3 python3-numpy python3-yaml
 		PYTHON=/usr/bin/python3
 	fi
+fi
+
+# The config, made absolute before the cd below.
+config=()
+if [ -n "$SLUICE_CONFIG" ]; then
+	[ -f "$SLUICE_CONFIG" ] || die "SLUICE_CONFIG: no file $SLUICE_CONFIG"
+	SLUICE_CONFIG=$(cd "$(dirname "$SLUICE_CONFIG")" && pwd)/$(basename "$SLUICE_CONFIG")
+	config=(--config "$SLUICE_CONFIG")
 fi
 
 mkdir -p "$WORK"
@@ -254,7 +268,7 @@ burst=(--burst=false)
 [ "$BURST" = 1 ] && burst=(--burst --burst-at 20s --burst-for 10s --burst-factor 4)
 out=$WORK/compare
 rm -rf "$out"
-log "comparing sluice and least-connections: loads $LOADS% of $capacity req/s, $REQUESTS requests each$([ "$BURST" = 1 ] && echo ', and a burst')"
+log "comparing sluice and least-connections: loads $LOADS% of $capacity req/s, $REQUESTS requests each$([ "$BURST" = 1 ] && echo ', and a burst')$([ -n "$SLUICE_CONFIG" ] && echo ", config $SLUICE_CONFIG")"
 if [ -n "$CAPTURE_DIR" ]; then
 	# Under load: the first moment in the first minutes of the run when
 	# every slot of a is busy.
@@ -273,7 +287,7 @@ if [ -n "$CAPTURE_DIR" ]; then
 fi
 "$sluice" bench compare --workers "a=$A,b=$B" --capacity "$capacity" \
 	--trace "$lengths" --limit "$REQUESTS" --loads "$LOADS" "${burst[@]}" \
-	--policies sluice,least-connections --timeout 5m --out "$out" >"$out.md" 2>"$WORK/compare.log" ||
+	--policies sluice,least-connections --timeout 5m ${config[@]+"${config[@]}"} --out "$out" >"$out.md" 2>"$WORK/compare.log" ||
 	die "bench compare failed; see $WORK/compare.log"
 capture after
 
@@ -283,6 +297,6 @@ cat <<EOF
 llama-server: ${version:-version unknown}
   node-llama-cpp $NODE_LLAMA_CPP_VERSION, bundle tag $bundle_tag, llama.cpp commit $bundle_commit
   CPU build (GGML_NATIVE=OFF), random-weight model $(basename "$model"), -t 1 per server
-capacity measured: $capacity req/s
+capacity measured: $capacity req/s$([ -n "$SLUICE_CONFIG" ] && printf '\nrouter config: %s' "$SLUICE_CONFIG")
 reports: $out (summary.md, per-load report.md and CSVs); server logs: $WORK/llama-a.log, $WORK/llama-b.log
 EOF
