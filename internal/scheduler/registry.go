@@ -8,6 +8,23 @@ import (
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
+// WorkerSpec describes a worker to the scheduler.
+type WorkerSpec struct {
+	// Name identifies the worker.
+	Name string
+	// Models the worker serves according to its config, used until its
+	// Source reports discovered models.
+	Models []string
+	// MaxConcurrency caps Sluice's in-flight requests on the worker; 0
+	// takes the worker's reported slot count, else LimitConfig.DefaultCap
+	// (1 with learning off). Below the cap the limit is learned unless
+	// LimitConfig.Fixed.
+	MaxConcurrency int
+	// Source publishes the worker's telemetry; nil means healthy with no
+	// telemetry.
+	Source Source
+}
+
 // worker is the registry's entry for one worker: its spec and the
 // counters admission keeps of it, guarded by the scheduler's lock. What a
 // pick resolves of it (telemetry, stats, limit) is the pick's (view).

@@ -193,53 +193,6 @@ type Config struct {
 	DefaultSLO predict.SLO
 }
 
-// WorkerSpec describes a worker to the scheduler.
-type WorkerSpec struct {
-	// Name identifies the worker.
-	Name string
-	// Models the worker serves according to its config, used until its
-	// Source reports discovered models.
-	Models []string
-	// MaxConcurrency caps Sluice's in-flight requests on the worker; 0
-	// takes the worker's reported slot count, else LimitConfig.DefaultCap
-	// (1 with learning off). Below the cap the limit is learned unless
-	// LimitConfig.Fixed.
-	MaxConcurrency int
-	// Source publishes the worker's telemetry; nil means healthy with no
-	// telemetry.
-	Source Source
-}
-
-// Request is what the scheduler needs to know of a request.
-type Request struct {
-	// Model is the requested model.
-	Model string
-	// PromptTokens is the estimated prompt size in tokens.
-	PromptTokens int
-	// PromptSource says where PromptTokens came from, e.g. "estimate:
-	// text/4" or "worker /tokenize"; kept in the decision record.
-	PromptSource string
-	// MaxTokens is the request's output cap; 0 when unset.
-	MaxTokens int
-	// Exclude names workers that already failed this request.
-	Exclude []string
-	// Attempt is 1 for a new request; a retry passes the next number and
-	// goes to the front of the queue: it was accepted before the others.
-	Attempt int
-	// Tenant names who sent the request (from its API key); fair share is
-	// kept between tenants. Empty is the anonymous tenant.
-	Tenant string
-	// Class is the request's priority class (e.g. "interactive",
-	// "batch"); empty takes the default class.
-	Class string
-	// Prefix holds the chained block hashes of the prompt (see package
-	// prefix): hash i covers blocks 0..i. Empty when unknown.
-	Prefix []uint64
-	// SLO is the request's own SLO (its API key's, tightened by its
-	// headers); unset fields come from its class's, then the default.
-	SLO predict.SLO
-}
-
 // Scheduler admits requests to workers. See the package doc.
 type Scheduler struct {
 	cfg      Config
