@@ -553,8 +553,9 @@ var errClientGone = errors.New("the client went away")
 // relayStream copies an SSE stream as it arrives, flushing what each read
 // brought before the next read may wait (so every event reaches the
 // client at once, and events that arrive together go out in one write),
-// and follows it with a streamMeter. A worker's error event, or a read
-// that fails before the stream delivered its end, is an error; the client then gets an error
+// and follows it with a streamMeter. A worker's error event, a read that
+// fails before the stream delivered its end, or a stream that ends before
+// it (ErrStreamTruncated) is an error; the client then gets an error
 // event of Sluice's own. A stream that delivered its end ([DONE], or a
 // final chunk) is complete whatever happens after: many clients close
 // the body as soon as they see [DONE], without reading to EOF, and that
@@ -612,7 +613,8 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 		writeStreamError(w, rc, "upstream_failed", "the worker's stream broke: "+readErr.Error())
 		return out, fmt.Errorf("read stream: %w", readErr)
 	}
-	return out, nil
+	writeStreamError(w, rc, "upstream_failed", ErrStreamTruncated.Error())
+	return out, ErrStreamTruncated
 }
 
 // relayBuffers holds relayStream's read buffers: a stream's reads are

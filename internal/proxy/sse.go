@@ -3,10 +3,16 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 
 	"github.com/sluice-router/sluice/internal/sse"
 )
 
+// ErrStreamTruncated is why a stream that ended cleanly is still a
+// failure: it ended before its terminator ([DONE], a final chunk with a
+// finish_reason, or llama.cpp's "stop": true), so the client did not get
+// the whole answer.
+var ErrStreamTruncated = errors.New("the worker's stream ended before its terminator ([DONE], a finish_reason or stop)")
 
 // chunk is what Sluice reads of one streamed event or a whole answer:
 // content to count tokens, usage when the worker reports it, and errors.
