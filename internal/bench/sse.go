@@ -1,13 +1,13 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"strings"
+
+	"github.com/sluice-router/sluice/internal/sse"
 )
 
 // chunk is what one server-sent event of an OpenAI chat completion stream
@@ -119,50 +119,41 @@ func decodeChunk(data []byte) (chunk, error) {
 // readSSE reads a text/event-stream body and calls fn with each data event
 // as it is dispatched (at the blank line that ends it, or at EOF), so the
 // caller can time the first token. It stops after [DONE], at EOF, or when
-// fn returns an error. Comments, ids and event names are ignored; several
-// data lines of one event are joined with newlines, as the SSE spec says.
+// fn returns an error. Events are split by sse.Parser, the parser the
+// router's relay uses: comments, ids and event names are ignored, and
+// several data lines of one event are joined with newlines.
 func readSSE(r io.Reader, fn func(chunk) error) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 16<<10), 4<<20)
-	var data []byte
-	have := false
-	dispatch := func() (bool, error) {
-		if !have {
-			return false, nil
+	p := sse.Parser{Max: 4 << 20}
+	var stop bool
+	var err error
+	event := func(e sse.Event) {
+		if stop {
+			return
 		}
-		c, err := decodeChunk(data)
-		data, have = data[:0], false
-		if err != nil {
-			return true, err
+		var c chunk
+		if c, err = decodeChunk(e.Data); err == nil {
+			err = fn(c)
 		}
-		if err := fn(c); err != nil {
-			return true, err
-		}
-		return c.Done, nil
+		stop = err != nil || c.Done
 	}
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" {
-			if stop, err := dispatch(); stop || err != nil {
-				return err
-			}
-			continue
+	buf := make([]byte, 16<<10)
+	for !stop {
+		n, rerr := r.Read(buf)
+		p.Feed(buf[:n], event)
+		if stop {
+			break
 		}
-		field, value, _ := strings.Cut(line, ":")
-		if field != "data" {
-			continue // comment (":..."), event, id, retry
+		if rerr == io.EOF {
+			p.End(event)
+			break
 		}
-		value = strings.TrimPrefix(value, " ")
-		if have {
-			data = append(data, '\n')
+		if rerr != nil {
+			return fmt.Errorf("read stream: %w", rerr)
 		}
-		data = append(data, value...)
-		have = true
 	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("read stream: %w", err)
+	if err == nil && p.Dropped > 0 {
+		return fmt.Errorf("read stream: a line or event over %d bytes", p.Max)
 	}
-	_, err := dispatch()
 	return err
 }
 

@@ -28,7 +28,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -42,6 +41,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -561,42 +561,36 @@ type measured struct {
 // failed: the client left, and nothing about the worker follows from it.
 var errClientGone = errors.New("the client went away")
 
-// relayStream copies an SSE stream line by line, flushing at the end of
-// every event, and follows it with a streamMeter. A worker's error event,
-// or a read that fails before the stream delivered its end, is an error;
-// the client then gets an error event of Sluice's own. A stream that
-// delivered its end ([DONE], or a final chunk) is complete whatever
-// happens after: many clients close the body as soon as they see [DONE],
-// without reading to EOF, and that cancels the worker's request under
-// the relay's last read. A write to the client that fails before the end
-// returns errClientGone.
+// relayStream copies an SSE stream as it arrives, flushing what each read
+// brought before the next read may wait (so every event reaches the
+// client at once, and events that arrive together go out in one write),
+// and follows it with a streamMeter. A worker's error event, a read that
+// fails before the stream delivered its end, or a stream that ends before
+// it (ErrStreamTruncated) is an error; the client then gets an error
+// event of Sluice's own. A stream that delivered its end ([DONE], or a
+// final chunk) is complete whatever happens after: many clients close
+// the body as soon as they see [DONE], without reading to EOF, and that
+// cancels the worker's request under the relay's last read. A write to
+// the client that fails before the end returns errClientGone.
 func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measured, error) {
 	rc := http.NewResponseController(w)
-	br := bufio.NewReaderSize(body, 32<<10)
+	bp := relayBuffers.Get().(*[]byte)
+	defer relayBuffers.Put(bp)
+	buf := *bp
 	var m streamMeter
 	var out measured
 	var readErr, writeErr error
 	for {
-		line, err := br.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
-			// An over-long line: pass it through in pieces, unmetered.
-			if _, werr := w.Write(line); werr != nil {
-				writeErr = werr
-				break
-			}
-			continue
-		}
-		if len(line) > 0 {
-			if m.line(bytes.TrimRight(line, "\r\n")) {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if m.feed(buf[:n]) {
 				out.ttft = time.Since(start)
 			}
-			if _, werr := w.Write(line); werr != nil {
+			if _, werr := w.Write(buf[:n]); werr != nil {
 				writeErr = werr
 				break
 			}
-			if len(bytes.TrimRight(line, "\r\n")) == 0 {
-				rc.Flush()
-			}
+			rc.Flush()
 		}
 		if err != nil {
 			if err != io.EOF {
@@ -604,6 +598,9 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 			}
 			break
 		}
+	}
+	if m.end() {
+		out.ttft = time.Since(start)
 	}
 	out.tokens = m.tokens()
 	out.promptTokens = m.prompt
@@ -627,8 +624,13 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 		writeStreamError(w, rc, "upstream_failed", "the worker's stream broke: "+readErr.Error())
 		return out, fmt.Errorf("read stream: %w", readErr)
 	}
-	return out, nil
+	writeStreamError(w, rc, "upstream_failed", ErrStreamTruncated.Error())
+	return out, ErrStreamTruncated
 }
+
+// relayBuffers holds relayStream's read buffers: a stream's reads are
+// small, and a buffer per stream would be garbage per request.
+var relayBuffers = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
 // writeStreamError ends a stream whose worker failed with an OpenAI-style
 // error event, so the client knows the answer is incomplete.

@@ -51,36 +51,53 @@ func TestParseInference(t *testing.T) {
 	}
 }
 
+// meterLines feeds stream to a streamMeter one line at a time and ends
+// it; firstLine is the index of the line whose feed reported the first
+// content (the blank line that dispatched its event), -1 for none, -2 for
+// more than one.
+func meterLines(stream string) (m *streamMeter, firstLine int) {
+	m = &streamMeter{}
+	firstLine = -1
+	note := func(i int, first bool) {
+		switch {
+		case first && firstLine == -1:
+			firstLine = i
+		case first:
+			firstLine = -2
+		}
+	}
+	lines := strings.SplitAfter(stream, "\n")
+	for i, l := range lines {
+		note(i, m.feed([]byte(l)))
+	}
+	note(len(lines), m.end())
+	return m, firstLine
+}
+
 func TestStreamMeter(t *testing.T) {
 	tests := []struct {
-		name       string
-		stream     string
-		tokens     int
-		failed     bool
-		firstAtEvt int // index of the line that is the first content, -1 none
+		name      string
+		stream    string
+		tokens    int
+		failed    bool
+		firstLine int // index of the line that ended the first content event, -1 none
 	}{
-		{"openai chunks counted", "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n", 2, false, 2},
-		{"usage wins over counting", "data: {\"choices\":[{\"delta\":{\"content\":\"ab\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":7}}\n\ndata: [DONE]\n", 7, false, 0},
-		{"native content", "data: {\"content\":\"x\",\"stop\":false}\n\ndata: {\"content\":\"\",\"stop\":true,\"timings\":{\"predicted_n\":3}}\n", 3, false, 0},
-		{"completions text", "data: {\"choices\":[{\"text\":\"x\"}]}\n\n", 1, false, 0},
-		{"error object in data", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"error\":{\"message\":\"kv cache full\"}}\n\n", 1, true, 0},
+		{"openai chunks counted", "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n", 2, false, 3},
+		{"usage wins over counting", "data: {\"choices\":[{\"delta\":{\"content\":\"ab\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":7}}\n\ndata: [DONE]\n", 7, false, 1},
+		{"native content", "data: {\"content\":\"x\",\"stop\":false}\n\ndata: {\"content\":\"\",\"stop\":true,\"timings\":{\"predicted_n\":3}}\n", 3, false, 1},
+		{"completions text", "data: {\"choices\":[{\"text\":\"x\"}]}\n\n", 1, false, 1},
+		{"error object in data", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"error\":{\"message\":\"kv cache full\"}}\n\n", 1, true, 1},
 		{"error event", "event: error\ndata: {\"message\":\"boom\"}\n\n", 0, true, -1},
-		{"null error is fine", "data: {\"error\":null,\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", 1, false, 0},
+		{"null error is fine", "data: {\"error\":null,\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", 1, false, 1},
+		{"multi-line data is one event", "data: {\"choices\":\ndata: [{\"delta\":{\"content\":\"a\"}}]}\n\n", 1, false, 2},
+		{"comments and CRLF", ": ping\r\ndata: {\"content\":\"x\"}\r\n\r\n", 1, false, 2},
+		{"last event dispatched at the end", "data: {\"content\":\"x\"}", 1, false, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var m streamMeter
-			first := -1
-			for i, l := range strings.Split(tt.stream, "\n") {
-				if m.line([]byte(l)) {
-					if first >= 0 {
-						t.Fatal("two first-content lines")
-					}
-					first = i
-				}
-			}
-			if m.tokens() != tt.tokens || m.failed != tt.failed || first != tt.firstAtEvt {
-				t.Fatalf("tokens %d failed %v first line %d; want %d %v %d", m.tokens(), m.failed, first, tt.tokens, tt.failed, tt.firstAtEvt)
+			m, first := meterLines(tt.stream)
+			if m.tokens() != tt.tokens || m.failed != tt.failed || first != tt.firstLine {
+				t.Fatalf("tokens %d failed %v first line %d; want %d %v %d", m.tokens(), m.failed, first, tt.tokens, tt.failed, tt.firstLine)
 			}
 		})
 	}
@@ -119,19 +136,58 @@ func FuzzParseInference(f *testing.F) {
 	})
 }
 
+// FuzzStreamMeter checks the meter on any stream: at most one first
+// content, no negative count, and the same reading whether the stream
+// comes whole, line by line, or split at any byte.
 func FuzzStreamMeter(f *testing.F) {
-	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n"))
-	f.Add([]byte("event: error\ndata: x\n"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		var m streamMeter
-		firsts := 0
-		for _, l := range strings.Split(string(b), "\n") {
-			if m.line([]byte(l)) {
-				firsts++
-			}
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n"), 3)
+	f.Add([]byte("event: error\ndata: x\n"), 1)
+	f.Add([]byte("data: {\"content\":\"x\",\"stop\":true,\"timings\":{\"predicted_n\":3,\"prompt_n\":2}}\r\n\r\n"), 10)
+	f.Fuzz(func(t *testing.T, b []byte, cut int) {
+		lines, firstLine := meterLines(string(b))
+		if firstLine == -2 || lines.tokens() < 0 {
+			t.Fatalf("first line %d, %d tokens", firstLine, lines.tokens())
 		}
-		if firsts > 1 || m.tokens() < 0 {
-			t.Fatalf("%d first-content lines, %d tokens", firsts, m.tokens())
+		var whole, split streamMeter
+		whole.feed(b)
+		whole.end()
+		cut = min(max(cut, 0), len(b))
+		split.feed(b[:cut])
+		split.feed(b[cut:])
+		split.end()
+		read := func(m *streamMeter) [6]any {
+			return [6]any{m.tokens(), m.prompt, m.done, m.finished, m.failed, m.failure}
+		}
+		if a, b, c := read(lines), read(&whole), read(&split); a != b || b != c {
+			t.Fatalf("line by line %v, whole %v, split at %d %v", a, b, cut, c)
+		}
+	})
+}
+
+// FuzzScanEvent holds the quick scan to the decode it stands in for: where
+// it answers, it must answer what decoding the data into a chunk does.
+func FuzzScanEvent(f *testing.F) {
+	for _, s := range []string{
+		`{"choices":[{"finish_reason":null,"index":0,"delta":{"content":" thro"}}],"created":1,"id":"x","object":"chat.completion.chunk"}`,
+		`{"choices":[{"finish_reason":"length","index":0,"delta":{}}],"usage":null}`,
+		`{"content":"x","stop":false,"tokens_predicted":3,"id_slot":0}`,
+		`{"choices":[{"text":"a"},null],"Content":null,"STOP":true}`,
+		`{"choices":[{"delta":{"content":"a"}}],"choices":[{"text":""}]}`,
+		`{"error":null,"x":[1,-2.5e3,true,false,null,{"a":"é
+"}]}`,
+		`{"tokens_predicted":1.5}`,
+		`{"choices":{"delta":1}}`,
+		`{"content":"x"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, ok := scanEvent(data)
+		if !ok {
+			return
+		}
+		if want := decodeEvent(data); got != want {
+			t.Fatalf("%q: scan %+v, decode %+v", data, got, want)
 		}
 	})
 }
@@ -214,10 +270,7 @@ func TestStreamMeter_CompleteAtItsEnd(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var m streamMeter
-			for _, l := range strings.Split(tt.stream, "\n") {
-				m.line([]byte(l))
-			}
+			m, _ := meterLines(tt.stream)
 			if got := m.complete(); got != tt.want {
 				t.Fatalf("complete = %v, want %v", got, tt.want)
 			}

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRelayWhole_LargeAnswerRelayedWholeUsageFromTail(t *testing.T) {
@@ -104,4 +106,75 @@ func TestRelayWhole_RelaysBeforeTheAnswerEnds(t *testing.T) {
 	if m := <-done; m.tokens != 2 {
 		t.Fatalf("tokens %d, want 2", m.tokens)
 	}
+}
+
+func TestScanEvent_AnswersOrLeavesItToTheDecode(t *testing.T) {
+	tests := []struct {
+		name string
+		data string
+		ok   bool // the scan answers
+	}{
+		{"openai content chunk", `{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"r"}}],"created":1,"id":"c","model":"m","object":"chat.completion.chunk"}`, true},
+		{"role chunk, content null", `{"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}]}`, true},
+		{"final chunk, usage null", `{"choices":[{"finish_reason":"stop","delta":{}}],"usage":null}`, true},
+		{"reasoning", `{"choices":[{"delta":{"reasoning_content":"hm"}}]}`, true},
+		{"native event", `{"content":"x","tokens":[5],"stop":false,"id_slot":0,"tokens_predicted":3,"tokens_evaluated":2}`, true},
+		{"keys in another case", `{"Choices":[{"TEXT":"a"}],"STOP":true}`, true},
+		{"not JSON", `{"choices":`, false},
+		{"usage", `{"choices":[],"usage":{"completion_tokens":8}}`, false},
+		{"timings", `{"content":"","stop":true,"timings":{"predicted_n":3}}`, false},
+		{"error", `{"error":{"message":"x"}}`, false},
+		{"a key twice", `{"choices":[{"delta":{"content":"a"}}],"choices":[{"text":""}]}`, false},
+		{"escaped key", `{"\u0063ontent":"x"}`, false},
+		{"wrong type", `{"tokens_predicted":1.5}`, false},
+		{"not an object", `[1]`, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := scanEvent([]byte(tt.data))
+			if ok != tt.ok {
+				t.Fatalf("scan answered %v, want %v", ok, tt.ok)
+			}
+			if want := decodeEvent([]byte(tt.data)); ok && got != want {
+				t.Fatalf("scan %+v, decode %+v", got, want)
+			}
+		})
+	}
+}
+
+// TestRelayStream_RealLlamaCppStream relays a stream a real llama-server
+// sent: unchanged, its usage read from the last chunk, complete.
+func TestRelayStream_RealLlamaCppStream(t *testing.T) {
+	in, err := os.ReadFile("../telemetry/testdata/llamacpp-real-a-chat-stream.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []int{len(in), 1, 100} {
+		rec := httptest.NewRecorder()
+		m, err := relayStream(rec, &chunkReader{b: in, size: size}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(rec.Body.Bytes(), in) {
+			t.Fatalf("read %d at a time: the client got other bytes than the worker sent", size)
+		}
+		if m.tokens != 8 || m.promptTokens != 11 || !m.complete || m.ttft <= 0 {
+			t.Fatalf("read %d at a time: measured %+v; want 8 tokens, 11 prompt tokens, complete, a first token", size, m)
+		}
+	}
+}
+
+// chunkReader yields b at most size bytes per Read.
+type chunkReader struct {
+	b    []byte
+	size int
+}
+
+func (c *chunkReader) Read(p []byte) (int, error) {
+	if len(c.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), c.size)], c.b)
+	c.b = c.b[n:]
+	return n, nil
 }

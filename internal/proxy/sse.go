@@ -3,7 +3,16 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+
+	"github.com/sluice-router/sluice/internal/sse"
 )
+
+// ErrStreamTruncated is why a stream that ended cleanly is still a
+// failure: it ended before its terminator ([DONE], a final chunk with a
+// finish_reason, or llama.cpp's "stop": true), so the client did not get
+// the whole answer.
+var ErrStreamTruncated = errors.New("the worker's stream ended before its terminator ([DONE], a finish_reason or stop)")
 
 // chunk is what Sluice reads of one streamed event or a whole answer:
 // content to count tokens, usage when the worker reports it, and errors.
@@ -102,64 +111,73 @@ func (c *chunk) reportedTokens() int {
 	return c.TokensPredicted
 }
 
-// streamMeter follows an SSE stream event by event.
+// streamMeter follows an SSE stream event by event, through the one SSE
+// parser (package sse) fed the bytes the relay forwards.
 type streamMeter struct {
-	events    int  // data events seen
-	content   int  // events that carried generated text
-	reported  int  // tokens the worker reported, if any
-	prompt    int  // prompt tokens the worker reported, if any
-	done      bool // saw data: [DONE]
-	finished  bool // saw a final chunk (finish_reason, or native stop)
-	failed    bool // the worker sent an error event
-	failure   string
-	eventName []byte
+	parser   sse.Parser
+	content  int  // events that carried generated text
+	reported int  // tokens the worker reported, if any
+	prompt   int  // prompt tokens the worker reported, if any
+	done     bool // saw data: [DONE]
+	finished bool // saw a final chunk (finish_reason, or native stop)
+	failed   bool // the worker sent an error event
+	failure  string
+	first    bool // the last feed or end held the stream's first content
 }
 
-// line processes one line of the stream (without its line ending) and
-// reports whether it was the first content of the stream.
-func (m *streamMeter) line(l []byte) (first bool) {
-	switch {
-	case bytes.HasPrefix(l, []byte("event:")):
-		m.eventName = bytes.TrimSpace(l[len("event:"):])
-		if bytes.Equal(m.eventName, []byte("error")) {
-			m.failed = true
+// feed parses the next bytes of the stream and reports whether they held
+// its first content.
+func (m *streamMeter) feed(b []byte) (first bool) {
+	m.first = false
+	m.parser.Feed(b, m.event)
+	return m.first
+}
+
+// end ends the stream (see sse.Parser.End) and reports whether what was
+// pending held its first content.
+func (m *streamMeter) end() (first bool) {
+	m.first = false
+	m.parser.End(m.event)
+	return m.first
+}
+
+// event reads one dispatched event. An event named "error", or whose
+// data holds an "error" that is not null, fails the stream; data that is
+// not a chunk (not JSON, or of another shape) counts for nothing.
+func (m *streamMeter) event(e sse.Event) {
+	data := bytes.TrimSpace(e.Data)
+	if string(e.Type) == "error" {
+		m.failed = true
+		if m.failure == "" {
+			m.failure = string(data)
 		}
-	case bytes.HasPrefix(l, []byte("data:")):
-		data := bytes.TrimSpace(l[len("data:"):])
-		if bytes.Equal(data, []byte("[DONE]")) {
-			m.done = true
-			return false
-		}
-		m.events++
-		var c chunk
-		if json.Unmarshal(data, &c) != nil {
-			if m.failed && m.failure == "" {
-				m.failure = string(data)
-			}
-			return false
-		}
-		if len(c.Error) > 0 && !bytes.Equal(c.Error, []byte("null")) {
-			m.failed = true
-			m.failure = string(c.Error)
-			return false
-		}
-		if t := c.reportedTokens(); t > 0 {
-			m.reported = t
-		}
-		if n := c.promptCount(); n > 0 && (m.prompt == 0 || c.Usage != nil) {
-			m.prompt = n // usage, where it comes, has the last word
-		}
-		if c.final() {
-			m.finished = true
-		}
-		if c.hasContent() {
-			m.content++
-			return m.content == 1
-		}
-	case len(l) == 0:
-		m.eventName = nil
 	}
-	return false
+	if string(data) == "[DONE]" {
+		m.done = true
+		return
+	}
+	c := readEvent(data)
+	switch {
+	case !c.valid:
+		return
+	case c.err != "":
+		m.failed = true
+		m.failure = c.err
+		return
+	}
+	if c.reported > 0 {
+		m.reported = c.reported
+	}
+	if c.prompt > 0 && (m.prompt == 0 || c.usage) {
+		m.prompt = c.prompt // usage, where it comes, has the last word
+	}
+	if c.final {
+		m.finished = true
+	}
+	if c.content {
+		m.content++
+		m.first = m.first || m.content == 1
+	}
 }
 
 // complete reports whether the stream delivered its end: [DONE], or a

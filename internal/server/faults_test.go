@@ -182,15 +182,65 @@ func TestFault_MalformedAnswersAreRelayedAsTheyAre(t *testing.T) {
 // is relayed as it is: Sluice cannot tell it from a deliberate end, and
 // the client sees that no [DONE] came. A cut connection is different
 // (TestFault_WorkerCrashesMidStream).
-func TestFault_StreamEndingWithoutDoneIsRelayedAsIs(t *testing.T) {
-	u := badWorker(t, func(w http.ResponseWriter, r *http.Request) { sse(w, tok) }).URL
-	r := startRouter(t, faultConfig(t, []string{u}, nil))
-	resp := post(t, context.Background(), r.url, chat("x", true))
-	if body := readAll(t, resp); resp.StatusCode != 200 || body != tok {
-		t.Fatalf("status %d body %q, want exactly the worker's one event", resp.StatusCode, body)
+// TestFault_StreamEndingBeforeItsTerminatorIsAnError: a worker that
+// closes its stream cleanly but before its terminator ([DONE], a chunk
+// with a finish_reason, llama.cpp's "stop": true) has not given the whole
+// answer. The client gets what it sent, then Sluice's upstream_failed
+// error event; the request counts as upstream_failed and the slot is
+// freed. A stream that did send its terminator, in any of its forms, is
+// relayed as it is and is a success.
+func TestFault_StreamEndingBeforeItsTerminatorIsAnError(t *testing.T) {
+	final := "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"
+	tests := []struct {
+		name   string
+		events []string
+		ok     bool
+	}{
+		{"chunks, no finish_reason nor [DONE]", []string{tok, tok}, false},
+		{"cut in the middle of an event", []string{tok, "data: {\"choices\":[{\"index\":0,"}, false},
+		{"llama.cpp native, never stop: true", []string{"data: {\"content\":\"a\",\"stop\":false}\n\n"}, false},
+		{"headers only", nil, false},
+		{"[DONE]", []string{tok, "data: [DONE]\n\n"}, true},
+		{"final chunk without [DONE]", []string{tok, final}, true},
+		{"llama.cpp native stop without [DONE]", []string{"data: {\"content\":\"a\",\"stop\":false}\n\n", "data: {\"content\":\"\",\"stop\":true}\n\n"}, true},
 	}
-	if ws := workerState(t, r.srv, "w1"); ws.Active != 0 {
-		t.Fatalf("slot not freed: %d active", ws.Active)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// The handler returns: the worker ends its answer cleanly.
+			u := badWorker(t, func(w http.ResponseWriter, r *http.Request) { sse(w, tt.events...) }).URL
+			r := startRouter(t, faultConfig(t, []string{u}, nil))
+			resp := post(t, context.Background(), r.url, chat("x", true))
+			body := readAll(t, resp)
+			sent := strings.Join(tt.events, "")
+			if resp.StatusCode != 200 || !strings.HasPrefix(body, sent) {
+				t.Fatalf("status %d body %q: want 200 and the worker's bytes first", resp.StatusCode, body)
+			}
+			failed := strings.Contains(body[len(sent):], `"code":"upstream_failed"`)
+			if tt.ok && body != sent {
+				t.Fatalf("body %q, want exactly the worker's %q", body, sent)
+			}
+			if !tt.ok && !failed {
+				t.Fatalf("body %q: want Sluice's upstream_failed error event after the worker's bytes", body)
+			}
+			reasons := map[string]float64{}
+			for _, m := range scrapeFamilies(t, r.url)["sluice_requests_total"].GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "reason" {
+						reasons[l.GetValue()] += m.GetCounter().GetValue()
+					}
+				}
+			}
+			want := map[string]float64{"": 1}
+			if !tt.ok {
+				want = map[string]float64{"upstream_failed": 1}
+			}
+			if diff := cmp.Diff(want, reasons); diff != "" {
+				t.Fatalf("sluice_requests_total by reason (-want +got):\n%s", diff)
+			}
+			if ws := workerState(t, r.srv, "w1"); ws.Active != 0 {
+				t.Fatalf("slot not freed: %d active", ws.Active)
+			}
+		})
 	}
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,7 +12,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -392,10 +397,35 @@ func BenchmarkSoak(b *testing.B) {
 // four loopback workers and then through the router. While they are open
 // it sends 200 short requests one after another and reports their
 // latency (p50, p99) direct and through the router: the difference is
-// what Sluice adds at 1,000 concurrent streams. router-cpu-µs/req is
-// (CPU through the router - CPU direct) / requests, with the same clients
-// and workers in both runs.
-func BenchmarkSoakOverhead(b *testing.B) {
+// what Sluice adds at 1,000 concurrent streams. cpu-µs/req (and, by its
+// older name, router-cpu-µs/req) is the router's CPU per request: (CPU
+// through the router - CPU direct) / requests, with the same clients and
+// workers in both runs.
+func BenchmarkSoakOverhead(b *testing.B) { soakOverhead(b, "") }
+
+// BenchmarkSoakOverheadVsNginx is BenchmarkSoakOverhead with a third
+// round in the same run: the same streams and probes through nginx
+// (proxy_buffering off, least_conn upstream, HTTP/1.1 keep-alive to the
+// workers), started from a generated config on loopback as one process
+// (master_process off) whose CPU is read from /proc/<pid>/stat. It
+// reports nginx-cpu-µs/req and cpu-ratio, Sluice's CPU per request over
+// nginx's. It is skipped where nginx is not installed.
+func BenchmarkSoakOverheadVsNginx(b *testing.B) {
+	path, err := exec.LookPath("nginx")
+	if err != nil {
+		for _, p := range []string{"/usr/sbin/nginx", "/usr/local/sbin/nginx"} {
+			if _, serr := os.Stat(p); serr == nil {
+				path, err = p, nil
+			}
+		}
+	}
+	if err != nil {
+		b.Skip("nginx is not installed (apt-get install nginx): no comparison to make")
+	}
+	soakOverhead(b, path)
+}
+
+func soakOverhead(b *testing.B, nginxPath string) {
 	raiseFileLimit()
 	const streams, workers, probes = 1000, 4, 200
 	var open atomic.Int64
@@ -500,8 +530,12 @@ func BenchmarkSoakOverhead(b *testing.B) {
 		wg.Wait()
 		return lat
 	}
-	var direct, via []time.Duration
-	var cpuDirect, cpuVia time.Duration
+	var ng *nginx
+	if nginxPath != "" {
+		ng = startNginx(b, nginxPath, urls)
+	}
+	var direct, via, viaNginx []time.Duration
+	var cpuDirect, cpuVia, cpuNginx time.Duration
 	rounds := 0
 	for b.Loop() {
 		c0 := cpuTime()
@@ -511,11 +545,131 @@ func BenchmarkSoakOverhead(b *testing.B) {
 		c2 := cpuTime()
 		cpuDirect += c1 - c0
 		cpuVia += c2 - c1
+		if ng != nil {
+			n0 := ng.cpu(b)
+			viaNginx = append(viaNginx, round(func(int) string { return ng.url }, ng.url)...)
+			cpuNginx += ng.cpu(b) - n0
+		}
 		rounds++
+	}
+	perReq := func(d time.Duration) float64 {
+		return float64(d.Nanoseconds()) / 1000 / float64(rounds*(streams+probes))
+	}
+	b.ReportMetric(perReq(cpuVia-cpuDirect), "cpu-µs/req")
+	if ng != nil {
+		b.ReportMetric(perReq(cpuNginx), "nginx-cpu-µs/req")
+		b.ReportMetric(float64(pct(viaNginx, 0.5).Microseconds()), "nginx-p50-µs")
+		b.ReportMetric(float64(pct(viaNginx, 0.99).Microseconds()), "nginx-p99-µs")
+		if cpuNginx > 0 {
+			b.ReportMetric(float64(cpuVia-cpuDirect)/float64(cpuNginx), "cpu-ratio")
+		}
 	}
 	b.ReportMetric(float64(pct(direct, 0.5).Microseconds()), "direct-p50-µs")
 	b.ReportMetric(float64(pct(direct, 0.99).Microseconds()), "direct-p99-µs")
 	b.ReportMetric(float64(pct(via, 0.5).Microseconds()), "sluice-p50-µs")
 	b.ReportMetric(float64(pct(via, 0.99).Microseconds()), "sluice-p99-µs")
 	b.ReportMetric(float64((cpuVia-cpuDirect).Microseconds())/float64(rounds*(streams+probes)), "router-cpu-µs/req")
+}
+
+// nginx is an nginx process proxying to the soak's workers.
+type nginx struct {
+	url string
+	pid int
+}
+
+// startNginx starts nginx in front of workers from a generated config on
+// a free loopback port and waits until it accepts connections; the
+// process is stopped when the benchmark ends.
+func startNginx(b *testing.B, path string, workers []string) *nginx {
+	dir := b.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nginx binds it next
+	var servers strings.Builder
+	for _, u := range workers {
+		fmt.Fprintf(&servers, "\t\tserver %s;\n", strings.TrimPrefix(u, "http://"))
+	}
+	conf := fmt.Sprintf(`daemon off;
+master_process off;
+worker_rlimit_nofile 65536;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 16384; }
+http {
+	access_log off;
+	client_body_temp_path %[1]s/body;
+	proxy_temp_path %[1]s/proxy;
+	fastcgi_temp_path %[1]s/fastcgi;
+	uwsgi_temp_path %[1]s/uwsgi;
+	scgi_temp_path %[1]s/scgi;
+	upstream workers {
+		least_conn;
+%[2]s		keepalive 2048;
+	}
+	server {
+		listen %[3]s;
+		location / {
+			proxy_pass http://workers;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+			proxy_buffering off;
+			proxy_request_buffering off;
+			proxy_read_timeout 300s;
+		}
+	}
+}
+`, dir, servers.String(), addr)
+	confPath := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(path, "-p", dir, "-c", confPath, "-e", filepath.Join(dir, "error.log"))
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	b.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGQUIT)
+		<-exited
+	})
+	// nginx is another process: its readiness is a port that accepts.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case err := <-exited:
+			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+			b.Fatalf("nginx exited: %v\n%s", err, log)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("nginx not accepting on %s after 10s", addr)
+		}
+	}
+	return &nginx{url: "http://" + addr, pid: cmd.Process.Pid}
+}
+
+// cpu returns the process's user and system CPU time so far, from
+// /proc/<pid>/stat (utime and stime, fields 14 and 15, in clock ticks of
+// 1/100 s, the USER_HZ of Linux on every common platform).
+func (n *nginx) cpu(b *testing.B) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("/proc/%d/stat: %q", n.pid, raw)
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }

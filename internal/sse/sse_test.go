@@ -1,0 +1,117 @@
+package sse
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// ev is an Event with its slices copied, for comparing.
+type ev struct{ Type, Data, ID string }
+
+// parse feeds in to a Parser in pieces of at most size bytes (all at
+// once when size is 0), ends it, and returns the events dispatched.
+func parse(p *Parser, in string, size int) []ev {
+	var out []ev
+	fn := func(e Event) { out = append(out, ev{string(e.Type), string(e.Data), string(e.ID)}) }
+	for len(in) > 0 {
+		n := len(in)
+		if size > 0 {
+			n = min(n, size)
+		}
+		p.Feed([]byte(in[:n]), fn)
+		in = in[n:]
+	}
+	p.End(fn)
+	return out
+}
+
+func TestParser_FollowsTheStandard(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want []ev
+	}{
+		{"one event", "data: x\n\n", []ev{{"", "x", ""}}},
+		{"data lines joined with LF", "data: a\ndata: b\ndata\n\n", []ev{{"", "a\nb\n", ""}}},
+		{"one leading space stripped, no more", "data:  x\ndata:y\n\n", []ev{{"", " x\ny", ""}}},
+		{"comments ignored", ": keep-alive\ndata: x\n:\n\n", []ev{{"", "x", ""}}},
+		{"CRLF, CR and LF line ends", "data: a\r\ndata: b\rdata: c\n\r\ndata: d\r\r", []ev{{"", "a\nb\nc", ""}, {"", "d", ""}}},
+		{"event type, reset after dispatch", "event: error\ndata: x\n\ndata: y\n\n", []ev{{"error", "x", ""}, {"", "y", ""}}},
+		{"no data, no event; its type is dropped", "event: ping\n\ndata: y\n\n", []ev{{"", "y", ""}}},
+		{"id persists", "id: 7\ndata: a\n\ndata: b\n\nid\ndata: c\n\n", []ev{{"", "a", "7"}, {"", "b", "7"}, {"", "c", ""}}},
+		{"id with NUL ignored", "id: 1\n\nid: a\x00b\ndata: x\n\n", []ev{{"", "x", "1"}}},
+		{"unknown fields and retry ignored", "foo: bar\nretry: 10\ndata: x\n\n", []ev{{"", "x", ""}}},
+		{"empty data still an event", "data:\n\n", []ev{{"", "", ""}}},
+		{"leading BOM skipped", "\xEF\xBB\xBFdata: x\n\n", []ev{{"", "x", ""}}},
+		{"BOM only at the start", "data: x\n\n\xEF\xBB\xBFdata: y\n\n", []ev{{"", "x", ""}}},
+		{"pending event dispatched at the end", "data: a\n\ndata: b", []ev{{"", "a", ""}, {"", "b", ""}}},
+		{"[DONE] is data like any other", "data: [DONE]\n\n", []ev{{"", "[DONE]", ""}}},
+		{"field without colon", "data\n\n", []ev{{"", "", ""}}},
+	}
+	for _, tt := range tests {
+		for _, size := range []int{0, 1, 2, 3, 7} {
+			var p Parser
+			if diff := cmp.Diff(tt.want, parse(&p, tt.in, size)); diff != "" {
+				t.Errorf("%s, fed %d bytes at a time (-want +got):\n%s", tt.name, size, diff)
+			}
+		}
+	}
+}
+
+func TestParser_Retry(t *testing.T) {
+	var p Parser
+	parse(&p, "retry: 1500\n\nretry: 1x\n\n", 0)
+	// End resets the stream state: parse again without End to read it.
+	p.Feed([]byte("retry: 1500\nretry: 2x\n"), func(Event) {})
+	if ms, ok := p.Retry(); !ok || ms != 1500 {
+		t.Fatalf("Retry() = %d, %v; want 1500, true (the invalid one ignored)", ms, ok)
+	}
+}
+
+func TestParser_FeedReportsEventEnds(t *testing.T) {
+	var p Parser
+	fn := func(Event) {}
+	for _, tt := range []struct {
+		in   string
+		want bool
+	}{{"data: a\n", false}, {"\n", true}, {"data: b", false}, {"\r", false}, {"\n", false}, {"\r\n", true}} {
+		if got := p.Feed([]byte(tt.in), fn); got != tt.want {
+			t.Fatalf("Feed(%q) = %v, want %v", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestParser_BoundsWhatItKeeps(t *testing.T) {
+	p := Parser{Max: 16}
+	long := strings.Repeat("x", 40)
+	in := "data: " + long + "\n\n" + "data: ok\n\n" + "data: 0123456789\ndata: 0123456789\n\n" + "data: fine\n\n"
+	for _, size := range []int{0, 5} {
+		got := parse(&p, in, size)
+		if diff := cmp.Diff([]ev{{"", "ok", ""}, {"", "fine", ""}}, got); diff != "" {
+			t.Fatalf("fed %d at a time (-want +got):\n%s", size, diff)
+		}
+		if cap(p.line) > 16 || cap(p.data) > 32 {
+			t.Fatalf("kept %d bytes of line, %d of data; Max 16", cap(p.line), cap(p.data))
+		}
+	}
+	if p.Dropped != 4 {
+		t.Fatalf("Dropped %d, want 4 (one long line, one long event, twice)", p.Dropped)
+	}
+}
+
+func BenchmarkParser(b *testing.B) {
+	chunk := []byte(`data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":" thro"}}],"created":1796323427,"id":"chatcmpl-Kj3f6oSDxsIEEZiKY9pRALLSyf6RFCfL","model":"m","object":"chat.completion.chunk"}` + "\n\n")
+	var p Parser
+	n := 0
+	fn := func(e Event) { n += len(e.Data) }
+	b.ReportAllocs()
+	b.SetBytes(int64(len(chunk)))
+	for b.Loop() {
+		p.Feed(chunk, fn)
+	}
+	if n == 0 {
+		b.Fatal("no events")
+	}
+}
