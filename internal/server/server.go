@@ -171,7 +171,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	if opt.Transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.ResponseHeaderTimeout = cfg.Proxy.ResponseHeaderTimeout
-		t.MaxIdleConnsPerHost = 64 // one connection per concurrent request to a worker
+		t.MaxIdleConnsPerHost = idleConnsPerWorker(cfg)
 		opt.Transport = t
 	}
 	s.transport = newWorkerTransport(opt.Transport, cfg.Proxy.IdleConnTimeoutFor)
@@ -564,4 +564,22 @@ func (s *Server) RemoveWorker(name string) error {
 	}
 	s.cfg.Workers = slices.DeleteFunc(s.cfg.Workers, func(x config.Worker) bool { return x.Name == name })
 	return nil
+}
+
+// idleConnsPerWorker is how many idle keep-alive connections the proxy
+// keeps to each worker: one per request it may run there at once, so a
+// burst that ends does not close connections the next burst redials
+// (a dial is a third of the router's CPU per short stream). It is the
+// largest configured max_concurrency, and at least 64 for workers whose
+// limit is learned. The worker's own idle timeout (see
+// proxy.idle_conn_timeout) still closes them when they sit unused.
+func idleConnsPerWorker(cfg config.Config) int {
+	n := 64
+	for _, w := range cfg.Workers {
+		n = max(n, int(w.MaxConcurrency))
+	}
+	if cfg.Discovery.Kubernetes != nil {
+		n = max(n, int(cfg.Discovery.Kubernetes.MaxConcurrency))
+	}
+	return n
 }

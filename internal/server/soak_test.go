@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -400,7 +402,9 @@ func BenchmarkSoak(b *testing.B) {
 // what Sluice adds at 1,000 concurrent streams. cpu-µs/req (and, by its
 // older name, router-cpu-µs/req) is the router's CPU per request: (CPU
 // through the router - CPU direct) / requests, with the same clients and
-// workers in both runs.
+// workers in both runs. httputil-cpu-µs/req is the same for a bare
+// net/http/httputil.ReverseProxy over the same workers: the floor any Go
+// proxy on net/http starts from.
 func BenchmarkSoakOverhead(b *testing.B) { soakOverhead(b, "") }
 
 // BenchmarkSoakOverheadVsNginx is BenchmarkSoakOverhead with a third
@@ -475,6 +479,23 @@ func soakOverhead(b *testing.B, nginxPath string) {
 	defer srv.Close()
 	router := newLoopbackServer(srv.Handler())
 	defer router.Close()
+	// bare is the floor of a Go proxy: net/http's httputil.ReverseProxy,
+	// round-robin over the same workers with as many idle connections,
+	// flushing every write, and nothing else. What Sluice costs above it
+	// is scheduling, metering and records; what it costs below nginx's
+	// is net/http.
+	var rr atomic.Int64
+	bareTransport := &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}
+	defer bareTransport.CloseIdleConnections()
+	bare := newLoopbackServer(&httputil.ReverseProxy{Transport: bareTransport, FlushInterval: -1,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			u, err := url.Parse(urls[rr.Add(1)%workers])
+			if err != nil {
+				panic(err)
+			}
+			pr.SetURL(u)
+		}})
+	defer bare.Close()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}}
 	defer client.CloseIdleConnections()
 	probeClient := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, DisableCompression: true}}
@@ -533,9 +554,12 @@ func soakOverhead(b *testing.B, nginxPath string) {
 	var ng *nginx
 	if nginxPath != "" {
 		ng = startNginx(b, nginxPath, urls)
+		// Before the workers' deferred Close, which would wait for
+		// nginx's keep-alive connections to them forever.
+		defer ng.stop()
 	}
-	var direct, via, viaNginx []time.Duration
-	var cpuDirect, cpuVia, cpuNginx time.Duration
+	var direct, via, viaBare, viaNginx []time.Duration
+	var cpuDirect, cpuVia, cpuBare, cpuNginx time.Duration
 	rounds := 0
 	for b.Loop() {
 		c0 := cpuTime()
@@ -543,8 +567,11 @@ func soakOverhead(b *testing.B, nginxPath string) {
 		c1 := cpuTime()
 		via = append(via, round(func(int) string { return router.URL }, router.URL)...)
 		c2 := cpuTime()
+		viaBare = append(viaBare, round(func(int) string { return bare.URL }, bare.URL)...)
+		c3 := cpuTime()
 		cpuDirect += c1 - c0
 		cpuVia += c2 - c1
+		cpuBare += c3 - c2
 		if ng != nil {
 			n0 := ng.cpu(b)
 			viaNginx = append(viaNginx, round(func(int) string { return ng.url }, ng.url)...)
@@ -556,6 +583,8 @@ func soakOverhead(b *testing.B, nginxPath string) {
 		return float64(d.Nanoseconds()) / 1000 / float64(rounds*(streams+probes))
 	}
 	b.ReportMetric(perReq(cpuVia-cpuDirect), "cpu-µs/req")
+	b.ReportMetric(perReq(cpuBare-cpuDirect), "httputil-cpu-µs/req")
+	b.ReportMetric(float64(pct(viaBare, 0.99).Microseconds()), "httputil-p99-µs")
 	if ng != nil {
 		b.ReportMetric(perReq(cpuNginx), "nginx-cpu-µs/req")
 		b.ReportMetric(float64(pct(viaNginx, 0.5).Microseconds()), "nginx-p50-µs")
@@ -573,8 +602,9 @@ func soakOverhead(b *testing.B, nginxPath string) {
 
 // nginx is an nginx process proxying to the soak's workers.
 type nginx struct {
-	url string
-	pid int
+	url  string
+	pid  int
+	stop func() // stops the process and waits for it to exit; idempotent
 }
 
 // startNginx starts nginx in front of workers from a generated config on
@@ -632,10 +662,14 @@ http {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	b.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGQUIT)
-		<-exited
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cmd.Process.Signal(syscall.SIGQUIT)
+			<-exited
+		})
+	}
+	b.Cleanup(stop)
 	// nginx is another process: its readiness is a port that accepts.
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
@@ -653,7 +687,7 @@ http {
 			b.Fatalf("nginx not accepting on %s after 10s", addr)
 		}
 	}
-	return &nginx{url: "http://" + addr, pid: cmd.Process.Pid}
+	return &nginx{url: "http://" + addr, pid: cmd.Process.Pid, stop: stop}
 }
 
 // cpu returns the process's user and system CPU time so far, from
