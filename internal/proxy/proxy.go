@@ -138,8 +138,7 @@ type Options struct {
 	// Tracer, when not nil, gives each request a span (see Tracer).
 	Tracer Tracer
 	// SessionHeaders are the headers read, in order, for a request's
-	// session key before its body's fields (session.go);
-	// DefaultSessionHeaders when nil, none when empty.
+	// session key before its body's fields (session.go); none when empty.
 	SessionHeaders []string
 	// FairShareBySession makes each session its own fair-share flow in
 	// the queue (within its tenant), instead of one flow per tenant.

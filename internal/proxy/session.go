@@ -14,12 +14,9 @@ import (
 // conversation, says which session a request belongs to; Sluice reads the
 // first of, in order:
 //
-//   - the headers of Options.SessionHeaders (by default X-Session-ID,
-//     then the headers coding agents send: Claude Code's
-//     X-Claude-Code-Session-Id since v2.1.86 (coder/aibridge#241), the
-//     Codex CLI's session-id and its older session_id
-//     (KarpelesLab/teamclaude#352, router-for-me/CLIProxyAPI#4452),
-//     OpenCode's x-session-affinity (BYK/loreai#687));
+//   - the headers of Options.SessionHeaders (sessions.headers; by
+//     default X-Session-ID, then the headers coding agents send, see
+//     config.DefaultSessionHeaders);
 //   - OpenAI's prompt_cache_key body field (what OpenAI itself routes its
 //     prompt cache by);
 //   - OpenAI's user field;
@@ -34,10 +31,6 @@ import (
 // source is kept in words ("header x-session-id", "prompt_cache_key",
 // "user", "metadata.user_id") for the record.
 
-// DefaultSessionHeaders are the headers read for a session key when
-// Options.SessionHeaders is nil.
-var DefaultSessionHeaders = []string{"X-Session-ID", "X-Claude-Code-Session-Id", "Session-Id", "Session_id", "X-Session-Affinity"}
-
 // maxSessionKey bounds a session key's length; a longer one is cut (its
 // digest still tells sessions apart).
 const maxSessionKey = 512
@@ -45,11 +38,7 @@ const maxSessionKey = 512
 // sessionKey returns the request's session key and where it came from,
 // or "" when the request names none.
 func (h *Handler) sessionKey(r *http.Request, p parsed) (key, source string) {
-	headers := h.opt.SessionHeaders
-	if headers == nil {
-		headers = DefaultSessionHeaders
-	}
-	for _, name := range headers {
+	for _, name := range h.opt.SessionHeaders {
 		if v := strings.TrimSpace(r.Header.Get(name)); v != "" {
 			return v, "header " + strings.ToLower(name)
 		}

@@ -48,7 +48,8 @@ type sessionKey struct{ model, session string }
 type sessionEntry struct {
 	key    sessionKey
 	worker string
-	tokens int // the prompt size of its latest request
+	tokens int    // the prompt size of its latest request
+	first  uint64 // its first prefix block's hash, 0 when it had none
 	at     time.Time
 }
 
@@ -91,14 +92,14 @@ func (t *sessionTable) lookup(model, session string, now time.Time) *sessionEntr
 
 // record notes that worker serves session's request of tokens prompt
 // tokens now.
-func (t *sessionTable) record(model, session, worker string, tokens int, now time.Time) {
+func (t *sessionTable) record(model, session, worker string, tokens int, first uint64, now time.Time) {
 	if t == nil || session == "" {
 		return
 	}
 	k := sessionKey{model, session}
 	if el, ok := t.m[k]; ok {
 		e := el.Value.(*sessionEntry)
-		e.worker, e.tokens, e.at = worker, tokens, now
+		e.worker, e.tokens, e.first, e.at = worker, tokens, first, now
 		t.ll.MoveToFront(el)
 		return
 	}
@@ -106,7 +107,7 @@ func (t *sessionTable) record(model, session, worker string, tokens int, now tim
 		old := t.ll.Remove(t.ll.Back()).(*sessionEntry)
 		delete(t.m, old.key)
 	}
-	t.m[k] = t.ll.PushFront(&sessionEntry{key: k, worker: worker, tokens: tokens, at: now})
+	t.m[k] = t.ll.PushFront(&sessionEntry{key: k, worker: worker, tokens: tokens, first: first, at: now})
 }
 
 // len is the number of sessions remembered.
@@ -124,14 +125,22 @@ func (s *Scheduler) affine(req *Request) bool {
 }
 
 // sessionMatchLocked raises c's prefix match to the session hint's when c
-// served req's session last and the hint says more.
+// served req's session last and the hint says more. The hint holds only
+// for a prompt that may extend the previous one: no shorter than it (a
+// shorter one is a new conversation under the same key, or one the client
+// compacted), and starting with the same block when both have blocks (a
+// user field shared by unrelated conversations would otherwise pull them
+// all onto one card).
 func (s *Scheduler) sessionMatchLocked(req *Request, c *Candidate) {
 	e := s.sessions.lookup(req.Model, req.Session, s.clock.Now())
-	if e == nil || e.worker != c.Name {
+	if e == nil || e.worker != c.Name || e.tokens > req.PromptTokens {
+		return
+	}
+	if e.first != 0 && len(req.Prefix) > 0 && req.Prefix[0] != e.first {
 		return
 	}
 	m := 1.0
-	if req.PromptTokens > 0 && e.tokens < req.PromptTokens {
+	if req.PromptTokens > 0 {
 		m = float64(e.tokens) / float64(req.PromptTokens)
 	}
 	if m > c.PrefixMatch {
@@ -141,7 +150,11 @@ func (s *Scheduler) sessionMatchLocked(req *Request, c *Candidate) {
 
 // recordSessionLocked notes that w serves req's session.
 func (s *Scheduler) recordSessionLocked(req *Request, w *worker) {
-	s.sessions.record(req.Model, req.Session, w.spec.Name, req.PromptTokens, s.clock.Now())
+	var first uint64
+	if len(req.Prefix) > 0 {
+		first = req.Prefix[0]
+	}
+	s.sessions.record(req.Model, req.Session, w.spec.Name, req.PromptTokens, first, s.clock.Now())
 }
 
 // sessionLabel is what a decision record says of req's session: its

@@ -38,6 +38,22 @@ func TestSessions_HintSendsASessionBackToItsWorker(t *testing.T) {
 			}
 		}
 		l.Release()
+		if !on {
+			continue
+		}
+		// A shorter prompt under the same key is not a continuation, nor
+		// one that starts elsewhere: no hint.
+		for _, other := range []Request{
+			{Model: "m", PromptTokens: 50, Session: first.Session},
+			{Model: "m", PromptTokens: 200, Prefix: []uint64{7, 8}, Session: first.Session},
+		} {
+			admitNow(t, s, Request{Model: "m", PromptTokens: 200, Prefix: []uint64{1, 2}, Session: first.Session}).Release()
+			l := admitNow(t, s, other)
+			if c := termOf(t, l.Decision.Explain().Candidates[0], "prefix"); c.Raw != 0 {
+				t.Errorf("%+v after a 200-token prompt starting with block 1: hint %v, want none", other, c.Raw)
+			}
+			l.Release()
+		}
 	}
 }
 
@@ -70,9 +86,9 @@ func TestSessions_HintDoesNotHerdOntoABusyWorker(t *testing.T) {
 func TestSessions_TableIsBounded(t *testing.T) {
 	tb := newSessionTable(time.Minute, 2)
 	t0 := time.Unix(1000, 0)
-	tb.record("m", "a", "w0", 10, t0)
-	tb.record("m", "b", "w1", 10, t0)
-	tb.record("m", "c", "w0", 10, t0) // evicts a
+	tb.record("m", "a", "w0", 10, 0, t0)
+	tb.record("m", "b", "w1", 10, 0, t0)
+	tb.record("m", "c", "w0", 10, 0, t0) // evicts a
 	if tb.len() != 2 || tb.lookup("m", "a", t0) != nil {
 		t.Fatalf("after 3 sessions in a table of 2: %d kept, a found %v", tb.len(), tb.lookup("m", "a", t0) != nil)
 	}
