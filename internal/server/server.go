@@ -163,9 +163,9 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		SessionAffinity: cfg.Sessions.Affinity,
 		SessionTTL:      cfg.Sessions.TTL,
 		MaxSessions:     cfg.Sessions.MaxSessions,
-		Predictor:     predict.New(s.tracker),
-		Admission:     cfg.Admission.Mode,
-		SLOs:          cfg.Admission.SLO,
+		Predictor:       predict.New(s.tracker),
+		Admission:       cfg.Admission.Mode,
+		SLOs:            cfg.Admission.SLO,
 	})
 	if err != nil {
 		s.shared.close()
