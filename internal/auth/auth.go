@@ -218,6 +218,16 @@ func Bearer(r *http.Request) string {
 	return strings.TrimSpace(token)
 }
 
+// ClientKey returns the API key a client sent: its Authorization bearer
+// token, else its x-api-key header, which is how Anthropic's SDKs and
+// Claude Code send theirs. "" when neither is set.
+func ClientKey(r *http.Request) string {
+	if k := Bearer(r); k != "" {
+		return k
+	}
+	return strings.TrimSpace(r.Header.Get("X-Api-Key"))
+}
+
 // IsLoopback reports whether a connection's remote address (as in
 // http.Request.RemoteAddr) is a loopback address. Forwarding headers are
 // not consulted: they are whatever the client wrote.

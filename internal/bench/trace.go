@@ -36,6 +36,10 @@ type Item struct {
 	// nothing about shared prefixes.
 	Prefix            []uint64
 	PrefixBlockTokens int
+	// Session names the conversation or agent session the item belongs
+	// to, as a client's X-Session-ID would; empty when the load does not
+	// say.
+	Session string
 }
 
 // MooncakeBlockTokens is the block size of Mooncake's hash_ids.

@@ -67,6 +67,8 @@ type Config struct {
 	Discovery Discovery `yaml:"discovery"`
 	// Tracing exports OpenTelemetry spans; off unless OTLPEndpoint is set.
 	Tracing Tracing `yaml:"tracing"`
+	// Sessions recognises agents' and chat clients' sessions (sessions.go).
+	Sessions Sessions `yaml:"sessions"`
 }
 
 // Limits configures adaptive concurrency (see scheduler.LimitConfig for
@@ -365,6 +367,11 @@ type Admission struct {
 	// first token within the SLO's objective without any stream below the
 	// floor; see scheduler.AdmitBySLO).
 	Mode string `yaml:"mode"`
+	// FairShareBy is the fair-share flow of the queue: "tenant" (the
+	// default: each tenant shares with the others) or "session" (each
+	// session, within its tenant's name, is a flow of its own, so one
+	// agent's burst does not hold back another's; see sessions).
+	FairShareBy string `yaml:"fair_share_by"`
 }
 
 // Stats configures the moving averages.
@@ -570,7 +577,7 @@ func DefaultConfig() Config {
 		LogFormat: "text",
 		Policy:    string(scheduler.PolicySluice),
 		Weights:   scheduler.DefaultWeights(),
-		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits},
+		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
 		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
@@ -578,6 +585,7 @@ func DefaultConfig() Config {
 		Server:    ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
 		Shutdown:  Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
 		Shared:    Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
+		Sessions:  defaultSessions(),
 		Limits: Limits{Adaptive: true, FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
 			BorrowAfter: 2 * time.Second, DefaultCap: 64, Policy: LimitsTTFTFirst},
 		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
@@ -663,6 +671,7 @@ func (c *Config) Validate() error {
 	if c.Admission.MaxQueue < 0 {
 		bad("admission.max_queue", "negative (%d)", c.Admission.MaxQueue)
 	}
+	c.validateSessions(bad)
 	if c.Admission.QueueTimeout <= 0 {
 		bad("admission.queue_timeout", "must be positive, got %v", c.Admission.QueueTimeout)
 	}

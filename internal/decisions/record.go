@@ -50,6 +50,10 @@ type Record struct {
 	// Tenant names who sent the request (a name, never a key); empty for
 	// the anonymous tenant.
 	Tenant string `json:"tenant,omitempty"`
+	// Session says where the request's session key came from and a short
+	// digest of it, e.g. "header x-session-id #3f2a9c1e"; never the key
+	// itself, which may be a user's identifier. Empty: no session.
+	Session string `json:"session,omitempty"`
 	// ExpectedOutputTokens is the output length the scheduler expected
 	// when it decided, and EstimateSource where that came from: "bucket"
 	// (the tenant's average for prompts of this size), "tenant", "model",

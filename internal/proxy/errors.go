@@ -73,7 +73,7 @@ func StatusOf(err error) int {
 		return http.StatusServiceUnavailable
 	case errors.Is(err, scheduler.ErrUnknownClass), errors.Is(err, scheduler.ErrPromptTooLong):
 		return http.StatusBadRequest
-	case errors.Is(err, scheduler.ErrUnknownModel):
+	case errors.Is(err, scheduler.ErrUnknownModel), errors.Is(err, scheduler.ErrRouteNotServed):
 		return http.StatusNotFound
 	case errors.Is(err, scheduler.ErrClientGone):
 		return 499 // nginx's "client closed request"; nobody reads it
@@ -82,11 +82,11 @@ func StatusOf(err error) int {
 }
 
 // writeRefusal answers a request the scheduler refused.
-func writeRefusal(w http.ResponseWriter, err error) (int, string) {
+func writeRefusal(p *protocol, w http.ResponseWriter, err error) (int, string) {
 	status := StatusOf(err)
 	var ref *scheduler.Refusal
 	if !errors.As(err, &ref) {
-		return writeError(w, status, "internal", err.Error())
+		return p.writeError(w, status, "internal", "", err.Error())
 	}
 	if ref.DecisionID != "" {
 		w.Header().Set("X-Sluice-Decision", ref.DecisionID)
@@ -99,5 +99,5 @@ func writeRefusal(w http.ResponseWriter, err error) (int, string) {
 	if ref.Reason == "model_not_found" {
 		msg = "the model is not served by any worker"
 	}
-	return writeError(w, status, ref.Reason, msg)
+	return p.writeError(w, status, ref.Reason, "", msg)
 }

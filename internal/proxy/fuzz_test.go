@@ -19,7 +19,7 @@ func FuzzRelayStream(f *testing.F) {
 	f.Add([]byte("data: {\"usage\":{\"completion_tokens\":-5}}\n\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		rec := httptest.NewRecorder()
-		m, _ := relayStream(rec, bytes.NewReader(in), time.Now())
+		m, _ := relayStream(rec, bytes.NewReader(in), time.Now(), openAI)
 		out := rec.Body.Bytes()
 		if !bytes.HasPrefix(out, in) {
 			t.Fatalf("relay changed the stream:\nin  %q\nout %q", in, out)

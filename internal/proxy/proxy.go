@@ -137,6 +137,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Tracer, when not nil, gives each request a span (see Tracer).
 	Tracer Tracer
+	// SessionHeaders are the headers read, in order, for a request's
+	// session key before its body's fields (session.go); none when empty.
+	SessionHeaders []string
+	// FairShareBySession makes each session its own fair-share flow in
+	// the queue (within its tenant), instead of one flow per tenant.
+	FairShareBySession bool
 }
 
 // Handler proxies inference requests. Mount it on the inference paths.
@@ -212,35 +218,36 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	r, endSpan := h.startSpan(r)
 	defer endSpan(&res)
+	proto := protocolFor(r.URL.Path) // the API's body, errors and stream events
 	if r.Method != http.MethodPost {
-		res.Status, res.Reason = writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", fmt.Sprintf("%s %s: use POST", r.Method, r.URL.Path))
+		res.Status, res.Reason = proto.writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "", fmt.Sprintf("%s %s: use POST", r.Method, r.URL.Path))
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			res.Status, res.Reason = writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
+			res.Status, res.Reason = proto.writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", "", fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
 		} else {
-			res.Status, res.Reason = writeError(w, http.StatusBadRequest, "bad_body", "reading request body: "+err.Error())
+			res.Status, res.Reason = proto.writeError(w, http.StatusBadRequest, "bad_body", "", "reading request body: "+err.Error())
 		}
 		return
 	}
-	native := r.URL.Path == "/completion" || r.URL.Path == "/rerank" // llama.cpp's own routes: model optional
-	p, err := parseInference(body, !native)
+	p, err := proto.parse(body)
+	p.proto = proto
 	if err != nil {
 		var bad *badRequest
 		param := ""
 		if errors.As(err, &bad) {
 			param = bad.param
 		}
-		res.Status, res.Reason = writeParamError(w, http.StatusBadRequest, "invalid_request", param, err.Error())
+		res.Status, res.Reason = proto.writeError(w, http.StatusBadRequest, "invalid_request", param, err.Error())
 		return
 	}
 	if p.model == "" { // native /completion: the model the fleet serves
 		models := h.opt.Scheduler.Models()
 		if len(models) != 1 {
-			res.Status, res.Reason = writeParamError(w, http.StatusBadRequest, "invalid_request", "model", fmt.Sprintf("field \"model\" is required when the fleet serves %d models", len(models)))
+			res.Status, res.Reason = proto.writeError(w, http.StatusBadRequest, "invalid_request", "model", fmt.Sprintf("field \"model\" is required when the fleet serves %d models", len(models)))
 			return
 		}
 		p.model = models[0]
@@ -251,15 +258,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serve places the request and relays it, retrying on another worker while
 // nothing has been written to the client.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
-	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1}
+	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1, Route: p.proto.route}
 	if id, ok := auth.FromContext(r.Context()); ok {
 		req.Tenant, req.Class, req.SLO = id.Tenant, id.Class, id.SLO
 	}
+	h.session(r, p, &req) // an agent's session: an affinity hint, maybe a fair-share flow
 	// A client may tighten its SLO, never loosen it (X-Sluice-TTFT-SLO,
 	// X-Sluice-Min-Decode).
 	slo, err := predict.Tighten(req.SLO, r.Header.Get)
 	if err != nil {
-		res.Status, res.Reason = writeError(w, http.StatusBadRequest, "invalid_header", err.Error())
+		res.Status, res.Reason = p.proto.writeError(w, http.StatusBadRequest, "invalid_header", "", err.Error())
 		return
 	}
 	req.SLO = slo
@@ -284,7 +292,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 			if lastErr != nil && errors.Is(err, scheduler.ErrNoHealthyWorker) {
 				break // nobody left to retry on: report the worker failure
 			}
-			res.Status, res.Reason = writeRefusal(w, err)
+			res.Status, res.Reason = writeRefusal(p.proto, w, err)
 			return
 		}
 		res.Attempts = req.Attempt
@@ -308,7 +316,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		req.Exclude = append(req.Exclude, lease.Worker)
 		h.opt.Logger.Warn("worker failed before responding", "worker", lease.Worker, "attempt", req.Attempt, "err", err)
 	}
-	res.Status, res.Reason = writeError(w, http.StatusBadGateway, "upstream_failed", fmt.Sprintf("every worker tried failed; last: %v", lastErr))
+	res.Status, res.Reason = p.proto.writeError(w, http.StatusBadGateway, "upstream_failed", "", fmt.Sprintf("every worker tried failed; last: %v", lastErr))
 }
 
 // Where a request's prompt size came from, as decision records say.
@@ -412,7 +420,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	answer := newIdleReader(resp.Body, h.opt.IdleTimeout, cancel)
 	defer answer.stop()
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		m, err = relayStream(w, answer, attemptStart)
+		m, err = relayStream(w, answer, attemptStart, p.proto)
 	} else {
 		m, err = relayWhole(w, answer, maxParse)
 	}
@@ -473,8 +481,10 @@ func (h *Handler) setAuth(hdr http.Header, worker string) {
 	switch {
 	case key != "":
 		hdr.Set("Authorization", "Bearer "+key)
+		hdr.Del("X-Api-Key") // Anthropic clients' key header: the client's, not the worker's
 	case !forward:
 		hdr.Del("Authorization")
+		hdr.Del("X-Api-Key")
 	}
 }
 
@@ -572,12 +582,12 @@ var errClientGone = errors.New("the client went away")
 // the body as soon as they see [DONE], without reading to EOF, and that
 // cancels the worker's request under the relay's last read. A write to
 // the client that fails before the end returns errClientGone.
-func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measured, error) {
+func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *protocol) (measured, error) {
 	rc := http.NewResponseController(w)
 	bp := relayBuffers.Get().(*[]byte)
 	defer relayBuffers.Put(bp)
 	buf := *bp
-	var m streamMeter
+	m := streamMeter{read: proto.read}
 	var out measured
 	var readErr, writeErr error
 	for {
@@ -618,26 +628,19 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time) (measur
 	rc.Flush()
 	switch {
 	case errors.Is(readErr, ErrStreamIdle):
-		writeStreamError(w, rc, "stream_idle", readErr.Error())
+		writeStreamEnd(proto, w, rc, "stream_idle", readErr.Error())
 		return out, fmt.Errorf("read stream: %w", readErr)
 	case readErr != nil:
-		writeStreamError(w, rc, "upstream_failed", "the worker's stream broke: "+readErr.Error())
+		writeStreamEnd(proto, w, rc, "upstream_failed", "the worker's stream broke: "+readErr.Error())
 		return out, fmt.Errorf("read stream: %w", readErr)
 	}
-	writeStreamError(w, rc, "upstream_failed", ErrStreamTruncated.Error())
+	writeStreamEnd(proto, w, rc, "upstream_failed", ErrStreamTruncated.Error())
 	return out, ErrStreamTruncated
 }
 
 // relayBuffers holds relayStream's read buffers: a stream's reads are
 // small, and a buffer per stream would be garbage per request.
 var relayBuffers = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
-
-// writeStreamError ends a stream whose worker failed with an OpenAI-style
-// error event, so the client knows the answer is incomplete.
-func writeStreamError(w io.Writer, rc *http.ResponseController, code, msg string) {
-	fmt.Fprintf(w, "data: %s\n\n", errorJSON(code, "server_error", "", msg))
-	rc.Flush()
-}
 
 // maxParse bounds how much of a non-streamed answer is kept to read its
 // usage and timings. The answer itself is relayed whole, however large.
@@ -701,7 +704,11 @@ func (c *capture) Write(p []byte) {
 // else by decoding the last "usage" and "timings" objects of its tail.
 func (c *capture) parse(ch *chunk) bool {
 	if !c.cut {
-		return json.Unmarshal(c.buf, ch) == nil
+		// A field of another type than chunk's (an Anthropic answer's
+		// "content" is an array of blocks) leaves the others decoded.
+		var te *json.UnmarshalTypeError
+		err := json.Unmarshal(c.buf, ch)
+		return err == nil || errors.As(err, &te)
 	}
 	found := false
 	for _, key := range []string{`"usage"`, `"timings"`} {

@@ -26,6 +26,10 @@ type inference struct {
 	Instructions        json.RawMessage `json:"instructions"` // /v1/responses
 	Query               json.RawMessage `json:"query"`        // rerank
 	Documents           json.RawMessage `json:"documents"`    // rerank
+	// Session keys (session.go), read only when they are strings: a
+	// client sending another kind of value is the worker's to judge.
+	PromptCacheKey json.RawMessage `json:"prompt_cache_key"`
+	User           json.RawMessage `json:"user"`
 }
 
 // messagesField is a request's `messages` as sent, for the prompt count,
@@ -65,6 +69,12 @@ type parsed struct {
 	// prefix is the prompt's chained block hashes (prefix.FromBody of
 	// the body), where its prefix may be cached.
 	prefix []uint64
+	// proto is the request's API (protocolFor its path).
+	proto *protocol
+	// The body fields a session key may come from (session.go): OpenAI's
+	// prompt_cache_key and user, Anthropic's metadata.user_id; "" when
+	// absent or not a string.
+	promptCacheKey, user, metadataUserID string
 }
 
 // badRequest is a request body Sluice refuses: what is wrong, in words a
@@ -136,6 +146,7 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 	p.promptText = pc.text.String()
 	p.promptRunes = pc.runes
 	p.promptExtra = pc.tokens() - pc.runes/charsPerToken
+	p.promptCacheKey, p.user = jsonString(in.PromptCacheKey), jsonString(in.User)
 	return p, nil
 }
 
@@ -146,7 +157,7 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 // yields. A body that starts as an object is not checked on its own
 // first, since json.Unmarshal checks the whole of it before decoding and
 // reports the same syntax error json.Valid's scan would have found.
-func decodeBody(body []byte, in *inference) error {
+func decodeBody(body []byte, in any) error {
 	t := firstByte(body)
 	if t == 0 {
 		return &badRequest{"", "request body is empty: want a JSON object"}

@@ -32,6 +32,13 @@ type chunk struct {
 	Usage *struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
+		// Anthropic's Messages and OpenAI's Responses answers say
+		// input_tokens and output_tokens; Anthropic's input_tokens leaves
+		// out the cached part, which it states beside.
+		InputTokens              int `json:"input_tokens"`
+		OutputTokens             int `json:"output_tokens"`
+		CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+		CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
 	} `json:"usage"`
 	TokensPredicted int             `json:"tokens_predicted"` // llama.cpp native
 	Timings         *timings        `json:"timings"`
@@ -87,6 +94,8 @@ func (c *chunk) promptCount() int {
 	switch {
 	case c.Usage != nil && c.Usage.PromptTokens > 0:
 		return c.Usage.PromptTokens
+	case c.Usage != nil && c.Usage.InputTokens+c.Usage.CacheReadInputTokens+c.Usage.CacheCreationInputTokens > 0:
+		return max(c.Usage.InputTokens, 0) + max(c.Usage.CacheReadInputTokens, 0) + max(c.Usage.CacheCreationInputTokens, 0)
 	case c.Timings != nil && c.Timings.PromptN+c.Timings.CacheN > 0:
 		return max(c.Timings.PromptN, 0) + max(c.Timings.CacheN, 0)
 	case len(c.Error) > 0:
@@ -105,6 +114,8 @@ func (c *chunk) reportedTokens() int {
 	switch {
 	case c.Usage != nil && c.Usage.CompletionTokens > 0:
 		return c.Usage.CompletionTokens
+	case c.Usage != nil && c.Usage.OutputTokens > 0:
+		return c.Usage.OutputTokens
 	case c.Timings != nil && c.Timings.PredictedN > 0:
 		return c.Timings.PredictedN
 	}
@@ -114,6 +125,9 @@ func (c *chunk) reportedTokens() int {
 // streamMeter follows an SSE stream event by event, through the one SSE
 // parser (package sse) fed the bytes the relay forwards.
 type streamMeter struct {
+	// read reads an event of a typed stream (protocol.read); nil reads
+	// OpenAI chunks.
+	read     func(typ, data []byte) eventInfo
 	parser   sse.Parser
 	content  int  // events that carried generated text
 	reported int  // tokens the worker reported, if any
@@ -156,7 +170,12 @@ func (m *streamMeter) event(e sse.Event) {
 		m.done = true
 		return
 	}
-	c := readEvent(data)
+	var c eventInfo
+	if m.read != nil {
+		c = m.read(e.Type, data)
+	} else {
+		c = readEvent(data)
+	}
 	switch {
 	case !c.valid:
 		return

@@ -74,7 +74,7 @@ func (s *Scheduler) affinityOn() bool {
 // matchOnLocked is how much of req's prefix w is expected to hold, as the
 // prefix term sees it.
 func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
-	if len(req.Prefix) == 0 {
+	if !s.affine(&req) {
 		return 0
 	}
 	c := Candidate{Name: w.spec.Name, Active: w.active, Snap: w.snapshot()}
@@ -195,7 +195,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, no
 	defer clear(room)
 	budget := affinityMatchBudget
 	for _, t := range waiting {
-		if len(t.req.Prefix) == 0 {
+		if !s.affine(&t.req) {
 			continue
 		}
 		holds := false

@@ -32,6 +32,10 @@ var (
 	// ErrUnknownClass: the request names a priority class that is not
 	// configured.
 	ErrUnknownClass = errors.New("unknown priority class")
+	// ErrRouteNotServed: workers serve the model, but none of them serves
+	// the request's route (Request.Route; WorkerSpec.Unserved), e.g.
+	// /v1/messages on an engine without the Anthropic Messages API.
+	ErrRouteNotServed = errors.New("no worker serving this model serves this route")
 )
 
 // Refusal is the error Admit returns when it gives no lease. It wraps one
@@ -76,6 +80,8 @@ func reasonOf(err error) string {
 		return "unknown_priority_class"
 	case errors.Is(err, ErrSLOUnmeetable):
 		return "slo_unmeetable"
+	case errors.Is(err, ErrRouteNotServed):
+		return "route_not_served"
 	}
 	return "internal"
 }

@@ -26,6 +26,7 @@ const (
 	whyDown
 	whyLoading
 	whyModel
+	whyRoute
 	whyExcluded
 	whyContext
 	whyFull
@@ -39,6 +40,7 @@ var filters = [...]filter{
 	whyDown:     healthFilter{},
 	whyLoading:  loadingFilter{},
 	whyModel:    modelFilter{},
+	whyRoute:    routeFilter{},
 	whyExcluded: excludedFilter{},
 	whyContext:  contextFilter{},
 	whyFull:     limitFilter{},

@@ -122,7 +122,7 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	for why := whyDraining; why <= whyFull; why++ {
 		p.elig = filters[why].keep(p, p.elig, why)
 	}
-	if len(p.elig) == 0 && p.learning && len(req.Prefix) > 0 && s.affinityOn() {
+	if len(p.elig) == 0 && p.learning && s.affine(&req) && s.affinityOn() {
 		s.affinityBorrowLocked(p)
 	}
 	if !p.baseline && s.cfg.KVFit {
@@ -256,7 +256,7 @@ func (s *Scheduler) limitsLocked(p *pick) {
 // with its prefix match when the prefix term counts; an index that
 // answers for all candidates at once is asked once.
 func (s *Scheduler) candidatesLocked(p *pick) {
-	prefixOn := s.prefixWeighted && len(p.req.Prefix) > 0 && !p.baseline
+	prefixOn := s.prefixWeighted && s.affine(&p.req) && !p.baseline
 	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)
 	cands := p.cands[:0]
 	for _, i := range p.elig {

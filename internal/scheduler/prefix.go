@@ -117,9 +117,10 @@ type prefixBatcher interface {
 // prompt prefix c's worker is expected to hold (see CacheReport for the
 // merge with the worker's report).
 func (s *Scheduler) prefixMatchLocked(req *Request, c *Candidate) {
-	if s.cfg.PrefixIndex == nil || len(req.Prefix) == 0 || s.cfg.Policy != PolicySluice {
+	if s.cfg.PrefixIndex == nil || !s.affine(req) || s.cfg.Policy != PolicySluice {
 		return // the baselines do not score
 	}
+	defer s.sessionMatchLocked(req, c)
 	if ms, ok := s.cfg.PrefixIndex.(prefixSourcer); ok {
 		var remote bool
 		c.PrefixMatch, remote = ms.MatchSource(req.Model, req.Prefix, c.Name)
@@ -155,6 +156,7 @@ func (s *Scheduler) prefixMatchesLocked(req *Request, cands []Candidate, b prefi
 			c.PrefixSource = prefixSourceShared
 		}
 		s.reportMatchLocked(req, c)
+		s.sessionMatchLocked(req, c)
 	}
 }
 
@@ -174,6 +176,7 @@ func (s *Scheduler) reportMatchLocked(req *Request, c *Candidate) {
 // prefix, and first, when the worker's reported KV cache size changed,
 // how much of it the index may remember.
 func (s *Scheduler) recordPrefixLocked(req Request, w *worker) {
+	s.recordSessionLocked(&req, w)
 	if s.cfg.PrefixIndex == nil || len(req.Prefix) == 0 {
 		return
 	}
@@ -217,6 +220,8 @@ func (prefixMatch) Provenance(env *Env, c *Candidate) (string, time.Time, bool) 
 	switch {
 	case c.PrefixSource == "":
 		return "no prefix hashes", time.Time{}, false
+	case c.PrefixSource == prefixSourceSession && env.Req != nil:
+		return "session hint: served this session's last request (" + env.Req.SessionSource + ")", time.Time{}, false
 	case c.PrefixSource == prefixSourceReport:
 		return fmt.Sprintf("worker report (%s, %s old)", rep.Source, age(env.Now, rep.At)), rep.At, false
 	case rep == nil || env.Req == nil:

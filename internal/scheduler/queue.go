@@ -88,10 +88,10 @@ func (q *queue) push(t *Ticket, weight float64) {
 	if cq.flows == nil {
 		cq.flows = map[string]*flow{}
 	}
-	f := cq.flows[t.req.Tenant]
+	f := cq.flows[t.req.flow()]
 	if f == nil {
 		f = &flow{weight: weight, start: cq.v}
-		cq.flows[t.req.Tenant] = f
+		cq.flows[t.req.flow()] = f
 	}
 	if len(f.byCost) == 0 {
 		f.start = max(f.start, cq.v) // a flow idle for a while gets no credit
@@ -119,7 +119,7 @@ func (q *queue) remove(t *Ticket, bound bool) {
 	cq := &q.classes[t.cls]
 	cq.n--
 	cq.work -= t.cost
-	f := cq.flows[t.req.Tenant]
+	f := cq.flows[t.req.flow()]
 	heap.Remove(&f.byCost, t.hidx)
 	f.work -= t.cost
 	f.dead++
@@ -260,12 +260,12 @@ func (q *queue) ahead(t *Ticket, weight float64) float64 {
 	}
 	cq := &q.classes[t.cls]
 	own := 0.0
-	if f := cq.flows[t.req.Tenant]; f != nil {
+	if f := cq.flows[t.req.flow()]; f != nil {
 		own = f.work
 	}
 	w += own
 	for name, f := range cq.flows {
-		if name != t.req.Tenant {
+		if name != t.req.flow() {
 			w += min(f.work, own*f.weight/weight)
 		}
 	}

@@ -109,7 +109,7 @@ func (pr *pickRecord) ref(i int) *slotRefs { return &pr.chunks[i/chunkLen].refs[
 // prefixSources are the values of Candidate.PrefixSource, as a slot keeps
 // them: a number instead of a string. A source prefixMatchLocked may set
 // must be listed here and in prefixSourceCode.
-var prefixSources = [4]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared}
+var prefixSources = [5]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared, prefixSourceSession}
 
 func prefixSourceCode(src string) uint8 {
 	switch src { // a switch, not a loop: it runs for every eligible worker
@@ -121,6 +121,8 @@ func prefixSourceCode(src string) uint8 {
 		return 2
 	case prefixSourceShared:
 		return 3
+	case prefixSourceSession:
+		return 4
 	}
 	panic(fmt.Sprintf("scheduler: prefix source %q missing from prefixSources", src))
 }
@@ -306,6 +308,7 @@ func (s *Scheduler) fillRecordLocked(rec *decisions.Record, req Request, now tim
 		MaxTokens:    req.MaxTokens,
 		Class:        req.Class,
 		Tenant:       req.Tenant,
+		Session:      sessionLabel(&req),
 	}
 	s.stampSharedLocked(rec)
 	out, src := s.est.estimate(&req)

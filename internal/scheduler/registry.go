@@ -23,6 +23,11 @@ type WorkerSpec struct {
 	// Source publishes the worker's telemetry; nil means healthy with no
 	// telemetry.
 	Source Source
+	// Unserved names the client routes the worker's engine is known not
+	// to serve (e.g. "/v1/messages" on text-generation-inference): a
+	// request for one of them (Request.Route) is never sent there
+	// (filter_route.go). Empty: it serves every route Sluice routes.
+	Unserved []string
 }
 
 // worker is the registry's entry for one worker: its spec and the
@@ -187,13 +192,17 @@ func (s *Scheduler) whyNotWaitLocked(req Request) error {
 // is speculative: no worker is known to serve the model, but some
 // worker's models are still being discovered.
 func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) {
-	serves, undiscovered, fits := false, false, false
+	serves, undiscovered, fits, routeless := false, false, false, false
 	for _, w := range s.workers {
 		snap := w.snapshot()
 		if snap.Models == nil && len(w.spec.Models) == 0 && snap.Health != HealthDown {
 			undiscovered = true // its models are not known yet: it may serve this one
 		}
 		if !w.serves(snap, req.Model) {
+			continue
+		}
+		if !w.servesRoute(req.Route) {
+			routeless = true
 			continue
 		}
 		serves = true
@@ -208,6 +217,8 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 	switch {
 	case undiscovered:
 		return nil, !serves
+	case !serves && routeless:
+		return ErrRouteNotServed, false
 	case !serves:
 		return ErrUnknownModel, false
 	case !fits:

@@ -166,6 +166,16 @@ type Config struct {
 	// each worker is expected to hold (the prefix term) and learns where
 	// each request went.
 	PrefixIndex PrefixIndex
+	// SessionAffinity turns on the session hint (sessions.go): a request
+	// naming its session (Request.Session) is expected to find its
+	// session's previous prompt on the worker that served it. It counts
+	// through the prefix term, so only with a PrefixIndex and the term
+	// weighted. SessionTTL (DefaultSessionTTL when 0) is how long a
+	// session is remembered after its latest request, MaxSessions
+	// (DefaultMaxSessions when 0) how many are.
+	SessionAffinity bool
+	SessionTTL      time.Duration
+	MaxSessions     int
 	// IDPrefix starts every decision ID; when empty, the start time and a
 	// random part, so IDs stay unique across restarts and between replicas
 	// started together.
@@ -232,6 +242,8 @@ type Scheduler struct {
 	// prefixWeighted says the prefix term counts: a PrefixIndex is set and
 	// the term's weight is not 0. Otherwise no pick asks the index.
 	prefixWeighted bool
+	// sessions is the session table (sessions.go); nil when off.
+	sessions *sessionTable
 	// derivedSLO is each model's default SLO as last derived (promise.go).
 	derivedSLO map[string]*derived
 }
@@ -279,6 +291,9 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		s.terms = DefaultTerms(cfg.Weights)
 	}
 	s.picker = newPicker(cfg.Policy, s.terms, &s.scratch, cfg.Seed)
+	if cfg.SessionAffinity {
+		s.sessions = newSessionTable(cfg.SessionTTL, cfg.MaxSessions)
+	}
 	s.statsVia, _ = cfg.Stats.(statsVia)
 	if cfg.ShortestFirst {
 		s.order.costOvertake = cfg.MaxOvertake

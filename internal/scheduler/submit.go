@@ -37,6 +37,29 @@ type Request struct {
 	// SLO is the request's own SLO (its API key's, tightened by its
 	// headers); unset fields come from its class's, then the default.
 	SLO predict.SLO
+	// Route is the client route the worker must serve, e.g.
+	// "/v1/messages"; empty for routes every engine serves (see
+	// WorkerSpec.Unserved).
+	Route string
+	// Session identifies the conversation or agent session the request
+	// belongs to, when the client said (sessions.go): a hint that it goes
+	// back to the worker that served the session last. It is a digest
+	// made by the caller, never a client's raw value, since it is kept in
+	// memory and named in records. SessionSource says where it came from
+	// ("header x-session-id", "prompt_cache_key", ...). Empty: none.
+	Session       string
+	SessionSource string
+	// Flow is the fair-share flow of the request in the queue; empty is
+	// its Tenant (the default, admission.fair_share_by: tenant).
+	Flow string
+}
+
+// flow is the key of req's fair-share flow: Flow when set, else Tenant.
+func (req *Request) flow() string {
+	if req.Flow != "" {
+		return req.Flow
+	}
+	return req.Tenant
 }
 
 // Submit enters a request into admission. If a worker can take it now the

@@ -64,8 +64,10 @@ func TestRouter_KVPressureChangeChangesThePick(t *testing.T) {
 	cfg.Telemetry.StaleAfter = 1 << 41
 	cfg.Workers = []config.Worker{{Name: "a", URL: a.srv.URL, Kind: "llamacpp"}, {Name: "b", URL: b.srv.URL, Kind: "llamacpp"}}
 	r := startRouter(t, cfg)
+	n := 0
 	pick := func() string {
-		resp := post(t, context.Background(), r.url, chat("x", false))
+		n++ // a user of its own each time: a shared user field is a session hint
+		resp := post(t, context.Background(), r.url, chat(fmt.Sprint("x", n), false))
 		readAll(t, resp)
 		return resp.Header.Get("X-Sluice-Worker")
 	}

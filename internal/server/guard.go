@@ -82,28 +82,29 @@ func (s *Server) guard(next http.Handler) http.Handler {
 				next.ServeHTTP(w, r)
 				return
 			}
-			key, err := kr.Check(auth.Bearer(r))
+			key, err := kr.Check(auth.ClientKey(r))
 			if err != nil {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-				s.refuse(w, http.StatusUnauthorized, "invalid_api_key", err.Error())
+				s.refuse(w, r, http.StatusUnauthorized, "invalid_api_key", err.Error())
 				return
 			}
 			if ok, wait := key.Limiter.Allow(); !ok {
 				w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(wait, time.Second).Seconds()))))
-				s.refuse(w, http.StatusTooManyRequests, "rate_limited",
+				s.refuse(w, r, http.StatusTooManyRequests, "rate_limited",
 					fmt.Sprintf("API key of tenant %q is over its rate of %g requests/s", key.Identity.Tenant, key.Limiter.Rate()))
 				return
 			}
 			release, ok := key.Limiter.Acquire()
 			if !ok {
 				w.Header().Set("Retry-After", "1")
-				s.refuse(w, http.StatusTooManyRequests, "too_many_concurrent",
+				s.refuse(w, r, http.StatusTooManyRequests, "too_many_concurrent",
 					fmt.Sprintf("API key of tenant %q already has %d requests open (its max_concurrent)", key.Identity.Tenant, key.Limiter.MaxConcurrent()))
 				return
 			}
 			defer release()
 			// The key is Sluice's, not the worker's: never forward it.
 			r.Header.Del("Authorization")
+			r.Header.Del("X-Api-Key")
 			next.ServeHTTP(w, r.WithContext(auth.WithIdentity(r.Context(), key.Identity)))
 		case routeAdmin:
 			if kr.HasAdminToken() {
@@ -125,7 +126,7 @@ func (s *Server) guard(next http.Handler) http.Handler {
 // refuse answers an inference request the guard turns away, and counts
 // it in sluice_requests_total like the proxy's own refusals (no worker, no
 // model: the request was never read).
-func (s *Server) refuse(w http.ResponseWriter, status int, reason, msg string) {
-	proxy.WriteError(w, status, reason, msg)
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, status int, reason, msg string) {
+	proxy.WriteErrorFor(w, r.URL.Path, status, reason, msg)
 	s.metrics.observe(proxy.Result{Status: status, Reason: reason})
 }

@@ -17,7 +17,7 @@ import (
 // inferencePaths are the routes the proxy serves; the guard treats them
 // as client routes (API key, per-key limits).
 var inferencePaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/completion",
-	"/v1/responses", "/v1/rerank", "/rerank"}
+	"/v1/responses", "/v1/rerank", "/rerank", "/v1/messages", "/v1/messages/count_tokens"}
 
 // routes registers every route of the router on its mux.
 func (s *Server) routes() {
@@ -42,7 +42,7 @@ func (s *Server) routes() {
 	s.route("GET /dashboard/", s.dash.Assets())
 	s.routeFunc("GET /api/overview", s.dash.ServeOverview)
 	s.routeFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		proxy.WriteError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+		proxy.WriteErrorFor(w, r.URL.Path, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
 }
 

@@ -159,9 +159,13 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Stats:         s.tracker,
 		Recorder:      s.record,
 		PrefixIndex:   prefixIndex,
-		Predictor:     predict.New(s.tracker),
-		Admission:     cfg.Admission.Mode,
-		SLOs:          cfg.Admission.SLO,
+		// A session goes back to its worker (scheduler/sessions.go).
+		SessionAffinity: cfg.Sessions.Affinity,
+		SessionTTL:      cfg.Sessions.TTL,
+		MaxSessions:     cfg.Sessions.MaxSessions,
+		Predictor:       predict.New(s.tracker),
+		Admission:       cfg.Admission.Mode,
+		SLOs:            cfg.Admission.SLO,
 	})
 	if err != nil {
 		s.shared.close()
@@ -216,6 +220,9 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		TokenizeTimeout: cfg.Proxy.TokenizeTimeout,
 		Logger:          log,
 		Tracer:          opt.Tracer,
+		// Agent sessions (proxy/session.go).
+		SessionHeaders:     cfg.Sessions.Headers,
+		FairShareBySession: cfg.Admission.FairShareBy == config.FairShareBySession,
 	})
 	for _, w := range cfg.Workers {
 		if err := s.addWorker(w); err != nil {
@@ -388,7 +395,7 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	}
 	s.urls.Store(w.Name, u)
 	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
-	err = s.sched.AddWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw})
+	err = s.sched.AddWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw, Unserved: fleet.Unserved(w.Kind)})
 	if err != nil {
 		s.fleet.Remove(w.Name)
 		return err
@@ -432,7 +439,7 @@ func (s *Server) replaceWorkerLocked(w config.Worker) error {
 	}
 	s.urls.Store(w.Name, u)
 	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
-	return s.sched.UpdateWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw})
+	return s.sched.UpdateWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw, Unserved: fleet.Unserved(w.Kind)})
 }
 
 // removeWorkerLocked stops scheduling to a worker and stops probing it.

@@ -234,6 +234,10 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/completions", s.handleGenerate(kindCompletions))
 	m.HandleFunc("POST /completions", s.handleGenerate(kindCompletions))
 	m.HandleFunc("POST /completion", s.handleGenerate(kindNative))
+	m.HandleFunc("POST /v1/messages", s.handleGenerate(kindMessages))
+	m.HandleFunc("POST /v1/messages/count_tokens", s.handleCountTokens)
+	m.HandleFunc("POST /v1/responses", s.handleGenerate(kindResponses))
+	m.HandleFunc("POST /responses", s.handleGenerate(kindResponses))
 	m.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found_error", "File Not Found")
 	})
@@ -412,6 +416,8 @@ const (
 	kindChat genKind = iota
 	kindCompletions
 	kindNative
+	kindMessages  // Anthropic's /v1/messages (protocols.go)
+	kindResponses // OpenAI's /v1/responses (protocols.go)
 )
 
 // genRequest is a parsed generation request of any of the three APIs.
@@ -445,6 +451,9 @@ type wireRequest struct {
 }
 
 func parseGenRequest(kind genKind, body io.Reader) (genRequest, error) {
+	if kind == kindMessages || kind == kindResponses {
+		return parseTypedRequest(kind, body)
+	}
 	var wr wireRequest
 	dec := json.NewDecoder(body)
 	if err := dec.Decode(&wr); err != nil {
@@ -606,6 +615,7 @@ func (p *progress) snapshot() (int, bool, Result) {
 
 func (s *Server) handleGenerate(kind genKind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		writeError := errorWriter(kind) // in the API's own shape
 		g, err := parseGenRequest(kind, http.MaxBytesReader(w, r.Body, 64<<20))
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
@@ -688,6 +698,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, pr *progress, ou
 		return
 	}
 	var buf bytes.Buffer
+	out.writeStart(&buf) // sent with the first token
 	sent := 0
 	for {
 		select {
@@ -699,15 +710,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, pr *progress, ou
 			return
 		}
 		n, done, res := pr.snapshot()
-		buf.Reset()
 		for ; sent < n; sent++ {
-			writeEvent(&buf, out.chunk(sent+1))
+			out.writeChunk(&buf, sent+1)
 		}
 		if done {
-			writeEvent(&buf, out.lastChunk(n, res))
-			if out.g.kind != kindNative {
-				buf.WriteString("data: [DONE]\n\n")
-			}
+			out.writeEnd(&buf, n, res)
 		}
 		if buf.Len() > 0 {
 			if _, err := w.Write(buf.Bytes()); err != nil {
@@ -718,6 +725,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, pr *progress, ou
 				cancel("flush failed")
 				return
 			}
+			buf.Reset()
 		}
 		if done {
 			return
@@ -871,6 +879,10 @@ func (o *responder) final(n int, res Result) any {
 		}, res)
 	case kindCompletions:
 		return o.finished("text_completion", map[string]any{"finish_reason": finishReason(res), "index": 0, "text": o.text(n), "logprobs": nil}, res)
+	case kindMessages:
+		return o.message(n, res)
+	case kindResponses:
+		return o.response(n, res)
 	default:
 		return o.native(n, res)
 	}

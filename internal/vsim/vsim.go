@@ -75,6 +75,13 @@ type Config struct {
 	// Recorder, if set, receives every decision record, as the router's
 	// decision log would.
 	Recorder func(*decisions.Record)
+	// SessionAffinity, SessionTTL and FairShareBySession are
+	// sessions.affinity, sessions.ttl and admission.fair_share_by:
+	// session; items name their session in Item.Session, as a client's
+	// X-Session-ID header would.
+	SessionAffinity    bool
+	SessionTTL         time.Duration
+	FairShareBySession bool
 }
 
 // DefaultConfig returns a Config for workers with the router's default
@@ -90,20 +97,23 @@ func DefaultConfig(workers []sim.WorkerSpec) Config {
 func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 	w := rc.Weights
 	c := Config{
-		Workers:        workers,
-		Policy:         scheduler.Policy(rc.Policy),
-		Weights:        &w,
-		MaxQueue:       rc.Admission.MaxQueue,
-		QueueTimeout:   rc.Admission.QueueTimeout,
-		MaxOvertake:    rc.Admission.MaxOvertake,
-		ShortestFirst:  rc.Admission.ShortestFirst,
-		KVFit:          rc.Admission.KVFit,
-		Admission:      rc.Admission.Mode,
-		SLOs:           rc.Admission.SLO,
-		ScrapeInterval: rc.Telemetry.Interval,
-		StaleAfter:     rc.Telemetry.StaleAfter,
-		Alpha:          rc.Stats.Alpha,
-		Concurrency:    rc.Limits.Scheduler(),
+		Workers:            workers,
+		Policy:             scheduler.Policy(rc.Policy),
+		Weights:            &w,
+		MaxQueue:           rc.Admission.MaxQueue,
+		QueueTimeout:       rc.Admission.QueueTimeout,
+		MaxOvertake:        rc.Admission.MaxOvertake,
+		ShortestFirst:      rc.Admission.ShortestFirst,
+		KVFit:              rc.Admission.KVFit,
+		Admission:          rc.Admission.Mode,
+		SLOs:               rc.Admission.SLO,
+		ScrapeInterval:     rc.Telemetry.Interval,
+		StaleAfter:         rc.Telemetry.StaleAfter,
+		Alpha:              rc.Stats.Alpha,
+		Concurrency:        rc.Limits.Scheduler(),
+		SessionAffinity:    rc.Sessions.Affinity,
+		SessionTTL:         rc.Sessions.TTL,
+		FairShareBySession: rc.Admission.FairShareBy == config.FairShareBySession,
 	}
 	if len(rc.Workers) > 0 {
 		c.MaxConcurrency = int(rc.Workers[0].MaxConcurrency)
@@ -247,6 +257,8 @@ type run struct {
 	timeouts []int // queued requests by arrival, i.e. by deadline
 	toHead   int
 	watch    []int // workers to scrape
+	balance  Balance
+	loads    []int // scratch of scrape
 	queued   int   // tickets waiting in the scheduler's queue
 	events   int
 }
@@ -262,6 +274,8 @@ type Stats struct {
 	// Workers is the scheduler's view of every worker at the end: among
 	// others each one's learned concurrency limit and why.
 	Workers []scheduler.WorkerState
+	// Balance is how evenly the requests were spread, scrape by scrape.
+	Balance Balance
 }
 
 // Run simulates items (arrival offsets from the moment the fleet is ready)
@@ -278,7 +292,7 @@ func RunStats(cfg Config, items []bench.Item) ([]bench.Result, Stats, error) {
 		return nil, Stats{}, err
 	}
 	end := r.loop()
-	return r.results, Stats{Events: r.events, VirtualSpan: end.Sub(r.t0), Workers: r.sched.Workers()}, nil
+	return r.results, Stats{Events: r.events, VirtualSpan: end.Sub(r.t0), Workers: r.sched.Workers(), Balance: r.balance}, nil
 }
 
 func newRun(cfg Config, items []bench.Item) (*run, error) {
@@ -329,25 +343,27 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		vw.src.p.Store(&scheduler.Snapshot{Health: scheduler.HealthLoading, Models: []string{vw.eng.Params().Model}, Slots: vw.eng.Params().Slots})
 	}
 	r.sched, err = scheduler.New(scheduler.Config{
-		Weights:       w,
-		MaxQueue:      cfg.MaxQueue,
-		QueueTimeout:  cfg.QueueTimeout,
-		MaxOvertake:   cfg.MaxOvertake,
-		ShortestFirst: cfg.ShortestFirst,
-		KVFit:         cfg.KVFit,
-		StaleAfter:    cfg.StaleAfter,
-		Policy:        cfg.Policy,
-		Seed:          cfg.Seed,
-		Clock:         r.clock,
-		Stats:         r.tracker,
-		Recorder:      cfg.Recorder,
-		NoRecords:     cfg.Recorder == nil, // nobody would read them
-		IDPrefix:      "vsim",
-		PrefixIndex:   prefixIndex(cfg.Workers, items, r.clock),
-		Limits:        cfg.Concurrency,
-		Predictor:     predict.New(r.tracker),
-		Admission:     cfg.Admission,
-		SLOs:          cfg.SLOs,
+		Weights:         w,
+		MaxQueue:        cfg.MaxQueue,
+		QueueTimeout:    cfg.QueueTimeout,
+		MaxOvertake:     cfg.MaxOvertake,
+		ShortestFirst:   cfg.ShortestFirst,
+		KVFit:           cfg.KVFit,
+		StaleAfter:      cfg.StaleAfter,
+		Policy:          cfg.Policy,
+		Seed:            cfg.Seed,
+		Clock:           r.clock,
+		Stats:           r.tracker,
+		Recorder:        cfg.Recorder,
+		NoRecords:       cfg.Recorder == nil, // nobody would read them
+		IDPrefix:        "vsim",
+		PrefixIndex:     prefixIndex(cfg.Workers, items, r.clock),
+		Limits:          cfg.Concurrency,
+		Predictor:       predict.New(r.tracker),
+		Admission:       cfg.Admission,
+		SLOs:            cfg.SLOs,
+		SessionAffinity: cfg.SessionAffinity,
+		SessionTTL:      cfg.SessionTTL,
 	}, specs...)
 	if err != nil {
 		return nil, fmt.Errorf("vsim: %w", err)
@@ -495,6 +511,12 @@ func (r *run) drain() {
 func (r *run) arrive(i int, now time.Time) {
 	rq := &r.reqs[i]
 	req := scheduler.Request{Model: r.cfg.Model, PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), Attempt: 1, Prefix: rq.item.Prefix}
+	if s := rq.item.Session; s != "" {
+		req.Session, req.SessionSource = s, "header x-session-id"
+		if r.cfg.FairShareBySession {
+			req.Flow = s
+		}
+	}
 	t := r.sched.Submit(req, func(t *scheduler.Ticket) {
 		kind := pRefused
 		if l, _ := t.Result(); l != nil {
@@ -638,6 +660,12 @@ func (r *run) scrape(now time.Time) {
 		vw.touched = false
 	}
 	r.watch = keep
+	r.loads = r.loads[:0]
+	for _, vw := range r.workers {
+		m := vw.eng.Metrics(now)
+		r.loads = append(r.loads, m.RequestsProcessing+m.RequestsDeferred)
+	}
+	r.balance.observe(r.loads)
 	if now.Equal(r.t0) {
 		// The first round: every worker is scraped once.
 		for w, vw := range r.workers {
