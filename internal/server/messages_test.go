@@ -157,6 +157,10 @@ func TestMessages_HeadersToTheWorker(t *testing.T) {
 			w.Write([]byte(`{"object":"list","data":[{"id":"m","object":"model"}]}`))
 			return
 		}
+		if r.URL.Path != "/v1/messages" {
+			http.NotFound(w, r) // telemetry probes: not the request under test
+			return
+		}
 		mu.Lock()
 		seen = r.Header.Clone()
 		mu.Unlock()
