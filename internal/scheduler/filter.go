@@ -27,6 +27,7 @@ const (
 	whyLoading
 	whyModel
 	whyExcluded
+	whyKind
 	whyContext
 	whyFull
 	whyKVFit
@@ -40,6 +41,7 @@ var filters = [...]filter{
 	whyLoading:  loadingFilter{},
 	whyModel:    modelFilter{},
 	whyExcluded: excludedFilter{},
+	whyKind:     kindFilter{},
 	whyContext:  contextFilter{},
 	whyFull:     limitFilter{},
 	whyKVFit:    kvFitFilter{},

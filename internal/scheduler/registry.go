@@ -23,6 +23,9 @@ type WorkerSpec struct {
 	// Source publishes the worker's telemetry; nil means healthy with no
 	// telemetry.
 	Source Source
+	// Kind is the worker's engine kind ("llamacpp", "vllm", ...), for
+	// requests that only some kinds can serve (Request.Kinds).
+	Kind string
 }
 
 // worker is the registry's entry for one worker: its spec and the
@@ -201,7 +204,7 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 			continue
 		}
 		fits = true
-		if snap.Health != HealthDown && !w.draining && !slices.Contains(req.Exclude, w.spec.Name) {
+		if snap.Health != HealthDown && !w.draining && !slices.Contains(req.Exclude, w.spec.Name) && kindAllowed(&req, w) {
 			return nil, false
 		}
 	}
