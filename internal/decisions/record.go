@@ -246,7 +246,7 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	r.Explain()
 	return json.Marshal(struct {
 		*plainRecord
-		*FirstToken  // nil until set: its fields are left out
+		*FirstToken                // nil until set: its fields are left out
 		Continuation *Continuation `json:"continuation,omitempty"`
 	}{(*plainRecord)(r), r.firstToken.Load(), r.continuation.Load()})
 }
@@ -256,7 +256,7 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 func (r *Record) UnmarshalJSON(b []byte) error {
 	v := struct {
 		*plainRecord
-		*FirstToken  // allocated only when the JSON has its fields
+		*FirstToken                // allocated only when the JSON has its fields
 		Continuation *Continuation `json:"continuation,omitempty"`
 	}{plainRecord: (*plainRecord)(r)}
 	if err := json.Unmarshal(b, &v); err != nil {
