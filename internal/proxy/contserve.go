@@ -119,14 +119,12 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 			cs.brokeAt = time.Now()
 		}
 		c := Continued{From: from, Reason: brk.reason, Carried: cs.carried}
+		cs.overshoot = 0
 		if _, ok, _ := continuationBody(body, cs.route, kindLlamaCPP, "", cs.carried); !ok {
 			// Every token the limit allowed was sent: only the end is
-			// missing, and Sluice can say it.
-			cs.endEarly(w)
-			c.Outcome = "ok"
-			res.Continuations = append(res.Continuations, c)
-			res.Reason = ""
-			return
+			// missing. A worker asked for one token more says it, with
+			// the usage; its token is not the client's.
+			cs.overshoot = 1
 		}
 		req.Attempt++
 		req.Exclude = append(req.Exclude, from)
@@ -140,6 +138,11 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 			c.Outcome = "no_worker"
 			res.Continuations = append(res.Continuations, c)
 			h.opt.Logger.Warn("no worker can continue the stream", "from", from, "err", err)
+			if cs.overshoot > 0 { // Sluice can say the end itself
+				cs.endEarly(w)
+				res.Reason = ""
+				return
+			}
 			h.endBroken(w, brk)
 			return
 		}
@@ -147,7 +150,7 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 		if h.opt.KindOf != nil {
 			kind = h.opt.KindOf(lease.Worker)
 		}
-		nb, _, err := continuationBody(body, cs.route, kind, cs.text.String(), cs.carried)
+		nb, _, err := continuationBody(body, cs.route, kind, cs.text.String(), cs.carried-cs.overshoot)
 		var done *stats.Observation
 		var aerr error
 		if err == nil {

@@ -53,6 +53,11 @@ type contStream struct {
 	stuck    string          // why it can no longer be continued, if so
 	cont     bool            // the current part continues a broken one
 	sentAny  bool            // the client has been sent an event
+	// overshoot is the tokens the current part was asked for beyond the
+	// answer's limit, whose text the client must not get: a stream that
+	// broke with its limit used up is asked for one more token, only to
+	// hear its end and usage from a worker (endEarly when none answers).
+	overshoot int
 	lastTok  time.Time       // when the last content reached the client
 	brokeAt  time.Time       // lastTok when the stream broke
 	gap      time.Duration   // break to the first token of the continuation
@@ -153,6 +158,10 @@ func (cs *contStream) relay(w http.ResponseWriter, body io.Reader, start time.Ti
 			return
 		}
 		info := readEvent(data)
+		if cs.overshoot > 0 && info.content {
+			commit = e.Next // past the limit: not the client's
+			return
+		}
 		if cs.cont {
 			wbuf = cs.rewrite(wbuf, e, data, info)
 		}
@@ -297,7 +306,7 @@ func (cs *contStream) rewrite(out []byte, e sse.Event, data []byte, info eventIn
 			var pt, ct int
 			json.Unmarshal(u["prompt_tokens"], &pt)
 			json.Unmarshal(u["completion_tokens"], &ct)
-			pt, ct = prompt(pt), ct+cs.carried
+			pt, ct = prompt(pt), max(ct-cs.overshoot, 0)+cs.carried
 			u["prompt_tokens"], u["completion_tokens"], u["total_tokens"] = num(pt), num(ct), num(pt+ct)
 			m["usage"], _ = json.Marshal(u)
 		}
@@ -305,7 +314,7 @@ func (cs *contStream) rewrite(out []byte, e sse.Event, data []byte, info eventIn
 	if raw, ok := m["tokens_predicted"]; ok {
 		var n int
 		json.Unmarshal(raw, &n)
-		m["tokens_predicted"] = num(n + cs.carried)
+		m["tokens_predicted"] = num(max(n-cs.overshoot, 0) + cs.carried)
 	}
 	if raw, ok := m["tokens_evaluated"]; ok {
 		var n int

@@ -155,3 +155,35 @@ func splitChat(msgs []chatMessage, prefill bool) (base string, k, n int) {
 	}
 	return render(msgs), 0, len(msgs)
 }
+
+// Reference returns the text a server with parameters p (emulating
+// emulate, as Options.Emulate) answers body with on path, and its tokens,
+// without running it: what a stream of it must read however many workers
+// wrote it. Tests compare continued streams with it.
+func Reference(path string, body []byte, p Params, emulate string) (text string, tokens int, err error) {
+	kind := kindChat
+	switch path {
+	case "/v1/completions", "/completions":
+		kind = kindCompletions
+	case "/completion":
+		kind = kindNative
+	}
+	g, err := parseGenRequest(kind, strings.NewReader(string(body)), emulate)
+	if err != nil {
+		return "", 0, err
+	}
+	n := g.req.MaxTokens
+	if !g.req.IgnoreEOS {
+		rest := g.ans.length(p) - g.skip
+		if n <= 0 || rest < n {
+			n = max(rest, 0)
+		}
+	} else if n <= 0 {
+		n = p.OutputMax
+	}
+	var sb strings.Builder
+	for i := 1; i <= n; i++ {
+		sb.WriteString(g.ans.token(g.skip + i))
+	}
+	return sb.String(), n, nil
+}
