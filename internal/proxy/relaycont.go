@@ -58,9 +58,9 @@ type contStream struct {
 	// broke with its limit used up is asked for one more token, only to
 	// hear its end and usage from a worker (endEarly when none answers).
 	overshoot int
-	lastTok  time.Time       // when the last content reached the client
-	brokeAt  time.Time       // lastTok when the stream broke
-	gap      time.Duration   // break to the first token of the continuation
+	lastTok   time.Time     // when the last content reached the client
+	brokeAt   time.Time     // lastTok when the stream broke
+	gap       time.Duration // break to the first token of the continuation
 }
 
 // emitted is the tokens the client has been sent.

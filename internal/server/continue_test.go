@@ -409,7 +409,6 @@ func TestContinuation_DrainDeadlineMovesStreams(t *testing.T) {
 	}
 }
 
-
 // The wait a continuation adds — from the last token before the break to
 // the first after it — is about what the new worker's model says the
 // prefill of prompt + carried text takes there: the sim's step time of
