@@ -44,6 +44,9 @@ type Identity struct {
 	Class string
 	// SLO is the key's own SLO, over its class's (auth.keys[].slo).
 	SLO predict.SLO
+	// NoContinue is set for a key whose broken streams must not be
+	// continued on another worker (auth.keys[].continue: false).
+	NoContinue bool
 }
 
 type ctxKey struct{}
@@ -106,7 +109,7 @@ func Load(cfg config.Auth, prev *Keyring, now func() time.Time) (*Keyring, error
 			continue
 		}
 		seen[h] = i
-		key := &Key{hash: h, Identity: Identity{Tenant: kc.Tenant, Class: kc.Class, SLO: kc.SLO}}
+		key := &Key{hash: h, Identity: Identity{Tenant: kc.Tenant, Class: kc.Class, SLO: kc.SLO, NoContinue: kc.Continue != nil && !*kc.Continue}}
 		if old := prev.find(h); old != nil && old.Limiter.same(kc.Rate, kc.MaxConcurrent) {
 			key.Limiter = old.Limiter
 		} else {

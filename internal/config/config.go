@@ -458,6 +458,15 @@ type Proxy struct {
 	// timeout, or Sluice sends requests on connections the worker has
 	// just closed. Kinds left out keep their default (DefaultIdleConnTimeouts).
 	IdleConnTimeout map[string]time.Duration `yaml:"idle_conn_timeout"`
+	// MaxContinuations is how many times one stream may be continued on
+	// another worker after its worker broke it mid-way (an error, a cut
+	// connection, stream_idle_timeout of silence, a drain deadline); 0
+	// never continues, and the stream ends with an error event.
+	MaxContinuations int `yaml:"max_continuations"`
+	// DrainDeadline is how long a worker removed from the fleet (a config
+	// reload, an EndpointSlice endpoint terminating, the admin API) keeps
+	// its streams before they are continued on other workers.
+	DrainDeadline time.Duration `yaml:"drain_deadline"`
 }
 
 // DefaultIdleConnTimeout is the idle-connection timeout of a kind whose
@@ -531,6 +540,9 @@ type APIKey struct {
 	// SLO overrides, field by field, the SLO of the key's class for its
 	// requests; a field left out takes the class's.
 	SLO predict.SLO `yaml:"slo"`
+	// Continue, when false, never continues the key's streams on another
+	// worker when theirs breaks (proxy.max_continuations); unset is true.
+	Continue *bool `yaml:"continue"`
 }
 
 // ServerLimits bound what one client or connection may cost.
@@ -581,11 +593,12 @@ func DefaultConfig() Config {
 		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
-		Proxy:     Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond, IdleConnTimeout: DefaultIdleConnTimeouts()},
-		Server:    ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
-		Shutdown:  Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
-		Shared:    Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
-		Sessions:  defaultSessions(),
+		Proxy: Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond, IdleConnTimeout: DefaultIdleConnTimeouts(),
+			MaxContinuations: 1, DrainDeadline: 30 * time.Second},
+		Server:   ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
+		Shutdown: Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
+		Shared:   Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
+		Sessions: defaultSessions(),
 		Limits: Limits{Adaptive: true, FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
 			BorrowAfter: 2 * time.Second, DefaultCap: 64, Policy: LimitsTTFTFirst},
 		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
@@ -761,6 +774,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Proxy.MaxAttempts < 1 {
 		bad("proxy.max_attempts", "must be at least 1, got %d", c.Proxy.MaxAttempts)
+	}
+	if c.Proxy.MaxContinuations < 0 {
+		bad("proxy.max_continuations", "must not be negative (0 turns continuation off), got %d", c.Proxy.MaxContinuations)
+	}
+	if c.Proxy.DrainDeadline <= 0 {
+		bad("proxy.drain_deadline", "must be positive, got %v", c.Proxy.DrainDeadline)
 	}
 	if sh := c.Shared; sh.Redis != "" {
 		if _, _, err := redisconn.Parse(sh.Redis, ""); err != nil {

@@ -347,7 +347,8 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 				"limit_moved":{"at":"1970-01-01T00:00:00Z","from":7,"to":6,"why":"slowest stream under the floor"},"sluice_queue":0,"averages":{},"spark":[3],
 				"prediction":{"ttft_error":0.12,"decode_error":0.41,"ttft_n":32,"decode_n":32,"trusted":false,"untrusted":"median decode prediction error 41% over the last 32 > 30%"}}],
 			"busiest":[{"name":"gpu-a","limit":6,"active":[3]}],
-			"decisions":[{"id":"d-1","time":"2026-01-02T03:04:05Z","model":"m","outcome":"bound","chosen":"gpu-a","attempt":1,"queue_wait_ms":0}]}`)
+			"decisions":[{"id":"d-1","time":"2026-01-02T03:04:05Z","model":"m","outcome":"bound","chosen":"gpu-a","attempt":2,"queue_wait_ms":0,
+				"continuation":{"from":"gpu-b","reason":"upstream_failed","carried_tokens":40,"gap_ms":83,"outcome":"ok"}}]}`)
 	}))
 	mux.HandleFunc("GET /debug/decisions/{id}", needToken(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -367,6 +368,7 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 	if err := do(ctx, chromedp.Navigate(srv.URL+"/#token="+token)); err != nil {
 		t.Fatal(err)
 	}
+	waitJS[bool](t, ctx, "the decision that continued a broken stream, with a badge saying from where", `(() => { const b = document.querySelector('tr[data-id="d-1"] .cont'); return b && /from gpu-b/.test(b.textContent) && /40 tokens carried over/.test(b.title); })()`)
 	waitJS[bool](t, ctx, "the card with how far its predictions were off, and why they are not trusted", `(() => { const n = document.querySelector('#cards .card[data-worker="gpu-a"] .prednote'); return n && /predictions off by 12% first token · 41% decode — not trusted: median decode prediction error 41%/.test(n.textContent); })()`)
 	waitJS[bool](t, ctx, "the card with its limit's source and reason", `(() => { const n = document.querySelector('#cards .card[data-worker="gpu-a"] .limitnote'); return n && /^limit 6 · learned, cap 8 — 6: at 7 streams the slowest decode/.test(n.textContent); })()`)
 	// The card shows two lines of it; the whole text is on hover, and in

@@ -91,6 +91,26 @@ func (l *Log) AddFirstToken(r *Record, ft FirstToken) {
 	}
 }
 
+// AddContinuation stores c on r (Record.SetContinuation) and appends it
+// to the file as {"id": r.ID, "continuation": {…}}, as AddFirstToken
+// does its first token.
+func (l *Log) AddContinuation(r *Record, c Continuation) {
+	if !r.SetContinuation(c) || l.w == nil {
+		return
+	}
+	line, _ := json.Marshal(struct {
+		ID           string       `json:"id"`
+		Continuation Continuation `json:"continuation"`
+	}{r.ID, c})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.werr == nil {
+		l.w.Write(line)
+		l.w.WriteByte('\n')
+		l.werr = l.w.Flush()
+	}
+}
+
 // Get returns the record with id, if still held.
 func (l *Log) Get(id string) (*Record, bool) {
 	l.mu.Lock()

@@ -158,3 +158,28 @@ func TestLog_AppendsFirstTokenAsLaterLine(t *testing.T) {
 		t.Errorf("record a's first token %+v (set %v), want the one filed", ft, ok)
 	}
 }
+
+// A record's continuation is stored once, shown in its JSON and read back
+// from it.
+func TestRecord_ContinuationRoundTrips(t *testing.T) {
+	l, err := NewLog(4, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Record{ID: "d-1"}
+	l.Add(r)
+	c := Continuation{From: "gpu0", Reason: "drain", CarriedTokens: 40, GapMs: 83, Outcome: "ok"}
+	l.AddContinuation(r, c)
+	l.AddContinuation(r, Continuation{From: "other"})
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Record
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := back.Continuation(); !ok || got != c {
+		t.Fatalf("read back %+v (%v) from %s, want %+v", got, ok, b, c)
+	}
+}

@@ -104,8 +104,39 @@ type Record struct {
 	once    sync.Once
 	explain func(*Record)
 	// firstToken is the bound request's time to first token, nil until it
-	// has one; the only field written after the record is logged.
+	// has one; with continuation, the only fields written after the
+	// record is logged.
 	firstToken atomic.Pointer[FirstToken]
+	// continuation is set on the record of a lease that continued a
+	// stream another worker broke (SetContinuation).
+	continuation atomic.Pointer[Continuation]
+}
+
+// Continuation says why a decision placed the rest of a stream another
+// worker had begun: from which worker, why that one stopped, how much of
+// the answer was carried over to this one, how long the client waited
+// between the last token before the break and the first one after it,
+// and how the continuation ended.
+type Continuation struct {
+	From          string  `json:"from"`
+	Reason        string  `json:"reason"` // upstream_failed, error_event, stream_idle, drain
+	CarriedTokens int     `json:"carried_tokens"`
+	GapMs         float64 `json:"gap_ms,omitempty"` // 0 when it never sent a token
+	Outcome       string  `json:"outcome"`          // ok, failed
+}
+
+// SetContinuation stores what the decision continued; only the first
+// call counts. Safe while others read r.
+func (r *Record) SetContinuation(c Continuation) bool {
+	return r.continuation.CompareAndSwap(nil, &c)
+}
+
+// Continuation returns what SetContinuation stored, if anything.
+func (r *Record) Continuation() (Continuation, bool) {
+	if c := r.continuation.Load(); c != nil {
+		return *c, true
+	}
+	return Continuation{}, false
 }
 
 // Promise is a request's SLO as admission by promise judged it, and what
@@ -219,8 +250,9 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 	r.Explain()
 	return json.Marshal(struct {
 		*plainRecord
-		*FirstToken // nil until set: its fields are left out
-	}{(*plainRecord)(r), r.firstToken.Load()})
+		*FirstToken                // nil until set: its fields are left out
+		Continuation *Continuation `json:"continuation,omitempty"`
+	}{(*plainRecord)(r), r.firstToken.Load(), r.continuation.Load()})
 }
 
 // UnmarshalJSON decodes what MarshalJSON wrote, first token included, so
@@ -228,13 +260,17 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 func (r *Record) UnmarshalJSON(b []byte) error {
 	v := struct {
 		*plainRecord
-		*FirstToken // allocated only when the JSON has its fields
+		*FirstToken                // allocated only when the JSON has its fields
+		Continuation *Continuation `json:"continuation,omitempty"`
 	}{plainRecord: (*plainRecord)(r)}
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
 	if v.FirstToken != nil {
 		r.firstToken.Store(v.FirstToken)
+	}
+	if v.Continuation != nil {
+		r.continuation.Store(v.Continuation)
 	}
 	return nil
 }

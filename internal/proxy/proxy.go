@@ -95,6 +95,9 @@ type Result struct {
 	// Decision is the record of the decision that placed the attempt that
 	// answered (nil when never placed), for filing its first token.
 	Decision *decisions.Record
+	// Continuations are the times the stream was continued on another
+	// worker after its worker broke it, in order.
+	Continuations []Continued
 }
 
 // Options configures a Handler.
@@ -143,6 +146,13 @@ type Options struct {
 	// FairShareBySession makes each session its own fair-share flow in
 	// the queue (within its tenant), instead of one flow per tenant.
 	FairShareBySession bool
+	// MaxContinuations is how many times one stream may be continued on
+	// another worker after its worker broke it (see continue.go); 0
+	// never continues.
+	MaxContinuations int
+	// KindOf returns a worker's engine kind, which says how a
+	// continuation is asked of it; nil or "" is llama.cpp's way.
+	KindOf func(worker string) string
 }
 
 // Handler proxies inference requests. Mount it on the inference paths.
@@ -160,6 +170,8 @@ type Handler struct {
 	fresh func(*http.Request) (*http.Response, error)
 	// ratio calibrates prompt estimates on what workers counted.
 	ratio *tokenRatio
+	// live are the continuable streams in flight, for drain deadlines.
+	live liveStreams
 }
 
 // freshSender is a transport that can send a request on a connection of
@@ -271,6 +283,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		return
 	}
 	req.SLO = slo
+	cs, err := h.continuation(r, body, p)
+	if err != nil {
+		res.Status, res.Reason = writeError(w, http.StatusBadRequest, "invalid_header", err.Error())
+		return
+	}
 	if n, src, ok := h.ratio.estimate(p); ok {
 		req.PromptTokens, req.PromptSource = n, src
 		p.promptTokens = n
@@ -297,13 +314,18 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		}
 		res.Attempts = req.Attempt
 		res.Worker, res.QueueWait, res.Decision = lease.Worker, lease.QueueWait, lease.Decision
-		sent, done, err := h.attempt(w, r, body, p, lease, start, res)
+		sent, done, err := h.attempt(w, r, body, p, lease, start, res, cs)
 		if done != nil {
 			// Answered in full: the finish sequence the simulation
 			// follows too (observation, stats, output estimate, release).
 			lease.Complete(*done, h.opt.Observer, time.Now())
 		} else {
 			lease.Release()
+		}
+		var brk *streamBreak
+		if errors.As(err, &brk) {
+			h.continueStream(w, r, body, p, req, lease.Worker, start, res, cs, brk)
+			return
 		}
 		if err == nil || sent {
 			return
@@ -350,7 +372,12 @@ func (h *Handler) tokenize(ctx context.Context, p parsed) (int, bool) {
 // was and err is not nil, the caller may retry elsewhere. done is the
 // measurement of an answer that completed successfully, for the caller to
 // end the lease with (Lease.Complete); nil otherwise.
-func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result) (sent bool, done *stats.Observation, err error) {
+//
+// With cs (a stream that may be continued) the answer is relayed whole
+// events at a time, and a break after the first byte returns a
+// *streamBreak for the caller to continue elsewhere; a part that
+// continues a broken stream (cs.cont) writes no headers of its own.
+func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result, cs *contStream) (sent bool, done *stats.Observation, err error) {
 	base, ok := h.opt.Resolve(lease.Worker)
 	if !ok {
 		return false, nil, fmt.Errorf("worker %s has no address", lease.Worker)
@@ -359,6 +386,10 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	// off without touching the client's request.
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
+	if cs != nil {
+		defer h.live.add(lease.Worker, cancel)()
+	}
+	cont := cs != nil && cs.cont
 	var reused atomic.Bool // whether the connection used came from the pool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(ci httptrace.GotConnInfo) { reused.Store(ci.Reused) },
@@ -401,6 +432,16 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		h.report(lease.Worker, err)
 		return false, nil, err
 	}
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if cont && (resp.StatusCode >= 300 || !sse) {
+		// The client's headers are long sent: a continuation that does
+		// not answer with a stream is a failure, relayed as nothing.
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return false, nil, fmt.Errorf("worker %s answered the continuation with %s: %s", lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	if cont {
+		return h.relayPart(w, r, resp, lease, attemptStart, res, cs, cancel, ctx)
+	}
 
 	hdr := w.Header()
 	copyHeader(hdr, resp.Header)
@@ -419,12 +460,19 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	var m measured
 	answer := newIdleReader(resp.Body, h.opt.IdleTimeout, cancel)
 	defer answer.stop()
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	var brk *streamBreak
+	if sse && cs != nil {
+		m, err = cs.relay(w, answer, attemptStart)
+		errors.As(err, &brk)
+		res.Tokens = cs.emitted()
+	} else if sse {
 		m, err = relayStream(w, answer, attemptStart, p.proto)
 	} else {
 		m, err = relayWhole(w, answer, maxParse)
 	}
-	res.Tokens = m.tokens
+	if cs == nil {
+		res.Tokens = m.tokens
+	}
 	if m.ttft > 0 {
 		// m.ttft runs from attemptStart, on the monotonic clock as start:
 		// the client's view adds everything before the attempt.
@@ -441,6 +489,9 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		// One that left after the end (closing at [DONE], say) had the
 		// whole answer: that is a success, and teaches the averages.
 		res.Status, res.Reason = 499, "client_gone"
+	case brk != nil:
+		h.broke(lease.Worker, brk, ctx, res)
+		return true, nil, brk
 	case err != nil:
 		h.report(lease.Worker, err)
 		res.Reason = "upstream_failed"

@@ -28,6 +28,7 @@ const (
 	whyModel
 	whyRoute
 	whyExcluded
+	whyKind
 	whyContext
 	whyFull
 	whyKVFit
@@ -42,6 +43,7 @@ var filters = [...]filter{
 	whyModel:    modelFilter{},
 	whyRoute:    routeFilter{},
 	whyExcluded: excludedFilter{},
+	whyKind:     kindFilter{},
 	whyContext:  contextFilter{},
 	whyFull:     limitFilter{},
 	whyKVFit:    kvFitFilter{},

@@ -28,6 +28,9 @@ type WorkerSpec struct {
 	// request for one of them (Request.Route) is never sent there
 	// (filter_route.go). Empty: it serves every route Sluice routes.
 	Unserved []string
+	// Kind is the worker's engine kind ("llamacpp", "vllm", ...), for
+	// requests that only some kinds can serve (Request.Kinds).
+	Kind string
 }
 
 // worker is the registry's entry for one worker: its spec and the
@@ -210,7 +213,7 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 			continue
 		}
 		fits = true
-		if snap.Health != HealthDown && !w.draining && !slices.Contains(req.Exclude, w.spec.Name) {
+		if snap.Health != HealthDown && !w.draining && !slices.Contains(req.Exclude, w.spec.Name) && kindAllowed(&req, w) {
 			return nil, false
 		}
 	}

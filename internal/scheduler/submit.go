@@ -22,6 +22,10 @@ type Request struct {
 	MaxTokens int
 	// Exclude names workers that already failed this request.
 	Exclude []string
+	// Kinds, when not empty, are the only worker kinds (WorkerSpec.Kind)
+	// that may serve the request: a stream continued on another worker
+	// goes only to an engine that can continue it (filter_kind.go).
+	Kinds []string
 	// Attempt is 1 for a new request; a retry passes the next number and
 	// goes to the front of the queue: it was accepted before the others.
 	Attempt int

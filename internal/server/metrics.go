@@ -31,6 +31,10 @@ type metrics struct {
 	retries      *prometheus.CounterVec
 	staleRetries *prometheus.CounterVec
 	predError    *prometheus.HistogramVec
+	// continuations count streams continued on another worker, and gap
+	// the wait each added between the tokens on either side of the break.
+	continuations *prometheus.CounterVec
+	gap           prometheus.Histogram
 }
 
 // predErrorBuckets span relative errors of 1% to 256% (|predicted −
@@ -83,6 +87,13 @@ func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metr
 			Name: "sluice_stale_connection_retries_total", Help: "Requests resent to the same worker on a fresh connection after the pooled one turned out closed by the worker; not counted against its health.",
 		}, []string{"worker"}),
 	}
+	m.continuations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_continuations_total", Help: "Streams continued on another worker after theirs broke them mid-way, by why (upstream_failed, error_event, stream_idle, drain) and how the continuation ended (ok, failed, no_worker).",
+	}, []string{"reason", "outcome"})
+	m.gap = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "sluice_continuation_gap_seconds", Help: "Time a continuation added to a stream: from the last token before the break to the first token after it.", Buckets: latencyBuckets,
+	})
+	m.reg.MustRegister(m.continuations, m.gap)
 	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.workerTTFT, m.e2e, m.tpot, m.predError, m.tokens, m.promptTokens, m.retries, m.staleRetries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{sched: sched, tracker: tracker})
@@ -100,6 +111,12 @@ func (m *metrics) observe(r proxy.Result) {
 	}
 	for _, w := range r.StaleRetries {
 		m.staleRetries.WithLabelValues(w).Inc()
+	}
+	for _, c := range r.Continuations {
+		m.continuations.WithLabelValues(c.Reason, c.Outcome).Inc()
+		if c.Gap > 0 {
+			m.gap.Observe(c.Gap.Seconds())
+		}
 	}
 	if r.Worker == "" {
 		return

@@ -128,6 +128,7 @@ func TestMetrics_NamesAndLabels(t *testing.T) {
 		"sluice_output_tokens_total":                 {dto.MetricType_COUNTER, []string{"model", "worker"}},
 		"sluice_prompt_tokens_total":                 {dto.MetricType_COUNTER, []string{"model", "worker"}},
 		"sluice_retries_total":                       {dto.MetricType_COUNTER, []string{"model"}},
+		"sluice_continuation_gap_seconds":            {dto.MetricType_HISTOGRAM, nil},
 		"sluice_queue_depth":                         {dto.MetricType_GAUGE, []string{"model"}},
 		"sluice_queue_depth_by_class":                {dto.MetricType_GAUGE, []string{"class", "model"}},
 		"sluice_worker_active_requests":              {dto.MetricType_GAUGE, []string{"worker"}},

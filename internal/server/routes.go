@@ -34,7 +34,7 @@ func (s *Server) routes() {
 	s.routeFunc("GET /debug/decisions/{id}", s.getDecision)
 	s.routeFunc("GET /api/workers", s.listWorkers)
 	s.routeFunc("POST /api/workers", s.postWorker)
-	s.routeFunc("POST /api/workers/{name}/drain", s.drainWorker(true))
+	s.routeFunc("POST /api/workers/{name}/drain", s.drainWithDeadline)
 	s.routeFunc("POST /api/workers/{name}/undrain", s.drainWorker(false))
 	s.routeFunc("DELETE /api/workers/{name}", s.deleteWorker)
 	s.route("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
@@ -175,6 +175,9 @@ func (s *Server) postWorker(w http.ResponseWriter, r *http.Request) {
 func (s *Server) drainWorker(drain bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
+		if !drain {
+			s.stopDrain(name)
+		}
 		if err := s.sched.SetDraining(name, drain); err != nil {
 			proxy.WriteError(w, http.StatusNotFound, "worker_not_found", err.Error())
 			return

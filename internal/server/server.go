@@ -81,9 +81,12 @@ type Server struct {
 	stopBg      context.CancelFunc
 	bgDone      chan struct{}
 
+	drains drains // pending drain deadlines, by worker
+
 	memberMu sync.Mutex // serialises worker membership changes
 	urls     sync.Map   // worker name -> *url.URL
 	creds    sync.Map   // worker name -> credentials
+	kinds    sync.Map   // worker name -> engine kind
 }
 
 // Options are the parts a caller may supply instead of the defaults.
@@ -209,6 +212,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 			s.metrics.observe(r)
 			s.dash.Observe(r)
 			s.fileFirstToken(r)
+			s.fileContinuations(r)
 			s.console.observe(r)
 		},
 		Transport:       opt.Transport,
@@ -223,6 +227,10 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		// Agent sessions (proxy/session.go).
 		SessionHeaders:     cfg.Sessions.Headers,
 		FairShareBySession: cfg.Admission.FairShareBy == config.FairShareBySession,
+		// Continuation (issue 21): a stream broken mid-way goes on
+		// elsewhere; each worker's kind says how to ask for the rest.
+		MaxContinuations: cfg.Proxy.MaxContinuations,
+		KindOf:           s.kindOf,
 	})
 	for _, w := range cfg.Workers {
 		if err := s.addWorker(w); err != nil {
@@ -269,6 +277,7 @@ func (s *Server) Decisions() *decisions.Log { return s.dlog }
 
 // Close stops probes, flushes the averages and closes the stores.
 func (s *Server) Close() error {
+	s.stopDrains()
 	s.sched.Close()
 	if s.fleet != nil {
 		s.fleet.Close()
@@ -395,7 +404,9 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	}
 	s.urls.Store(w.Name, u)
 	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
-	err = s.sched.AddWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw, Unserved: fleet.Unserved(w.Kind)})
+	s.kinds.Store(w.Name, w.Kind)
+	s.stopDrain(w.Name) // a worker added again under this name is another one
+	err = s.sched.AddWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw, Kind: w.Kind, Unserved: fleet.Unserved(w.Kind)})
 	if err != nil {
 		s.fleet.Remove(w.Name)
 		return err
@@ -439,7 +450,8 @@ func (s *Server) replaceWorkerLocked(w config.Worker) error {
 	}
 	s.urls.Store(w.Name, u)
 	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
-	return s.sched.UpdateWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw, Unserved: fleet.Unserved(w.Kind)})
+	s.kinds.Store(w.Name, w.Kind)
+	return s.sched.UpdateWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw, Kind: w.Kind, Unserved: fleet.Unserved(w.Kind)})
 }
 
 // removeWorkerLocked stops scheduling to a worker and stops probing it.
@@ -451,7 +463,9 @@ func (s *Server) removeWorkerLocked(name string) error {
 	s.fleet.Remove(name)
 	s.metrics.forget(name)
 	s.prefix.Forget(name) // a worker added again under this name starts cold
-	// The URL stays resolvable for requests already bound to the worker.
+	// The URL stays resolvable for requests already bound to the worker,
+	// which keep streaming until the drain deadline moves them.
+	s.drainAt(name, s.cfg.Proxy.DrainDeadline)
 	return nil
 }
 

@@ -194,6 +194,10 @@ type Request struct {
 	// IgnoreEOS makes the sequence produce exactly MaxTokens tokens
 	// (OutputMax when MaxTokens is not set), as llama.cpp's ignore_eos.
 	IgnoreEOS bool
+	// Output, when positive, is where the sequence stops of itself (its
+	// EOS), decided by the caller instead of drawn: the HTTP server's
+	// answers are a function of their prompt (text.go).
+	Output int
 	// Prefix holds the chained hashes of the prompt's blocks of
 	// PrefixBlockTokens tokens (hash i covers blocks 0..i, as Mooncake's
 	// hash_ids and package prefix's hashes do). The leading blocks found
@@ -399,8 +403,11 @@ func (e *Engine) drawTarget(r Request) (int, string) {
 		}
 		return e.p.OutputMax, FinishLength
 	}
-	n := int(math.Round(e.p.OutputMedian * math.Exp(e.p.OutputSigma*e.rng.NormFloat64())))
-	n = min(max(n, e.p.OutputMin), e.p.OutputMax)
+	n := r.Output
+	if n <= 0 {
+		n = int(math.Round(e.p.OutputMedian * math.Exp(e.p.OutputSigma*e.rng.NormFloat64())))
+		n = min(max(n, e.p.OutputMin), e.p.OutputMax)
+	}
 	if r.MaxTokens > 0 && n >= r.MaxTokens {
 		return r.MaxTokens, FinishLength
 	}

@@ -58,12 +58,14 @@ func parseTypedRequest(kind genKind, body io.Reader) (genRequest, error) {
 		g.req.PromptTokens = estimateTokens(len(text))
 		g.req.Prefix, g.req.PrefixBlockTokens = prefix.Text(text, prefix.BlockBytes), prefix.BlockTokens
 		g.req.Text = simBOS + text
+		g.ans = answerTo(text) // deterministic, as on the other routes (text.go)
 	default:
 		if len(tr.Input) == 0 {
 			return genRequest{}, errors.New("'input' is required")
 		}
 		limit = tr.MaxOutputTokens
 		g.req.PromptTokens = estimateTokens(textChars(tr.Input) + textChars(tr.Instructions))
+		g.ans = answerTo(string(tr.Input) + string(tr.Instructions))
 	}
 	if tr.SimPromptTokens != nil {
 		if *tr.SimPromptTokens < 1 {
@@ -173,7 +175,7 @@ func (o *responder) writeStart(buf *bytes.Buffer) {
 
 // writeChunk writes the event of token n.
 func (o *responder) writeChunk(buf *bytes.Buffer, n int) {
-	text := tokenText(o.seq.ID(), n)
+	text := o.g.ans.token(o.g.skip + n)
 	switch o.g.kind {
 	case kindMessages:
 		writeTyped(buf, "content_block_delta", map[string]any{"type": "content_block_delta", "index": 0, "delta": map[string]string{"type": "text_delta", "text": text}})

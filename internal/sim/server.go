@@ -32,6 +32,12 @@ type Options struct {
 	GPUModelName string
 	// Logger receives request and lifecycle logs; nil discards them.
 	Logger *slog.Logger
+	// Emulate names the engine whose chat continuation the server
+	// follows: "" or "llamacpp" continues a trailing assistant message
+	// always (llama-server's prefill_assistant, on by default); "vllm" or
+	// "sglang" only with "continue_final_message": true and
+	// "add_generation_prompt": false, and refuses the two together.
+	Emulate string
 }
 
 // Server is a simulated llama-server: llama.cpp's HTTP API in real time
@@ -58,6 +64,7 @@ type Server struct {
 	isReady  bool
 	bucket   rateBucket
 	nextResp uint64
+	abort    abortFault
 }
 
 // rateBucket holds the counters at the last /metrics scrape: llama.cpp
@@ -426,6 +433,11 @@ type genRequest struct {
 	stream bool
 	req    Request
 	prompt string // native API echoes it back
+	// ans is the answer to the request's conversation base, of which
+	// skip tokens were prefilled (see text.go): token n of this response
+	// is ans.token(skip+n).
+	ans  answer
+	skip int
 }
 
 // charsPerToken is the prompt-length estimate: about four characters of
@@ -445,12 +457,16 @@ type wireRequest struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	NPredict            *int            `json:"n_predict"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
+	// ContinueFinalMessage and AddGenerationPrompt are vLLM's (and
+	// SGLang's) way to have a trailing assistant message continued.
+	ContinueFinalMessage bool  `json:"continue_final_message"`
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 	// SimPromptTokens is an extension: the prompt length in tokens, for
 	// load generators that do not want to send long texts.
 	SimPromptTokens *int `json:"sim_prompt_tokens"`
 }
 
-func parseGenRequest(kind genKind, body io.Reader) (genRequest, error) {
+func parseGenRequest(kind genKind, body io.Reader, emulate string) (genRequest, error) {
 	if kind == kindMessages || kind == kindResponses {
 		return parseTypedRequest(kind, body)
 	}
@@ -462,16 +478,41 @@ func parseGenRequest(kind genKind, body io.Reader) (genRequest, error) {
 	g := genRequest{kind: kind, stream: wr.Stream, req: Request{IgnoreEOS: wr.IgnoreEOS}}
 	var chars, tokens int
 	var err error
+	var base string
 	switch kind {
 	case kindChat:
 		chars, err = messagesChars(wr.Messages)
+		if err == nil {
+			prefill := true
+			if emulate == "vllm" || emulate == "sglang" {
+				if wr.ContinueFinalMessage && (wr.AddGenerationPrompt == nil || *wr.AddGenerationPrompt) {
+					return genRequest{}, errors.New("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+				}
+				prefill = wr.ContinueFinalMessage
+			}
+			var msgs []chatMessage
+			json.Unmarshal(wr.Messages, &msgs) // messagesChars checked the shape
+			var nb int
+			base, g.skip, nb = splitChat(msgs, prefill)
+			if nb < len(msgs) { // the prefill's own text counts as its tokens
+				chars = 0
+				for _, m := range msgs[:nb] {
+					chars += len(m.Role) + len(contentText(m.Content))
+				}
+			}
+		}
 	default:
 		g.prompt, chars, tokens, err = promptSize(wr.Prompt)
+		base, g.skip = splitCompletion(g.prompt)
+		if g.skip > 0 {
+			chars = len(base)
+		}
 	}
 	if err != nil {
 		return genRequest{}, err
 	}
-	g.req.PromptTokens = tokens + estimateTokens(chars)
+	g.ans = answerTo(base)
+	g.req.PromptTokens = tokens + estimateTokens(chars) + g.skip
 	if tokens > 0 && chars == 0 {
 		g.req.PromptTokens = tokens
 	}
@@ -479,7 +520,7 @@ func parseGenRequest(kind genKind, body io.Reader) (genRequest, error) {
 		if *wr.SimPromptTokens < 1 {
 			return genRequest{}, errors.New("'sim_prompt_tokens' must be at least 1")
 		}
-		g.req.PromptTokens = *wr.SimPromptTokens
+		g.req.PromptTokens = *wr.SimPromptTokens + g.skip
 	} else {
 		// The prompt cache: blocks of the rendered text, as the router
 		// guesses them (a real server's blocks are of real tokens).
@@ -583,13 +624,6 @@ func promptSize(raw json.RawMessage) (text string, chars, tokens int, err error)
 	return sb.String(), sb.Len(), tokens, nil
 }
 
-// vocabulary supplies the simulated tokens' text.
-var vocabulary = [...]string{" the", " GPU", " is", " busy", " and", " a", " token", " stream", " of", " words", ",", " then", " more", " text", ".", " It"}
-
-func tokenText(seqID uint64, n int) string {
-	return vocabulary[(int(seqID%7)+n*5)%len(vocabulary)]
-}
-
 // progress is one request's view of its sequence, written by engine
 // callbacks (under s.mu) and read by the handler.
 type progress struct {
@@ -616,10 +650,19 @@ func (p *progress) snapshot() (int, bool, Result) {
 func (s *Server) handleGenerate(kind genKind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		writeError := errorWriter(kind) // in the API's own shape
-		g, err := parseGenRequest(kind, http.MaxBytesReader(w, r.Body, 64<<20))
+		g, err := parseGenRequest(kind, http.MaxBytesReader(w, r.Body, 64<<20), s.opts.Emulate)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return
+		}
+		if !g.req.IgnoreEOS {
+			// Where the answer stops of itself is the base's, not a draw.
+			rest := g.ans.length(s.p) - g.skip
+			if rest <= 0 {
+				s.answerAtEOS(w, g)
+				return
+			}
+			g.req.Output = rest
 		}
 		pr := &progress{notify: make(chan struct{}, 1)}
 		cb := Callbacks{
@@ -700,6 +743,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, pr *progress, ou
 	var buf bytes.Buffer
 	out.writeStart(&buf) // sent with the first token
 	sent := 0
+	abortAt := s.takeAbort()
 	for {
 		select {
 		case <-pr.notify:
@@ -710,8 +754,14 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, pr *progress, ou
 			return
 		}
 		n, done, res := pr.snapshot()
-		for ; sent < n; sent++ {
+		for ; sent < n && (abortAt == 0 || sent < abortAt); sent++ {
 			out.writeChunk(&buf, sent+1)
+		}
+		if abortAt > 0 && sent == abortAt {
+			w.Write(buf.Bytes())
+			rc.Flush()
+			cancel("abort fault")
+			panic(http.ErrAbortHandler) // net/http cuts the connection
 		}
 		if done {
 			out.writeEnd(&buf, n, res)
@@ -759,7 +809,7 @@ func (o *responder) respID() string {
 func (o *responder) text(n int) string {
 	var sb strings.Builder
 	for i := 1; i <= n; i++ {
-		sb.WriteString(tokenText(o.seq.ID(), i))
+		sb.WriteString(o.g.ans.token(o.g.skip + i))
 	}
 	return sb.String()
 }
@@ -816,7 +866,7 @@ func stopType(res Result) string {
 
 // chunk is the streaming event for token n.
 func (o *responder) chunk(n int) any {
-	text := tokenText(o.seq.ID(), n)
+	text := o.g.ans.token(o.g.skip + n)
 	switch o.g.kind {
 	case kindChat:
 		delta := map[string]any{"content": text}

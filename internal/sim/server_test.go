@@ -637,7 +637,7 @@ func FuzzParseGenRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body string) {
 		for _, k := range []genKind{kindChat, kindCompletions, kindNative} {
-			g, err := parseGenRequest(k, strings.NewReader(body))
+			g, err := parseGenRequest(k, strings.NewReader(body), "")
 			if err != nil {
 				continue
 			}

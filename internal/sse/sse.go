@@ -38,6 +38,12 @@ type Event struct {
 	// ID is the last event ID as of this event: the value of the latest
 	// "id" field so far in the stream, this event's or an earlier one's.
 	ID []byte
+	// Next is, for an event Feed dispatches, the offset in Feed's
+	// argument just past the blank line that ended the event: the bytes
+	// before it hold every byte of the event (with what came before it in
+	// earlier Feeds), so a relay that must never forward part of an event
+	// can forward up to Next. It is 0 for an event End dispatches.
+	Next int
 }
 
 // Parser splits a stream into events. The zero value is ready to use;
@@ -50,6 +56,7 @@ type Parser struct {
 	// Dropped counts the lines and events ignored for their size.
 	Dropped int
 
+	next     int    // Event.Next of an event dispatched now
 	line     []byte // a line not yet ended, carried from one Feed to the next
 	over     bool   // the line being carried is over Max: drop it at its end
 	cr       bool   // the last byte fed was a CR: a following LF ends nothing
@@ -79,6 +86,8 @@ func (p *Parser) max() int {
 // event dispatched in it. It reports whether b ended at least one event
 // (held a blank line), dispatched or not.
 func (p *Parser) Feed(b []byte, fn func(Event)) (ended bool) {
+	total := len(b)
+	defer func() { p.next = 0 }()
 	for !p.started && len(b) > 0 { // a leading BOM is not part of the stream
 		if b[0] == bom[p.bomN] {
 			p.bomN++
@@ -125,6 +134,7 @@ func (p *Parser) Feed(b []byte, fn func(Event)) (ended bool) {
 		if len(l) == 0 {
 			ended = true
 		}
+		p.next = total - len(b)
 		p.process(l, fn)
 	}
 	return ended
@@ -236,7 +246,7 @@ func (p *Parser) dispatch(fn func(Event)) {
 	case p.tooBig:
 		p.Dropped++
 	case p.hasData:
-		fn(Event{Type: p.typ, Data: p.data[:len(p.data)-1], ID: p.id})
+		fn(Event{Type: p.typ, Data: p.data[:len(p.data)-1], ID: p.id, Next: p.next})
 	}
 	p.data, p.typ, p.hasData, p.tooBig = p.data[:0], p.typ[:0], false, false
 }

@@ -1,6 +1,7 @@
 package sse
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -113,5 +114,33 @@ func BenchmarkParser(b *testing.B) {
 	}
 	if n == 0 {
 		b.Fatal("no events")
+	}
+}
+
+// Next points just past the blank line that ended each event Feed
+// dispatches, in the bytes of that Feed, however the stream is split
+// across Feeds: forwarding up to it forwards whole events only.
+func TestParser_NextIsJustPastTheEventsEnd(t *testing.T) {
+	stream := "data: a\n\n: note\r\ndata: b\r\n\r\nevent: x\rdata: c\r\rdata: tail"
+	ends := []int{9, 28, 46} // offsets in stream just past each blank line
+	for split := 0; split <= len(stream); split++ {
+		var p Parser
+		var got []int
+		for off, part := range []string{stream[:split], stream[split:]} {
+			base := 0
+			if off == 1 {
+				base = split
+			}
+			p.Feed([]byte(part), func(e Event) { got = append(got, base+e.Next) })
+		}
+		var tail []int
+		p.End(func(e Event) { tail = append(tail, e.Next) })
+		want := ends
+		if split == 27 { // a CRLF split after its CR: the CR ends the event
+			want = []int{9, 27, 46}
+		}
+		if !slices.Equal(got, want) || !slices.Equal(tail, []int{0}) {
+			t.Fatalf("split at %d: events ended at %v (End: %v), want %v (End: [0])", split, got, tail, want)
+		}
 	}
 }

@@ -539,6 +539,17 @@ function drawDecisionList(list) {
         `<td>${esc(r.chosen || "–")}</td><td class="num">${fmtMs(r.queue_wait_ms)}</td><td class="num" data-k="ttft"></td>`;
       rowEls.set(r.id, tr);
     }
+    // A decision that continued a stream another worker broke gains its
+    // continuation when that stream ends: a badge on its outcome.
+    const c = r.continuation;
+    if (c && !tr.querySelector(".cont")) {
+      const b = document.createElement("span");
+      b.className = "cont";
+      b.textContent = " ↪ from " + c.from;
+      b.title = `continued a stream ${c.from} broke (${c.reason}): ${c.carried_tokens} tokens carried over, ` +
+        `${c.gap_ms ? fmtMs(c.gap_ms) + " added" : "no token after it"}, ${c.outcome}`;
+      tr.children[2].appendChild(b);
+    }
     // A placement's first token comes after its decision: fill it in when
     // the list has it.
     const cell = tr.querySelector('td[data-k="ttft"]');

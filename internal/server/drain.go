@@ -1,0 +1,129 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/proxy"
+)
+
+// A drain with a deadline stops new work to a worker at once and, at the
+// deadline, moves the streams it still writes to other workers (the
+// proxy's continuation, reason "drain") instead of cutting them or waiting
+// for them forever. POST /api/workers/{name}/drain?deadline=30s starts
+// one; a worker removed from the fleet — a SIGHUP reload that drops it, an
+// EndpointSlice endpoint turning terminating (discovery removes it), DELETE
+// /api/workers/{name} — gets one of proxy.drain_deadline. Streams that
+// cannot be continued are left to finish.
+
+// drains are the pending drain deadlines, by worker name.
+type drains struct {
+	mu   sync.Mutex
+	stop map[string]func() bool
+}
+
+// drainAt moves the streams on worker elsewhere after d (s.after, which
+// tests steer), replacing a pending deadline of the worker.
+func (s *Server) drainAt(worker string, d time.Duration) {
+	fire := make(chan struct{})
+	wait := s.afterFunc()(d)
+	stop := s.proxy.DrainAfter(worker, fire)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-wait:
+			close(fire)
+			s.log.Info("drain deadline passed: continuing the worker's streams elsewhere", "worker", worker, "deadline", d)
+		case <-done:
+		}
+	}()
+	var once sync.Once
+	cancel := func() bool {
+		once.Do(func() { close(done) })
+		return stop()
+	}
+	s.drains.mu.Lock()
+	if s.drains.stop == nil {
+		s.drains.stop = map[string]func() bool{}
+	}
+	prev := s.drains.stop[worker]
+	s.drains.stop[worker] = cancel
+	s.drains.mu.Unlock()
+	if prev != nil {
+		prev()
+	}
+}
+
+// stopDrain cancels worker's pending drain deadline, if any.
+func (s *Server) stopDrain(worker string) {
+	s.drains.mu.Lock()
+	stop := s.drains.stop[worker]
+	delete(s.drains.stop, worker)
+	s.drains.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// stopDrains cancels every pending drain deadline (Close).
+func (s *Server) stopDrains() {
+	s.drains.mu.Lock()
+	all := s.drains.stop
+	s.drains.stop = nil
+	s.drains.mu.Unlock()
+	for _, stop := range all {
+		stop()
+	}
+}
+
+func (s *Server) afterFunc() func(time.Duration) <-chan time.Time {
+	if s.after != nil {
+		return s.after
+	}
+	return time.After
+}
+
+// drainWithDeadline is POST /api/workers/{name}/drain: without a deadline
+// the worker's streams finish where they are; with ?deadline=<duration>
+// the ones still running then are continued on other workers.
+func (s *Server) drainWithDeadline(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var d time.Duration
+	if v := r.URL.Query().Get("deadline"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil || d <= 0 {
+			proxy.WriteError(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("deadline %q: want a positive duration such as 30s", v))
+			return
+		}
+	}
+	if err := s.sched.SetDraining(name, true); err != nil {
+		proxy.WriteError(w, http.StatusNotFound, "worker_not_found", err.Error())
+		return
+	}
+	out := map[string]any{"worker": name, "draining": true}
+	if d > 0 {
+		s.drainAt(name, d)
+		out["deadline"] = d.String()
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// kindOf is the proxy's KindOf: a worker's engine kind.
+func (s *Server) kindOf(worker string) string {
+	if k, ok := s.kinds.Load(worker); ok {
+		return k.(string)
+	}
+	return ""
+}
+
+// fileContinuations puts each continuation of a request on the record of
+// the decision that placed it.
+func (s *Server) fileContinuations(r proxy.Result) {
+	for _, c := range r.Continuations {
+		if c.Decision != nil {
+			s.dlog.AddContinuation(c.Decision, c.DecisionContinuation())
+		}
+	}
+}
