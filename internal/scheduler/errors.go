@@ -76,6 +76,8 @@ func reasonOf(err error) string {
 		return "unknown_priority_class"
 	case errors.Is(err, ErrSLOUnmeetable):
 		return "slo_unmeetable"
+	case errors.Is(err, ErrAdapterLoad):
+		return "adapter_load_failed"
 	}
 	return "internal"
 }

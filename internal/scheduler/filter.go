@@ -10,7 +10,7 @@ import "fmt"
 // hand.
 //
 // A worker's reason is the first rule that dropped it, in the order of
-// the codes below; the filter stage runs whyDraining through whyFull, the
+// the codes below; the filter stage runs whyDraining through whyAdapter, the
 // KV-fit rule runs after the affinity relaxation (pick.go). A new rule is
 // a file with its type, a code here and its entry in filters.
 type filter interface {
@@ -29,6 +29,7 @@ const (
 	whyExcluded
 	whyContext
 	whyFull
+	whyAdapter
 	whyKVFit
 	whySLO
 )
@@ -42,6 +43,7 @@ var filters = [...]filter{
 	whyExcluded: excludedFilter{},
 	whyContext:  contextFilter{},
 	whyFull:     limitFilter{},
+	whyAdapter:  adapterFilter{},
 	whyKVFit:    kvFitFilter{},
 	whySLO:      sloFilter{},
 }

@@ -41,6 +41,9 @@ type pickRecord struct {
 	unscored bool
 	shared   bool // the shared ledger chose: its choice ranks first
 	pending  bool // the ledger has yet to choose (patchShared completes it)
+	// adapter is the request's LoRA adapter as the pick saw it (zero
+	// when it names none), for the adapter rule's words.
+	adapter adapterPick
 }
 
 // slot is what a record keeps of one worker besides its slotRefs: what
@@ -58,6 +61,7 @@ type slot struct {
 	why         uint8 // one of the why* reasons
 	source      limitSource
 	prefixSrc   uint8 // Candidate.PrefixSource, an index into prefixSources
+	loadable    bool  // it could load the request's adapter (adapter.go)
 }
 
 // slotRefs is what a record keeps of one worker by reference: its name,
@@ -128,6 +132,9 @@ func prefixSourceCode(src string) uint8 {
 // newPickRecordLocked starts the record of pick p.
 func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
 	pr := &pickRecord{req: p.req, terms: s.terms, floor: p.floor, waited: p.waited, chosen: -1}
+	if p.adapter != nil {
+		pr.adapter = *p.adapter
+	}
 	pr.env = Env{Now: p.env.Now, StaleAfter: s.cfg.StaleAfter, Req: &pr.req}
 	if p.learning {
 		pr.limits = s.limits

@@ -191,6 +191,8 @@ type Config struct {
 	// derived from what the model's workers do unloaded
 	// (predict.DefaultSLO).
 	DefaultSLO predict.SLO
+	// Adapters configures LoRA adapters (adapter.go).
+	Adapters AdapterConfig
 }
 
 // Scheduler admits requests to workers. See the package doc.
@@ -234,6 +236,8 @@ type Scheduler struct {
 	prefixWeighted bool
 	// derivedSLO is each model's default SLO as last derived (promise.go).
 	derivedSLO map[string]*derived
+	// adapters are the configured LoRA adapters by name; nil when none.
+	adapters map[string]AdapterSpec
 }
 
 // New returns a Scheduler with the given workers.
@@ -277,6 +281,15 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	}
 	if s.terms == nil {
 		s.terms = DefaultTerms(cfg.Weights)
+	}
+	for _, a := range cfg.Adapters.Adapters {
+		if a.Name == "" || a.Base == "" {
+			return nil, fmt.Errorf("scheduler: adapter %q: name and base are required", a.Name)
+		}
+		if s.adapters == nil {
+			s.adapters = map[string]AdapterSpec{}
+		}
+		s.adapters[a.Name] = a
 	}
 	s.picker = newPicker(cfg.Policy, s.terms, &s.scratch, cfg.Seed)
 	s.statsVia, _ = cfg.Stats.(statsVia)
