@@ -32,6 +32,8 @@ type Options struct {
 	GPUModelName string
 	// Logger receives request and lifecycle logs; nil discards them.
 	Logger *slog.Logger
+	// LoRA, when set, serves LoRA adapters as vLLM does (lora.go).
+	LoRA *LoRA
 }
 
 // Server is a simulated llama-server: llama.cpp's HTTP API in real time
@@ -58,6 +60,7 @@ type Server struct {
 	isReady  bool
 	bucket   rateBucket
 	nextResp uint64
+	lora     *loraState
 }
 
 // rateBucket holds the counters at the last /metrics scrape: llama.cpp
@@ -109,6 +112,7 @@ func NewServer(p Params, opts Options) (*Server, error) {
 		ready:     make(chan struct{}),
 	}
 	s.eng = NewEngine(p, s.realStart)
+	s.lora = newLoRAState(opts.LoRA)
 	s.routes()
 	s.wg.Add(1)
 	go s.drive()
@@ -234,6 +238,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/completions", s.handleGenerate(kindCompletions))
 	m.HandleFunc("POST /completions", s.handleGenerate(kindCompletions))
 	m.HandleFunc("POST /completion", s.handleGenerate(kindNative))
+	s.loraRoutes(m)
 	m.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found_error", "File Not Found")
 	})
@@ -256,7 +261,7 @@ func writeError(w http.ResponseWriter, status int, typ, msg string) {
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"object": "list",
-		"data": []any{map[string]any{
+		"data": append([]any{map[string]any{
 			"id":       s.p.Model,
 			"object":   "model",
 			"created":  s.realStart.Unix(),
@@ -269,7 +274,7 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 				"n_params":    8030261248,
 				"size":        16060522496,
 			},
-		}},
+		}}, s.loraCards()...),
 	})
 }
 
@@ -420,6 +425,7 @@ type genRequest struct {
 	stream bool
 	req    Request
 	prompt string // native API echoes it back
+	model  string // the request's "model", "" when it names none
 }
 
 // charsPerToken is the prompt-length estimate: about four characters of
@@ -435,6 +441,7 @@ type wireRequest struct {
 	Messages            json.RawMessage `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Stream              bool            `json:"stream"`
+	Model               string          `json:"model"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	NPredict            *int            `json:"n_predict"`
@@ -450,7 +457,7 @@ func parseGenRequest(kind genKind, body io.Reader) (genRequest, error) {
 	if err := dec.Decode(&wr); err != nil {
 		return genRequest{}, fmt.Errorf("invalid JSON body: %w", err)
 	}
-	g := genRequest{kind: kind, stream: wr.Stream, req: Request{IgnoreEOS: wr.IgnoreEOS}}
+	g := genRequest{kind: kind, stream: wr.Stream, req: Request{IgnoreEOS: wr.IgnoreEOS}, model: wr.Model}
 	var chars, tokens int
 	var err error
 	switch kind {
@@ -609,6 +616,9 @@ func (s *Server) handleGenerate(kind genKind) http.HandlerFunc {
 		g, err := parseGenRequest(kind, http.MaxBytesReader(w, r.Body, 64<<20))
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+			return
+		}
+		if !s.loraServes(w, g.model) {
 			return
 		}
 		pr := &progress{notify: make(chan struct{}, 1)}
