@@ -95,15 +95,16 @@ func (w *Worker) scrapeLoRA(ctx context.Context) {
 // with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). vLLM's answer that the
 // adapter is loaded already is a success. On success the worker's
 // snapshot lists the adapter at once, before the next scrape confirms it.
-func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) error {
+// already says the worker held it before (the snapshot was behind).
+func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) (already bool, err error) {
 	if w.cfg.Kind != KindVLLM {
-		return fmt.Errorf("worker %s: kind %s cannot load LoRA adapters at run time (vllm can)", w.cfg.Name, w.cfg.Kind)
+		return false, fmt.Errorf("worker %s: kind %s cannot load LoRA adapters at run time (vllm can)", w.cfg.Name, w.cfg.Kind)
 	}
 	url := w.base + "/v1/load_lora_adapter"
 	body, _ := json.Marshal(map[string]string{"lora_name": a.Name, "lora_path": a.Path})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return err
+		return false, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if w.cfg.APIKey != "" {
@@ -112,13 +113,13 @@ func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) error
 	start := time.Now()
 	resp, err := w.opts.Client.Do(req)
 	if err != nil {
-		return fmt.Errorf("POST %s: %w", url, err)
+		return false, fmt.Errorf("POST %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	already := resp.StatusCode == http.StatusBadRequest && strings.Contains(string(msg), "has already been loaded")
+	already = resp.StatusCode == http.StatusBadRequest && strings.Contains(string(msg), "has already been loaded")
 	if resp.StatusCode != http.StatusOK && !already {
-		return fmt.Errorf("POST %s: HTTP %d: %s", url, resp.StatusCode, snippet(msg))
+		return false, fmt.Errorf("POST %s: HTTP %d: %s", url, resp.StatusCode, snippet(msg))
 	}
 	w.mu.Lock()
 	if !slices.ContainsFunc(w.st.adapters, func(x scheduler.AdapterInfo) bool { return x.Name == a.Name }) {
@@ -131,5 +132,5 @@ func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) error
 	w.mu.Unlock()
 	w.log.Info("loaded LoRA adapter", slog.String("adapter", a.Name), slog.String("path", a.Path), slog.Duration("took", time.Since(start)))
 	w.notify()
-	return nil
+	return already, nil
 }

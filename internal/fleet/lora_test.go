@@ -61,25 +61,25 @@ func TestWorker_LoadAdapter(t *testing.T) {
 	w := h.add(t, WorkerConfig{Name: "v", URL: hs.URL, Kind: KindVLLM})
 	ctx := context.Background()
 	a := scheduler.AdapterSpec{Name: "sql", Base: srv.Params().Model, Path: "/a/sql"}
-	if err := w.LoadAdapter(ctx, a); err != nil {
-		t.Fatal(err)
+	if already, err := w.LoadAdapter(ctx, a); err != nil || already {
+		t.Fatal(already, err)
 	}
 	if got := w.Snapshot().Adapters; len(got) != 1 || got[0].Name != "sql" {
 		t.Fatalf("adapters after the load: %+v", got)
 	}
-	if err := w.LoadAdapter(ctx, a); err != nil {
-		t.Errorf("second load (vLLM: already loaded): %v, want success", err)
+	if already, err := w.LoadAdapter(ctx, a); err != nil || !already {
+		t.Errorf("second load (vLLM: already loaded): %v %v, want success, already", already, err)
 	}
 	h.clock.Advance(time.Minute) // the model list is due again
 	h.scrape(t, "v")
 	if got := w.Snapshot().Adapters; len(got) != 1 || got[0].Name != "sql" || got[0].Source != "vllm /v1/models" {
 		t.Errorf("adapters after a scrape: %+v, want sql from /v1/models", got)
 	}
-	if err := w.LoadAdapter(ctx, scheduler.AdapterSpec{Name: "x"}); err == nil || !strings.Contains(err.Error(), "HTTP 400") {
+	if _, err := w.LoadAdapter(ctx, scheduler.AdapterSpec{Name: "x"}); err == nil || !strings.Contains(err.Error(), "HTTP 400") {
 		t.Errorf("load without a path: %v, want vLLM's 400", err)
 	}
 	l := h.add(t, WorkerConfig{Name: "l", URL: hs.URL, Kind: KindLlamaCPP})
-	if err := l.LoadAdapter(ctx, a); err == nil || !strings.Contains(err.Error(), "cannot load") {
+	if _, err := l.LoadAdapter(ctx, a); err == nil || !strings.Contains(err.Error(), "cannot load") {
 		t.Errorf("llama.cpp load: %v, want an error naming the kind", err)
 	}
 }
