@@ -59,7 +59,9 @@ type workerIndex struct {
 }
 
 // NewIndex returns an empty index.
-func NewIndex() *Index { return &Index{workers: map[string]*workerIndex{}, changed: make(chan struct{})} }
+func NewIndex() *Index {
+	return &Index{workers: map[string]*workerIndex{}, changed: make(chan struct{})}
+}
 
 // notifyLocked wakes the waiters of Wait.
 func (x *Index) notifyLocked() {
