@@ -278,7 +278,8 @@ func (s *Scheduler) limitsLocked(p *pick) {
 // with its prefix match when the prefix term counts; an index that
 // answers for all candidates at once is asked once.
 func (s *Scheduler) candidatesLocked(p *pick) {
-	prefixOn := s.prefixWeighted && len(p.req.Prefix) > 0 && !p.baseline
+	prefixOn := s.prefixWeighted && len(p.req.Prefix) > 0 && !p.baseline && s.cfg.PrefixIndex != nil
+	kvOn := s.prefixWeighted && len(p.req.KVBlocks) > 0 && !p.baseline && s.cfg.KVIndex != nil
 	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)
 	cands := p.cands[:0]
 	for _, i := range p.elig {
@@ -291,7 +292,7 @@ func (s *Scheduler) candidatesLocked(p *pick) {
 		setPtr(&c.Snap, v.snap)
 		setPtr(&c.Stats, v.st)
 		setStr(&c.PrefixSource, "")
-		c.Active, c.JobCost, c.PrefixMatch = v.w.active, v.w.cost, 0
+		c.Active, c.JobCost, c.PrefixMatch, c.KVSeq = v.w.active, v.w.cost, 0, 0
 		if prefixOn && batch == nil {
 			s.prefixMatchLocked(&p.req, c)
 		}
@@ -299,6 +300,11 @@ func (s *Scheduler) candidatesLocked(p *pick) {
 	p.cands = cands
 	if prefixOn && batch != nil && len(cands) > 0 {
 		s.prefixMatchesLocked(&p.req, cands, batch)
+	}
+	if kvOn {
+		for i := range cands {
+			s.kvMatchLocked(&p.req, &cands[i])
+		}
 	}
 }
 
@@ -324,7 +330,7 @@ func (s *Scheduler) slotsLocked(p *pick) {
 		sl.prefix, sl.lastPick, sl.limit, sl.cap = v.lim.prefix, v.w.lastPick, v.lim.limit, v.lim.cap
 		sl.active, sl.why, sl.source = int32(v.w.active), v.why, v.lim.source
 		sl.loadable = v.loadable
-		sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc = 0, 0, 0, 0, 0
+		sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc, sl.kvSeq = 0, 0, 0, 0, 0, 0
 		if v.why == whyKVFit {
 			sl.jobCost = v.w.cost // what the rule read, for the record's words
 		}

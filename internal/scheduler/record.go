@@ -62,6 +62,7 @@ type slot struct {
 	source      limitSource
 	prefixSrc   uint8 // Candidate.PrefixSource, an index into prefixSources
 	loadable    bool  // it could load the request's adapter (adapter.go)
+	kvSeq       int64 // Candidate.KVSeq as scored
 }
 
 // slotRefs is what a record keeps of one worker by reference: its name,
@@ -113,7 +114,7 @@ func (pr *pickRecord) ref(i int) *slotRefs { return &pr.chunks[i/chunkLen].refs[
 // prefixSources are the values of Candidate.PrefixSource, as a slot keeps
 // them: a number instead of a string. A source prefixMatchLocked may set
 // must be listed here and in prefixSourceCode.
-var prefixSources = [4]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared}
+var prefixSources = [6]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared, prefixSourceKV, prefixSourceKVLost}
 
 func prefixSourceCode(src string) uint8 {
 	switch src { // a switch, not a loop: it runs for every eligible worker
@@ -125,6 +126,10 @@ func prefixSourceCode(src string) uint8 {
 		return 2
 	case prefixSourceShared:
 		return 3
+	case prefixSourceKV:
+		return 4
+	case prefixSourceKVLost:
+		return 5
 	}
 	panic(fmt.Sprintf("scheduler: prefix source %q missing from prefixSources", src))
 }
@@ -154,6 +159,7 @@ func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
 		i := v.w.order
 		sl, c := &slots[i], &p.cands[j]
 		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
+		sl.kvSeq = c.KVSeq
 		if pr.scored {
 			sl.total = s.scratch.total[j]
 			if !pr.pending {
@@ -194,7 +200,7 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 		c.LimitSource = sl.source.String()
 		if sl.why == whyEligible {
 			cands = append(cands, Candidate{Name: ref.name, Active: int(sl.scored), JobCost: sl.jobCost, Snap: ref.snap, Stats: ref.st,
-				PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc]})
+				PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc], KVSeq: sl.kvSeq})
 			at = append(at, i)
 			if pr.scored {
 				// Active as scored: with a Ledger, the count across replicas.

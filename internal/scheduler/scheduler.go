@@ -193,6 +193,17 @@ type Config struct {
 	DefaultSLO predict.SLO
 	// Adapters configures LoRA adapters (adapter.go).
 	Adapters AdapterConfig
+	// KVIndex, when set, is the exact index of the blocks workers hold,
+	// from their KV-cache events (*kvevents.Index): for a request with
+	// KVBlocks it replaces the guess for every worker it can answer for.
+	KVIndex KVIndex
+}
+
+// KVIndex answers how many of a request's leading blocks a worker holds,
+// from the worker's KV-cache events; ok is false when it cannot say (no
+// events yet, or lost since a gap: why), and the guess stands.
+type KVIndex interface {
+	Match(worker string, keys []uint64) (n int, seq int64, ok bool, why string)
 }
 
 // Scheduler admits requests to workers. See the package doc.
@@ -307,7 +318,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	if cfg.Ledger != nil {
 		s.ledger, s.reserving = newLedgerRunner(s, cfg.Ledger), map[string]*reservation{}
 	}
-	if cfg.PrefixIndex != nil {
+	if cfg.PrefixIndex != nil || cfg.KVIndex != nil {
 		for _, wt := range s.terms {
 			if _, ok := wt.Term.(readsPrefix); ok && wt.Weight != 0 {
 				s.prefixWeighted = true
