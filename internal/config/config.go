@@ -69,6 +69,8 @@ type Config struct {
 	Tracing Tracing `yaml:"tracing"`
 	// Sessions recognises agents' and chat clients' sessions (sessions.go).
 	Sessions Sessions `yaml:"sessions"`
+	// LoRA configures LoRA adapters (lora.go).
+	LoRA LoRA `yaml:"lora"`
 }
 
 // Limits configures adaptive concurrency (see scheduler.LimitConfig for
@@ -243,6 +245,11 @@ type Worker struct {
 	// worker when the worker has no key of its own. Off by default: a
 	// client's credentials are not the worker's business.
 	ForwardClientAuth bool `yaml:"forward_client_auth" json:"forward_client_auth,omitempty"`
+	// KVEvents is the vLLM worker's KV-cache event publisher
+	// (--kv-events-config endpoint), tcp://host:port; empty: none.
+	// KVEventsReplay is its replay endpoint, asked for missed batches.
+	KVEvents       string `yaml:"kv_events" json:"kv_events,omitempty"`
+	KVEventsReplay string `yaml:"kv_events_replay" json:"kv_events_replay,omitempty"`
 }
 
 // ResolveAPIKey returns the worker's API key from wherever the config
@@ -602,6 +609,7 @@ func DefaultConfig() Config {
 		Limits: Limits{Adaptive: true, FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
 			BorrowAfter: 2 * time.Second, DefaultCap: 64, Policy: LimitsTTFTFirst},
 		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
+		LoRA:    defaultLoRA(),
 	}
 }
 
@@ -735,6 +743,7 @@ func (c *Config) Validate() error {
 			bad("admission.tenant_weights."+name, "must be positive, got %v", w)
 		}
 	}
+	errs = append(errs, c.LoRA.validate(c.Workers)...)
 	if c.Admission.MaxOvertake <= 0 {
 		bad("admission.max_overtake", "must be positive, got %v", c.Admission.MaxOvertake)
 	}
@@ -922,6 +931,18 @@ func (w Worker) validate(key string) Problems {
 		}
 	} else if len(w.GPUSelector) > 0 {
 		bad("gpu_selector", "set without gpu_metrics")
+	}
+	if w.KVEvents != "" {
+		if err := checkZMQ(w.KVEvents); err != nil {
+			bad("kv_events", "%v", err)
+		}
+	}
+	if w.KVEventsReplay != "" {
+		if w.KVEvents == "" {
+			bad("kv_events_replay", "set without kv_events")
+		} else if err := checkZMQ(w.KVEventsReplay); err != nil {
+			bad("kv_events_replay", "%v", err)
+		}
 	}
 	set := 0
 	for _, v := range []string{w.APIKey, w.APIKeyEnv, w.APIKeyFile} {

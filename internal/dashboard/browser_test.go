@@ -344,6 +344,7 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 			"page":{"offset":0,"limit":24,"total":1,"sort":"config"},
 			"workers":[{"name":"gpu-a","health":"ok","draining":false,"models":["m"],"active":3,"active_other_replicas":2,"limit":6,
 				"limit_source":"learned","limit_cap":8,"limit_reason":"`+longReason+`",
+				"adapters":[{"name":"sql-lora","base":"m","state":"loaded","source":"vllm /v1/models"},{"name":"chat-lora","state":"loading","source":"loading by Sluice"}],
 				"limit_moved":{"at":"1970-01-01T00:00:00Z","from":7,"to":6,"why":"slowest stream under the floor"},"sluice_queue":0,"averages":{},"spark":[3],
 				"prediction":{"ttft_error":0.12,"decode_error":0.41,"ttft_n":32,"decode_n":32,"trusted":false,"untrusted":"median decode prediction error 41% over the last 32 > 30%"}}],
 			"busiest":[{"name":"gpu-a","limit":6,"active":[3]}],
@@ -384,6 +385,7 @@ func TestDashboard_ShowsLimitReasonAndSendsToken(t *testing.T) {
 	waitJS[bool](t, ctx, "the whole reason shown after a click", `(() => { const n = `+note+`; n.dataset.seen = "1"; return n.scrollHeight <= n.clientHeight + 1 && n.getAttribute("aria-expanded") === "true"; })()`)
 	waitJS[bool](t, ctx, "still whole after the card is drawn again", `(() => { const n = `+note+`; return !n.dataset.seen && n.scrollHeight <= n.clientHeight + 1; })()`)
 	waitJS[bool](t, ctx, "in flight across replicas against the limit", `(() => { const c = document.querySelector('#cards .card[data-worker="gpu-a"]'), n = c.querySelector('[data-k="active"]'); return c.dataset.active === "5" && /^5\/6$/.test(n.textContent) && /3 from this replica, 2 from the others/.test(n.title); })()`)
+	waitJS[bool](t, ctx, "the card's line of LoRA adapters", `(() => { const n = document.querySelector('#cards .card[data-worker="gpu-a"] .adapters'); return n && n.textContent === "LoRA sql-lora, chat-lora (loading)" && /sql-lora — loaded, vllm \/v1\/models/.test(n.title); })()`)
 	waitJS[bool](t, ctx, "when the limit last moved", `/moved 7→6 12 s ago/.test(document.querySelector('#cards .card[data-worker="gpu-a"]').textContent)`)
 	waitJS[bool](t, ctx, "the banner gone", `document.getElementById("banner").hidden`)
 	waitJS[bool](t, ctx, "the newest placement explained", `document.querySelector("#detail h3")?.dataset.decision === "d-1" && document.querySelectorAll("#detail tr.term").length === 1`)

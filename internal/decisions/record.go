@@ -97,6 +97,8 @@ type Record struct {
 	// Promise is what the request was promised and predicted to get on
 	// the chosen worker, when a predictor made a prediction (see Promise).
 	Promise *Promise `json:"promise,omitempty"`
+	// Adapter is the LoRA adapter the request names, when it names one.
+	Adapter *Adapter `json:"adapter,omitempty"`
 
 	// explain fills in the candidates or their Terms. The score is
 	// computed on the hot path from plain numbers; the breakdown is built
@@ -137,6 +139,21 @@ func (r *Record) Continuation() (Continuation, bool) {
 		return *c, true
 	}
 	return Continuation{}, false
+}
+
+// Adapter is what a decision record says of the request's LoRA adapter.
+type Adapter struct {
+	// Name and Base are the adapter and the model it applies to.
+	Name string `json:"name"`
+	Base string `json:"base,omitempty"`
+	// State is how the chosen worker held it: "loaded", "loading on
+	// demand" (this request's bind set off the load) or "loading on
+	// demand (by an earlier request)"; empty when nobody was chosen.
+	State string `json:"state,omitempty"`
+	// Holders is how many workers held it (or were loading it) at the
+	// decision; MaxReplicas the most that may.
+	Holders     int `json:"holders"`
+	MaxReplicas int `json:"max_replicas,omitempty"`
 }
 
 // Promise is a request's SLO as admission by promise judged it, and what

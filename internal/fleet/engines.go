@@ -193,6 +193,7 @@ func (w *Worker) scrapeModelCards(ctx context.Context, now time.Time) {
 		w.mu.Unlock()
 	}
 	w.setModels(now, telemetry.IDs(cards))
+	w.setAdapters(adaptersFromCards(cards))
 }
 
 // scrapeSlots reads llama.cpp's /slots: the per-slot context size and,

@@ -56,6 +56,10 @@ type WorkerConfig struct {
 	// by label, e.g. {"gpu": "1"} or {"UUID": "GPU-..."}. It may be empty
 	// when the exporter serves one GPU.
 	GPUSelector map[string]string `json:"gpu_selector,omitempty"`
+	// AdapterPaths names llama.cpp's LoRA files by path (the config's
+	// adapters.adapters[].path to .name); a file not named here is named
+	// by its base name.
+	AdapterPaths map[string]string `json:"adapter_paths,omitempty"`
 	// APIKey, when set, is sent as "Authorization: Bearer" on every probe
 	// of the worker's own URL (never to GPUMetrics, another server). It is
 	// a secret: never marshalled.

@@ -279,6 +279,8 @@ func TestWorker_VLLMByModel(t *testing.T) {
 		ContextTokens: 131072,
 		QueueLen:      scheduler.Reading{Value: 0, Source: "vllm /metrics vllm:num_requests_waiting", At: at},
 		KVPressure:    scheduler.Reading{Value: 0.125, Source: "vllm /metrics vllm:kv_cache_usage_perc", At: at},
+		// The adapter card (parent set) is an adapter too.
+		Adapters: []scheduler.AdapterInfo{{Name: "sql-lora", Base: "meta-llama/Llama-3.1-8B-Instruct", Source: "vllm /v1/models"}},
 	}
 	if diff := cmp.Diff(want, w.Snapshot()); diff != "" {
 		t.Errorf("snapshot mismatch (-want +got):\n%s", diff)

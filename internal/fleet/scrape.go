@@ -152,6 +152,7 @@ func (w *Worker) scrapeLlamaCPP(ctx context.Context, now time.Time, wasOK bool) 
 	}
 	if !wasOK || w.due(now, w.st.modelsAt) {
 		w.scrapeModels(ctx, now, telemetry.ParseLlamaCPPModels)
+		w.scrapeLoRA(ctx)
 	}
 	w.scrapeGPU(ctx, now)
 	return nil

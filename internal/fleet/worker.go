@@ -90,6 +90,10 @@ type workerState struct {
 	// use), 0 until it has said both with some in use. See poolLocked.
 	kvPool  int
 	kvCells float64
+
+	// adapters are the LoRA adapters the worker reports (lora.go).
+	adapters []scheduler.AdapterInfo
+	loraErr  string
 }
 
 func newWorker(cfg WorkerConfig, opts *Options) *Worker {
@@ -226,6 +230,7 @@ func (w *Worker) buildLocked() *scheduler.Snapshot {
 		KVPoolTokens:  w.poolLocked(),
 		PrefixHitRate: st.prefixHitRate,
 		CacheReport:   st.cacheReport,
+		Adapters:      slices.Clone(st.adapters),
 	}
 }
 

@@ -77,6 +77,8 @@ func StatusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, scheduler.ErrClientGone):
 		return 499 // nginx's "client closed request"; nobody reads it
+	case errors.Is(err, scheduler.ErrAdapterLoad):
+		return http.StatusBadGateway // the workers failed the load
 	}
 	return http.StatusInternalServerError
 }

@@ -3,6 +3,8 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 )
 
@@ -11,7 +13,33 @@ import (
 // (max_queue_wait, else QueueTimeout), it could not meet that deadline,
 // ctx ended (the client went away), no worker could ever take it. Every
 // refusal is a *Refusal wrapping one of the package's sentinel errors.
+//
+// When the request's LoRA adapter is to be loaded on the chosen worker,
+// Admit loads it (Lease.Ready) before returning the lease; a failed load
+// places the request again on another worker, and when none is left
+// refuses it with ErrAdapterLoad.
 func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
+	var loadErr error
+	for {
+		l, err := s.admit(ctx, req)
+		if err != nil {
+			if loadErr != nil && (errors.Is(err, ErrNoHealthyWorker) || errors.Is(err, ErrUnknownModel)) {
+				return nil, &Refusal{Err: fmt.Errorf("%w: %w", ErrAdapterLoad, loadErr), Reason: reasonOf(ErrAdapterLoad)}
+			}
+			return nil, err
+		}
+		if loadErr = l.Ready(ctx); loadErr == nil {
+			return l, nil
+		}
+		l.Release()
+		if ctx.Err() != nil {
+			return nil, &Refusal{Err: ErrClientGone, Reason: reasonOf(ErrClientGone)}
+		}
+		req.Exclude = append(slices.Clip(req.Exclude), l.Worker)
+	}
+}
+
+func (s *Scheduler) admit(ctx context.Context, req Request) (*Lease, error) {
 	t := s.Submit(req, nil)
 	if t.Done() {
 		return t.Result()

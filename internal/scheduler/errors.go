@@ -82,6 +82,8 @@ func reasonOf(err error) string {
 		return "slo_unmeetable"
 	case errors.Is(err, ErrRouteNotServed):
 		return "route_not_served"
+	case errors.Is(err, ErrAdapterLoad):
+		return "adapter_load_failed"
 	}
 	return "internal"
 }

@@ -10,7 +10,7 @@ import "fmt"
 // hand.
 //
 // A worker's reason is the first rule that dropped it, in the order of
-// the codes below; the filter stage runs whyDraining through whyFull, the
+// the codes below; the filter stage runs whyDraining through whyAdapter, the
 // KV-fit rule runs after the affinity relaxation (pick.go). A new rule is
 // a file with its type, a code here and its entry in filters.
 type filter interface {
@@ -31,6 +31,7 @@ const (
 	whyKind
 	whyContext
 	whyFull
+	whyAdapter
 	whyKVFit
 	whySLO
 )
@@ -46,6 +47,7 @@ var filters = [...]filter{
 	whyKind:     kindFilter{},
 	whyContext:  contextFilter{},
 	whyFull:     limitFilter{},
+	whyAdapter:  adapterFilter{},
 	whyKVFit:    kvFitFilter{},
 	whySLO:      sloFilter{},
 }

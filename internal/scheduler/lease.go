@@ -78,6 +78,10 @@ type Lease struct {
 	// goes with its outcome to the predictor (Complete).
 	Prediction *predict.Prediction
 	found      predict.Input
+	// load is the LoRA adapter load the request waits for before it is
+	// sent (nil: none); loadOwner says this lease makes it (Ready).
+	load      *adapterLoad
+	loadOwner bool
 }
 
 // Release gives the slot back and places the next queued request. Calling
@@ -190,6 +194,9 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 	s.recordPrefixLocked(t.req, w)
 	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, out: -1, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
 		Limit: c.limit, bound: now, busyAtBind: w.busy.integral, Prediction: c.pred, found: c.found}
+	if state := s.bindAdapterLocked(t.lease); state != "" && rec != nil && rec.Adapter != nil {
+		rec.Adapter.State = state
+	}
 	s.sharedBindLocked(t, t.lease, sharedID)
 	t.rec = rec
 	t.queued = false

@@ -63,6 +63,10 @@ type pick struct {
 	meets   []bool
 	// pending is the reservation the ledger is to make (ledger.go).
 	pending *reservation
+	// adapter is the request's LoRA adapter, nil when its model is none
+	// (adapter.go); adapterBuf is its space.
+	adapter    *adapterPick
+	adapterBuf adapterPick
 }
 
 // view is one worker as a pick sees it: what the pick resolved of it once
@@ -74,6 +78,9 @@ type view struct {
 	lim     limitState
 	why     uint8 // whyEligible, or the code of the filter that dropped it
 	serving bool  // it serves the requested model
+	// For a request naming a LoRA adapter: the worker holds it (or is
+	// loading it), or may load it now (adapter.go).
+	holds, loadable bool
 }
 
 // at returns the view of the j-th eligible worker.
@@ -119,11 +126,14 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	for i := range p.views {
 		p.elig = append(p.elig, int32(i))
 	}
-	for why := whyDraining; why <= whyFull; why++ {
+	for why := whyDraining; why <= whyAdapter; why++ {
 		p.elig = filters[why].keep(p, p.elig, why)
 	}
 	if len(p.elig) == 0 && p.learning && s.affine(&req) && s.affinityOn() {
 		s.affinityBorrowLocked(p)
+		if p.adapter != nil { // a borrowed worker must hold the adapter too
+			p.elig = filters[whyAdapter].keep(p, p.elig, whyAdapter)
+		}
 	}
 	if !p.baseline && s.cfg.KVFit {
 		p.elig = filters[whyKVFit].keep(p, p.elig, whyKVFit)
@@ -172,6 +182,13 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 		}
 		if pr != nil {
 			pr.rec.Chosen, pr.chosen = v.w.spec.Name, v.w.order
+			if p.adapter != nil {
+				state := "loaded"
+				if !v.holds {
+					state = "loading on demand"
+				}
+				pr.rec.Adapter = adapterRecord(p.adapter, state)
+			}
 			if c.pred != nil {
 				_, why := s.cfg.Predictor.Trusted(v.w.spec.Name)
 				pr.rec.Promise = promiseRecord(&p.promise, c.pred, why)
@@ -204,6 +221,7 @@ func (s *Scheduler) startPickLocked(req Request, now time.Time, binding bool) *p
 	p.promise = promiseState{}
 	p.floor, p.waited = 0, 0
 	p.kvHeld, p.pending = false, nil
+	p.adapter = s.adapterOfLocked(req.Model)
 	n := len(s.workers)
 	if cap(p.views) < n {
 		p.views, p.elig, p.cands = make([]view, n), make([]int32, 0, n), make([]Candidate, 0, n)
@@ -227,9 +245,13 @@ func (s *Scheduler) resolveLocked(p *pick) {
 		v.serving = w.serves(v.snap, p.req.Model)
 		v.why = whyEligible
 		v.lim = limitState{}
+		v.holds, v.loadable = false, false
 		if p.learning && v.serving {
 			best = bestSolo(best, v.st)
 		}
+	}
+	if p.adapter != nil {
+		s.resolveAdapterLocked(p)
 	}
 	if !p.learning {
 		return
@@ -257,6 +279,7 @@ func (s *Scheduler) limitsLocked(p *pick) {
 // answers for all candidates at once is asked once.
 func (s *Scheduler) candidatesLocked(p *pick) {
 	prefixOn := s.prefixWeighted && s.affine(&p.req) && !p.baseline
+	kvOn := s.prefixWeighted && len(p.req.KVBlocks) > 0 && !p.baseline && s.cfg.KVIndex != nil
 	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)
 	cands := p.cands[:0]
 	for _, i := range p.elig {
@@ -269,7 +292,7 @@ func (s *Scheduler) candidatesLocked(p *pick) {
 		setPtr(&c.Snap, v.snap)
 		setPtr(&c.Stats, v.st)
 		setStr(&c.PrefixSource, "")
-		c.Active, c.JobCost, c.PrefixMatch = v.w.active, v.w.cost, 0
+		c.Active, c.JobCost, c.PrefixMatch, c.KVSeq = v.w.active, v.w.cost, 0, 0
 		if prefixOn && batch == nil {
 			s.prefixMatchLocked(&p.req, c)
 		}
@@ -277,6 +300,11 @@ func (s *Scheduler) candidatesLocked(p *pick) {
 	p.cands = cands
 	if prefixOn && batch != nil && len(cands) > 0 {
 		s.prefixMatchesLocked(&p.req, cands, batch)
+	}
+	if kvOn {
+		for i := range cands {
+			s.kvMatchLocked(&p.req, &cands[i])
+		}
 	}
 }
 
@@ -301,7 +329,8 @@ func (s *Scheduler) slotsLocked(p *pick) {
 		setPtr(&ref.st, v.st)
 		sl.prefix, sl.lastPick, sl.limit, sl.cap = v.lim.prefix, v.w.lastPick, v.lim.limit, v.lim.cap
 		sl.active, sl.why, sl.source = int32(v.w.active), v.why, v.lim.source
-		sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc = 0, 0, 0, 0, 0
+		sl.loadable = v.loadable
+		sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc, sl.kvSeq = 0, 0, 0, 0, 0, 0
 		if v.why == whyKVFit {
 			sl.jobCost = v.w.cost // what the rule read, for the record's words
 		}

@@ -96,6 +96,28 @@ const (
 	prefixSourceReport = "worker report"
 )
 
+// Sources of the exact index of KV-cache events (kvMatchLocked).
+const (
+	// prefixSourceKV: the worker's own KV-cache events, exact.
+	prefixSourceKV = "vLLM KV events"
+	// prefixSourceKVLost: the guess, the worker's events being lost since
+	// a gap that could not be replayed.
+	prefixSourceKVLost = "router index (guess); KV events lost since a gap"
+)
+
+// kvMatchLocked sets c's prefix match from the exact index when it can
+// answer for c's worker; else the guess stands, and the record says why
+// when events were lost.
+func (s *Scheduler) kvMatchLocked(req *Request, c *Candidate) {
+	n, seq, ok, why := s.cfg.KVIndex.Match(c.Name, req.KVBlocks)
+	switch {
+	case ok:
+		c.PrefixMatch, c.PrefixSource, c.KVSeq = float64(n)/float64(len(req.KVBlocks)), prefixSourceKV, seq
+	case why != "" && why != "no KV events yet":
+		c.PrefixSource = prefixSourceKVLost
+	}
+}
+
 // prefixSourceShared is prefixSourceIndex when some of the matched blocks
 // were recorded by another replica (the index is shared through Redis).
 const prefixSourceShared = "router index (shared)"
@@ -222,6 +244,8 @@ func (prefixMatch) Provenance(env *Env, c *Candidate) (string, time.Time, bool) 
 		return "no prefix hashes", time.Time{}, false
 	case c.PrefixSource == prefixSourceSession && env.Req != nil:
 		return "session hint: served this session's last request (" + env.Req.SessionSource + ")", time.Time{}, false
+	case c.PrefixSource == prefixSourceKV:
+		return fmt.Sprintf("%s, seq %d", prefixSourceKV, c.KVSeq), time.Time{}, false
 	case c.PrefixSource == prefixSourceReport:
 		return fmt.Sprintf("worker report (%s, %s old)", rep.Source, age(env.Now, rep.At)), rep.At, false
 	case rep == nil || env.Req == nil:

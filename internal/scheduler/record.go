@@ -41,6 +41,9 @@ type pickRecord struct {
 	unscored bool
 	shared   bool // the shared ledger chose: its choice ranks first
 	pending  bool // the ledger has yet to choose (patchShared completes it)
+	// adapter is the request's LoRA adapter as the pick saw it (zero
+	// when it names none), for the adapter rule's words.
+	adapter adapterPick
 }
 
 // slot is what a record keeps of one worker besides its slotRefs: what
@@ -58,6 +61,8 @@ type slot struct {
 	why         uint8 // one of the why* reasons
 	source      limitSource
 	prefixSrc   uint8 // Candidate.PrefixSource, an index into prefixSources
+	loadable    bool  // it could load the request's adapter (adapter.go)
+	kvSeq       int64 // Candidate.KVSeq as scored
 }
 
 // slotRefs is what a record keeps of one worker by reference: its name,
@@ -109,7 +114,7 @@ func (pr *pickRecord) ref(i int) *slotRefs { return &pr.chunks[i/chunkLen].refs[
 // prefixSources are the values of Candidate.PrefixSource, as a slot keeps
 // them: a number instead of a string. A source prefixMatchLocked may set
 // must be listed here and in prefixSourceCode.
-var prefixSources = [5]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared, prefixSourceSession}
+var prefixSources = [7]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared, prefixSourceSession, prefixSourceKV, prefixSourceKVLost}
 
 func prefixSourceCode(src string) uint8 {
 	switch src { // a switch, not a loop: it runs for every eligible worker
@@ -123,6 +128,10 @@ func prefixSourceCode(src string) uint8 {
 		return 3
 	case prefixSourceSession:
 		return 4
+	case prefixSourceKV:
+		return 5
+	case prefixSourceKVLost:
+		return 6
 	}
 	panic(fmt.Sprintf("scheduler: prefix source %q missing from prefixSources", src))
 }
@@ -130,6 +139,9 @@ func prefixSourceCode(src string) uint8 {
 // newPickRecordLocked starts the record of pick p.
 func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
 	pr := &pickRecord{req: p.req, terms: s.terms, floor: p.floor, waited: p.waited, chosen: -1}
+	if p.adapter != nil {
+		pr.adapter = *p.adapter
+	}
 	pr.env = Env{Now: p.env.Now, StaleAfter: s.cfg.StaleAfter, Req: &pr.req}
 	if p.learning {
 		pr.limits = s.limits
@@ -149,6 +161,7 @@ func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
 		i := v.w.order
 		sl, c := &slots[i], &p.cands[j]
 		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
+		sl.kvSeq = c.KVSeq
 		if pr.scored {
 			sl.total = s.scratch.total[j]
 			if !pr.pending {
@@ -189,7 +202,7 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 		c.LimitSource = sl.source.String()
 		if sl.why == whyEligible {
 			cands = append(cands, Candidate{Name: ref.name, Active: int(sl.scored), JobCost: sl.jobCost, Snap: ref.snap, Stats: ref.st,
-				PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc]})
+				PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc], KVSeq: sl.kvSeq})
 			at = append(at, i)
 			if pr.scored {
 				// Active as scored: with a Ledger, the count across replicas.

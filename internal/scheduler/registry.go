@@ -3,6 +3,7 @@ package scheduler
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/stats"
@@ -31,6 +32,10 @@ type WorkerSpec struct {
 	// Kind is the worker's engine kind ("llamacpp", "vllm", ...), for
 	// requests that only some kinds can serve (Request.Kinds).
 	Kind string
+	// LoadsAdapters says the worker loads LoRA adapters at run time
+	// (vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING): with
+	// AdapterConfig.LoadOnDemand it may be chosen to load one.
+	LoadsAdapters bool
 }
 
 // worker is the registry's entry for one worker: its spec and the
@@ -58,6 +63,10 @@ type worker struct {
 	busy   busy // integral of active+remote over time
 	// moved is the latest change of the learned limit.
 	moved limitMove
+	// loads are the LoRA adapters Sluice is loading on the worker, and
+	// loaded those it loaded until its telemetry lists them (adapter.go).
+	loads  map[string]*adapterLoad
+	loaded map[string]time.Time
 }
 
 func (w *worker) snapshot() *Snapshot {
@@ -196,12 +205,13 @@ func (s *Scheduler) whyNotWaitLocked(req Request) error {
 // worker's models are still being discovered.
 func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) {
 	serves, undiscovered, fits, routeless := false, false, false, false
+	ap := s.adapterOfLocked(req.Model)
 	for _, w := range s.workers {
 		snap := w.snapshot()
 		if snap.Models == nil && len(w.spec.Models) == 0 && snap.Health != HealthDown {
 			undiscovered = true // its models are not known yet: it may serve this one
 		}
-		if !w.serves(snap, req.Model) {
+		if !w.serves(snap, req.Model) && (ap == nil || !w.servesAdapterLocked(snap, ap)) {
 			continue
 		}
 		if !w.servesRoute(req.Route) {

@@ -201,6 +201,19 @@ type Config struct {
 	// derived from what the model's workers do unloaded
 	// (predict.DefaultSLO).
 	DefaultSLO predict.SLO
+	// Adapters configures LoRA adapters (adapter.go).
+	Adapters AdapterConfig
+	// KVIndex, when set, is the exact index of the blocks workers hold,
+	// from their KV-cache events (*kvevents.Index): for a request with
+	// KVBlocks it replaces the guess for every worker it can answer for.
+	KVIndex KVIndex
+}
+
+// KVIndex answers how many of a request's leading blocks a worker holds,
+// from the worker's KV-cache events; ok is false when it cannot say (no
+// events yet, or lost since a gap: why), and the guess stands.
+type KVIndex interface {
+	Match(worker string, keys []uint64) (n int, seq int64, ok bool, why string)
 }
 
 // Scheduler admits requests to workers. See the package doc.
@@ -246,6 +259,8 @@ type Scheduler struct {
 	sessions *sessionTable
 	// derivedSLO is each model's default SLO as last derived (promise.go).
 	derivedSLO map[string]*derived
+	// adapters are the configured LoRA adapters by name; nil when none.
+	adapters map[string]AdapterSpec
 }
 
 // New returns a Scheduler with the given workers.
@@ -290,6 +305,15 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	if s.terms == nil {
 		s.terms = DefaultTerms(cfg.Weights)
 	}
+	for _, a := range cfg.Adapters.Adapters {
+		if a.Name == "" || a.Base == "" {
+			return nil, fmt.Errorf("scheduler: adapter %q: name and base are required", a.Name)
+		}
+		if s.adapters == nil {
+			s.adapters = map[string]AdapterSpec{}
+		}
+		s.adapters[a.Name] = a
+	}
 	s.picker = newPicker(cfg.Policy, s.terms, &s.scratch, cfg.Seed)
 	if cfg.SessionAffinity {
 		s.sessions = newSessionTable(cfg.SessionTTL, cfg.MaxSessions)
@@ -309,7 +333,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	if cfg.Ledger != nil {
 		s.ledger, s.reserving = newLedgerRunner(s, cfg.Ledger), map[string]*reservation{}
 	}
-	if cfg.PrefixIndex != nil {
+	if cfg.PrefixIndex != nil || cfg.KVIndex != nil {
 		for _, wt := range s.terms {
 			if _, ok := wt.Term.(readsPrefix); ok && wt.Weight != 0 {
 				s.prefixWeighted = true

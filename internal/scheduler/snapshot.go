@@ -108,6 +108,10 @@ type Snapshot struct {
 	// it says (llama.cpp /slots with prompt text); nil otherwise. See
 	// CacheReport for how the prefix term uses it.
 	CacheReport *CacheReport `json:"cache_report,omitempty"`
+	// Adapters are the LoRA adapters the worker reports holding (vLLM's
+	// /v1/models entries with a parent, llama.cpp's /lora-adapters); nil
+	// when it reports none. See adapter.go.
+	Adapters []AdapterInfo `json:"adapters,omitempty"`
 }
 
 // Source publishes the latest Snapshot of one worker. Snapshot must not

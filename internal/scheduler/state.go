@@ -46,6 +46,8 @@ type WorkerState struct {
 	// Prediction is how the predictor's predictions for the worker have
 	// held up, when there is a predictor.
 	Prediction *PredictionState `json:"prediction,omitempty"`
+	// Adapters are the LoRA adapters the worker holds or is loading.
+	Adapters []AdapterState `json:"adapters,omitempty"`
 }
 
 // PredictionState is how a worker's predictions have held up: the median
@@ -94,7 +96,7 @@ func (s *Scheduler) Workers() []WorkerState {
 			Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Reason: snap.HealthReason,
 			Draining: w.draining, Active: w.active, OtherReplicas: w.remote, JobCost: w.cost,
 			Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, LimitSource: lim.source.String(), Floor: lim.floor,
-			Snapshot: snap,
+			Snapshot: snap, Adapters: w.adaptersOfLocked(snap),
 		})
 		lasts = append(lasts, last{w.last, w.lastIdx})
 		lims = append(lims, lim)

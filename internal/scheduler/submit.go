@@ -38,6 +38,10 @@ type Request struct {
 	// Prefix holds the chained block hashes of the prompt (see package
 	// prefix): hash i covers blocks 0..i. Empty when unknown.
 	Prefix []uint64
+	// KVBlocks holds the chained keys of the prompt's token blocks
+	// (kvevents.BlockKeys), when its token ids are known: the prefix term
+	// then reads each worker's exact index of KV-cache events (KVIndex).
+	KVBlocks []uint64
 	// SLO is the request's own SLO (its API key's, tightened by its
 	// headers); unset fields come from its class's, then the default.
 	SLO predict.SLO

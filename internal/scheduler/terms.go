@@ -71,6 +71,9 @@ type Candidate struct {
 	// says who expects it (empty: the request has no prefix hashes).
 	PrefixMatch  float64
 	PrefixSource string
+	// KVSeq is the seq of the last KV-event batch behind PrefixMatch,
+	// when the exact index answered.
+	KVSeq int64
 }
 
 // Env is what a term sees of the decision besides the candidates: the

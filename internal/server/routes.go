@@ -73,20 +73,12 @@ func (s *Server) counted(h http.Handler) http.Handler {
 }
 
 // models answers GET /v1/models with the union of models across workers.
+// LoRA adapters are listed as vLLM lists them: with parent, their base.
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		OwnedBy string `json:"owned_by"`
-		Created int64  `json:"created"`
-	}
 	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
-	for _, m := range s.sched.Models() {
-		out.Data = append(out.Data, model{ID: m, Object: "model", OwnedBy: "sluice"})
-	}
+		Object string       `json:"object"`
+		Data   []modelEntry `json:"data"`
+	}{Object: "list", Data: s.modelList()}
 	writeJSON(w, http.StatusOK, out)
 }
 

@@ -53,6 +53,7 @@ type Server struct {
 	// router keeps no state in Redis.
 	prefixShare *prefixshare.Index
 	fleet       *fleet.Fleet
+	lora        *loraLoader // the scheduler's AdapterLoader
 	tracker     *stats.Tracker
 	store       stats.Store
 	dlog        *decisions.Log
@@ -145,7 +146,9 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	} else if s.prefixShare != nil {
 		prefixIndex = s.prefixShare
 	}
+	s.lora = newLoRALoader(s)
 	s.sched, err = scheduler.New(scheduler.Config{
+		Adapters:      s.adapterConfig(cfg),
 		Ledger:        ledger,
 		IDPrefix:      s.shared.idPrefix(),
 		Weights:       cfg.Weights,
@@ -196,6 +199,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	s.metrics = newMetrics(func() *scheduler.Scheduler { return s.sched }, s.tracker)
 	s.metrics.reg.MustRegister(s.shared.collectors()...)
 	s.metrics.reg.MustRegister(prefixShareCollectors(s.prefixShare)...)
+	s.metrics.reg.MustRegister(s.lora.collectors()...)
 	s.dash = dashboard.New(dashboard.Options{
 		Workers:     func() []scheduler.WorkerState { return s.sched.Workers() },
 		QueueDepths: func() map[string]int { return s.sched.QueueDepths() },
@@ -398,7 +402,7 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	if err != nil {
 		return err
 	}
-	fw, err := s.fleet.Add(context.Background(), toFleet(w, key))
+	fw, err := s.fleet.Add(context.Background(), s.fleetConfig(w, key))
 	if err != nil {
 		return err
 	}
@@ -406,7 +410,7 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
 	s.kinds.Store(w.Name, w.Kind)
 	s.stopDrain(w.Name) // a worker added again under this name is another one
-	err = s.sched.AddWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw, Kind: w.Kind, Unserved: fleet.Unserved(w.Kind)})
+	err = s.sched.AddWorker(workerSpec(w, fw))
 	if err != nil {
 		s.fleet.Remove(w.Name)
 		return err
@@ -444,14 +448,14 @@ func (s *Server) replaceWorkerLocked(w config.Worker) error {
 	if err := s.fleet.Remove(w.Name); err != nil {
 		return err
 	}
-	fw, err := s.fleet.Add(context.Background(), toFleet(w, key))
+	fw, err := s.fleet.Add(context.Background(), s.fleetConfig(w, key))
 	if err != nil {
 		return err
 	}
 	s.urls.Store(w.Name, u)
 	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
 	s.kinds.Store(w.Name, w.Kind)
-	return s.sched.UpdateWorker(scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: fw, Kind: w.Kind, Unserved: fleet.Unserved(w.Kind)})
+	return s.sched.UpdateWorker(workerSpec(w, fw))
 }
 
 // removeWorkerLocked stops scheduling to a worker and stops probing it.

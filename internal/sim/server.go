@@ -38,6 +38,8 @@ type Options struct {
 	// "sglang" only with "continue_final_message": true and
 	// "add_generation_prompt": false, and refuses the two together.
 	Emulate string
+	// LoRA, when set, serves LoRA adapters as vLLM does (lora.go).
+	LoRA *LoRA
 }
 
 // Server is a simulated llama-server: llama.cpp's HTTP API in real time
@@ -65,6 +67,7 @@ type Server struct {
 	bucket   rateBucket
 	nextResp uint64
 	abort    abortFault
+	lora     *loraState
 }
 
 // rateBucket holds the counters at the last /metrics scrape: llama.cpp
@@ -116,6 +119,7 @@ func NewServer(p Params, opts Options) (*Server, error) {
 		ready:     make(chan struct{}),
 	}
 	s.eng = NewEngine(p, s.realStart)
+	s.lora = newLoRAState(opts.LoRA)
 	s.routes()
 	s.wg.Add(1)
 	go s.drive()
@@ -245,6 +249,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/messages/count_tokens", s.handleCountTokens)
 	m.HandleFunc("POST /v1/responses", s.handleGenerate(kindResponses))
 	m.HandleFunc("POST /responses", s.handleGenerate(kindResponses))
+	s.loraRoutes(m)
 	m.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found_error", "File Not Found")
 	})
@@ -267,7 +272,7 @@ func writeError(w http.ResponseWriter, status int, typ, msg string) {
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"object": "list",
-		"data": []any{map[string]any{
+		"data": append([]any{map[string]any{
 			"id":       s.p.Model,
 			"object":   "model",
 			"created":  s.realStart.Unix(),
@@ -280,7 +285,7 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 				"n_params":    8030261248,
 				"size":        16060522496,
 			},
-		}},
+		}}, s.loraCards()...),
 	})
 }
 
@@ -436,8 +441,9 @@ type genRequest struct {
 	// ans is the answer to the request's conversation base, of which
 	// skip tokens were prefilled (see text.go): token n of this response
 	// is ans.token(skip+n).
-	ans  answer
-	skip int
+	ans   answer
+	skip  int
+	model string // the request's "model", "" when it names none
 }
 
 // charsPerToken is the prompt-length estimate: about four characters of
@@ -453,6 +459,7 @@ type wireRequest struct {
 	Messages            json.RawMessage `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Stream              bool            `json:"stream"`
+	Model               string          `json:"model"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	NPredict            *int            `json:"n_predict"`
@@ -475,7 +482,7 @@ func parseGenRequest(kind genKind, body io.Reader, emulate string) (genRequest, 
 	if err := dec.Decode(&wr); err != nil {
 		return genRequest{}, fmt.Errorf("invalid JSON body: %w", err)
 	}
-	g := genRequest{kind: kind, stream: wr.Stream, req: Request{IgnoreEOS: wr.IgnoreEOS}}
+	g := genRequest{kind: kind, stream: wr.Stream, req: Request{IgnoreEOS: wr.IgnoreEOS}, model: wr.Model}
 	var chars, tokens int
 	var err error
 	var base string
@@ -653,6 +660,9 @@ func (s *Server) handleGenerate(kind genKind) http.HandlerFunc {
 		g, err := parseGenRequest(kind, http.MaxBytesReader(w, r.Body, 64<<20), s.opts.Emulate)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+			return
+		}
+		if !s.loraServes(w, g.model) {
 			return
 		}
 		if !g.req.IgnoreEOS {

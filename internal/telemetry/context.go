@@ -15,6 +15,10 @@ type ModelCard struct {
 	// accepts for the model (vLLM's and SGLang's max_model_len); 0 when
 	// the entry does not say (null for LoRA adapters, absent elsewhere).
 	MaxModelLen int `json:"max_model_len,omitempty"`
+	// Parent is the base model of a LoRA adapter: vLLM lists every
+	// adapter it has loaded as a model whose parent is its base model
+	// (null for a base model); empty for a base model.
+	Parent string `json:"parent,omitempty"`
 }
 
 // ParseModelCards reads an OpenAI GET /v1/models list like
@@ -24,8 +28,9 @@ type ModelCard struct {
 func ParseModelCards(r io.Reader) ([]ModelCard, error) {
 	var l struct {
 		Data *[]struct {
-			ID          string `json:"id"`
-			MaxModelLen *int   `json:"max_model_len"`
+			ID          string  `json:"id"`
+			MaxModelLen *int    `json:"max_model_len"`
+			Parent      *string `json:"parent"`
 		} `json:"data"`
 	}
 	if err := decodeJSON(r, &l); err != nil {
@@ -42,6 +47,9 @@ func ParseModelCards(r io.Reader) ([]ModelCard, error) {
 		}
 		seen[d.ID] = true
 		c := ModelCard{ID: d.ID}
+		if d.Parent != nil && *d.Parent != d.ID {
+			c.Parent = *d.Parent
+		}
 		if d.MaxModelLen != nil && *d.MaxModelLen > 0 {
 			c.MaxModelLen = *d.MaxModelLen
 		}

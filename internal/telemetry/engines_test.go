@@ -308,7 +308,12 @@ func TestParseModelCards_Golden(t *testing.T) {
 	}{
 		{file: "vllm_models.json", want: []ModelCard{
 			{ID: "meta-llama/Llama-3.1-8B-Instruct", MaxModelLen: 131072},
-			{ID: "sql-lora"},
+			{ID: "sql-lora", Parent: "meta-llama/Llama-3.1-8B-Instruct"},
+		}},
+		{file: "vllm_models_lora.json", want: []ModelCard{
+			{ID: "meta-llama/Llama-3.1-8B-Instruct", MaxModelLen: 8192},
+			{ID: "sql-lora", Parent: "meta-llama/Llama-3.1-8B-Instruct"},
+			{ID: "chat-lora", Parent: "meta-llama/Llama-3.1-8B-Instruct"},
 		}},
 		{file: "sglang_models.json", want: []ModelCard{{ID: "meta-llama/Llama-3.1-8B-Instruct", MaxModelLen: 131072}}},
 		{file: "trtllm_models.json", want: []ModelCard{{ID: "TinyLlama/TinyLlama-1.1B-Chat-v1.0"}}},

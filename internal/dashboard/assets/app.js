@@ -315,6 +315,14 @@ function termList(terms) {
     .sort((a, b) => Math.abs(b.weighted) - Math.abs(a.weighted)).slice(0, 4);
   return `<div class="tlist">` + top.map((t) => `<span><i style="background:${termColor(t.name)}"></i>${esc(SHORT[t.name] || t.name)} <b>${t.weighted > 0 ? "+" : ""}${fmt(t.weighted)}</b></span>`).join("") + `</div>`;
 }
+// adaptersLine is a worker card's line of the LoRA adapters it holds,
+// those being loaded marked so; nothing when it holds none.
+function adaptersLine(adapters) {
+  if (!adapters || !adapters.length) return "";
+  const names = adapters.map(a => a.state === "loading" ? a.name + " (loading)" : a.name);
+  return `<div class="adapters" title="LoRA adapters: ${esc(adapters.map(a => a.name + " — " + a.state + (a.source ? ", " + a.source : "")).join("; "))}">LoRA ${esc(names.join(", "))}</div>`;
+}
+
 const SHORT = { active_requests: "active", queue_length: "queue", job_cost: "job cost", kv_pressure: "KV", gpu_util: "GPU", throughput: "throughput", latency: "latency", prefix: "prefix" };
 
 function orderTerms(terms) {
@@ -390,6 +398,7 @@ function cardHTML(w, extent) {
   return `<header><span class="name" title="${esc(w.url || w.name)}">${esc(w.name)}</span><span class="badge ${esc(health)}">${esc(health)}</span>` +
     (picked ? `<span class="badge rank" title="the newest request was bound here">last pick</span>` : "") + `</header>` +
     `<div class="models" title="${esc((w.models || []).join(", "))}">${esc((w.models || []).join(", ") || "no models known")}</div>` +
+    adaptersLine(w.adapters) +
     (w.health_reason && w.health !== "ok" ? `<div class="reason">${esc(w.health_reason)}</div>` : "") +
     `<div class="load"><span class="num" data-k="active"${other ? ` title="${esc(w.active)} from this replica, ${esc(other)} from the others"` : ""}>${esc(total)}<small>/${esc(lim)}</small></span><div class="meter ${meterCls}"><div style="width:${Math.min(load, 1) * 100}%"></div></div></div>` +
     limitNote +

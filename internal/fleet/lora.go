@@ -1,0 +1,136 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/telemetry"
+)
+
+// LoRA adapters: what each worker holds, and loads on demand.
+//
+// vLLM lists the adapters it holds in /v1/models as models with a parent
+// (the base model), read with the model list (scrapeModelCards).
+// llama-server lists its --lora files in GET /lora-adapters, read with
+// its model list; a file is named by the config's adapter of that path
+// (WorkerConfig.AdapterPaths), else by its base name. A llama-server
+// build without the endpoint answers 404, which is taken as no adapter.
+
+// adaptersFromCards are the adapter entries of a vLLM model list.
+func adaptersFromCards(cards []telemetry.ModelCard) []scheduler.AdapterInfo {
+	var out []scheduler.AdapterInfo
+	for _, c := range cards {
+		if c.Parent != "" {
+			out = append(out, scheduler.AdapterInfo{Name: c.ID, Base: c.Parent, Source: "vllm /v1/models"})
+		}
+	}
+	return out
+}
+
+// setAdapters publishes the adapters the worker reports, when they changed.
+func (w *Worker) setAdapters(as []scheduler.AdapterInfo) {
+	w.mu.Lock()
+	changed := !slices.Equal(w.st.adapters, as)
+	if changed {
+		w.st.adapters = slices.Clone(as)
+		w.publishLocked()
+	}
+	w.mu.Unlock()
+	if changed {
+		names := make([]string, len(as))
+		for i, a := range as {
+			names[i] = a.Name
+		}
+		w.log.Info("worker LoRA adapters changed", slog.Any("adapters", names))
+		w.notify()
+	}
+}
+
+// scrapeLoRA reads llama.cpp's GET /lora-adapters.
+func (w *Worker) scrapeLoRA(ctx context.Context) {
+	url := w.base + "/lora-adapters"
+	status, body, err := w.get(ctx, url)
+	if ctx.Err() != nil {
+		return
+	}
+	var as []telemetry.LoRAAdapter
+	switch {
+	case err != nil:
+	case status == http.StatusNotFound || status == http.StatusNotImplemented:
+		w.setAdapters(nil) // a build without the endpoint: no adapter
+		return
+	case status != http.StatusOK:
+		err = fmt.Errorf("scrape %s: HTTP %d: %s", url, status, snippet(body))
+	default:
+		if as, err = telemetry.ParseLlamaCPPLoRA(bytes.NewReader(body)); err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
+	}
+	w.setTelemetryErr(&w.st.loraErr, "lora-adapters", url, err)
+	if err != nil {
+		return
+	}
+	var out []scheduler.AdapterInfo
+	for _, a := range as {
+		name, ok := w.cfg.AdapterPaths[a.Path]
+		if !ok {
+			name = a.Name()
+		}
+		out = append(out, scheduler.AdapterInfo{Name: name, Source: fmt.Sprintf("llamacpp /lora-adapters id %d scale %g", a.ID, a.Scale)})
+	}
+	w.setAdapters(out)
+}
+
+// LoadAdapter loads a LoRA adapter on the worker through vLLM's POST
+// /v1/load_lora_adapter {lora_name, lora_path} (served when vLLM runs
+// with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). vLLM's answer that the
+// adapter is loaded already is a success. On success the worker's
+// snapshot lists the adapter at once, before the next scrape confirms it.
+// already says the worker held it before (the snapshot was behind).
+func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) (already bool, err error) {
+	if w.cfg.Kind != KindVLLM {
+		return false, fmt.Errorf("worker %s: kind %s cannot load LoRA adapters at run time (vllm can)", w.cfg.Name, w.cfg.Kind)
+	}
+	url := w.base + "/v1/load_lora_adapter"
+	body, _ := json.Marshal(map[string]string{"lora_name": a.Name, "lora_path": a.Path})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if w.cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+w.cfg.APIKey)
+	}
+	start := time.Now()
+	resp, err := w.opts.Client.Do(req)
+	if err != nil {
+		return false, fmt.Errorf("POST %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	already = resp.StatusCode == http.StatusBadRequest && strings.Contains(string(msg), "has already been loaded")
+	if resp.StatusCode != http.StatusOK && !already {
+		return false, fmt.Errorf("POST %s: HTTP %d: %s", url, resp.StatusCode, snippet(msg))
+	}
+	w.mu.Lock()
+	if !slices.ContainsFunc(w.st.adapters, func(x scheduler.AdapterInfo) bool { return x.Name == a.Name }) {
+		w.st.adapters = append(slices.Clip(w.st.adapters), scheduler.AdapterInfo{Name: a.Name, Base: a.Base, Source: "loaded by Sluice"})
+	}
+	if w.st.models != nil && !slices.Contains(w.st.models, a.Name) {
+		w.st.models = append(slices.Clip(w.st.models), a.Name)
+	}
+	w.publishLocked()
+	w.mu.Unlock()
+	w.log.Info("loaded LoRA adapter", slog.String("adapter", a.Name), slog.String("path", a.Path), slog.Duration("took", time.Since(start)))
+	w.notify()
+	return already, nil
+}

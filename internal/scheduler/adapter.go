@@ -1,0 +1,313 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
+)
+
+// LoRA adapters.
+//
+// A request whose model names a LoRA adapter runs on a worker that holds
+// the adapter loaded over its base model. A worker holds an adapter when
+// its telemetry lists it (Snapshot.Adapters: vLLM's /v1/models entries
+// with a parent, llama.cpp's /lora-adapters), when a load Sluice made
+// there succeeded, or while such a load runs (the request then waits for
+// it before it is sent). With AdapterConfig.LoadOnDemand, a worker that
+// serves the base model and can load adapters at run time
+// (WorkerSpec.LoadsAdapters: vLLM with runtime LoRA updating) may be
+// chosen to load it, while fewer than MaxReplicas workers hold it: the
+// adapter rule (filter_adapter.go) keeps a holder with room over any
+// loader, so an adapter goes to a new card only when its holders are
+// full, and never to more than MaxReplicas cards.
+//
+// The load is a network call, so it is never made under the scheduler's
+// lock: the pick only notes that the chosen worker will get the adapter
+// (an adapterLoad, counted as a holder by later picks), and Lease.Ready,
+// which Admit calls after the bind, makes the call through the
+// AdapterLoader outside the lock. Later requests bound to the same worker
+// meanwhile wait for the same load. A failed load is forgotten (the
+// worker does not hold the adapter) and Admit places the request again
+// elsewhere, excluding that worker; when no worker is left it refuses it
+// with ErrAdapterLoad naming the load's error.
+
+// AdapterSpec is a LoRA adapter the configuration names.
+type AdapterSpec struct {
+	// Name is what requests put in "model".
+	Name string `json:"name"`
+	// Base is the model the adapter applies to.
+	Base string `json:"base"`
+	// Path is where a worker loads it from (vLLM's lora_path).
+	Path string `json:"path,omitempty"`
+}
+
+// AdapterInfo is an adapter a worker reports holding.
+type AdapterInfo struct {
+	// Name is the adapter's name (vLLM's model id; for llama.cpp the
+	// configured name of its file, else the file's base name).
+	Name string `json:"name"`
+	// Base is the model it applies to, when the worker says.
+	Base string `json:"base,omitempty"`
+	// Source names where this came from, e.g. "vllm /v1/models".
+	Source string `json:"source,omitempty"`
+}
+
+// AdapterLoader loads an adapter on a worker: vLLM's POST
+// /v1/load_lora_adapter. It is called outside the scheduler's lock, and
+// on success the worker's telemetry should list the adapter from then on.
+type AdapterLoader interface {
+	LoadAdapter(ctx context.Context, worker string, a AdapterSpec) error
+}
+
+// AdapterConfig configures LoRA adapters (Config.Adapters).
+type AdapterConfig struct {
+	// Adapters are the adapters the configuration names.
+	Adapters []AdapterSpec
+	// LoadOnDemand lets a request for a configured adapter go to a
+	// worker that does not hold it but can load it (WorkerSpec.
+	// LoadsAdapters), when no holder has room.
+	LoadOnDemand bool
+	// MaxReplicas bounds how many workers may hold an adapter loaded on
+	// demand; DefaultAdapterReplicas when 0.
+	MaxReplicas int
+	// Loader makes the loads; without one nothing is loaded on demand.
+	Loader AdapterLoader
+	// LoadTimeout bounds one load; DefaultAdapterLoadTimeout when 0.
+	LoadTimeout time.Duration
+}
+
+// Defaults of AdapterConfig.
+const (
+	DefaultAdapterReplicas    = 2
+	DefaultAdapterLoadTimeout = 2 * time.Minute
+)
+
+// ErrAdapterLoad: the request's adapter could be loaded on no worker.
+var ErrAdapterLoad = errors.New("the LoRA adapter could not be loaded on any worker")
+
+// adapterLoad is a load Sluice makes of one adapter on one worker: set
+// under the lock at the bind, made by the first lease bound to it (its
+// owner), waited for by the others.
+type adapterLoad struct {
+	spec AdapterSpec
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// adapterPick is what a pick knows of the request's adapter: which it is,
+// and how many workers hold it.
+type adapterPick struct {
+	spec       AdapterSpec
+	configured bool // named by the configuration (so loadable on demand)
+	holders    int  // workers holding it or loading it
+	max        int
+	onDemand   bool
+}
+
+// adapterOfLocked returns what the pick must know of model when it names
+// an adapter, configured or reported by a worker; nil otherwise. A name
+// that is also some worker's base model is a model, not an adapter.
+func (s *Scheduler) adapterOfLocked(model string) *adapterPick {
+	if s.adapters == nil {
+		return nil
+	}
+	if spec, ok := s.adapters[model]; ok {
+		ap := &s.pk.adapterBuf
+		*ap = adapterPick{spec: spec, configured: true, max: s.adapterMax(), onDemand: s.cfg.Adapters.LoadOnDemand && s.cfg.Adapters.Loader != nil}
+		return ap
+	}
+	return nil
+}
+
+func (s *Scheduler) adapterMax() int {
+	if n := s.cfg.Adapters.MaxReplicas; n > 0 {
+		return n
+	}
+	return DefaultAdapterReplicas
+}
+
+// holdsLocked reports whether w holds adapter a or is loading it.
+// Once the worker's telemetry lists an adapter Sluice loaded there, the
+// telemetry alone says: a worker that restarts without it stops holding
+// it at its next scrape.
+func (w *worker) holdsLocked(snap *Snapshot, a string) bool {
+	if w.loads[a] != nil {
+		return true
+	}
+	for _, ai := range snap.Adapters {
+		if ai.Name == a {
+			delete(w.loaded, a)
+			return true
+		}
+	}
+	_, ok := w.loaded[a]
+	return ok
+}
+
+// servesAdapterLocked reports whether w could ever run a request for the
+// configured adapter ap, so that waiting for it is not pointless: it
+// holds it, or serves its base model and may load adapters (the adapter
+// rule then says whether it may load this one now).
+func (w *worker) servesAdapterLocked(snap *Snapshot, ap *adapterPick) bool {
+	return w.holdsLocked(snap, ap.spec.Name) || (ap.onDemand && w.spec.LoadsAdapters && w.serves(snap, ap.spec.Base))
+}
+
+// resolveAdapterLocked marks each view's part for the request's adapter:
+// whether its worker holds it, and whether it may load it.
+func (s *Scheduler) resolveAdapterLocked(p *pick) {
+	ap := p.adapter
+	for i := range p.views {
+		v := &p.views[i]
+		v.holds = v.w.holdsLocked(v.snap, ap.spec.Name)
+		if v.holds && !v.w.removed {
+			ap.holders++
+		}
+		if !v.serving {
+			v.serving = v.holds || (ap.configured && v.w.serves(v.snap, ap.spec.Base))
+		}
+	}
+	for i := range p.views {
+		v := &p.views[i]
+		v.loadable = !v.holds && ap.onDemand && v.w.spec.LoadsAdapters && ap.holders < ap.max
+	}
+}
+
+// bindAdapterLocked gives l the load it waits for when its worker does
+// not hold the request's adapter yet: the load running there, or a new
+// one that l makes (Lease.Ready). It returns what the record says.
+func (s *Scheduler) bindAdapterLocked(l *Lease) string {
+	ap := s.adapterOfLocked(l.req.Model)
+	if ap == nil {
+		return ""
+	}
+	w := l.w
+	if ld := w.loads[ap.spec.Name]; ld != nil {
+		l.load = ld
+		return "loading on demand (by an earlier request)"
+	}
+	if w.holdsLocked(w.snapshot(), ap.spec.Name) {
+		return "loaded"
+	}
+	if !ap.onDemand || !w.spec.LoadsAdapters {
+		return "not loaded" // cannot happen: the adapter rule kept it out
+	}
+	if w.loads == nil {
+		w.loads = map[string]*adapterLoad{}
+	}
+	ld := &adapterLoad{spec: ap.spec, done: make(chan struct{})}
+	w.loads[ap.spec.Name] = ld
+	l.load, l.loadOwner = ld, true
+	return "loading on demand"
+}
+
+// adapterRecord is the record's account of the request's adapter.
+func adapterRecord(ap *adapterPick, state string) *decisions.Adapter {
+	return &decisions.Adapter{Name: ap.spec.Name, Base: ap.spec.Base, State: state, Holders: ap.holders, MaxReplicas: ap.max}
+}
+
+// Ready makes the lease's worker ready for its request: when the request
+// names a LoRA adapter the worker is still to load, it loads it (the
+// first lease bound there) or waits for the load (the others), outside
+// the scheduler's lock. It returns the load's error, after which the
+// caller releases the lease and places the request elsewhere; nil when
+// there is nothing to load. Admit calls it; a caller of Submit must.
+func (l *Lease) Ready(ctx context.Context) error {
+	ld := l.load
+	if ld == nil {
+		return nil
+	}
+	s := l.s
+	if l.loadOwner {
+		l.loadOwner = false
+		timeout := s.cfg.Adapters.LoadTimeout
+		if timeout <= 0 {
+			timeout = DefaultAdapterLoadTimeout
+		}
+		// The load serves every request bound there meanwhile: the
+		// client that set it off may leave without cancelling it.
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		err := s.cfg.Adapters.Loader.LoadAdapter(lctx, l.Worker, ld.spec)
+		cancel()
+		s.loadDone(l.w, ld, err)
+		return wrapLoad(l.Worker, ld)
+	}
+	select {
+	case <-ld.done:
+		return wrapLoad(l.Worker, ld)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func wrapLoad(worker string, ld *adapterLoad) error {
+	if ld.err == nil {
+		return nil
+	}
+	return fmt.Errorf("load LoRA adapter %q on %s: %w", ld.spec.Name, worker, ld.err)
+}
+
+// loadDone ends a load: the worker holds the adapter from now on, or,
+// when it failed, does not, and the requests waiting for a holder may be
+// placed again.
+func (s *Scheduler) loadDone(w *worker, ld *adapterLoad, err error) {
+	now := s.clock.Now()
+	s.mu.Lock()
+	ld.err = err
+	if w.loads[ld.spec.Name] == ld {
+		delete(w.loads, ld.spec.Name)
+	}
+	if err == nil {
+		if w.loaded == nil {
+			w.loaded = map[string]time.Time{}
+		}
+		w.loaded[ld.spec.Name] = now
+	}
+	close(ld.done)
+	done := s.sweepLocked(s.dispatchLocked())
+	s.notifyLocked()
+	s.mu.Unlock()
+	s.finish(done)
+}
+
+// adaptersOfLocked lists what w holds, for WorkerState: what it reports,
+// what Sluice loaded there, and what it is loading.
+func (w *worker) adaptersOfLocked(snap *Snapshot) []AdapterState {
+	var out []AdapterState
+	for _, ai := range snap.Adapters {
+		out = append(out, AdapterState{Name: ai.Name, Base: ai.Base, State: "loaded", Source: ai.Source})
+	}
+	for name, at := range w.loaded {
+		if !slices.ContainsFunc(out, func(a AdapterState) bool { return a.Name == name }) {
+			out = append(out, AdapterState{Name: name, State: "loaded", Source: "loaded by Sluice", At: at})
+		}
+	}
+	for name, ld := range w.loads {
+		out = append(out, AdapterState{Name: name, Base: ld.spec.Base, State: "loading", Source: "loading by Sluice"})
+	}
+	slices.SortFunc(out, func(a, b AdapterState) int {
+		if a.Name < b.Name {
+			return -1
+		} else if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// AdapterState is one adapter a worker holds, in WorkerState.
+type AdapterState struct {
+	Name   string    `json:"name"`
+	Base   string    `json:"base,omitempty"`
+	State  string    `json:"state"` // "loaded" or "loading"
+	Source string    `json:"source,omitempty"`
+	At     time.Time `json:"loaded_at,omitzero"`
+}
+
+// Adapters returns the configured adapters with each one's base, for
+// /v1/models.
+func (s *Scheduler) Adapters() []AdapterSpec { return slices.Clone(s.cfg.Adapters.Adapters) }

@@ -1,0 +1,53 @@
+package scheduler
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/sluice-router/sluice/internal/kvevents"
+)
+
+// With the exact index of KV events the prefix term scores what each
+// worker holds, and the record names the events' seq; when a worker's
+// events were lost the guess stands and the record says so.
+func TestKVIndex_PrefixTermReadsTheEvents(t *testing.T) {
+	x := kvevents.NewIndex()
+	toks := make([]uint32, 12)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	keys := kvevents.BlockKeys(toks, 4)
+	x.Apply("w1", kvevents.Batch{Seq: 5, Events: []kvevents.Event{{Kind: kvevents.KindStored,
+		BlockHashes: []kvevents.Hash{kvevents.IntHash(1), kvevents.IntHash(2)}, TokenIDs: toks[:8], BlockSize: 4}}})
+	x.Apply("w0", kvevents.Batch{Seq: 0, Events: []kvevents.Event{{Kind: kvevents.KindCleared}}})
+	s := newSched(t, Config{MaxQueue: 4, KVIndex: x}, workers(2, 4, "m")...)
+	source := func(l *Lease, w string) (string, float64) {
+		for _, c := range l.Decision.Explain().Candidates {
+			if c.Worker == w {
+				for _, tm := range c.Terms {
+					if tm.Name == "prefix" {
+						return tm.Source, tm.Raw
+					}
+				}
+			}
+		}
+		return "", 0
+	}
+	l, err := s.Admit(context.Background(), Request{Model: "m", KVBlocks: keys})
+	if err != nil || l.Worker != "w1" {
+		t.Fatalf("on %v (%v), want w1, which holds 2 of the 3 blocks", l, err)
+	}
+	if src, raw := source(l, "w1"); src != "vLLM KV events, seq 5" || raw < 0.66 || raw > 0.67 {
+		t.Errorf("w1's prefix term: %q %v, want the events at seq 5 and 2/3", src, raw)
+	}
+	l.Release()
+	x.Desync("w1", 6)
+	l, err = s.Admit(context.Background(), Request{Model: "m", KVBlocks: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src, _ := source(l, "w1"); !strings.Contains(src, "guess") || !strings.Contains(src, "lost") {
+		t.Errorf("w1's prefix term after a gap: %q, want the guess and why", src)
+	}
+}
