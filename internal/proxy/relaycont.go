@@ -91,6 +91,21 @@ func (cs *contStream) follow(data []byte, info eventInfo) {
 	if !info.valid || info.err != "" {
 		return
 	}
+	if info.scanned && info.textOK && info.idOK {
+		// The quick scan read all of it: no decode (the common event).
+		if cs.id == "" && len(info.id) > 0 {
+			cs.id = string(info.id)
+		}
+		switch {
+		case info.tool:
+			cs.stuck = "a tool call began"
+		case info.reasoning:
+			cs.stuck = "reasoning text began"
+		}
+		cs.text.Write(info.text)
+		cs.counts(info)
+		return
+	}
 	var c contChunk
 	if json.Unmarshal(data, &c) != nil {
 		return
@@ -116,6 +131,11 @@ func (cs *contStream) follow(data []byte, info eventInfo) {
 			cs.text.WriteString(*ch.Text)
 		}
 	}
+	cs.counts(info)
+}
+
+// counts notes the token counts an event states.
+func (cs *contStream) counts(info eventInfo) {
 	if info.reported > 0 {
 		cs.reported = info.reported // the worker's own count, before any rewrite
 	}

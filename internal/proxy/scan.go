@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"unicode/utf8"
 )
 
 // eventInfo is what the relay takes from one streamed event's data.
@@ -14,6 +15,34 @@ type eventInfo struct {
 	reported int    // output tokens the worker states, or 0 (may be negative: not believed)
 	prompt   int    // prompt tokens the worker states, or 0
 	usage    bool   // it carries a usage object, whose prompt count has the last word
+
+	// What a continuable stream follows (contStream.follow), when the
+	// quick scan read the event (scanned): the text it carries (text,
+	// the one non-empty content, delta.content or choice text, escape-free
+	// — textOK false when there is more than one or it has escapes), its
+	// top-level id (escape-free, else idOK false), and whether its delta
+	// starts a tool call or carries reasoning text.
+	scanned, textOK, idOK bool
+	text, id              []byte
+	texts                 int // non-empty text values seen
+	tool, reasoning       bool
+}
+
+func seenText(info *eventInfo) bool { return info.texts > 0 }
+
+// metered is the part of info that metering reads (the rest is for
+// contStream.follow): what the quick scan and the decode must agree on.
+func (info eventInfo) metered() meteredInfo {
+	return meteredInfo{info.valid, info.err, info.content, info.final, info.reported, info.prompt, info.usage}
+}
+
+// meteredInfo is eventInfo's metering fields, comparable.
+type meteredInfo struct {
+	valid            bool
+	err              string
+	content, final   bool
+	reported, prompt int
+	usage            bool
 }
 
 // readEvent reads one event's data: by the quick scan where it can, by
@@ -61,6 +90,7 @@ func scanEvent(data []byte) (info eventInfo, ok bool) {
 	if !s.is('{') {
 		return info, false
 	}
+	info.textOK, info.idOK = true, true
 	var seen uint8
 	var content, stop bool
 	tokens := 0
@@ -77,8 +107,21 @@ func scanEvent(data []byte) (info eventInfo, ok bool) {
 			return s.choices(&info)
 		case keyContent:
 			var set bool
-			set, content = s.optString()
+			set, content = s.optText(&info)
 			return set
+		case keyID:
+			if s.i >= len(s.b) || s.b[s.i] != '"' {
+				info.idOK = false // not a string: decoded, should it matter
+				return s.skip(0)
+			}
+			start := s.i
+			plain, ok := s.str()
+			if !ok {
+				return false
+			}
+			info.id = s.b[start+1 : s.i-1]
+			info.idOK = plain && utf8.Valid(info.id)
+			return true
 		case keyStop:
 			return s.optBool(&stop)
 		case keyTokensPredicted:
@@ -94,7 +137,7 @@ func scanEvent(data []byte) (info eventInfo, ok bool) {
 	if s.ws(); s.i != len(s.b) {
 		return info, false
 	}
-	info.valid = true
+	info.valid, info.scanned = true, true
 	info.content = info.content || content
 	info.final = info.final || stop
 	info.reported = tokens
@@ -110,6 +153,7 @@ const (
 	keyUsage
 	keyTimings
 	keyError
+	keyID
 )
 
 // topKey returns the chunk field a top-level key names, or -1. Matching
@@ -130,6 +174,8 @@ func topKey(k []byte) int {
 		return keyTimings
 	case bytes.EqualFold(k, []byte("error")):
 		return keyError
+	case bytes.EqualFold(k, []byte("id")):
+		return keyID
 	}
 	return -1
 }
@@ -365,6 +411,29 @@ func (s *scanner) optString() (set, nonEmpty bool) {
 	return true, s.i-start > 2
 }
 
+// optText is optString for a value that carries generated text: a
+// non-empty one is noted in info.text, the first; a second, or one with
+// escapes, makes info.textOK false (the text must then be decoded).
+func (s *scanner) optText(info *eventInfo) (set, nonEmpty bool) {
+	if s.null() {
+		return true, false
+	}
+	start := s.i
+	plain, ok := s.str()
+	if !ok {
+		return false, false
+	}
+	if s.i-start <= 2 {
+		return true, false
+	}
+	info.text = s.b[start+1 : s.i-1]
+	if !plain || !utf8.Valid(info.text) || seenText(info) {
+		info.textOK = false // decoded instead: escapes, bad UTF-8, or two texts
+	}
+	info.texts++
+	return true, true
+}
+
 // optBool consumes a bool into *v, or a null, which leaves *v as it is.
 func (s *scanner) optBool(v *bool) bool {
 	switch {
@@ -441,7 +510,7 @@ func (s *scanner) choices(info *eventInfo) bool {
 			case 1:
 				return s.delta(info)
 			case 2:
-				set, nonEmpty := s.optString()
+				set, nonEmpty := s.optText(info)
 				info.content = info.content || nonEmpty
 				return set
 			}
@@ -469,6 +538,10 @@ func (s *scanner) delta(info *eventInfo) bool {
 			bit = 1
 		case bytes.EqualFold(key, []byte("reasoning_content")):
 			bit = 2
+		case bytes.EqualFold(key, []byte("tool_calls")):
+			bit = 4
+		case bytes.EqualFold(key, []byte("function_call")):
+			bit = 8
 		default:
 			return s.skip(2)
 		}
@@ -476,8 +549,21 @@ func (s *scanner) delta(info *eventInfo) bool {
 			return false
 		}
 		seen |= bit
-		set, nonEmpty := s.optString()
-		info.content = info.content || nonEmpty
-		return set
+		switch bit {
+		case 1:
+			set, nonEmpty := s.optText(info)
+			info.content = info.content || nonEmpty
+			return set
+		case 2:
+			set, nonEmpty := s.optString()
+			info.content = info.content || nonEmpty
+			info.reasoning = info.reasoning || nonEmpty
+			return set
+		}
+		if s.null() {
+			return true
+		}
+		info.tool = true
+		return s.skip(2)
 	})
 }
