@@ -168,6 +168,7 @@ func (w *Worker) scrapeOllama(ctx context.Context, now time.Time) error {
 // model's).
 func (w *Worker) scrapeModelCards(ctx context.Context, now time.Time) {
 	url := w.base + "/v1/models"
+	started := time.Now()
 	body, err := w.getOK(ctx, url)
 	if ctx.Err() != nil {
 		return
@@ -192,8 +193,10 @@ func (w *Worker) scrapeModelCards(ctx context.Context, now time.Time) {
 		w.setContextLocked(ctxTokens)
 		w.mu.Unlock()
 	}
-	w.setModels(now, telemetry.IDs(cards))
-	w.setAdapters(adaptersFromCards(cards))
+	ids, adapters := w.withRecentLoads(started, telemetry.IDs(cards), adaptersFromCards(cards))
+	// One publish for both: a snapshot listing the adapters as models
+	// but not yet as adapters would say the worker holds none.
+	w.setModelsAndAdapters(now, ids, adapters)
 }
 
 // scrapeSlots reads llama.cpp's /slots: the per-slot context size and,

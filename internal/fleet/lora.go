@@ -39,20 +39,35 @@ func adaptersFromCards(cards []telemetry.ModelCard) []scheduler.AdapterInfo {
 // setAdapters publishes the adapters the worker reports, when they changed.
 func (w *Worker) setAdapters(as []scheduler.AdapterInfo) {
 	w.mu.Lock()
-	changed := !slices.Equal(w.st.adapters, as)
+	changed := w.setAdaptersLocked(as)
 	if changed {
-		w.st.adapters = slices.Clone(as)
 		w.publishLocked()
 	}
 	w.mu.Unlock()
 	if changed {
-		names := make([]string, len(as))
-		for i, a := range as {
-			names[i] = a.Name
-		}
-		w.log.Info("worker LoRA adapters changed", slog.Any("adapters", names))
-		w.notify()
+		w.logAdapters(as)
 	}
+}
+
+// setAdaptersLocked records the adapters the worker reports and says
+// whether they changed; the caller publishes.
+func (w *Worker) setAdaptersLocked(as []scheduler.AdapterInfo) bool {
+	if slices.Equal(w.st.adapters, as) {
+		return false
+	}
+	w.st.adapters = slices.Clone(as)
+	return true
+}
+
+// logAdapters logs a change of the worker's adapters and wakes the
+// scheduler.
+func (w *Worker) logAdapters(as []scheduler.AdapterInfo) {
+	names := make([]string, len(as))
+	for i, a := range as {
+		names[i] = a.Name
+	}
+	w.log.Info("worker LoRA adapters changed", slog.Any("adapters", names))
+	w.notify()
 }
 
 // scrapeLoRA reads llama.cpp's GET /lora-adapters.
@@ -122,8 +137,13 @@ func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) (alre
 		return false, fmt.Errorf("POST %s: HTTP %d: %s", url, resp.StatusCode, snippet(msg))
 	}
 	w.mu.Lock()
+	loaded := scheduler.AdapterInfo{Name: a.Name, Base: a.Base, Source: "loaded by Sluice"}
+	if w.st.loadedAt == nil {
+		w.st.loadedAt = map[string]loadedAdapter{}
+	}
+	w.st.loadedAt[a.Name] = loadedAdapter{info: loaded, at: time.Now()}
 	if !slices.ContainsFunc(w.st.adapters, func(x scheduler.AdapterInfo) bool { return x.Name == a.Name }) {
-		w.st.adapters = append(slices.Clip(w.st.adapters), scheduler.AdapterInfo{Name: a.Name, Base: a.Base, Source: "loaded by Sluice"})
+		w.st.adapters = append(slices.Clip(w.st.adapters), loaded)
 	}
 	if w.st.models != nil && !slices.Contains(w.st.models, a.Name) {
 		w.st.models = append(slices.Clip(w.st.models), a.Name)
@@ -133,4 +153,36 @@ func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) (alre
 	w.log.Info("loaded LoRA adapter", slog.String("adapter", a.Name), slog.String("path", a.Path), slog.Duration("took", time.Since(start)))
 	w.notify()
 	return already, nil
+}
+
+// loadedAdapter is an adapter Sluice loaded on the worker, and when the
+// load was answered.
+type loadedAdapter struct {
+	info scheduler.AdapterInfo
+	at   time.Time
+}
+
+// withRecentLoads adds to a model list scraped from started on the
+// adapters Sluice loaded after started: the list was read before the
+// worker held them, and publishing it as is would make the worker drop
+// an adapter it holds until the next scrape — long enough for the
+// scheduler to load it on another worker beyond max_replicas. A list
+// read after a load is the worker's word: the load is forgotten, and an
+// adapter the list lacks then (the worker restarted) is not held.
+func (w *Worker) withRecentLoads(started time.Time, ids []string, adapters []scheduler.AdapterInfo) ([]string, []scheduler.AdapterInfo) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for name, l := range w.st.loadedAt {
+		if !l.at.After(started) {
+			delete(w.st.loadedAt, name)
+			continue
+		}
+		if !slices.Contains(ids, name) {
+			ids = append(ids, name)
+		}
+		if !slices.ContainsFunc(adapters, func(x scheduler.AdapterInfo) bool { return x.Name == name }) {
+			adapters = append(adapters, l.info)
+		}
+	}
+	return ids, adapters
 }

@@ -303,16 +303,41 @@ func (w *Worker) scrapeModels(ctx context.Context, now time.Time, parse func(io.
 
 func (w *Worker) setModels(now time.Time, models []string) {
 	w.mu.Lock()
-	w.st.modelsAt = now
-	changed := w.st.models == nil || !slices.Equal(w.st.models, models)
+	changed := w.setModelsLocked(now, models)
 	if changed {
-		w.st.models = slices.Clone(models)
 		w.publishLocked()
 	}
 	w.mu.Unlock()
 	if changed {
 		w.log.Info("worker models changed", slog.Any(keyModels, models))
 		w.notify()
+	}
+}
+
+func (w *Worker) setModelsLocked(now time.Time, models []string) bool {
+	w.st.modelsAt = now
+	if w.st.models != nil && slices.Equal(w.st.models, models) {
+		return false
+	}
+	w.st.models = slices.Clone(models)
+	return true
+}
+
+// setModelsAndAdapters is setModels and setAdapters in one snapshot.
+func (w *Worker) setModelsAndAdapters(now time.Time, models []string, as []scheduler.AdapterInfo) {
+	w.mu.Lock()
+	mc := w.setModelsLocked(now, models)
+	ac := w.setAdaptersLocked(as)
+	if mc || ac {
+		w.publishLocked()
+	}
+	w.mu.Unlock()
+	if mc {
+		w.log.Info("worker models changed", slog.Any(keyModels, models))
+		w.notify()
+	}
+	if ac {
+		w.logAdapters(as)
 	}
 }
 

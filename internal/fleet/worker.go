@@ -93,6 +93,9 @@ type workerState struct {
 
 	// adapters are the LoRA adapters the worker reports (lora.go).
 	adapters []scheduler.AdapterInfo
+	// loadedAt are the adapters Sluice loaded, until a model list read
+	// after the load confirms or denies them (withRecentLoads).
+	loadedAt map[string]loadedAdapter
 	loraErr  string
 }
 

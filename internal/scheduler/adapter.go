@@ -160,6 +160,7 @@ func (w *worker) servesAdapterLocked(snap *Snapshot, ap *adapterPick) bool {
 // whether its worker holds it, and whether it may load it.
 func (s *Scheduler) resolveAdapterLocked(p *pick) {
 	ap := p.adapter
+	unknown := false // a worker up whose model list was never read may hold it
 	for i := range p.views {
 		v := &p.views[i]
 		v.holds = v.w.holdsLocked(v.snap, ap.spec.Name)
@@ -169,10 +170,17 @@ func (s *Scheduler) resolveAdapterLocked(p *pick) {
 		if !v.serving {
 			v.serving = v.holds || (ap.configured && v.w.serves(v.snap, ap.spec.Base))
 		}
+		if v.snap.Models == nil && v.snap.Health != HealthDown && !v.w.removed {
+			unknown = true
+		}
 	}
+	// No load while some worker's adapters are unknown: counting it as
+	// holding none could put the adapter on more than max_replicas cards
+	// once its first scrape says it had it all along. The request waits
+	// for that scrape (a telemetry change dispatches the queue).
 	for i := range p.views {
 		v := &p.views[i]
-		v.loadable = !v.holds && ap.onDemand && v.w.spec.LoadsAdapters && ap.holders < ap.max
+		v.loadable = !v.holds && ap.onDemand && v.w.spec.LoadsAdapters && ap.holders < ap.max && !unknown
 	}
 }
 

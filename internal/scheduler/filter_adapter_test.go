@@ -202,3 +202,33 @@ func TestAdapterFilter_NotLoadable(t *testing.T) {
 		t.Fatalf("err %v with %d loads; want ErrUnknownModel at once and no load", err, ld.count())
 	}
 }
+
+// A worker whose model list was never read may hold the adapter: no
+// load starts until it reports, or the adapter could end up on more
+// than max_replicas cards once the report says that worker had it.
+func TestAdapterFilter_NoLoadWhileAWorkersAdaptersAreUnknown(t *testing.T) {
+	ld := &loader{gate: make(chan struct{})}
+	close(ld.gate)
+	ws := loraFleet("", true)
+	unread := newSource(Snapshot{Health: HealthOK}) // Models nil: never scraped
+	ws[2].Source = unread
+	s := newSched(t, Config{MaxQueue: 4, Adapters: AdapterConfig{Adapters: []AdapterSpec{{Name: "sql", Base: "base", Path: "/a/sql"}},
+		LoadOnDemand: true, MaxReplicas: 1, Loader: ld}}, ws...)
+	tk := s.Submit(Request{Model: "sql"}, nil)
+	if tk.Done() {
+		l, err := tk.Result()
+		t.Fatalf("bound to %v (%v) with %d loads while w2's adapters are unknown; want it to wait", l, err, ld.count())
+	}
+	// w2's first scrape: it holds sql. The request goes there, no load.
+	unread.Set(Snapshot{Health: HealthOK, Models: []string{"base", "sql"}, Adapters: []AdapterInfo{{Name: "sql", Base: "base"}}})
+	s.Kick()
+	<-tk.Wait()
+	l, err := tk.Result()
+	if err != nil || l.Worker != "w2" {
+		t.Fatalf("after w2 reported, on %v (%v), want w2, which holds it", l, err)
+	}
+	if err := l.Ready(context.Background()); err != nil || ld.count() != 0 {
+		t.Errorf("Ready: %v, %d loads; want none", err, ld.count())
+	}
+	l.Release()
+}
