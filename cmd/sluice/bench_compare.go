@@ -75,6 +75,11 @@ type compareOpts struct {
 	// are percentages of, instead of vsim.Capacity's estimate of the sim
 	// fleet; required with workers.
 	capacity float64
+	// kvEvents adds the row "sluice + KV events": Sluice with the exact
+	// index of the engines' KV-cache events (virtual time only), and a
+	// table of what each row's router expected cached against what the
+	// engines found.
+	kvEvents bool
 }
 
 // scenario is one load of a comparison: the same items for every policy.
@@ -117,6 +122,7 @@ func benchCompare(args []string) error {
 	fs.BoolVar(&o.goodput, "goodput", false, "virtual only: also find each policy's goodput, the highest load (steps of 5% of capacity, up to 150%) at which at least 95% of requests meet the SLO")
 	workers := fs.String("workers", "", "real HTTP only: compare on these running workers instead of a sim fleet: comma-separated [NAME=]URL, kind llamacpp, models discovered; on the wall clock (time scale 1); needs --capacity")
 	fs.Float64Var(&o.capacity, "capacity", 0, "the fleet's capacity in req/s that --loads are percentages of; required with --workers (measure it, see docs/benchmarks.md); 0 with a sim fleet estimates it")
+	fs.BoolVar(&o.kvEvents, "kv-events", false, "virtual only: also run Sluice with the exact index of the simulated workers' KV-cache events (row \""+kvRow+"\"), and compare each row's expected cached prompt tokens with the engines' own accounting")
 	routerFile := fs.String("config", "", "router config (sluice serve format) whose weights, admission, telemetry and stats settings to use; its workers and policy are ignored")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -325,6 +331,9 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	if err := checkWorkers(o); err != nil {
 		return err
 	}
+	if o.kvEvents && !o.virtual {
+		return errors.New("--kv-events is virtual only: the sim fleet's HTTP workers do not publish KV-cache events to bench compare's routers")
+	}
 	fleet := sim.DemoFleet()
 	fleetName := "sim.DemoFleet() (gpu-0, gpu-1 reference A100; gpu-2-slow speed 0.6; gpu-3-small-kv 8,192 KV tokens)"
 	if len(o.workers) > 0 {
@@ -415,9 +424,20 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 		var runs []bench.NamedRun
 		var limits []scheduler.WorkerState
 		var one, many *vsim.HTTPStats
+		expected := map[string]int64{}
 		for _, p := range o.policies {
 			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, p, len(sc.items))
-			res, ws, hs, err := runPolicy(ctx, o, fleet, p, 1, sc.items, logw)
+			var res []bench.Result
+			var ws []scheduler.WorkerState
+			var hs vsim.HTTPStats
+			var err error
+			if o.kvEvents { // the same virtual run, with its expectations
+				var st vsim.Stats
+				res, st, err = runVirtual(o, fleet, p, false, sc.items)
+				ws, expected[string(p)] = st.Workers, st.ExpectedCached
+			} else {
+				res, ws, hs, err = runPolicy(ctx, o, fleet, p, 1, sc.items, logw)
+			}
 			if err != nil {
 				return fmt.Errorf("%s, policy %s: %w", sc.name, p, err)
 			}
@@ -436,6 +456,15 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 			many = &hs
 			runs = append(runs, bench.NamedRun{Name: name, Results: res, SLO: o.slo})
 		}
+		if o.kvEvents {
+			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, kvRow, len(sc.items))
+			res, st, err := runVirtual(o, fleet, scheduler.PolicySluice, true, sc.items)
+			if err != nil {
+				return fmt.Errorf("%s, %s: %w", sc.name, kvRow, err)
+			}
+			expected[kvRow] = st.ExpectedCached
+			runs = append(runs, bench.NamedRun{Name: kvRow, Results: res, SLO: o.slo})
+		}
 		dir := filepath.Join(o.out, sc.name)
 		if _, err := bench.WriteReport(dir, runs); err != nil {
 			return err
@@ -452,6 +481,9 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 		fmt.Fprintf(&md, "```\n\n")
 		writeGoals(&md, sc, runs, o.virtual, o.timeScale)
 		writeReplicas(&md, runs, one, many)
+		if o.kvEvents {
+			writeExpectedCached(&md, runs, expected)
+		}
 		writeLimits(&md, limits)
 	}
 	if o.goodput {

@@ -25,6 +25,11 @@ func BlockKeys(tokens []uint32, blockSize int) []uint64 {
 	return out
 }
 
+// ChainKey is the key of the block of tokens block whose parent block's
+// key is parent (0 for a first block): BlockKeys one block at a time, for
+// callers that remember keys of prefixes they have already cut.
+func ChainKey(parent uint64, block []uint32) uint64 { return chain(parent, block) }
+
 // chain is one block's key: FNV-1a over the parent's key and its tokens.
 func chain(parent uint64, block []uint32) uint64 {
 	h := fnv.New64a()

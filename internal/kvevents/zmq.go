@@ -285,7 +285,9 @@ func (p *Publisher) serveReplays() {
 	}
 }
 
-// Close stops both sockets.
+// Close stops both sockets. One goroutine outlives it: zmq4 v0.17.0's
+// PUB socket never stops its writer (pubMWriter.run), as its socket's
+// Close does not close it; only simulators and tests publish.
 func (p *Publisher) Close() error {
 	err := errors.Join(p.pub.Close(), p.router.Close())
 	<-p.done

@@ -136,6 +136,13 @@ type Options struct {
 	Tokenize        func(ctx context.Context, model, text string) (int, error)
 	TokenizeAbove   int
 	TokenizeTimeout time.Duration
+	// KVBlocks, when set, returns the keys of a chat or completion
+	// request's prompt token blocks (kvevents.BlockKeys) from the
+	// tokenizer of a worker publishing KV-cache events for model, given
+	// the request's messages or, without them, its prompt string; nil
+	// when it cannot. It is called before the request is submitted, with
+	// TokenizeTimeout, and sets Request.KVBlocks.
+	KVBlocks func(ctx context.Context, model string, messages, prompt json.RawMessage) []uint64
 	// Logger logs failures; discarded if nil.
 	Logger *slog.Logger
 	// Tracer, when not nil, gives each request a span (see Tracer).
@@ -297,6 +304,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		p.promptTokens = n
 	}
 	req.Prefix = p.prefix // where its prompt prefix may be cached
+	req.KVBlocks = h.kvBlocks(r.Context(), p)
 	res.PromptTokens = p.promptTokens
 	req.Class = h.opt.Scheduler.RequestedClass(req.Class, r.Header.Get("X-Sluice-Priority"))
 	var lastErr error
@@ -365,6 +373,21 @@ func (h *Handler) tokenize(ctx context.Context, p parsed) (int, bool) {
 		return 0, false
 	}
 	return n + p.promptExtra, true
+}
+
+// kvBlocks gets the request's token blocks for the exact index of KV
+// events, within the tokenize budget; nil without the hook or a prompt.
+func (h *Handler) kvBlocks(ctx context.Context, p parsed) []uint64 {
+	if h.opt.KVBlocks == nil || (len(p.messages) == 0 && len(p.promptString) == 0) {
+		return nil
+	}
+	timeout := h.opt.TokenizeTimeout
+	if timeout <= 0 {
+		timeout = 200 * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return h.opt.KVBlocks(ctx, p.model, p.messages, p.promptString)
 }
 
 // attempt sends the request to the lease's worker and relays the answer.

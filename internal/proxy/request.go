@@ -69,6 +69,10 @@ type parsed struct {
 	// prefix is the prompt's chained block hashes (prefix.FromBody of
 	// the body), where its prefix may be cached.
 	prefix []uint64
+	// messages is the body's messages as sent (valid ones only), and
+	// promptString its prompt when that is one JSON string: what a
+	// worker's /tokenize is given for the token blocks of KV events.
+	messages, promptString json.RawMessage
 	// proto is the request's API (protocolFor its path).
 	proto *protocol
 	// The body fields a session key may come from (session.go): OpenAI's
@@ -141,6 +145,12 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 	}
 	if !in.Messages.bad {
 		p.prefix = prefix.FromMessages(in.Messages.msgs, in.Prompt, prefix.BlockBytes)
+		if len(in.Messages.msgs) > 0 {
+			p.messages = in.Messages.raw
+		}
+	}
+	if firstByte(in.Prompt) == '"' {
+		p.promptString = in.Prompt
 	}
 	p.promptTokens = max(pc.tokens(), 1)
 	p.promptText = pc.text.String()

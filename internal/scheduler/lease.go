@@ -140,6 +140,13 @@ func (s *Scheduler) expectedCost(w *worker, req Request) float64 {
 	return float64(req.PromptTokens) + out
 }
 
+// ExpectedCachedTokens is how many of the request's prompt tokens the
+// chosen worker was expected to hold in its prefix cache when the lease
+// was made (the prefix term's match times the prompt); 0 without a
+// Predictor, for the baselines, or when nothing was expected. The
+// simulation compares it with what the worker found.
+func (l *Lease) ExpectedCachedTokens() int { return l.found.CachedTokens }
+
 // Observe records that the lease's request produced outputTokens tokens;
 // call it before Release for an answer that completed. The scheduler
 // learns output lengths from it (see Config.DefaultOutputTokens) and

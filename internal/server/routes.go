@@ -131,12 +131,15 @@ type workerView struct {
 	Kind  string `json:"kind"`
 	Stats any    `json:"stats"`
 	Fleet any    `json:"probe,omitempty"`
+	// KVEvents is the worker's index of KV-cache events (seq, blocks, in
+	// sync or not, gaps and replays); absent without kv_events.
+	KVEvents *kvView `json:"kv_events,omitempty"`
 }
 
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
 	var out []workerView
 	for _, ws := range s.sched.Workers() {
-		v := workerView{WorkerState: ws, Stats: s.tracker.Get(ws.Name)}
+		v := workerView{WorkerState: ws, Stats: s.tracker.Get(ws.Name), KVEvents: s.kv.view(ws.Name)}
 		if u, ok := s.resolve(ws.Name); ok {
 			v.URL = u.String()
 		}

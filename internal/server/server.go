@@ -54,6 +54,7 @@ type Server struct {
 	prefixShare *prefixshare.Index
 	fleet       *fleet.Fleet
 	lora        *loraLoader // the scheduler's AdapterLoader
+	kv          *kvEvents   // the workers' KV-cache events (kvevents.go)
 	tracker     *stats.Tracker
 	store       stats.Store
 	dlog        *decisions.Log
@@ -147,7 +148,9 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		prefixIndex = s.prefixShare
 	}
 	s.lora = newLoRALoader(s)
+	s.kv = newKVEvents(log)
 	s.sched, err = scheduler.New(scheduler.Config{
+		KVIndex:       s.kv.index,
 		Adapters:      s.adapterConfig(cfg),
 		Ledger:        ledger,
 		IDPrefix:      s.shared.idPrefix(),
@@ -224,6 +227,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		MaxAttempts:     cfg.Proxy.MaxAttempts,
 		IdleTimeout:     cfg.Proxy.StreamIdleTimeout,
 		Tokenize:        s.tokenize,
+		KVBlocks:        s.kvBlocks,
 		TokenizeAbove:   cfg.Proxy.TokenizeAbove,
 		TokenizeTimeout: cfg.Proxy.TokenizeTimeout,
 		Logger:          log,
@@ -283,6 +287,9 @@ func (s *Server) Decisions() *decisions.Log { return s.dlog }
 func (s *Server) Close() error {
 	s.stopDrains()
 	s.sched.Close()
+	if s.kv != nil {
+		s.kv.close() // every subscriber's goroutine ends here
+	}
 	if s.fleet != nil {
 		s.fleet.Close()
 	}
@@ -415,6 +422,7 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 		s.fleet.Remove(w.Name)
 		return err
 	}
+	s.kv.start(w)
 	return nil
 }
 
@@ -455,6 +463,8 @@ func (s *Server) replaceWorkerLocked(w config.Worker) error {
 	s.urls.Store(w.Name, u)
 	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
 	s.kinds.Store(w.Name, w.Kind)
+	s.kv.stop(w.Name) // its endpoints may have changed: the index starts over
+	s.kv.start(w)
 	return s.sched.UpdateWorker(workerSpec(w, fw))
 }
 
@@ -465,6 +475,7 @@ func (s *Server) removeWorkerLocked(name string) error {
 		return err
 	}
 	s.fleet.Remove(name)
+	s.kv.stop(name)
 	s.metrics.forget(name)
 	s.prefix.Forget(name) // a worker added again under this name starts cold
 	// The URL stays resolvable for requests already bound to the worker,

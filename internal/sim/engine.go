@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/kvevents"
 )
 
 // Finish reasons reported in Result.FinishReason, with llama.cpp's and
@@ -312,6 +314,10 @@ type Engine struct {
 
 	busyLog []interval
 	prefix  *prefixCache // created at the first request with a prefix
+	// onCache, when set, receives the prefix cache's changes as vLLM's
+	// KV-cache events (kvevents.go); cacheLog is its scratch.
+	onCache  func(at time.Time, events []kvevents.Event)
+	cacheLog cacheLog
 
 	m counters
 }

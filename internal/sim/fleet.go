@@ -27,6 +27,9 @@ type WorkerSpec struct {
 	Params Params
 	// TimeScale is the worker's Options.TimeScale; 0 means 1.
 	TimeScale float64
+	// KVEvents and KVEventsReplay are its Options.KVEvents and
+	// KVEventsReplay (host:port): where it publishes its KV-cache events.
+	KVEvents, KVEventsReplay string
 }
 
 // Worker is one running member of a Fleet.
@@ -82,7 +85,7 @@ func StartFleetLogged(ctx context.Context, specs []WorkerSpec, host string, firs
 			f.Close()
 			return nil, fmt.Errorf("sim: worker %s: listen on %s: %w", name, addr, err)
 		}
-		srv, err := NewServer(spec.Params, Options{TimeScale: spec.TimeScale, Name: name, Logger: log})
+		srv, err := NewServer(spec.Params, Options{TimeScale: spec.TimeScale, Name: name, Logger: log, KVEvents: spec.KVEvents, KVEventsReplay: spec.KVEventsReplay})
 		if err != nil {
 			ln.Close()
 			f.Close()
@@ -183,6 +186,8 @@ type fleetEntry struct {
 	OutputMin           *int     `yaml:"output_min" json:"output_min"`
 	OutputMax           *int     `yaml:"output_max" json:"output_max"`
 	TimeScale           *float64 `yaml:"time_scale" json:"time_scale"`
+	KVEvents            string   `yaml:"kv_events" json:"kv_events"`
+	KVEventsReplay      string   `yaml:"kv_events_replay" json:"kv_events_replay"`
 	Slowdowns           []struct {
 		After  string  `yaml:"after" json:"after"`
 		For    string  `yaml:"for" json:"for"`
@@ -204,6 +209,9 @@ type fleetEntry struct {
 //	    startup_delay: 30s
 //	  - name: gpu-3-throttled
 //	    slowdowns: [{after: 5m, for: 5m, factor: 0.5}]
+//	  - name: gpu-4-events
+//	    kv_events: 127.0.0.1:5557 # vLLM's KV-cache events (kvpublish.go)
+//	    kv_events_replay: 127.0.0.1:5558
 func ParseFleetFile(path string) ([]WorkerSpec, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -295,12 +303,29 @@ func ParseFleet(data []byte, isJSON bool) ([]WorkerSpec, error) {
 		if !(scale > 0) {
 			errs = append(errs, fmt.Errorf("%s.time_scale: must be positive, got %v", key, scale))
 		}
-		specs = append(specs, WorkerSpec{Name: name, Params: p, TimeScale: scale})
+		for _, ep := range []struct{ field, addr string }{{"kv_events", w.KVEvents}, {"kv_events_replay", w.KVEventsReplay}} {
+			if ep.addr == "" {
+				continue
+			}
+			if _, port, err := net.SplitHostPort(ep.addr); err != nil || !isPort(port) {
+				errs = append(errs, fmt.Errorf("%s.%s: %q: want host:port to listen on (port 0 picks one)", key, ep.field, ep.addr))
+			}
+		}
+		if w.KVEventsReplay != "" && w.KVEvents == "" {
+			errs = append(errs, fmt.Errorf("%s.kv_events_replay: set without kv_events", key))
+		}
+		specs = append(specs, WorkerSpec{Name: name, Params: p, TimeScale: scale, KVEvents: w.KVEvents, KVEventsReplay: w.KVEventsReplay})
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return specs, nil
+}
+
+// isPort reports whether s is a port number, 0..65535.
+func isPort(s string) bool {
+	n, err := strconv.Atoi(s)
+	return err == nil && n >= 0 && n <= 65535
 }
 
 func setIf[T any](dst *T, src *T) {

@@ -17,6 +17,9 @@ type prefixCache struct {
 	used     int
 	ll       *list.List // of *cachedBlock, most recent first
 	pos      map[uint64]*list.Element
+	// log, when not nil, notes what each insert changed, for the KV-cache
+	// events (kvevents.go); nil costs nothing.
+	log *cacheLog
 }
 
 type cachedBlock struct {
@@ -56,10 +59,23 @@ func (c *prefixCache) insert(hashes []uint64, blockTokens int) {
 			old := c.ll.Remove(c.ll.Back()).(*cachedBlock)
 			delete(c.pos, old.hash)
 			c.used -= old.tokens
+			if c.log != nil {
+				c.log.evicted(old.hash)
+			}
 		}
 		c.pos[h] = c.ll.PushFront(&cachedBlock{hash: h, tokens: blockTokens})
 		c.used += blockTokens
+		if c.log != nil {
+			c.log.stored(i, h)
+		}
 	}
+}
+
+// reset empties the cache.
+func (c *prefixCache) reset() {
+	c.ll.Init()
+	clear(c.pos)
+	c.used = 0
 }
 
 // cachedPrefill returns how many of the tokens s must prefill are already
@@ -90,5 +106,13 @@ func (e *Engine) cachePrompt(s *Seq) {
 	if e.prefix == nil {
 		e.prefix = newPrefixCache(e.p.KVTokens)
 	}
+	if e.onCache == nil {
+		e.prefix.insert(r.Prefix, r.PrefixBlockTokens)
+		return
+	}
+	e.prefix.log = &e.cacheLog
+	e.cacheLog.begin()
 	e.prefix.insert(r.Prefix, r.PrefixBlockTokens)
+	e.prefix.log = nil
+	e.publishInsert(r.Prefix, r.PrefixBlockTokens)
 }

@@ -40,6 +40,11 @@ type Options struct {
 	Emulate string
 	// LoRA, when set, serves LoRA adapters as vLLM does (lora.go).
 	LoRA *LoRA
+	// KVEvents, when set, publishes the prefix cache's changes as vLLM's
+	// KV-cache events on a ZeroMQ PUB socket listening there (host:port,
+	// port 0 picks one), with the replay socket on KVEventsReplay
+	// (127.0.0.1:0 when empty); see kvpublish.go.
+	KVEvents, KVEventsReplay string
 }
 
 // Server is a simulated llama-server: llama.cpp's HTTP API in real time
@@ -68,6 +73,7 @@ type Server struct {
 	nextResp uint64
 	abort    abortFault
 	lora     *loraState
+	kv       *kvPublisher // nil without Options.KVEvents
 }
 
 // rateBucket holds the counters at the last /metrics scrape: llama.cpp
@@ -120,6 +126,9 @@ func NewServer(p Params, opts Options) (*Server, error) {
 	}
 	s.eng = NewEngine(p, s.realStart)
 	s.lora = newLoRAState(opts.LoRA)
+	if err := s.startKVEvents(); err != nil {
+		return nil, err
+	}
 	s.routes()
 	s.wg.Add(1)
 	go s.drive()
@@ -204,6 +213,8 @@ func (s *Server) Close() {
 		s.closed = true
 		s.mu.Unlock()
 		close(s.done)
+		s.wg.Wait()
+		s.stopKVEvents()
 	})
 	s.wg.Wait()
 }
@@ -249,6 +260,8 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/messages/count_tokens", s.handleCountTokens)
 	m.HandleFunc("POST /v1/responses", s.handleGenerate(kindResponses))
 	m.HandleFunc("POST /responses", s.handleGenerate(kindResponses))
+	m.HandleFunc("POST /tokenize", s.handleTokenize)
+	m.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	s.loraRoutes(m)
 	m.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found_error", "File Not Found")

@@ -565,6 +565,7 @@ workers:
     kv_tokens: 8192
     startup_delay: 30s
     time_scale: 2
+    kv_events: 127.0.0.1:0
 `
 	specs, err := ParseFleet([]byte(yamlOK), false)
 	if err != nil {
@@ -575,7 +576,7 @@ workers:
 	if diff := cmp.Diff(WorkerSpec{Name: "a", Params: want0, TimeScale: 5}, specs[0]); diff != "" {
 		t.Fatalf("worker a (-want +got):\n%s", diff)
 	}
-	if b := specs[1]; b.Params.Speed != 0.6 || b.Params.KVTokens != 8192 || b.Params.StartupDelay != 30*time.Second || b.TimeScale != 2 {
+	if b := specs[1]; b.Params.Speed != 0.6 || b.Params.KVTokens != 8192 || b.Params.StartupDelay != 30*time.Second || b.TimeScale != 2 || b.KVEvents != "127.0.0.1:0" {
 		t.Fatalf("worker b %+v", b)
 	}
 
@@ -595,6 +596,7 @@ workers:
 		{"unknown yaml key", "workers:\n  - name: a\n    gpus: 2\n", false, []string{"gpus"}},
 		{"unknown json key", `{"workers":[{"nmae":"a"}]}`, true, []string{"nmae"}},
 		{"no workers", "time_scale: 1\n", false, []string{"workers"}},
+		{"kv events", "workers:\n  - kv_events: tcp://x\n  - kv_events_replay: 127.0.0.1:0\n", false, []string{"workers[0].kv_events", "workers[1].kv_events_replay: set without kv_events"}},
 		{"every problem", "workers:\n  - slots: 0\n    speed: -1\n    startup_delay: soon\n  - name: sim-0\n", false,
 			[]string{"workers[0].slots", "workers[0].speed", "workers[0].startup_delay", "workers[1].name"}},
 	}

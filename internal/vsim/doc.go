@@ -35,6 +35,11 @@
 //     attempt's start) and ends the lease through Lease.Complete, the
 //     proxy's own finish sequence: stats.Tracker, output estimate, release.
 //
+// With Config.KVEvents the router also has the exact index of the
+// engines' KV-cache events, fed directly from each engine (kvevents.go),
+// and requests carry their token blocks, as a vLLM fleet publishing
+// events gives them.
+//
 // Differences from the router, all below the model's resolution: no
 // network or SSE latency, no proxy retries (a simulated engine never fails
 // before answering), and an engine that cannot ever hold a prompt answers

@@ -82,6 +82,10 @@ type Config struct {
 	SessionAffinity    bool
 	SessionTTL         time.Duration
 	FairShareBySession bool
+	// KVEvents gives the router the exact index of the engines' KV-cache
+	// events, as workers[].kv_events does, and requests their token
+	// blocks (kvevents.go); off, the prefix term has the guess only.
+	KVEvents bool
 }
 
 // DefaultConfig returns a Config for workers with the router's default
@@ -170,14 +174,15 @@ type vworker struct {
 
 // request is one item's progress through the simulation.
 type request struct {
-	item    bench.Item
-	ticket  *scheduler.Ticket
-	lease   *scheduler.Lease
-	worker  int
-	bound   time.Time
-	first   time.Time
-	ended   bool
-	inQueue bool // counted in run.queued
+	item     bench.Item
+	ticket   *scheduler.Ticket
+	lease    *scheduler.Lease
+	worker   int
+	bound    time.Time
+	first    time.Time
+	ended    bool
+	inQueue  bool     // counted in run.queued
+	kvBlocks []uint64 // the request's KVBlocks, with Config.KVEvents
 }
 
 // pending kinds.
@@ -261,6 +266,10 @@ type run struct {
 	loads    []int // scratch of scrape
 	queued   int   // tickets waiting in the scheduler's queue
 	events   int
+	kv       *kvState // nil without Config.KVEvents
+	// expected sums the prompt tokens the router expected the chosen
+	// worker to hold, over bound requests (Stats.ExpectedCached).
+	expected int64
 }
 
 // Stats describes the work a simulation did, for profiling and docs.
@@ -276,6 +285,14 @@ type Stats struct {
 	Workers []scheduler.WorkerState
 	// Balance is how evenly the requests were spread, scrape by scrape.
 	Balance Balance
+	// ExpectedCached sums, over the requests bound to a worker, the
+	// prompt tokens the router expected that worker to hold in its prefix
+	// cache: with KV events the exact index's match at the moment of
+	// binding, in whole blocks, capped as the engine caps a hit; without,
+	// the prefix term's guess (Lease.ExpectedCachedTokens). Against the
+	// results' CachedTokens (what the engines found) it says how right
+	// the router was.
+	ExpectedCached int64
 }
 
 // Run simulates items (arrival offsets from the moment the fleet is ready)
@@ -292,7 +309,7 @@ func RunStats(cfg Config, items []bench.Item) ([]bench.Result, Stats, error) {
 		return nil, Stats{}, err
 	}
 	end := r.loop()
-	return r.results, Stats{Events: r.events, VirtualSpan: end.Sub(r.t0), Workers: r.sched.Workers(), Balance: r.balance}, nil
+	return r.results, Stats{Events: r.events, VirtualSpan: end.Sub(r.t0), Workers: r.sched.Workers(), Balance: r.balance, ExpectedCached: r.expected}, nil
 }
 
 func newRun(cfg Config, items []bench.Item) (*run, error) {
@@ -342,7 +359,13 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 	for _, vw := range r.workers {
 		vw.src.p.Store(&scheduler.Snapshot{Health: scheduler.HealthLoading, Models: []string{vw.eng.Params().Model}, Slots: vw.eng.Params().Slots})
 	}
+	var kvIndex scheduler.KVIndex
+	if cfg.KVEvents {
+		r.kv = newKVState(r.workers)
+		kvIndex = r.kv.index
+	}
 	r.sched, err = scheduler.New(scheduler.Config{
+		KVIndex:         kvIndex,
 		Weights:         w,
 		MaxQueue:        cfg.MaxQueue,
 		QueueTimeout:    cfg.QueueTimeout,
@@ -511,6 +534,10 @@ func (r *run) drain() {
 func (r *run) arrive(i int, now time.Time) {
 	rq := &r.reqs[i]
 	req := scheduler.Request{Model: r.cfg.Model, PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), Attempt: 1, Prefix: rq.item.Prefix}
+	if r.kv != nil {
+		req.KVBlocks = r.kv.blocks(rq.item.Prefix, rq.item.PrefixBlockTokens)
+		rq.kvBlocks = req.KVBlocks
+	}
 	if s := rq.item.Session; s != "" {
 		req.Session, req.SessionSource = s, "header x-session-id"
 		if r.cfg.FairShareBySession {
@@ -566,6 +593,11 @@ func (r *run) bound(i int) {
 	res.Worker = l.Worker
 	res.QueueMs = float64(l.QueueWait) / float64(time.Millisecond)
 	vw := r.workers[w]
+	if r.kv != nil && len(rq.kvBlocks) > 0 {
+		r.expected += r.kv.expect(l.Worker, rq.kvBlocks, rq.item.PrefixBlockTokens, rq.item.PromptTokens)
+	} else {
+		r.expected += int64(l.ExpectedCachedTokens())
+	}
 	sr := sim.Request{PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), IgnoreEOS: true, Prefix: rq.item.Prefix, PrefixBlockTokens: rq.item.PrefixBlockTokens}
 	_, err := vw.eng.Submit(r.clock.now, sr, sim.Callbacks{
 		OnFirstToken: func(at time.Time) { r.push(pendingEvent{at: at, kind: pFirst, req: i}) },

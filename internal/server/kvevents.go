@@ -1,0 +1,285 @@
+package server
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+
+	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/kvevents"
+	"github.com/sluice-router/sluice/internal/scheduler"
+)
+
+// kvEvents follows the KV-cache events of every worker configured with
+// kv_events into one exact index, the scheduler's Config.KVIndex, and
+// gets requests' token blocks from those workers' /tokenize
+// (Server.kvBlocks, the proxy's KVBlocks hook).
+//
+// One kvevents.Subscriber runs per such worker, started when the worker
+// is added and stopped (its goroutine waited for) when it is removed or
+// replaced and when the router closes; its index is forgotten with it.
+type kvEvents struct {
+	index *kvevents.Index
+	log   *slog.Logger
+
+	mu   sync.Mutex
+	subs map[string]*kvSub
+
+	cache *tokenCache
+}
+
+type kvSub struct {
+	sub    *kvevents.Subscriber
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newKVEvents(log *slog.Logger) *kvEvents {
+	return &kvEvents{index: kvevents.NewIndex(), log: log, subs: map[string]*kvSub{}, cache: newTokenCache(tokenCacheSize)}
+}
+
+// start subscribes to w's events, if it publishes any.
+func (k *kvEvents) start(w config.Worker) {
+	if w.KVEvents == "" {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ks := &kvSub{cancel: cancel, done: make(chan struct{}),
+		sub: &kvevents.Subscriber{Worker: w.Name, Endpoint: w.KVEvents, Replay: w.KVEventsReplay, Index: k.index, Logger: k.log}}
+	k.mu.Lock()
+	old := k.subs[w.Name]
+	k.subs[w.Name] = ks
+	k.mu.Unlock()
+	if old != nil {
+		old.stop()
+	}
+	go func() {
+		defer close(ks.done)
+		if err := ks.sub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			k.log.Error("KV events: subscriber stopped", "worker", w.Name, "endpoint", w.KVEvents, "err", err)
+		}
+	}()
+}
+
+func (ks *kvSub) stop() {
+	ks.cancel()
+	<-ks.done
+}
+
+// stop ends name's subscription and forgets its index.
+func (k *kvEvents) stop(name string) {
+	k.mu.Lock()
+	ks := k.subs[name]
+	delete(k.subs, name)
+	k.mu.Unlock()
+	if ks != nil {
+		ks.stop()
+	}
+	k.index.Forget(name)
+}
+
+// close ends every subscription.
+func (k *kvEvents) close() {
+	for _, n := range k.names() {
+		k.stop(n)
+	}
+}
+
+// kvView is a worker's index of KV events in GET /api/workers.
+type kvView struct {
+	kvevents.Stats
+	// Gaps counts the seq gaps seen, Replays those the replay socket
+	// repaired.
+	Gaps    int `json:"gaps"`
+	Replays int `json:"replays"`
+}
+
+// view is name's index state, nil when it is not subscribed.
+func (k *kvEvents) view(name string) *kvView {
+	k.mu.Lock()
+	ks := k.subs[name]
+	k.mu.Unlock()
+	if ks == nil {
+		return nil
+	}
+	st, _ := k.index.Stats(name)
+	v := &kvView{Stats: st}
+	v.Gaps, v.Replays = ks.sub.Counts()
+	return v
+}
+
+// names are the subscribed workers, in name order.
+func (k *kvEvents) names() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.subs) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(k.subs))
+	for n := range k.subs {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// kvBlocks is the proxy's KVBlocks hook: the keys of the request's token
+// blocks (kvevents.BlockKeys), cut from the token ids a healthy worker
+// with kv_events serving model gives for its messages or prompt at POST
+// /tokenize, in the block size its events report; nil when no such
+// worker has reported one, or it fails within ctx. It runs in the proxy
+// before the request is submitted, never under the scheduler's lock.
+func (s *Server) kvBlocks(ctx context.Context, model string, messages, prompt json.RawMessage) []uint64 {
+	k := s.kv
+	name, bs := "", 0
+	for _, n := range k.names() { // none: nothing to do, at once
+		fw := s.fleet.Get(n)
+		if fw == nil {
+			continue
+		}
+		snap := fw.Snapshot()
+		if snap == nil || snap.Health != scheduler.HealthOK || !slices.Contains(snap.Models, model) {
+			continue
+		}
+		if st, ok := k.index.Stats(n); ok && st.BlockSize > 0 {
+			name, bs = n, st.BlockSize
+			break
+		}
+	}
+	if name == "" {
+		return nil
+	}
+	key := tokenKey(model, bs, messages, prompt)
+	if keys, ok := k.cache.get(key); ok {
+		return keys
+	}
+	tokens, err := s.tokenIDs(ctx, name, model, messages, prompt)
+	if err != nil {
+		s.log.Debug("KV events: no token ids; the prefix term keeps the guess", "worker", name, "err", err)
+		return nil
+	}
+	keys := kvevents.BlockKeys(tokens, bs)
+	k.cache.put(key, keys)
+	return keys
+}
+
+// tokenIDs asks worker's POST /tokenize for the token ids of messages
+// (vLLM's TokenizeChatRequest, {"model", "messages"}) or of prompt
+// (TokenizeCompletionRequest, {"model", "prompt"}), answered as
+// {"count", "max_model_len", "tokens"}.
+func (s *Server) tokenIDs(ctx context.Context, worker, model string, messages, prompt json.RawMessage) ([]uint32, error) {
+	base, ok := s.resolve(worker)
+	if !ok {
+		return nil, fmt.Errorf("worker %s has no address", worker)
+	}
+	in := map[string]any{"model": model}
+	if len(messages) > 0 {
+		in["messages"] = messages
+	} else {
+		in["prompt"] = prompt
+	}
+	body, err := json.Marshal(in)
+	if err != nil {
+		return nil, err
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, base.JoinPath("/tokenize").String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header["Idempotency-Key"] = nil // safe to resend (see tokenize)
+	if key, _ := s.credentials(worker); key != "" {
+		hr.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := s.transport.RoundTrip(hr)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("tokenize on %s: HTTP %d", worker, resp.StatusCode)
+	}
+	var out struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&out); err != nil {
+		return nil, fmt.Errorf("tokenize on %s: %w", worker, err)
+	}
+	return out.Tokens, nil
+}
+
+// tokenCacheSize bounds the prompts whose block keys are remembered.
+const tokenCacheSize = 4096
+
+// tokenCache remembers the block keys of recent prompts, least recently
+// used first out, so that a prompt sent again — a retry, a regenerated
+// answer, the same question behind the same system prompt — is not
+// tokenized again. Its key is a digest of the model, the block size and
+// the prompt as sent; what it holds is the keys, one per block, not the
+// token ids.
+type tokenCache struct {
+	mu  sync.Mutex
+	max int
+	ll  *list.List // of *tokenEntry, most recent first
+	at  map[uint64]*list.Element
+}
+
+type tokenEntry struct {
+	key  uint64
+	keys []uint64
+}
+
+func newTokenCache(n int) *tokenCache {
+	return &tokenCache{max: n, ll: list.New(), at: map[uint64]*list.Element{}}
+}
+
+func (c *tokenCache) get(key uint64) ([]uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.at[key]
+	if !ok {
+		return nil, false
+	}
+	c.ll.MoveToFront(e)
+	return e.Value.(*tokenEntry).keys, true
+}
+
+func (c *tokenCache) put(key uint64, keys []uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.at[key]; ok {
+		e.Value.(*tokenEntry).keys = keys
+		c.ll.MoveToFront(e)
+		return
+	}
+	c.at[key] = c.ll.PushFront(&tokenEntry{key, keys})
+	for c.ll.Len() > c.max {
+		old := c.ll.Remove(c.ll.Back()).(*tokenEntry)
+		delete(c.at, old.key)
+	}
+}
+
+func (c *tokenCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ll.Len()
+}
+
+// tokenKey digests what a prompt's token blocks depend on.
+func tokenKey(model string, bs int, messages, prompt json.RawMessage) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s\x00%d\x00", model, bs)
+	h.Write(messages)
+	h.Write([]byte{0})
+	h.Write(prompt)
+	return h.Sum64()
+}

@@ -1,0 +1,181 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/kvevents"
+	"github.com/sluice-router/sluice/internal/sim"
+)
+
+// kvWorker is a simulated worker publishing KV-cache events on loopback.
+type kvWorker struct {
+	srv *sim.Server
+	url string
+}
+
+func startKVWorker(t *testing.T, name string) kvWorker {
+	t.Helper()
+	p := sim.DefaultParams()
+	p.Model, p.StartupDelay = "m", 0
+	srv, err := sim.NewServer(p, sim.Options{Name: name, TimeScale: 50, KVEvents: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv)
+	t.Cleanup(func() { srv.Close(); hs.Close() })
+	<-srv.Ready()
+	return kvWorker{srv: srv, url: hs.URL}
+}
+
+// direct sends a chat request straight to a worker, past the router.
+func (w kvWorker) direct(t *testing.T, body string) {
+	t.Helper()
+	resp, err := http.Post(w.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("direct request: HTTP %d", resp.StatusCode)
+	}
+}
+
+// Sluice serve in front of two simulated workers publishing their KV-cache
+// events over loopback ZeroMQ: one subscriber per worker fills the exact
+// index, /api/workers shows it, and a request whose prompt prefix only the
+// events can know of — each worker was sent its conversation directly, so
+// the router's own guess holds nothing — goes to the worker holding it,
+// its record naming the events and their seq. Removing a worker stops its
+// subscriber; closing the router leaves no goroutine behind.
+func TestServe_KVEventsRouteToTheHolder(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { // after every other cleanup
+		http.DefaultClient.CloseIdleConnections()
+		goleak.VerifyNone(t, leaks, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	})
+	ws := []kvWorker{startKVWorker(t, "w0"), startKVWorker(t, "w1")}
+	cfg := config.DefaultConfig()
+	cfg.Telemetry.Interval, cfg.Telemetry.Timeout = 20*time.Millisecond, time.Second
+	cfg.Proxy.TokenizeTimeout = 5 * time.Second // -race on a shared machine
+	for i, w := range ws {
+		ep, rep := w.srv.KVEvents().Endpoints()
+		cfg.Workers = append(cfg.Workers, config.Worker{Name: fmt.Sprintf("w%d", i), URL: w.url, Kind: "llamacpp", KVEvents: ep, KVEventsReplay: rep})
+	}
+	r := startRouter(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	x := r.srv.kv.index
+	// ZeroMQ's slow joiner: reset the workers' caches (an AllBlocksCleared
+	// each) until both subscribers have a batch.
+	joined := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-joined:
+				return
+			case <-tick.C:
+				for _, w := range ws {
+					if resp, err := http.Post(w.url+"/reset_prefix_cache", "application/json", nil); err == nil {
+						resp.Body.Close()
+					}
+				}
+			}
+		}
+	}()
+	for i := range ws {
+		if err := x.Wait(ctx, fmt.Sprintf("w%d", i), func(s kvevents.Stats) bool { return s.Seq >= 0 }); err != nil {
+			close(joined)
+			t.Fatal(err)
+		}
+	}
+	close(joined)
+	r.srv.ScrapeNow(ctx) // both healthy before the first pick
+
+	system := func(i int) string {
+		return strings.Repeat(fmt.Sprintf("You are assistant number %d and answer briefly. ", i), 60)
+	}
+	body := func(i int, q string) string {
+		return fmt.Sprintf(`{"model":"m","max_tokens":4,"messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system(i), q)
+	}
+	// Conversation i is sent to worker 1-i directly: w1 holds 0, w0 holds 1.
+	for i := range 2 {
+		ws[1-i].direct(t, body(i, "first question"))
+	}
+	for i := range 2 {
+		if err := x.Wait(ctx, fmt.Sprintf("w%d", 1-i), func(s kvevents.Stats) bool { return s.Blocks >= 5 }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 2 {
+		resp := post(t, ctx, r.url, body(i, "second question"))
+		readAll(t, resp)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("conversation %d: HTTP %d", i, resp.StatusCode)
+		}
+		rec := record(t, r, resp)
+		holder := fmt.Sprintf("w%d", 1-i)
+		if rec.Chosen != holder {
+			t.Errorf("conversation %d went to %s, want %s, which holds its prefix", i, rec.Chosen, holder)
+		}
+		term, ok := prefixTerm(rec, holder)
+		st, _ := x.Stats(holder)
+		if !ok || !strings.HasPrefix(term.Source, "vLLM KV events, seq ") || term.Raw < 0.5 {
+			t.Errorf("conversation %d: %s's prefix term %+v, want the KV events (at seq %d) and most of the prompt", i, holder, term, st.Seq)
+		}
+	}
+	resp, err := http.Get(r.url + "/api/workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Workers []struct {
+			Name     string  `json:"name"`
+			KVEvents *kvView `json:"kv_events"`
+		} `json:"workers"`
+	}
+	if err := json.Unmarshal([]byte(readAll(t, resp)), &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range list.Workers {
+		if kv := w.KVEvents; kv == nil || !kv.Synced || kv.Seq < 0 || kv.Blocks < 5 || kv.BlockSize != 128 {
+			t.Errorf("/api/workers: %s's kv_events %+v, want in sync with its blocks", w.Name, kv)
+		}
+	}
+	if err := r.srv.RemoveWorker("w1"); err != nil {
+		t.Fatal(err)
+	}
+	if r.srv.kv.view("w1") != nil {
+		t.Error("w1 removed, its subscriber still runs")
+	}
+	if _, ok := x.Stats("w1"); ok {
+		t.Error("w1 removed, its index is still kept")
+	}
+}
+
+// The token-block cache is bounded: past its size the least recently
+// used prompt goes.
+func TestTokenCache_Bounded(t *testing.T) {
+	c := newTokenCache(2)
+	c.put(1, []uint64{1})
+	c.put(2, []uint64{2})
+	c.get(1)
+	c.put(3, []uint64{3})
+	if _, ok := c.get(2); ok || c.len() != 2 {
+		t.Fatalf("after 3 puts in a cache of 2: %d held, the least recently used kept %v", c.len(), ok)
+	}
+	if k, ok := c.get(1); !ok || k[0] != 1 {
+		t.Fatal("the recently used entry went")
+	}
+}
