@@ -50,7 +50,9 @@ func (h *Handler) continuation(r *http.Request, body []byte, p parsed) (*contStr
 	if !ok {
 		return nil, nil
 	}
-	return &contStream{route: route, kinds: kinds, left: h.opt.MaxContinuations}, nil
+	cs := &contStream{route: route, kinds: kinds, left: h.opt.MaxContinuations}
+	cs.canMove.Store(true)
+	return cs, nil
 }
 
 // broke accounts a part that broke: its worker is blamed unless the
@@ -113,6 +115,7 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 			return
 		}
 		cs.left--
+		cs.canMove.Store(cs.left > 0) // a drain may move this part only if another can follow
 		cs.carried, cs.part, cs.reported = cs.emitted(), 0, 0
 		cs.cont, cs.gap, cs.brokeAt = true, 0, cs.lastTok
 		if cs.brokeAt.IsZero() {

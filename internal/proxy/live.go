@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 )
 
@@ -14,45 +16,75 @@ var errDrained = errors.New("the worker's drain deadline passed")
 // liveStreams are the continuable streams in flight, by worker: each
 // registers the cancel hook of its attempt, so that a drain deadline can
 // tell its relay to continue elsewhere. A stream that cannot be continued
-// registers nothing and finishes on its own.
+// from the start registers nothing and finishes on its own; one that can
+// no longer be (a tool call began, its continuations are used up) stays
+// registered but is passed over (contStream.movable).
 type liveStreams struct {
-	mu sync.Mutex
-	by map[string]map[*context.CancelCauseFunc]struct{}
+	mu  sync.Mutex
+	seq uint64
+	by  map[string]map[*liveStream]struct{}
 }
 
-// add registers cancel for worker; the returned func unregisters it.
-func (l *liveStreams) add(worker string, cancel context.CancelCauseFunc) (remove func()) {
+// liveStream is one registered attempt.
+type liveStream struct {
+	seq    uint64 // registration order
+	cs     *contStream
+	cancel context.CancelCauseFunc
+}
+
+// add registers the attempt of cs on worker, cancelled by cancel; the
+// returned func unregisters it.
+func (l *liveStreams) add(worker string, cs *contStream, cancel context.CancelCauseFunc) (remove func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.by == nil {
-		l.by = map[string]map[*context.CancelCauseFunc]struct{}{}
+		l.by = map[string]map[*liveStream]struct{}{}
 	}
 	set := l.by[worker]
 	if set == nil {
-		set = map[*context.CancelCauseFunc]struct{}{}
+		set = map[*liveStream]struct{}{}
 		l.by[worker] = set
 	}
-	key := &cancel
-	set[key] = struct{}{}
+	l.seq++
+	s := &liveStream{seq: l.seq, cs: cs, cancel: cancel}
+	set[s] = struct{}{}
 	return func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		delete(set, key)
+		delete(set, s)
 		if len(set) == 0 && l.by[worker] != nil && len(l.by[worker]) == 0 {
 			delete(l.by, worker)
 		}
 	}
 }
 
-// snapshot returns the hooks registered for worker now.
-func (l *liveStreams) snapshot(worker string) []context.CancelCauseFunc {
+// snapshot returns the attempts registered for worker now, in the order
+// they were registered.
+func (l *liveStreams) snapshot(worker string) []*liveStream {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []context.CancelCauseFunc
-	for k := range l.by[worker] {
-		out = append(out, *k)
+	var out []*liveStream
+	for s := range l.by[worker] {
+		out = append(out, s)
 	}
+	slices.SortFunc(out, func(a, b *liveStream) int { return cmp.Compare(a.seq, b.seq) })
 	return out
+}
+
+// move tells each of streams that can still go on elsewhere to continue
+// there (reason "drain"), in order, and returns how many it told. A
+// stream that cannot (a tool call or reasoning began, its continuations
+// are used up) is left to finish where it is: cutting it would only end
+// it with an error event.
+func move(streams []*liveStream) int {
+	n := 0
+	for _, s := range streams {
+		if s.cs.movable() {
+			s.cancel(errDrained)
+			n++
+		}
+	}
+	return n
 }
 
 // ContinueElsewhere tells every continuable stream now relayed from
@@ -61,19 +93,15 @@ func (l *liveStreams) snapshot(worker string) []context.CancelCauseFunc {
 // given work at once (the scheduler's draining), and at the deadline the
 // streams it still writes move instead of being cut or waited for.
 func (h *Handler) ContinueElsewhere(worker string) int {
-	hooks := h.live.snapshot(worker)
-	for _, cancel := range hooks {
-		cancel(errDrained)
-	}
-	return len(hooks)
+	return move(h.live.snapshot(worker))
 }
 
-// DrainAfter arranges ContinueElsewhere(worker) after the deadline, for
+// DrainAfter arranges ContinueElsewhere(worker) when at is closed, for
 // the streams on the worker now (a worker of the same name added later is
-// another worker). after is time.After unless a test steers it. The
-// returned stop cancels it, and reports whether it had not fired yet.
+// another worker). The returned stop cancels it, and reports whether it
+// had not fired yet.
 func (h *Handler) DrainAfter(worker string, at <-chan struct{}) (stop func() bool) {
-	hooks := h.live.snapshot(worker)
+	streams := h.live.snapshot(worker)
 	done := make(chan struct{})
 	var once sync.Once
 	fired := false
@@ -84,9 +112,7 @@ func (h *Handler) DrainAfter(worker string, at <-chan struct{}) (stop func() boo
 			mu.Lock()
 			fired = true
 			mu.Unlock()
-			for _, cancel := range hooks {
-				cancel(errDrained)
-			}
+			move(streams)
 		case <-done:
 		}
 	}()

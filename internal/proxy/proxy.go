@@ -410,7 +410,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	if cs != nil {
-		defer h.live.add(lease.Worker, cancel)()
+		defer h.live.add(lease.Worker, cs, cancel)()
 	}
 	cont := cs != nil && cs.cont
 	var reused atomic.Bool // whether the connection used came from the pool

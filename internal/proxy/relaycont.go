@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/sse"
@@ -58,9 +59,23 @@ type contStream struct {
 	// broke with its limit used up is asked for one more token, only to
 	// hear its end and usage from a worker (endEarly when none answers).
 	overshoot int
-	lastTok   time.Time     // when the last content reached the client
-	brokeAt   time.Time     // lastTok when the stream broke
-	gap       time.Duration // break to the first token of the continuation
+	// canMove is whether a drain deadline may move the stream now: it
+	// is not stuck and has continuations left. The drain's goroutine
+	// reads it (movable), hence atomic.
+	canMove atomic.Bool
+	lastTok time.Time     // when the last content reached the client
+	brokeAt time.Time     // lastTok when the stream broke
+	gap     time.Duration // break to the first token of the continuation
+}
+
+// movable reports whether the stream may be moved elsewhere now (by a
+// drain deadline): cutting one that cannot go on would only end it.
+func (cs *contStream) movable() bool { return cs.canMove.Load() }
+
+// stick notes why the stream can no longer be continued.
+func (cs *contStream) stick(why string) {
+	cs.stuck = why
+	cs.canMove.Store(false)
 }
 
 // emitted is the tokens the client has been sent.
@@ -98,9 +113,9 @@ func (cs *contStream) follow(data []byte, info eventInfo) {
 		}
 		switch {
 		case info.tool:
-			cs.stuck = "a tool call began"
+			cs.stick("a tool call began")
 		case info.reasoning:
-			cs.stuck = "reasoning text began"
+			cs.stick("reasoning text began")
 		}
 		cs.text.Write(info.text)
 		cs.counts(info)
@@ -119,10 +134,10 @@ func (cs *contStream) follow(data []byte, info eventInfo) {
 	for _, ch := range c.Choices {
 		d := ch.Delta
 		if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" || len(d.FunctionCall) > 0 && string(d.FunctionCall) != "null" {
-			cs.stuck = "a tool call began"
+			cs.stick("a tool call began")
 		}
 		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
-			cs.stuck = "reasoning text began"
+			cs.stick("reasoning text began")
 		}
 		if d.Content != nil {
 			cs.text.WriteString(*d.Content)

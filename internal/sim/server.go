@@ -71,7 +71,7 @@ type Server struct {
 	isReady  bool
 	bucket   rateBucket
 	nextResp uint64
-	abort    abortFault
+	fault    streamFault
 	lora     *loraState
 	kv       *kvPublisher // nil without Options.KVEvents
 }
@@ -766,7 +766,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, pr *progress, ou
 	var buf bytes.Buffer
 	out.writeStart(&buf) // sent with the first token
 	sent := 0
-	abortAt := s.takeAbort()
+	fault := s.takeFault()
+	abortAt := fault.k
 	for {
 		select {
 		case <-pr.notify:
@@ -781,10 +782,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, pr *progress, ou
 			out.writeChunk(&buf, sent+1)
 		}
 		if abortAt > 0 && sent == abortAt {
-			w.Write(buf.Bytes())
-			rc.Flush()
-			cancel("abort fault")
-			panic(http.ErrAbortHandler) // net/http cuts the connection
+			s.playFault(w, r, &buf, fault, cancel)
+			return
 		}
 		if done {
 			out.writeEnd(&buf, n, res)
