@@ -96,12 +96,14 @@ func (h *Handler) ContinueElsewhere(worker string) int {
 	return move(h.live.snapshot(worker))
 }
 
-// DrainAfter arranges ContinueElsewhere(worker) when at is closed, for
-// the streams on the worker now (a worker of the same name added later is
-// another worker). The returned stop cancels it, and reports whether it
-// had not fired yet.
+// DrainAfter arranges ContinueElsewhere(worker) when at is closed: the
+// streams on the worker then, including those bound to it in the instant
+// before it began draining, which register only once their request is
+// sent. A worker of the same name added later is another worker: adding
+// it stops the drain first (the server's stopDrain), so this never moves
+// its streams. The returned stop cancels it, and reports whether it had
+// not fired yet.
 func (h *Handler) DrainAfter(worker string, at <-chan struct{}) (stop func() bool) {
-	streams := h.live.snapshot(worker)
 	done := make(chan struct{})
 	var once sync.Once
 	fired := false
@@ -112,7 +114,7 @@ func (h *Handler) DrainAfter(worker string, at <-chan struct{}) (stop func() boo
 			mu.Lock()
 			fired = true
 			mu.Unlock()
-			move(streams)
+			move(h.live.snapshot(worker))
 		case <-done:
 		}
 	}()

@@ -3,6 +3,7 @@ package proxy
 import (
 	"slices"
 	"testing"
+	"time"
 )
 
 // A drain moves, in the order they started, the streams on its worker
@@ -37,5 +38,53 @@ func TestContinueElsewhere_MovesOnlyStreamsThatCanMove(t *testing.T) {
 	}
 	if tool.stuck == "" {
 		t.Fatal("the tool call did not stick the stream")
+	}
+}
+
+// A drain's deadline moves the streams on its worker when it passes,
+// including one that registered after the drain began (a request bound
+// to the worker in the instant before it started draining registers only
+// once it is sent); stopped before its deadline, it moves none.
+func TestDrainAfter_MovesTheStreamsThereAtTheDeadline(t *testing.T) {
+	var h Handler
+	moved := make(chan string, 4)
+	stream := func(name, worker string) {
+		cs := &contStream{left: 1}
+		cs.canMove.Store(true)
+		h.live.add(worker, cs, func(error) { moved <- name })
+	}
+	stream("before", "w0")
+	fire := make(chan struct{})
+	h.DrainAfter("w0", fire)
+	stream("after", "w0")
+	stream("elsewhere", "w1")
+	close(fire)
+	var got []string
+	for len(got) < 2 {
+		select {
+		case name := <-moved:
+			got = append(got, name)
+		case <-time.After(10 * time.Second): // a bound on failure, not a wait
+			t.Fatalf("moved only %v within 10s, want before and after", got)
+		}
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"after", "before"}) {
+		t.Fatalf("moved %v, want before and after", got)
+	}
+
+	stream("stopped", "w2")
+	fire2 := make(chan struct{})
+	stop := h.DrainAfter("w2", fire2)
+	if !stop() {
+		t.Fatal("stop before the deadline reported it had fired")
+	}
+	if n := h.ContinueElsewhere("w1"); n != 1 || <-moved != "elsewhere" {
+		t.Fatalf("w1: moved %d", n)
+	}
+	select {
+	case name := <-moved:
+		t.Fatalf("%s moved by a stopped drain", name)
+	default:
 	}
 }
