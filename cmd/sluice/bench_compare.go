@@ -567,7 +567,9 @@ func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p sch
 		hc.Replicas, hc.Redis = replicas, o.redis
 	}
 	res, hs, err := vsim.RunHTTPStats(ctx, hc, items)
-	return res, nil, hs, err
+	// The first router's limits at the end, as the virtual run reports
+	// them: what held requests in its queue, against real workers too.
+	return res, hs.Workers, hs, err
 }
 
 // replicasRow names the row of n replicas.

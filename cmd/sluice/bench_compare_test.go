@@ -287,6 +287,9 @@ func TestRunCompare_RunningWorkers(t *testing.T) {
 		"Fleet capacity: 40.00 req/s (given with --capacity)",
 		"50% of capacity (20.00 req/s)",
 		"- errors: 0 map[]",
+		// Against real workers too, where each limit ended and why.
+		"Sluice's concurrency limits at the end of the run",
+		"| a | ",
 	} {
 		if !strings.Contains(string(sum), want) {
 			t.Errorf("summary.md lacks %q:\n%s", want, sum)
