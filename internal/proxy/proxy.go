@@ -140,8 +140,10 @@ type Options struct {
 	// request's prompt token blocks (kvevents.BlockKeys) from the
 	// tokenizer of a worker publishing KV-cache events for model, given
 	// the request's messages or, without them, its prompt string; nil
-	// when it cannot. It is called before the request is submitted, with
-	// TokenizeTimeout, and sets Request.KVBlocks.
+	// when it cannot. It is called before the request is submitted, and
+	// sets Request.KVBlocks; it bounds its own call to the worker (the
+	// server's, with proxy.tokenize_timeout), so a fleet without KV
+	// events pays for no timer per request.
 	KVBlocks func(ctx context.Context, model string, messages, prompt json.RawMessage) []uint64
 	// Logger logs failures; discarded if nil.
 	Logger *slog.Logger
@@ -381,12 +383,6 @@ func (h *Handler) kvBlocks(ctx context.Context, p parsed) []uint64 {
 	if h.opt.KVBlocks == nil || (len(p.messages) == 0 && len(p.promptString) == 0) {
 		return nil
 	}
-	timeout := h.opt.TokenizeTimeout
-	if timeout <= 0 {
-		timeout = 200 * time.Millisecond
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	return h.opt.KVBlocks(ctx, p.model, p.messages, p.promptString)
 }
 

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/kvevents"
@@ -35,6 +36,8 @@ type kvEvents struct {
 	subs map[string]*kvSub
 
 	cache *tokenCache
+	// timeout bounds a /tokenize call (proxy.tokenize_timeout).
+	timeout time.Duration
 }
 
 type kvSub struct {
@@ -43,8 +46,11 @@ type kvSub struct {
 	done   chan struct{}
 }
 
-func newKVEvents(log *slog.Logger) *kvEvents {
-	return &kvEvents{index: kvevents.NewIndex(), log: log, subs: map[string]*kvSub{}, cache: newTokenCache(tokenCacheSize)}
+func newKVEvents(log *slog.Logger, timeout time.Duration) *kvEvents {
+	if timeout <= 0 {
+		timeout = 200 * time.Millisecond
+	}
+	return &kvEvents{index: kvevents.NewIndex(), log: log, subs: map[string]*kvSub{}, cache: newTokenCache(tokenCacheSize), timeout: timeout}
 }
 
 // start subscribes to w's events, if it publishes any.
@@ -162,6 +168,10 @@ func (s *Server) kvBlocks(ctx context.Context, model string, messages, prompt js
 	if keys, ok := k.cache.get(key); ok {
 		return keys
 	}
+	// The timeout only here: a request to a fleet without KV events
+	// pays for no context or timer.
+	ctx, cancel := context.WithTimeout(ctx, k.timeout)
+	defer cancel()
 	tokens, err := s.tokenIDs(ctx, name, model, messages, prompt)
 	if err != nil {
 		s.log.Debug("KV events: no token ids; the prefix term keeps the guess", "worker", name, "err", err)

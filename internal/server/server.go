@@ -148,7 +148,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		prefixIndex = s.prefixShare
 	}
 	s.lora = newLoRALoader(s)
-	s.kv = newKVEvents(log)
+	s.kv = newKVEvents(log, cfg.Proxy.TokenizeTimeout)
 	s.sched, err = scheduler.New(scheduler.Config{
 		KVIndex:       s.kv.index,
 		Adapters:      s.adapterConfig(cfg),
