@@ -120,13 +120,17 @@ func TestAdapterFilter_LoadOnDemandBounded(t *testing.T) {
 	// must not start a load on w2 (max_replicas 2), and waits.
 	bound := time.After(10 * time.Second)
 	for {
-		select {
-		case <-s.Changed():
-		case <-bound:
-			t.Fatal("no load started on a second worker within 10s")
-		}
+		// Changed first, then the check: a change between a check and
+		// the wait would otherwise be missed (the load may start before
+		// this loop does).
+		changed := s.Changed()
 		if ws := s.Workers(); len(ws[0].Adapters) == 1 && ws[0].Adapters[0].State == "loading" {
 			break
+		}
+		select {
+		case <-changed:
+		case <-bound:
+			t.Fatal("no load started on a second worker within 10s")
 		}
 	}
 	tk := s.Submit(Request{Model: "sql"}, nil)
