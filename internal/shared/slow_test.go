@@ -139,10 +139,11 @@ func slowReplica(t testing.TB) (*scheduler.Scheduler, *Ledger) {
 // and every reader of every model waited for each round trip in turn.)
 func TestScheduler_SlowRedisHoldsUpOnlyWhoWaitsForIt(t *testing.T) {
 	s, l := slowReplica(t)
-	var mu sync.Mutex
-	var order []string
+	// Each ticket's callback says its name when bound; the callback may
+	// run after the ticket reads as done, so the order is read from here.
+	boundNames := make(chan string, 5)
 	note := func(name string) func(*scheduler.Ticket) {
-		return func(*scheduler.Ticket) { mu.Lock(); order = append(order, name); mu.Unlock() }
+		return func(*scheduler.Ticket) { boundNames <- name }
 	}
 	// Four of model a: each asks the ledger after the one before it has
 	// its answer (a model's calls are made in order), 100 ms apiece; b's
@@ -169,9 +170,10 @@ func TestScheduler_SlowRedisHoldsUpOnlyWhoWaitsForIt(t *testing.T) {
 	for _, tk := range append(as, b) {
 		leases = append(leases, bound(t, tk))
 	}
-	mu.Lock()
-	got := slices.Clone(order)
-	mu.Unlock()
+	var got []string
+	for range 5 {
+		got = append(got, <-boundNames)
+	}
 	if ib, ia := slices.Index(got, "b"), slices.Index(got, "a4"); ib < 0 || ib > ia {
 		t.Fatalf("bound in order %v: model b waited behind model a's round trips", got)
 	}
