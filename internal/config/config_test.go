@@ -233,6 +233,9 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("yaml.v3 decodes %q, but Check reports %v", s, p)
 			}
 		}
+		if len(rep.Problems) > 0 {
+			return // both refuse it, for the same reasons: no config to compare
+		}
 		if diff := cmp.Diff(strict, rep.Config); diff != "" {
 			t.Fatalf("Check decodes %q differently from yaml.v3 (-yaml.v3 +Check):\n%s", s, diff)
 		}
@@ -324,5 +327,22 @@ func TestParse_IdleConnTimeoutPerKind(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.yaml, err, tc.want)
 		}
+	}
+}
+
+// A config built in code (or decoded by plain yaml.v3, which puts any key
+// of weights in its inline map) with an optional term Sluice does not
+// have is refused by Validate as Check refuses it in a file.
+func TestValidate_UnknownOptionalWeight(t *testing.T) {
+	c := DefaultConfig()
+	c.Workers = []Worker{{Name: "a", URL: "http://h:1", Kind: "llamacpp"}}
+	c.Weights.Optional = map[string]float64{"uncahced_prompt": 20}
+	err := c.Validate()
+	if err == nil || !strings.Contains(err.Error(), "weights.uncahced_prompt") || !strings.Contains(err.Error(), "did you mean `uncached_prompt`") {
+		t.Fatalf("Validate: %v, want weights.uncahced_prompt refused with a did-you-mean", err)
+	}
+	c.Weights.Optional = map[string]float64{"uncached_prompt": 20}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate of a known optional term: %v", err)
 	}
 }
