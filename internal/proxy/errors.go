@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -83,8 +84,8 @@ func StatusOf(err error) int {
 	return http.StatusInternalServerError
 }
 
-// writeRefusal answers a request the scheduler refused.
-func writeRefusal(p *protocol, w http.ResponseWriter, err error) (int, string) {
+// writeRefusal answers a request for model the scheduler refused.
+func writeRefusal(p *protocol, w http.ResponseWriter, err error, model string) (int, string) {
 	status := StatusOf(err)
 	var ref *scheduler.Refusal
 	if !errors.As(err, &ref) {
@@ -99,7 +100,7 @@ func writeRefusal(p *protocol, w http.ResponseWriter, err error) (int, string) {
 	}
 	msg := ref.Error()
 	if ref.Reason == "model_not_found" {
-		msg = "the model is not served by any worker"
+		msg = fmt.Sprintf("model %q is not served by any worker (GET /v1/models lists those that are)", model)
 	}
 	return p.writeError(w, status, ref.Reason, "", msg)
 }

@@ -259,7 +259,7 @@ func TestMessages_ErrorShape(t *testing.T) {
 	}
 	// A refusal of the scheduler keeps its Retry-After.
 	rec := httptest.NewRecorder()
-	writeRefusal(anthropicMessages, rec, &scheduler.Refusal{Err: scheduler.ErrQueueFull, Reason: "queue_full", RetryAfter: 3 * time.Second})
+	writeRefusal(anthropicMessages, rec, &scheduler.Refusal{Err: scheduler.ErrQueueFull, Reason: "queue_full", RetryAfter: 3 * time.Second}, "m")
 	if rec.Code != StatusOverloaded || rec.Header().Get("Retry-After") != "3" || !strings.Contains(rec.Body.String(), `"overloaded_error"`) {
 		t.Errorf("queue full on /v1/messages: %d, Retry-After %q, %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body.String())
 	}

@@ -319,7 +319,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 			if lastErr != nil && errors.Is(err, scheduler.ErrNoHealthyWorker) {
 				break // nobody left to retry on: report the worker failure
 			}
-			res.Status, res.Reason = writeRefusal(p.proto, w, err)
+			res.Status, res.Reason = writeRefusal(p.proto, w, err, p.model)
 			return
 		}
 		res.Attempts = req.Attempt

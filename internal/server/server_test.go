@@ -471,13 +471,14 @@ func TestRouter_BadRequests(t *testing.T) {
 		name, path, body string
 		status           int
 		code             string
+		msg              string // a part of the message, when it must name something
 	}{
-		{"malformed json", "/v1/chat/completions", `{"model":`, 400, "invalid_request"},
-		{"missing model", "/v1/chat/completions", `{"messages":[]}`, 400, "invalid_request"},
-		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[]}`, 404, "model_not_found"},
-		{"too large", "/v1/chat/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "body_too_large"},
-		{"negative max_tokens", "/v1/completions", `{"model":"m","prompt":"a","max_tokens":-5}`, 400, "invalid_request"},
-		{"no such route", "/v2/things", `{}`, 404, "not_found"},
+		{"malformed json", "/v1/chat/completions", `{"model":`, 400, "invalid_request", ""},
+		{"missing model", "/v1/chat/completions", `{"messages":[]}`, 400, "invalid_request", ""},
+		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[]}`, 404, "model_not_found", `model "nope"`},
+		{"too large", "/v1/chat/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "body_too_large", ""},
+		{"negative max_tokens", "/v1/completions", `{"model":"m","prompt":"a","max_tokens":-5}`, 400, "invalid_request", ""},
+		{"no such route", "/v2/things", `{}`, 404, "not_found", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -494,6 +495,9 @@ func TestRouter_BadRequests(t *testing.T) {
 			}
 			if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Code != tt.code || e.Error.Message == "" || e.Error.Type == "" {
 				t.Fatalf("body %s: want OpenAI error with code %q", body, tt.code)
+			}
+			if !strings.Contains(e.Error.Message, tt.msg) {
+				t.Fatalf("message %q does not name %s", e.Error.Message, tt.msg)
 			}
 		})
 	}
