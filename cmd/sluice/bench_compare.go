@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
@@ -658,6 +659,41 @@ func writeLimits(md *bytes.Buffer, ws []scheduler.WorkerState) {
 		fmt.Fprintf(md, "| %s | %d | %d | %d | %s | %s | %s |\n", w.Name, w.Limit, w.Learned, w.Cap, w.LimitReason, te, de)
 	}
 	fmt.Fprintln(md)
+	if line := runErrors(ws); line != "" {
+		fmt.Fprintf(md, "%s\n\n", line)
+	}
+}
+
+// median is a tally's median in percent, "-" when it is empty.
+func median(t *predict.Tally) string {
+	if t.N() == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*t.Median())
+}
+
+// runErrors states how the predictions held up over the whole run, every
+// worker's recorded predictions together and then each worker's, or ""
+// when none were recorded.
+func runErrors(ws []scheduler.WorkerState) string {
+	var all, allD predict.Tally
+	var per []string
+	for _, w := range ws {
+		if w.Prediction == nil {
+			continue
+		}
+		t, d := w.Prediction.RunTTFT, w.Prediction.RunDecode
+		all.Merge(&t)
+		allD.Merge(&d)
+		if t.N() > 0 || d.N() > 0 {
+			per = append(per, w.Name+" "+median(&t)+" / "+median(&d))
+		}
+	}
+	if all.N() == 0 && allD.N() == 0 {
+		return ""
+	}
+	return fmt.Sprintf("Over the whole run, median |predicted − actual| / actual of the worker-side time to first token: %.1f%% (p90 %.0f%%, %d requests); of the decode rate: %.1f%% (p90 %.0f%%, %d requests). Per worker, TTFT / decode: %s.",
+		100*all.Median(), 100*all.Quantile(0.9), all.N(), 100*allD.Median(), 100*allD.Quantile(0.9), allD.N(), strings.Join(per, ", "))
 }
 
 // writeGoals states Sluice's goals against the measured numbers.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/redistest"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
@@ -326,5 +327,34 @@ func TestRunCompare_RunningWorkersNeedCapacityAndRealHTTP(t *testing.T) {
 		if err := benchCompare(args); err == nil || !strings.Contains(err.Error(), "not with --workers") {
 			t.Errorf("benchCompare(%q): %v, want a refusal", args, err)
 		}
+	}
+}
+
+func TestRunErrors_StatesTheWholeRunFleetWideAndPerWorker(t *testing.T) {
+	if got := runErrors([]scheduler.WorkerState{{Name: "a"}}); got != "" {
+		t.Errorf("no predictions: %q, want nothing", got)
+	}
+	var at, ad, bt predict.Tally
+	for _, e := range []float64{0.10, 0.12, 0.14} {
+		at.Add(e)
+		ad.Add(2 * e)
+	}
+	bt.Add(0.5)
+	got := runErrors([]scheduler.WorkerState{
+		{Name: "a", Prediction: &scheduler.PredictionState{RunTTFT: at, RunDecode: ad}},
+		{Name: "b", Prediction: &scheduler.PredictionState{RunTTFT: bt}},
+		{Name: "c", Prediction: &scheduler.PredictionState{}}, // nothing recorded: not listed
+	})
+	for _, want := range []string{
+		"time to first token: 12.5% (p90 50%, 4 requests)", // ranks: 10, 12, 14, 50
+		"decode rate: 24.5% (p90 28%, 3 requests)",
+		"a 12.5% / 24.5%, b 50.5% / -.",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("runErrors lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "c ") {
+		t.Errorf("a worker with nothing recorded is listed:\n%s", got)
 	}
 }

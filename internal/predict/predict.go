@@ -237,6 +237,7 @@ type model struct {
 
 	ttftErr, decodeErr   stats.EMA
 	ttftErrs, decodeErrs ring
+	ttftRun, decodeRun   Tally // since the process started; not persisted
 
 	// line through the decode levels, cached for the stats value it was
 	// fitted to (immutable, so a pointer identifies it).
@@ -612,11 +613,13 @@ func (p *Predictor) Record(worker string, predicted Prediction, actual Outcome) 
 		e := math.Abs(float64(predicted.TTFT-actual.TTFT)) / float64(actual.TTFT)
 		m.ttftErr = m.ttftErr.Add(e, driftAlpha)
 		m.ttftErrs.add(e)
+		m.ttftRun.Add(e)
 	}
 	if actual.DecodeTPS > 0 && predicted.Decode > 0 {
 		e := math.Abs(predicted.Decode-actual.DecodeTPS) / actual.DecodeTPS
 		m.decodeErr = m.decodeErr.Add(e, driftAlpha)
 		m.decodeErrs.add(e)
+		m.decodeRun.Add(e)
 	}
 }
 
@@ -637,6 +640,16 @@ func (p *Predictor) MedianErrors(worker string) (ttft, decode float64, nTTFT, nD
 	defer p.mu.Unlock()
 	m := p.modelLocked(worker)
 	return m.ttftErrs.median(), m.decodeErrs.median(), m.ttftErrs.n, m.decodeErrs.n
+}
+
+// RunErrors returns the tallies of worker's relative TTFT and decode
+// prediction errors since this Predictor was made: over a benchmark run,
+// the whole run.
+func (p *Predictor) RunErrors(worker string) (ttft, decode Tally) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m := p.modelLocked(worker)
+	return m.ttftRun, m.decodeRun
 }
 
 // Trusted reports whether worker's predictions have held up (see the

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/predict"
 )
 
 // WorkerState is what the scheduler holds of a worker, for APIs and
@@ -62,6 +63,11 @@ type PredictionState struct {
 	DecodeN     int     `json:"decode_n"`
 	Trusted     bool    `json:"trusted"`
 	Untrusted   string  `json:"untrusted,omitempty"`
+	// RunTTFT and RunDecode tally every recorded error since the
+	// predictor was made: a benchmark's whole run, where the medians
+	// above are its last 32 requests.
+	RunTTFT   predict.Tally `json:"-"`
+	RunDecode predict.Tally `json:"-"`
 }
 
 // LimitMove is the latest change of a worker's learned limit.
@@ -118,6 +124,7 @@ func (s *Scheduler) Workers() []WorkerState {
 			var ps PredictionState
 			ps.TTFTError, ps.DecodeError, ps.TTFTN, ps.DecodeN = p.MedianErrors(out[i].Name)
 			ps.Trusted, ps.Untrusted = p.Trusted(out[i].Name)
+			ps.RunTTFT, ps.RunDecode = p.RunErrors(out[i].Name)
 			out[i].Prediction = &ps
 		}
 	}
