@@ -63,6 +63,14 @@
 // near the median ratio rather than the mean, while ten outcomes still
 // move it by ln 2, a card at half speed.
 //
+// Each prediction also gives the decode rates if the request is sent
+// when one running stream has ended (one level lower), and the spread of
+// a stream's rate at both levels: the coefficient of variation the
+// levels' moving averages measure (stats.Level.StdDev over the mean,
+// from the nearest level below with 5 streams when the level has fewer).
+// A floor is kept by a share of the streams, not by the mean, and the
+// spread says how large a share.
+//
 // A prediction is Known once the worker's regression has 8 outcomes and
 // it has decode history; before that the scheduler should not trust it.
 //
@@ -175,6 +183,15 @@ type Prediction struct {
 	// DecodeOthers that of the streams already running once it is added
 	// (0 when none run). Both 0 when the worker has no decode history.
 	Decode, DecodeOthers float64
+	// DecodeAfterOne and DecodeOthersAfterOne are the same if it is sent
+	// when one of the running streams has ended (at TTFTAfterOne).
+	DecodeAfterOne, DecodeOthersAfterOne float64
+	// DecodeCV and DecodeCVAfterOne are the spread of a stream's decode
+	// rate at the level it would run at, now and after one stream ends:
+	// the coefficient of variation measured at that level (0 when too few
+	// streams ran there). Decode·(1 − z·CV) is the rate all but the
+	// slowest streams there beat, what a decode floor is judged by.
+	DecodeCV, DecodeCVAfterOne float64
 	// E2E is TTFT plus the expected output at Decode.
 	E2E time.Duration
 	// Known reports enough history for the prediction to be used.
@@ -549,16 +566,18 @@ func (p *Predictor) Predict(worker string, in Input) Prediction {
 	if r := m.levelRate(ws, k); r > 0 {
 		r *= m.dD
 		pr.Decode = r
+		pr.DecodeOthers = m.othersRate(ws, r, in.InFlight, others, u, d)
+		pr.DecodeCV = levelCV(ws, k)
 		if in.InFlight > 0 {
-			// The running streams, one level up, stalled once by this
-			// prompt's prefill over the half output they have left.
-			stall := max(m.theta[1]+m.theta[3]*float64(others), 0) * float64(u) / 1000 * d / 1000 // s
-			left := 0.0
-			if ws != nil && ws.OutputTokens.Known() {
-				left = ws.OutputTokens.Value / 2
+			k1 := min(in.InFlight, stats.MaxLevels)
+			if r1 := m.levelRate(ws, k1); r1 > 0 {
+				r1 *= m.dD
+				pr.DecodeAfterOne = r1
+				pr.DecodeOthersAfterOne = m.othersRate(ws, r1, in.InFlight-1, others1, u, d)
+				pr.DecodeCVAfterOne = levelCV(ws, k1)
 			}
-			left = max(left, 1)
-			pr.DecodeOthers = left / (left/r + stall)
+		} else {
+			pr.DecodeAfterOne, pr.DecodeCVAfterOne = pr.Decode, pr.DecodeCV
 		}
 		out := float64(in.OutputTokens)
 		if out <= 0 && ws != nil {
@@ -577,6 +596,44 @@ func (p *Predictor) Predict(worker string, in Input) Prediction {
 		pr.Source, pr.Known = SourceFit, true
 	}
 	return pr
+}
+
+// othersRate is the decode rate left to the running streams beside a new
+// one at rate r: running of them, one level up, stalled once by its
+// prefill of u tokens (with others streams in the batch, d the TTFT
+// drift) over the half of a mean output they have left; 0 when none run.
+func (m *model) othersRate(ws *stats.WorkerStats, r float64, running, others, u int, d float64) float64 {
+	if running <= 0 {
+		return 0
+	}
+	stall := max(m.theta[1]+m.theta[3]*float64(others), 0) * float64(u) / 1000 * d / 1000 // s
+	left := 0.0
+	if ws != nil && ws.OutputTokens.Known() {
+		left = ws.OutputTokens.Value / 2
+	}
+	left = max(left, 1)
+	return left / (left/r + stall)
+}
+
+// minSpreadSamples is how many streams a level needs before its spread
+// is trusted.
+const minSpreadSamples = 5
+
+// levelCV is the coefficient of variation of the decode rate at level k,
+// or of the nearest level below with enough samples (a level's spread
+// only grows with k, so the one below is the optimistic stand-in); 0 when
+// none has.
+func levelCV(ws *stats.WorkerStats, k int) float64 {
+	if ws == nil {
+		return 0
+	}
+	for j := k; j >= 1; j-- {
+		l := ws.Level(j)
+		if l.DecodeTPS.N >= minSpreadSamples && l.DecodeTPS.Value > 0 {
+			return l.StdDev() / l.DecodeTPS.Value
+		}
+	}
+	return 0
 }
 
 // Unloaded returns what worker does with nothing else running, as

@@ -132,6 +132,9 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 		if c.kvHeld { // the head's prompt fits no cache now (kvfit.go)
 			return s.kvOvertakeLocked(q, t, now)
 		}
+		if c.sloWait { // the head waits for a worker that keeps its promise (promise.go)
+			return s.promiseOvertakeLocked(q, t, now)
+		}
 	}
 	return nil, choice{}
 }

@@ -96,6 +96,9 @@ type choice struct {
 	rec     *decisions.Record
 	pending *reservation
 	kvHeld  bool
+	// sloWait says the promise stage chose to wait for this request
+	// (verdictWait): a request behind it may be placed meanwhile.
+	sloWait bool
 	// refuse says the promise stage refused the request (on_miss:
 	// refuse); pred is the chosen worker's prediction, when one was made.
 	refuse bool
@@ -149,7 +152,8 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now)}
 		}
 		if len(p.elig) == 0 {
-			return choice{kvHeld: p.kvHeld} // it waits (verdictWait, or every worker at its learned limit)
+			// It waits (verdictWait, or every worker at its learned limit).
+			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait}
 		}
 	}
 	var pr *pickRecord

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
@@ -20,10 +21,15 @@ import (
 //
 //   - Bind now, to the best-scored worker among those predicted to meet
 //     the request's objective (what is left of it after its wait in
-//     Sluice) without pushing it or a running stream below the floor.
-//   - If none is, wait in Sluice's queue only if waiting for the first
-//     stream to end is predicted to meet the objective, and sooner than
-//     any worker could now.
+//     Sluice), unless waiting for the first stream to end is predicted
+//     likelier to keep the decode floor of the request and of the streams
+//     running beside it (a floor's chance comes from the rate predicted at
+//     the level it would run at and the spread measured there).
+//   - If no worker meets the objective now, wait in Sluice's queue only if
+//     waiting for the first stream to end is predicted to meet it, and
+//     sooner than any worker could now.
+//   - A request that waits by choice does not hold the queue: one behind
+//     it whose promise the free room keeps is bound there meanwhile.
 //   - When neither can, do what the SLO says: serve where the predicted
 //     first token comes soonest (on_miss: serve), or refuse at once with
 //     503 and Retry-After (on_miss: refuse), which under overload keeps
@@ -136,6 +142,21 @@ func (s *Scheduler) inputFor(p *pick, v *view, c *Candidate) predict.Input {
 // promiseLocked is the promise stage: it keeps the workers predicted to
 // keep p's promise, or decides that the request waits, is served where
 // it misses least, or is refused.
+//
+// A decode floor is a promise kept by most streams, not a median: the
+// spread of a stream's rate at the level it would run at (interference,
+// a prefill landing beside it) decides how often it holds. So each
+// worker's chance of keeping the floor, for the new stream and for those
+// already running there, comes from the predicted rate and the spread
+// measured at that level (floorChance), and the request binds now unless
+// waiting for the first stream to end is predicted likelier to keep
+// every promise involved: its first token in time (the wait taken as
+// memoryless, of mean FreeIn, as the predictor models it) and the floors
+// one level lower. Among the workers that keep its first token in time
+// the score chooses as ever; only when waiting beats all of them does the
+// request wait, and requests behind it may take the room it declined
+// (promiseOvertakeLocked). No margin is tuned here: the comparison is of
+// two predicted chances.
 func (s *Scheduler) promiseLocked(p *pick) {
 	pm := &p.promise
 	remaining := pm.objective - p.env.Now.Sub(p.arrived)
@@ -145,32 +166,61 @@ func (s *Scheduler) promiseLocked(p *pick) {
 		p.meets = make([]bool, n)
 	}
 	preds, meets := p.preds[:n], p.meets[:n]
-	any, judged := false, 0
+	floor := pm.slo.MinDecode
 	bestNow, bestWait := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
+	waitChance := 0.0 // the best chance of keeping the promise by waiting
 	for j := range n {
 		v, c := p.at(j), &p.cands[j]
 		preds[j] = s.cfg.Predictor.Predict(c.Name, s.inputFor(p, v, c))
 		pr := &preds[j]
-		if ok, _ := s.cfg.Predictor.Trusted(c.Name); !pr.Known || !ok {
+		if ok, _ := s.cfg.Predictor.Trusted(c.Name); !pr.Known || !ok || pr.FreeIn <= 0 {
+			continue
+		}
+		after := pr.FreeIn + pr.TTFTAfterOne
+		bestWait = min(bestWait, after)
+		if after <= remaining {
+			inTime := 1 - math.Exp(-float64(remaining-pr.TTFTAfterOne)/float64(pr.FreeIn))
+			waitChance = max(waitChance, inTime*
+				floorChance(pr.DecodeAfterOne, pr.DecodeCVAfterOne, floor)*
+				floorChance(pr.DecodeOthersAfterOne, pr.DecodeCVAfterOne, floor))
+		}
+	}
+	any, judged := false, 0
+	nowChance := 0.0 // the best chance of keeping it by binding now
+	for j := range n {
+		v, pr := p.at(j), &preds[j]
+		if ok, _ := s.cfg.Predictor.Trusted(p.cands[j].Name); !pr.Known || !ok {
 			meets[j] = v.w.active < v.lim.limit // judged as by the limits
 			any = any || meets[j]
 			continue
 		}
 		judged++
-		decodeOK := (pr.Decode == 0 || pr.Decode >= pm.slo.MinDecode) && (pr.DecodeOthers == 0 || pr.DecodeOthers >= pm.slo.MinDecode)
-		meets[j] = pr.TTFT <= remaining && decodeOK
-		any = any || meets[j]
 		bestNow = min(bestNow, pr.TTFT)
-		if pr.FreeIn > 0 {
-			bestWait = min(bestWait, pr.FreeIn+pr.TTFTAfterOne)
+		chance := floorChance(pr.Decode, pr.DecodeCV, floor) * floorChance(pr.DecodeOthers, pr.DecodeCV, floor)
+		meets[j] = pr.TTFT <= remaining && chance > 0
+		if meets[j] {
+			any = true
+			nowChance = max(nowChance, chance)
 		}
+	}
+	if judged > 0 && nowChance < waitChance {
+		// Waiting keeps the promise more surely than any worker now. A
+		// worker judged by its limits (predictions not trusted) has an
+		// unknown chance, taken as no better than the best trusted one's:
+		// it is let go too, unless it has no prediction at all.
+		for j := range n {
+			if preds[j].Known {
+				meets[j] = false
+			}
+		}
+		any = slices.Contains(meets, true)
 	}
 	switch {
 	case any:
 		pm.verdict = verdictMeets
 	case judged == 0:
 		pm.verdict = verdictLimits // nobody judged by prediction: wait as ever
-	case bestWait <= remaining && bestWait < bestNow:
+	case waitChance > 0 || (bestWait <= remaining && bestWait < bestNow):
 		pm.verdict, pm.wait = verdictWait, bestWait
 	case pm.slo.OnMiss == predict.OnMissRefuse:
 		pm.verdict = verdictRefuse
@@ -181,7 +231,7 @@ func (s *Scheduler) promiseLocked(p *pick) {
 			meets[j] = preds[j].Known && preds[j].TTFT == bestNow
 		}
 	}
-	pm.remaining = remaining
+	pm.remaining, pm.nowChance, pm.waitChance = remaining, nowChance, waitChance
 	keep := 0
 	for j := range n {
 		if meets[j] {
@@ -192,6 +242,25 @@ func (s *Scheduler) promiseLocked(p *pick) {
 		p.at(j).why = whySLO
 	}
 	p.elig, p.cands, p.preds = p.elig[:keep], p.cands[:keep], preds[:keep]
+}
+
+// floorChance is the chance that a stream predicted to decode at rate,
+// with a spread (coefficient of variation) cv measured at its level,
+// keeps floor: its rate taken as log-normal about the prediction. It is
+// 1 without a floor or a prediction (rate 0: nothing runs), and 1 or 0
+// while no spread is known.
+func floorChance(rate, cv, floor float64) float64 {
+	if floor <= 0 || rate == 0 {
+		return 1
+	}
+	if cv <= 0 {
+		if rate >= floor {
+			return 1
+		}
+		return 0
+	}
+	sigma := math.Sqrt(math.Log1p(cv * cv))
+	return 0.5 * math.Erfc(-math.Log(rate/floor)/(sigma*math.Sqrt2))
 }
 
 // The promise stage's verdicts.
@@ -209,8 +278,11 @@ type promiseState struct {
 	slo       predict.SLO
 	objective time.Duration // the TTFT objective, from arrival
 	remaining time.Duration // what was left of it at the pick
-	verdict   uint8
-	wait      time.Duration // verdictWait: the predicted first token after waiting
+	// nowChance and waitChance are the predicted chances of keeping the
+	// promise by binding now (the best worker's) and by waiting.
+	nowChance, waitChance float64
+	verdict               uint8
+	wait                  time.Duration // verdictWait: the predicted first token after waiting
 }
 
 // promiseRecord puts the chosen worker's prediction and the stage's
@@ -238,6 +310,33 @@ func promiseRecord(pm *promiseState, pr *predict.Prediction, trusted string) *de
 		out.Verdict = "no worker meets it, now or after waiting: refused (on_miss: refuse)"
 	}
 	return out
+}
+
+// promiseOvertakeLocked places a request behind q's head, which chose to
+// wait for a worker predicted to keep its promise: the free room it
+// declined may keep another's (a short prompt where the head's long
+// prefill would stall the streams running there). The first request
+// behind it, in order and within the aging bound, that some worker is
+// predicted to serve now is placed; nil when none is.
+func (s *Scheduler) promiseOvertakeLocked(q *queue, head *Ticket, now time.Time) (*Ticket, choice) {
+	if s.cfg.Ledger != nil {
+		return nil, choice{}
+	}
+	waiting := q.behind(s.behindBuf[:0], head, s.order.overtake)
+	s.behindBuf = waiting[:0]
+	defer clear(waiting)
+	for _, t := range waiting {
+		if c := s.pickQueuedLocked(t, now); c.w != nil {
+			if rec := c.rec; rec != nil {
+				longer := t.enq.Sub(head.enq).Seconds()
+				rec.AddExplain(func(r *decisions.Record) {
+					r.Reason += fmt.Sprintf("; bound before an older waiting request (it has waited %.1fs longer) that waits for a worker predicted to keep its promise", longer)
+				})
+			}
+			return t, c
+		}
+	}
+	return nil, choice{}
 }
 
 // millis is d in milliseconds, as records give times.
