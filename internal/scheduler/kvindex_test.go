@@ -51,3 +51,60 @@ func TestKVIndex_PrefixTermReadsTheEvents(t *testing.T) {
 		t.Errorf("w1's prefix term after a gap: %q, want the guess and why", src)
 	}
 }
+
+// A prompt sharing its prefix with a request in flight on a worker is
+// expected there before the worker publishes the blocks, and the record
+// says why; once that request ends only the events count.
+func TestKVIndex_BlocksOfARequestInFlightCount(t *testing.T) {
+	x := kvevents.NewIndex()
+	for _, w := range []string{"w0", "w1"} { // both in sync, holding nothing yet
+		x.Apply(w, kvevents.Batch{Seq: 0, Events: []kvevents.Event{{Kind: kvevents.KindCleared}}})
+	}
+	s := newSched(t, Config{MaxQueue: 4, KVIndex: x}, workers(2, 4, "m")...)
+	prefixOf := func(l *Lease, w string) (string, float64) {
+		for _, c := range l.Decision.Explain().Candidates {
+			if c.Worker == w {
+				for _, tm := range c.Terms {
+					if tm.Name == "prefix" {
+						return tm.Source, tm.Raw
+					}
+				}
+			}
+		}
+		return "", 0
+	}
+	first, err := s.Admit(context.Background(), Request{Model: "m", KVBlocks: []uint64{11, 12, 13, 14}, Exclude: []string{"w0"}})
+	if err != nil || first.Worker != "w1" {
+		t.Fatalf("first on %v (%v), want w1", first, err)
+	}
+	filler, err := s.Admit(context.Background(), Request{Model: "m", Exclude: []string{"w1"}})
+	if err != nil || filler.Worker != "w0" {
+		t.Fatalf("filler on %v (%v), want w0", filler, err)
+	}
+	defer filler.Release()
+	// The next turn: the first's four blocks and one more, with one
+	// request in flight on each worker.
+	next, err := s.Admit(context.Background(), Request{Model: "m", KVBlocks: []uint64{11, 12, 13, 14, 15}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Worker != "w1" {
+		t.Errorf("next turn on %s, want w1, where the first is in flight", next.Worker)
+	}
+	if src, raw := prefixOf(next, "w1"); !strings.Contains(src, "in flight") || raw != 0.8 {
+		t.Errorf("w1's prefix term: %q %v, want 4/5 from the request in flight", src, raw)
+	}
+	if src, raw := prefixOf(next, "w0"); src != "vLLM KV events, seq 0" || raw != 0 {
+		t.Errorf("w0's prefix term: %q %v, want the events' 0", src, raw)
+	}
+	next.Release()
+	first.Release()
+	again, err := s.Admit(context.Background(), Request{Model: "m", KVBlocks: []uint64{11, 12, 13, 14, 15}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Release()
+	if src, raw := prefixOf(again, "w1"); src != "vLLM KV events, seq 0" || raw != 0 {
+		t.Errorf("w1's prefix term after the requests ended: %q %v, want only the events (nothing published)", src, raw)
+	}
+}

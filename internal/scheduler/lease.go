@@ -108,6 +108,7 @@ func (s *Scheduler) releaseLocked(l *Lease, now time.Time) []*Ticket {
 	// take the slot it just freed and would wait for the wake-up. The
 	// model's ledger calls are made in order.
 	s.sharedReleaseLocked(l)
+	s.kvDoneLocked(l)
 	l.w.busy.move(l.w.inFlight(), now)
 	l.w.active--
 	l.w.cost -= l.cost
@@ -205,6 +206,7 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 		rec.Adapter.State = state
 	}
 	s.sharedBindLocked(t, t.lease, sharedID)
+	s.kvSendLocked(t.lease)
 	t.rec = rec
 	t.queued = false
 }

@@ -103,6 +103,9 @@ const (
 	// prefixSourceKVLost: the guess, the worker's events being lost since
 	// a gap that could not be replayed.
 	prefixSourceKVLost = "router index (guess); KV events lost since a gap"
+	// prefixSourceKVSent: the worker's events, and beyond them the blocks
+	// of a request in flight there that it has not published yet.
+	prefixSourceKVSent = "vLLM KV events + a request in flight there"
 )
 
 // kvMatchLocked sets c's prefix match from the exact index when it can
@@ -112,7 +115,13 @@ func (s *Scheduler) kvMatchLocked(req *Request, c *Candidate) {
 	n, seq, ok, why := s.cfg.KVIndex.Match(c.Name, req.KVBlocks)
 	switch {
 	case ok:
-		c.PrefixMatch, c.PrefixSource, c.KVSeq = float64(n)/float64(len(req.KVBlocks)), prefixSourceKV, seq
+		src := prefixSourceKV
+		if w := s.byName[c.Name]; w != nil {
+			if m := kvSentMatch(w, req.KVBlocks); m > n {
+				n, src = m, prefixSourceKVSent
+			}
+		}
+		c.PrefixMatch, c.PrefixSource, c.KVSeq = float64(n)/float64(len(req.KVBlocks)), src, seq
 	case why != "" && why != "no KV events yet":
 		c.PrefixSource = prefixSourceKVLost
 	}
@@ -246,6 +255,8 @@ func (prefixMatch) Provenance(env *Env, c *Candidate) (string, time.Time, bool) 
 		return "session hint: served this session's last request (" + env.Req.SessionSource + ")", time.Time{}, false
 	case c.PrefixSource == prefixSourceKV:
 		return fmt.Sprintf("%s, seq %d", prefixSourceKV, c.KVSeq), time.Time{}, false
+	case c.PrefixSource == prefixSourceKVSent:
+		return fmt.Sprintf("vLLM KV events, seq %d, + a request in flight there, its blocks not yet published", c.KVSeq), time.Time{}, false
 	case c.PrefixSource == prefixSourceReport:
 		return fmt.Sprintf("worker report (%s, %s old)", rep.Source, age(env.Now, rep.At)), rep.At, false
 	case rep == nil || env.Req == nil:

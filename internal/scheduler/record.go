@@ -114,7 +114,7 @@ func (pr *pickRecord) ref(i int) *slotRefs { return &pr.chunks[i/chunkLen].refs[
 // prefixSources are the values of Candidate.PrefixSource, as a slot keeps
 // them: a number instead of a string. A source prefixMatchLocked may set
 // must be listed here and in prefixSourceCode.
-var prefixSources = [7]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared, prefixSourceSession, prefixSourceKV, prefixSourceKVLost}
+var prefixSources = [8]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared, prefixSourceSession, prefixSourceKV, prefixSourceKVLost, prefixSourceKVSent}
 
 func prefixSourceCode(src string) uint8 {
 	switch src { // a switch, not a loop: it runs for every eligible worker
@@ -132,6 +132,8 @@ func prefixSourceCode(src string) uint8 {
 		return 5
 	case prefixSourceKVLost:
 		return 6
+	case prefixSourceKVSent:
+		return 7
 	}
 	panic(fmt.Sprintf("scheduler: prefix source %q missing from prefixSources", src))
 }

@@ -67,6 +67,9 @@ type worker struct {
 	// loaded those it loaded until its telemetry lists them (adapter.go).
 	loads  map[string]*adapterLoad
 	loaded map[string]time.Time
+	// kvSent are the prompt blocks of the requests in flight on it, with
+	// KV-cache events (kvsent.go).
+	kvSent []kvSent
 }
 
 func (w *worker) snapshot() *Snapshot {
