@@ -105,7 +105,7 @@ func TestContinuation_Chaos(t *testing.T) {
 			t.Errorf("stream %d: error event %s after %d tokens", i, got.errorEvent, got.contents)
 		case !got.done:
 			lost++
-			t.Errorf("stream %d: no [DONE] after %d tokens", i, got.contents)
+			t.Errorf("stream %d: no [DONE] after %d tokens (status %d, worker %q, decisions %q, other lines %q)", i, got.contents, got.status, got.worker, got.decisionIDs, got.other)
 		case got.text != want || got.completion != tokens || len(got.ids) != 1:
 			altered++
 			t.Errorf("stream %d: %d tokens, usage %d, ids %v; text differs from the uninterrupted one", i, got.contents, got.completion, got.ids)

@@ -106,6 +106,10 @@ type streamRead struct {
 	errorEvent          string
 	worker, decisionIDs string
 	tokenTimes          []time.Time
+	// status is the response's; other holds the lines that were not
+	// events (an error answer's body), for a failure to show.
+	status int
+	other  []string
 }
 
 // readStream reads a streamed answer of any of the three shapes; onToken,
@@ -113,13 +117,16 @@ type streamRead struct {
 func readStream(t *testing.T, resp *http.Response, onToken func(n int)) streamRead {
 	t.Helper()
 	defer resp.Body.Close()
-	out := streamRead{ids: map[string]bool{}, worker: resp.Header.Get("X-Sluice-Worker")}
+	out := streamRead{ids: map[string]bool{}, worker: resp.Header.Get("X-Sluice-Worker"), decisionIDs: resp.Header.Get("X-Sluice-Decision"), status: resp.StatusCode}
 	var sb strings.Builder
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok {
+			if l := sc.Text(); l != "" && len(out.other) < 4 {
+				out.other = append(out.other, l)
+			}
 			continue
 		}
 		if data == "[DONE]" {
