@@ -20,11 +20,8 @@ import (
 //
 //	go test -run TestRun_AgentSessions -v ./internal/vsim/
 func TestRun_AgentSessions(t *testing.T) {
-	fleet := sim.DemoFleet()
-	base, err := bench.SynthesizeAgent(bench.Agent{Arrivals: bench.Arrivals{Rate: 1}, Count: 3000, Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fleet, base := agentLoad(t)
+	base = openLoop(base)
 	for _, load := range []float64{0.5, 0.8} {
 		items, err := AtRate(base, load*Capacity(fleet, base))
 		if err != nil {
@@ -83,4 +80,26 @@ func TestRun_AgentSessions(t *testing.T) {
 			t.Errorf("load %.0f%%: a worker over 1.5× the mean while another idled at %d of %d scrapes with the hint, %d without", 100*load, on.bal.Herded, on.bal.Scrapes, off.bal.Herded)
 		}
 	}
+}
+
+// agentLoad is the fleet and load of the agent tests: the demo fleet and
+// 3,000 requests of bench.Agent's defaults, seed 1.
+func agentLoad(t *testing.T) ([]sim.WorkerSpec, []bench.Item) {
+	t.Helper()
+	base, err := bench.SynthesizeAgent(bench.Agent{Arrivals: bench.Arrivals{Rate: 1}, Count: 3000, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sim.DemoFleet(), base
+}
+
+// openLoop returns a copy of items that does not wait for answers: each
+// arrives at its At.
+func openLoop(items []bench.Item) []bench.Item {
+	out := make([]bench.Item, len(items))
+	copy(out, items)
+	for i := range out {
+		out[i].After, out[i].Pause = 0, 0
+	}
+	return out
 }
