@@ -271,6 +271,9 @@ type run struct {
 	// expected sums the prompt tokens the router expected the chosen
 	// worker to hold, over bound requests (Stats.ExpectedCached).
 	expected int64
+	// onBind, when set, sees each request as it is bound, before its
+	// engine has it: tests read the engines' caches there.
+	onBind func(i int, l *scheduler.Lease)
 	// followers are, by request, the requests sent once it has ended
 	// (bench.Item.After); later holds those whose time is known.
 	followers map[int][]int
@@ -685,6 +688,9 @@ func (r *run) bound(i int) {
 		r.expected += r.kv.expect(l.Worker, rq.kvBlocks, rq.item.PrefixBlockTokens, rq.item.PromptTokens)
 	} else {
 		r.expected += int64(l.ExpectedCachedTokens())
+	}
+	if r.onBind != nil {
+		r.onBind(i, l)
 	}
 	sr := sim.Request{PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), IgnoreEOS: true, Prefix: rq.item.Prefix, PrefixBlockTokens: rq.item.PrefixBlockTokens}
 	_, err := vw.eng.Submit(r.clock.now, sr, sim.Callbacks{
