@@ -124,7 +124,9 @@ func whyTurnsMove(t *testing.T, cfg Config, items []bench.Item, sysBlocks int) t
 // sessions, quotes it. Requests wait for the answer they follow, so none
 // finds its predecessor running; sent at their open-loop times instead,
 // half do, and then the conversation's own previous request is the one
-// request more that the score sends the next away from.
+// request more that the score sends the next away from. With
+// admission.predicted_affinity, what still moves a turn off an eligible
+// worker is mostly the no-herding bound.
 //
 //	go test -run TestRun_AgentSessionsWhyTurnsMove -v ./internal/vsim/
 func TestRun_AgentSessionsWhyTurnsMove(t *testing.T) {
@@ -132,16 +134,16 @@ func TestRun_AgentSessionsWhyTurnsMove(t *testing.T) {
 	open := openLoop(base)
 	for _, load := range []float64{0.5, 0.8} {
 		for _, v := range []struct {
-			name   string
-			items  []bench.Item
-			closed bool
-		}{{"open loop", open, false}, {"closed loop", base, true}} {
+			name              string
+			items             []bench.Item
+			closed, predicted bool
+		}{{"open loop", open, false, false}, {"closed loop", base, true, false}, {"closed loop, predicted_affinity", base, true, true}} {
 			items, err := AtRate(v.items, load*Capacity(fleet, v.items))
 			if err != nil {
 				t.Fatal(err)
 			}
 			cfg := DefaultConfig(fleet)
-			cfg.SessionAffinity = true
+			cfg.SessionAffinity, cfg.PredictedAffinity = true, v.predicted
 			m := whyTurnsMove(t, cfg, items, 2000/128)
 			t.Logf("load %.0f%%, %s: %d next turns, %d stayed (%.0f%% of their prompt cached), %d moved (%.0f%%); %d found the turn before still running, %d of them moved",
 				100*load, v.name, m.next, m.stayed, pct(m.stayedCached, m.stayedPrompt), m.moved, pct(m.movedCached, m.movedPrompt), m.prevRunning, m.movedRunning)
@@ -155,6 +157,11 @@ func TestRun_AgentSessionsWhyTurnsMove(t *testing.T) {
 			}
 			if !v.closed && m.prevRunning < m.next/4 {
 				t.Errorf("load %.0f%%, %s: only %d of %d next requests found the one before running", 100*load, v.name, m.prevRunning, m.next)
+			}
+			// With the predicted rule, what still moves a conversation off
+			// an eligible worker is mostly the no-herding bound.
+			if lost := m.lostBusier + m.lostEven; v.predicted && 2*m.herdBound < lost {
+				t.Errorf("load %.0f%%, %s: the no-herding bound held %d of %d moved off an eligible worker; want most", 100*load, v.name, m.herdBound, lost)
 			}
 		}
 	}

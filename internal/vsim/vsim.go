@@ -82,6 +82,10 @@ type Config struct {
 	SessionAffinity    bool
 	SessionTTL         time.Duration
 	FairShareBySession bool
+	// PredictedAffinity is admission.predicted_affinity; AffinityHerd
+	// the scheduler's Config.AffinityHerd.
+	PredictedAffinity bool
+	AffinityHerd      float64
 	// KVEvents gives the router the exact index of the engines' KV-cache
 	// events, as workers[].kv_events does, and requests their token
 	// blocks (kvevents.go); off, the prefix term has the guess only.
@@ -118,6 +122,7 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		SessionAffinity:    rc.Sessions.Affinity,
 		SessionTTL:         rc.Sessions.TTL,
 		FairShareBySession: rc.Admission.FairShareBy == config.FairShareBySession,
+		PredictedAffinity:  rc.Admission.PredictedAffinity,
 	}
 	if len(rc.Workers) > 0 {
 		c.MaxConcurrency = int(rc.Workers[0].MaxConcurrency)
@@ -420,6 +425,9 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		SLOs:            cfg.SLOs,
 		SessionAffinity: cfg.SessionAffinity,
 		SessionTTL:      cfg.SessionTTL,
+		// admission.predicted_affinity (scheduler/affinity_predict.go).
+		PredictedAffinity: cfg.PredictedAffinity,
+		AffinityHerd:      cfg.AffinityHerd,
 	}, specs...)
 	if err != nil {
 		return nil, fmt.Errorf("vsim: %w", err)
