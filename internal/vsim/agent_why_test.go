@@ -132,6 +132,21 @@ func whyTurnsMove(t *testing.T, cfg Config, items []bench.Item, sysBlocks int) t
 func TestRun_AgentSessionsWhyTurnsMove(t *testing.T) {
 	fleet, base := agentLoad(t)
 	open := openLoop(base)
+	// What a router could find at best: every request its session's
+	// previous prompt (a first, the system prompt), in whole blocks.
+	best, sys, all := 0, 0, 0
+	prev := map[string]int{}
+	for _, it := range base {
+		held, ok := prev[it.Session]
+		if !ok {
+			held = 2000
+		}
+		best += min(held/128*128, it.PromptTokens-1)
+		sys += 2000 / 128 * 128
+		all += it.PromptTokens
+		prev[it.Session] = it.PromptTokens
+	}
+	t.Logf("a router finding every previous prompt cached would find %.1f%% of prompt tokens; the system prompt alone is %.1f%%", pct(best, all), pct(sys, all))
 	for _, load := range []float64{0.5, 0.8} {
 		for _, v := range []struct {
 			name              string
