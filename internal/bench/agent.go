@@ -18,7 +18,12 @@ import (
 // task the next request follows the last answer after a tool runs (a few
 // seconds); between tasks the user reads and types (minutes). Items carry
 // prefix hashes and their session (Item.Session), as an agent sending
-// X-Session-ID would.
+// X-Session-ID would, and each request after a session's first names the
+// one it follows (Item.After) and its pause after that one's answer
+// (Item.Pause). At is the pauses summed from the session's start, as if
+// answers took no time: a runner that follows After sends the request
+// once the answer it needs has come; one that does not, at At, possibly
+// while the request before it still runs.
 type Agent struct {
 	// Arrivals is the process of session starts' requests: sessions start
 	// at Arrivals.Rate/Turns per second, so requests arrive at about Rate.
@@ -108,6 +113,7 @@ func SynthesizeAgent(a Agent) ([]Item, error) {
 	for s, at := range times {
 		history := a.SystemTokens
 		session := "agent-" + strconv.Itoa(s)
+		var pause time.Duration // before the next request, after the last answer
 		for {
 			prompt := history + a.Turn.sample(rng)
 			if prompt > a.MaxPromptTokens {
@@ -115,22 +121,30 @@ func SynthesizeAgent(a Agent) ([]Item, error) {
 			}
 			out := a.Output.sample(rng)
 			items = append(items, Item{At: at, PromptTokens: prompt, OutputTokens: out, Session: session,
-				Prefix: chatBlocks(0, uint64(s), a.SystemTokens, prompt, a.BlockTokens), PrefixBlockTokens: a.BlockTokens})
+				Prefix: chatBlocks(0, uint64(s), a.SystemTokens, prompt, a.BlockTokens), PrefixBlockTokens: a.BlockTokens, Pause: pause})
 			history = prompt + out
 			if rng.Float64() >= more {
 				break
 			}
-			pause := a.ToolTime
+			mean := a.ToolTime
 			if rng.Float64() >= moreTask {
-				pause = a.UserTime
+				mean = a.UserTime
 			}
-			at += time.Duration(rng.ExpFloat64() * float64(pause))
+			pause = time.Duration(rng.ExpFloat64() * float64(mean))
+			at += pause
 		}
 	}
 	slices.SortStableFunc(items, func(x, y Item) int { return cmp.Compare(x.At, y.At) })
 	items = items[:min(len(items), a.Count)]
+	last := map[string]int{} // each session's latest Row so far
 	for i := range items {
-		items[i].Row = i + 1
+		it := &items[i]
+		it.Row = i + 1
+		it.After = last[it.Session] // a session's requests keep their order: their At grow
+		if it.After == 0 {
+			it.Pause = 0
+		}
+		last[it.Session] = it.Row
 	}
 	return items, nil
 }

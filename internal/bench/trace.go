@@ -40,6 +40,13 @@ type Item struct {
 	// to, as a client's X-Session-ID would; empty when the load does not
 	// say.
 	Session string
+	// After, when not 0, is the Row of the item whose answer this one
+	// needs (an agent's next turn needs the last answer): it is sent
+	// Pause after that answer has ended, and At is only what that would
+	// be were answers instant. The virtual-time simulation (vsim.Run)
+	// follows it; other runners send the item at At.
+	After int
+	Pause time.Duration
 }
 
 // MooncakeBlockTokens is the block size of Mooncake's hash_ids.

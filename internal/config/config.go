@@ -361,6 +361,11 @@ type Admission struct {
 	// prompt now, and holds the request in the queue when none can; on
 	// by default (see scheduler.Config.KVFit).
 	KVFit bool `yaml:"kv_fit"`
+	// PredictedAffinity lets a worker that holds more of a request's
+	// prompt prefix than the score's choice take it when the predictor
+	// says that costs less: the request's own first token plus what the
+	// streams there lose to it (see scheduler.Config.PredictedAffinity).
+	PredictedAffinity bool `yaml:"predicted_affinity"`
 	// SLO is each priority class's service-level objective, by class
 	// name: its time to first token (ttft plus ttft_per_1k_prompt_tokens
 	// per 1,000 prompt tokens not expected to be cached), its per-stream

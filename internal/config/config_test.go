@@ -91,6 +91,24 @@ func TestParse_KVFitOnUnlessTurnedOff(t *testing.T) {
 	}
 }
 
+func TestParse_PredictedAffinityOffUnlessTurnedOn(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want bool
+	}{
+		{"workers: [{name: a, url: 'http://h:1'}]", false},
+		{"workers: [{name: a, url: 'http://h:1'}]\nadmission: {predicted_affinity: true}", true},
+	} {
+		cfg, err := Parse(strings.NewReader(tc.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if got := cfg.Admission.PredictedAffinity; got != tc.want {
+			t.Errorf("%q: admission.predicted_affinity = %v, want %v", tc.yaml, got, tc.want)
+		}
+	}
+}
+
 // An optional term's weight is written beside the shipped ones and turns
 // the term on.
 func TestParse_OptionalTermWeight(t *testing.T) {

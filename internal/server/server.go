@@ -175,6 +175,8 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Predictor:       predict.New(s.tracker),
 		Admission:       cfg.Admission.Mode,
 		SLOs:            cfg.Admission.SLO,
+		// A prefix holder may win on prediction (scheduler/affinity_predict.go).
+		PredictedAffinity: cfg.Admission.PredictedAffinity,
 	})
 	if err != nil {
 		s.shared.close()

@@ -116,3 +116,13 @@ func (e *Engine) cachePrompt(s *Seq) {
 	e.prefix.log = nil
 	e.publishInsert(r.Prefix, r.PrefixBlockTokens)
 }
+
+// PrefixHeld returns how many of hashes, counted from the first, the
+// worker's prefix cache holds now: what a request with that prefix would
+// find cached, in blocks. It changes nothing (no block is refreshed).
+func (e *Engine) PrefixHeld(hashes []uint64) int {
+	if e.prefix == nil {
+		return 0
+	}
+	return e.prefix.match(hashes)
+}

@@ -17,11 +17,13 @@
 //
 // Each event is handled as the HTTP router would handle it:
 //
-//   - An arrival calls Scheduler.Submit at its virtual time. A bound ticket
-//     submits the request to the chosen engine at once (no network, no
-//     proxy overhead); a refusal is recorded as the status the proxy would
-//     send: 429 for a full queue, 503 for a queue timeout or no healthy
-//     worker.
+//   - An arrival calls Scheduler.Submit at its virtual time: its At, or,
+//     for an item that follows another's answer (bench.Item.After, as an
+//     agent's next turn does), its Pause after that request ended. A
+//     bound ticket submits the request to the chosen engine at once (no
+//     network, no proxy overhead); a refusal is recorded as the status the
+//     proxy would send: 429 for a full queue, 503 for a queue timeout or
+//     no healthy worker.
 //   - A queued ticket gets a timeout event QueueTimeout after its arrival,
 //     which calls Scheduler.Cancel(t, ErrQueueTimeout).
 //   - A telemetry scrape every ScrapeInterval publishes each engine's

@@ -61,7 +61,10 @@ func Capacity(workers []sim.WorkerSpec, items []bench.Item) float64 {
 
 // AtRate returns a copy of items with arrivals rescaled so that the mean
 // rate, (n−1)/span as bench.TraceOptions.TargetRate defines it, is rate
-// requests per second. The first arrival moves to 0.
+// requests per second. The first arrival moves to 0. The pauses of items
+// that follow another's answer (bench.Item.Pause) are rescaled alike;
+// such items arrive once that answer has come, so the rate they make is
+// below rate by the time answers take.
 func AtRate(items []bench.Item, rate float64) ([]bench.Item, error) {
 	if rate <= 0 || math.IsNaN(rate) || math.IsInf(rate, 0) {
 		return nil, fmt.Errorf("vsim: rate %v is not a positive number", rate)
@@ -82,6 +85,7 @@ func AtRate(items []bench.Item, rate float64) ([]bench.Item, error) {
 	k := want / span.Seconds()
 	for i := range out {
 		out[i].At = time.Duration(float64(out[i].At-first) * k)
+		out[i].Pause = time.Duration(float64(out[i].Pause) * k)
 	}
 	return out, nil
 }

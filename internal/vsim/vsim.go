@@ -82,6 +82,10 @@ type Config struct {
 	SessionAffinity    bool
 	SessionTTL         time.Duration
 	FairShareBySession bool
+	// PredictedAffinity is admission.predicted_affinity; AffinityHerd
+	// the scheduler's Config.AffinityHerd.
+	PredictedAffinity bool
+	AffinityHerd      float64
 	// KVEvents gives the router the exact index of the engines' KV-cache
 	// events, as workers[].kv_events does, and requests their token
 	// blocks (kvevents.go); off, the prefix term has the guess only.
@@ -118,6 +122,7 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		SessionAffinity:    rc.Sessions.Affinity,
 		SessionTTL:         rc.Sessions.TTL,
 		FairShareBySession: rc.Admission.FairShareBy == config.FairShareBySession,
+		PredictedAffinity:  rc.Admission.PredictedAffinity,
 	}
 	if len(rc.Workers) > 0 {
 		c.MaxConcurrency = int(rc.Workers[0].MaxConcurrency)
@@ -182,6 +187,7 @@ type request struct {
 	first    time.Time
 	ended    bool
 	inQueue  bool     // counted in run.queued
+	follower bool     // sent once the request it follows has ended
 	kvBlocks []uint64 // the request's KVBlocks, with Config.KVEvents
 }
 
@@ -270,6 +276,38 @@ type run struct {
 	// expected sums the prompt tokens the router expected the chosen
 	// worker to hold, over bound requests (Stats.ExpectedCached).
 	expected int64
+	// onBind, when set, sees each request as it is bound, before its
+	// engine has it: tests read the engines' caches there.
+	onBind func(i int, l *scheduler.Lease)
+	// followers are, by request, the requests sent once it has ended
+	// (bench.Item.After); later holds those whose time is known.
+	followers map[int][]int
+	later     laterHeap
+}
+
+// laterEntry is a follower's arrival, known once the request it follows
+// has ended.
+type laterEntry struct {
+	at  time.Time
+	req int
+}
+
+type laterHeap []laterEntry
+
+func (h laterHeap) Len() int { return len(h) }
+func (h laterHeap) Less(i, j int) bool {
+	if !h[i].at.Equal(h[j].at) {
+		return h[i].at.Before(h[j].at)
+	}
+	return h[i].req < h[j].req
+}
+func (h laterHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *laterHeap) Push(x any)   { *h = append(*h, x.(laterEntry)) }
+func (h *laterHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // Stats describes the work a simulation did, for profiling and docs.
@@ -387,6 +425,9 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		SLOs:            cfg.SLOs,
 		SessionAffinity: cfg.SessionAffinity,
 		SessionTTL:      cfg.SessionTTL,
+		// admission.predicted_affinity (scheduler/affinity_predict.go).
+		PredictedAffinity: cfg.PredictedAffinity,
+		AffinityHerd:      cfg.AffinityHerd,
 	}, specs...)
 	if err != nil {
 		return nil, fmt.Errorf("vsim: %w", err)
@@ -397,14 +438,58 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		r.reqs[i] = request{item: it, worker: -1}
 		r.results[i] = bench.Result{Index: i, Row: it.Row, Scheduled: it.At, Start: it.At, PromptTokens: it.PromptTokens, MaxTokens: max(1, it.OutputTokens), QueueMs: -1}
 	}
+	r.followers = followersOf(items)
+	for _, fs := range r.followers {
+		for _, f := range fs {
+			r.reqs[f].follower = true
+		}
+	}
 	return r, nil
+}
+
+// followersOf maps each item to the items that follow its answer
+// (bench.Item.After), by index; nil when none does. An item naming a Row
+// that no item has arrives at its At.
+func followersOf(items []bench.Item) map[int][]int {
+	var byRow map[int]int
+	var out map[int][]int
+	for i, it := range items {
+		if it.After == 0 {
+			continue
+		}
+		if byRow == nil {
+			byRow = make(map[int]int, len(items))
+			for j, x := range items {
+				byRow[x.Row] = j
+			}
+			out = map[int][]int{}
+		}
+		if j, ok := byRow[it.After]; ok && j != i {
+			out[j] = append(out[j], i)
+		}
+	}
+	return out
+}
+
+// ended sends the followers of request i, which ended at at, each its
+// pause later.
+func (r *run) ended(i int, at time.Time) {
+	for _, f := range r.followers[i] {
+		rq := &r.reqs[f]
+		arrive := at.Add(rq.item.Pause)
+		rq.item.At = arrive.Sub(r.t0)
+		r.results[f].Scheduled, r.results[f].Start = rq.item.At, rq.item.At
+		heap.Push(&r.later, laterEntry{at: arrive, req: f})
+	}
 }
 
 // loop runs every event and returns the virtual time of the last.
 func (r *run) loop() time.Time {
-	order := make([]int, len(r.reqs))
-	for i := range order {
-		order[i] = i
+	order := make([]int, 0, len(r.reqs))
+	for i := range r.reqs {
+		if !r.reqs[i].follower {
+			order = append(order, i)
+		}
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(r.reqs[a].item.At, r.reqs[b].item.At) })
 	next := 0
@@ -418,11 +503,16 @@ func (r *run) loop() time.Time {
 				g, kind = at, 1
 			}
 		}
+		if len(r.later) > 0 && r.later[0].at.Before(g) {
+			g, kind = r.later[0].at, 3
+		}
 		if to, ok := r.nextTimeout(); ok && to.Before(g) {
 			g, kind = to, 2
 		}
 		// Engine events up to g come first.
-		r.runEnginesUntil(g)
+		if !r.runEnginesUntil(g) {
+			continue // an answer sent a follower before g
+		}
 		if r.done(next, len(order)) {
 			break
 		}
@@ -438,6 +528,8 @@ func (r *run) loop() time.Time {
 			next++
 		case 2:
 			r.timeout(g)
+		case 3:
+			r.arrive(heap.Pop(&r.later).(laterEntry).req, g)
 		}
 		r.drain()
 	}
@@ -451,7 +543,7 @@ func (r *run) loop() time.Time {
 
 // done reports whether every request has ended and nothing is left to run.
 func (r *run) done(next, n int) bool {
-	if next < n || r.queued > 0 {
+	if next < n || r.queued > 0 || len(r.later) > 0 {
 		return false
 	}
 	for _, e := range r.engines {
@@ -467,12 +559,18 @@ func (r *run) done(next, n int) bool {
 // another before g, so each busy engine is advanced to g in one call and
 // its callbacks are then handled in time order; with a queue, engines are
 // stepped one event at a time, so a release binds the next request at the
-// exact moment a slot frees.
-func (r *run) runEnginesUntil(g time.Time) {
+// exact moment a slot frees. So are they when requests follow others'
+// answers (bench.Item.After): an answer may send its follower before g,
+// and then it stops there and reports false, for the loop to take the
+// follower's arrival first.
+func (r *run) runEnginesUntil(g time.Time) bool {
 	for len(r.engines) > 0 {
 		top := r.engines[0]
 		if top.t.After(g) {
-			return
+			return true
+		}
+		if len(r.later) > 0 && r.later[0].at.Before(top.t) {
+			return false
 		}
 		heap.Pop(&r.engines)
 		w := r.workers[top.w]
@@ -480,7 +578,7 @@ func (r *run) runEnginesUntil(g time.Time) {
 			continue
 		}
 		r.events++
-		if r.queued == 0 {
+		if r.queued == 0 && r.followers == nil {
 			w.eng.AdvanceTo(g)
 		} else {
 			r.clock.now = top.t
@@ -489,6 +587,7 @@ func (r *run) runEnginesUntil(g time.Time) {
 		r.touch(top.w)
 		r.drain()
 	}
+	return true
 }
 
 // touch re-schedules worker w's engine after anything changed it.
@@ -598,6 +697,9 @@ func (r *run) bound(i int) {
 	} else {
 		r.expected += int64(l.ExpectedCachedTokens())
 	}
+	if r.onBind != nil {
+		r.onBind(i, l)
+	}
 	sr := sim.Request{PromptTokens: rq.item.PromptTokens, MaxTokens: max(1, rq.item.OutputTokens), IgnoreEOS: true, Prefix: rq.item.Prefix, PrefixBlockTokens: rq.item.PrefixBlockTokens}
 	_, err := vw.eng.Submit(r.clock.now, sr, sim.Callbacks{
 		OnFirstToken: func(at time.Time) { r.push(pendingEvent{at: at, kind: pFirst, req: i}) },
@@ -611,6 +713,7 @@ func (r *run) bound(i int) {
 		res.TTFT = res.E2E
 		rq.ended = true
 		l.Release()
+		r.ended(i, r.clock.now)
 	}
 }
 
@@ -642,6 +745,7 @@ func (r *run) refused(i int) {
 	res.E2E = r.clock.now.Sub(r.t0.Add(rq.item.At))
 	res.TTFT = res.E2E
 	rq.ended = true
+	r.ended(i, r.clock.now)
 }
 
 // finished records a request the engine completed and releases its lease.
@@ -668,6 +772,7 @@ func (r *run) finished(i int, at time.Time, sr sim.Result) {
 	rq.ended = true
 	r.clock.now = at
 	rq.lease.Complete(obs, r.tracker, at) // as the proxy ends an answered request
+	r.ended(i, at)
 }
 
 // scrape publishes fresh telemetry of every worker that may have changed.
