@@ -228,6 +228,7 @@ func (s *Scheduler) startPickLocked(req Request, now time.Time, binding bool) *p
 	p.shared = s.cfg.Ledger != nil
 	p.bySLO = s.promiseOn(p)
 	p.promise = promiseState{}
+	p.out = 0 // the request's expected output: estimated when first needed
 	p.floor, p.waited = 0, 0
 	p.kvHeld, p.pending = false, nil
 	p.adapter = s.adapterOfLocked(req.Model)

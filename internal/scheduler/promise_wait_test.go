@@ -188,3 +188,27 @@ func TestPromise_RequestBehindAWaitingOneTakesTheRoomItDeclined(t *testing.T) {
 		running[1].Release()
 	})
 }
+
+// Each pick estimates its own request's output: a prediction's end to
+// end time follows the request's max_tokens, not the pick before's.
+func TestPromise_EachPickEstimatesItsOwnOutput(t *testing.T) {
+	s, _ := promiseSched(t, AdmitBySLO, predict.SLO{TTFT: time.Hour, MinDecode: 1, OnMiss: predict.OnMissServe})
+	e2e := func(maxTokens int) time.Duration {
+		l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 100, MaxTokens: maxTokens, Exclude: []string{"slowcard"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release()
+		if l.Prediction == nil || !l.Prediction.Known {
+			t.Fatalf("no known prediction: %+v", l.Prediction)
+		}
+		return l.Prediction.E2E - l.Prediction.TTFT
+	}
+	short := e2e(5)
+	long := e2e(400)
+	// 40 tokens/s: 4 tokens after the first take 0.1 s; the estimate
+	// capped at 400 is the trained 41, 1 s.
+	if short >= long/2 {
+		t.Errorf("decode part of E2E: %v for max_tokens 5, %v for 400; want the first far shorter", short, long)
+	}
+}
