@@ -118,7 +118,7 @@ func (excludedFilter) explain(*pickRecord, *slot, *slotRefs) string {
 type contextFilter struct{}
 
 func (contextFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepIf(p, in, why, func(v *view) bool { return !tooLong(v.snap, p.req) })
+	return keepIf(p, in, why, func(v *view) bool { return !tooLong(v.snap, &p.req) })
 }
 func (contextFilter) explain(pr *pickRecord, _ *slot, ref *slotRefs) string {
 	return fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, ref.snap.ContextTokens)

@@ -171,6 +171,10 @@ func (s *Scheduler) prefixMatchesLocked(req *Request, cands []Candidate, b prefi
 	frac, remote := sc.frac[:len(cands)], sc.remote[:len(cands)]
 	b.MatchSources(req.Model, req.Prefix, names, frac, remote)
 	sc.names = names[:0]
+	// The session hint can only apply to a request naming a session with
+	// the table on (lookup finds nothing otherwise); asking regardless
+	// would read the clock once per candidate.
+	sessions := s.sessions != nil && req.Session != ""
 	for i := range cands {
 		c := &cands[i]
 		c.PrefixMatch, c.PrefixSource = frac[i], prefixSourceIndex
@@ -178,7 +182,9 @@ func (s *Scheduler) prefixMatchesLocked(req *Request, cands []Candidate, b prefi
 			c.PrefixSource = prefixSourceShared
 		}
 		s.reportMatchLocked(req, c)
-		s.sessionMatchLocked(req, c)
+		if sessions {
+			s.sessionMatchLocked(req, c)
+		}
 	}
 }
 

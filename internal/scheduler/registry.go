@@ -219,7 +219,7 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 			continue
 		}
 		serves = true
-		if tooLong(snap, req) {
+		if tooLong(snap, &req) {
 			continue
 		}
 		fits = true
@@ -243,8 +243,10 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 // tooLong reports whether req's prompt cannot fit the worker's context
 // (prompt plus completion per slot, when the worker reports it). The
 // prompt size is an estimate, so only the prompt is held against it: a
-// request the worker would surely refuse is not sent there.
-func tooLong(snap *Snapshot, req Request) bool {
+// request the worker would surely refuse is not sent there. req is a
+// pointer: the context rule asks for every worker at every pick, and a
+// Request is large to copy.
+func tooLong(snap *Snapshot, req *Request) bool {
 	return snap.ContextTokens > 0 && req.PromptTokens > snap.ContextTokens
 }
 
