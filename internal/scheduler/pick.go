@@ -45,8 +45,6 @@ type pick struct {
 	views []view      // every worker, in configuration order
 	elig  []int32     // the eligible ones (indexes into views), in order
 	cands []Candidate // what the terms see of elig[i]
-	slots []slot      // the record's slots (nil without records)
-	refs  []slotRefs
 
 	// kvHeld says the KV-fit rule passed over every eligible worker.
 	kvHeld bool
@@ -154,7 +152,6 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	}
 	var pr *pickRecord
 	if !s.cfg.NoRecords {
-		s.slotsLocked(p)
 		pr = s.newPickRecordLocked(p)
 	}
 	c := choice{kvHeld: p.kvHeld}
@@ -244,7 +241,9 @@ func (s *Scheduler) resolveLocked(p *pick) {
 		setPtr(&v.st, s.statsOf(w))
 		v.serving = w.serves(v.snap, p.req.Model)
 		v.why = whyEligible
-		v.lim = limitState{}
+		if p.baseline {
+			v.lim = limitState{} // none; else limitsLocked writes it whole
+		}
 		v.holds, v.loadable = false, false
 		if p.learning && v.serving {
 			best = bestSolo(best, v.st)
@@ -304,35 +303,6 @@ func (s *Scheduler) candidatesLocked(p *pick) {
 	if kvOn {
 		for i := range cands {
 			s.kvMatchLocked(&p.req, &cands[i])
-		}
-	}
-}
-
-// slotsLocked writes every worker's slot of the record: what its limit
-// was computed from and why it is or is not eligible (the eligible ones'
-// scores are added by keepLocked).
-func (s *Scheduler) slotsLocked(p *pick) {
-	n := len(s.workers)
-	sc := &s.scratch
-	if cap(sc.slots) < n {
-		sc.slots, sc.refs = make([]slot, n), make([]slotRefs, n)
-	}
-	p.slots, p.refs = sc.slots[:n], sc.refs[:n]
-	for i := range p.views {
-		v := &p.views[i]
-		// Field by field, every one: a struct literal would be copied in
-		// with a bulk write barrier, slow while the GC runs, and the
-		// slots are the previous pick's.
-		ref, sl := &p.refs[i], &p.slots[i]
-		setStr(&ref.name, v.w.spec.Name)
-		setPtr(&ref.snap, v.snap)
-		setPtr(&ref.st, v.st)
-		sl.prefix, sl.lastPick, sl.limit, sl.cap = v.lim.prefix, v.w.lastPick, v.lim.limit, v.lim.cap
-		sl.active, sl.why, sl.source = int32(v.w.active), v.why, v.lim.source
-		sl.loadable = v.loadable
-		sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc, sl.kvSeq = 0, 0, 0, 0, 0, 0
-		if v.why == whyKVFit {
-			sl.jobCost = v.w.cost // what the rule read, for the record's words
 		}
 	}
 }

@@ -25,6 +25,8 @@ type pickRecord struct {
 	rec    decisions.Record
 	chunks []*slotChunk // the slots, chunkLen workers a chunk, in configuration order
 	n      int          // how many workers: the slots in use
+	// chunkBuf holds chunks up to 64 workers, saving an allocation.
+	chunkBuf [8]*slotChunk
 
 	// What the terms and limits are recomputed from.
 	env    Env     // of the decision; env.Req is &req
@@ -150,41 +152,71 @@ func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
 	return pr
 }
 
-// keepLocked fills in what p's slots say of the eligible workers, as
-// chosen among, and, when pr was scored, their totals in s.scratch. Then
-// it gives pr its chunks of them: the latest record's where they hold the
-// same, new ones elsewhere.
+// keepLocked writes every worker's slot of the record, in one pass over
+// p's views: what its limit was computed from and why it is or is not
+// eligible and, for an eligible worker, what it was chosen among on and,
+// when pr was scored, its total in s.scratch. Then it gives pr its chunks
+// of them: the latest record's where they hold the same, new ones
+// elsewhere. It runs once the picker has chosen, before anything about
+// the pick changes a worker.
 func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
-	slots, refs := p.slots, p.refs
-	for j := range p.elig {
-		v := p.at(j)
-		i := v.w.order
-		sl, c := &slots[i], &p.cands[j]
-		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
-		sl.kvSeq = c.KVSeq
-		if pr.scored {
-			sl.total = s.scratch.total[j]
-			if !pr.pending {
-				v.w.last, v.w.lastIdx = &pr.rec, i
+	n := len(p.views)
+	sc := &s.scratch
+	if cap(sc.slots) < n {
+		sc.slots, sc.refs = make([]slot, n), make([]slotRefs, n)
+	}
+	slots, refs := sc.slots[:n], sc.refs[:n]
+	j := 0 // p.elig[j] is the next eligible view: elig is in view order
+	for i := range p.views {
+		v := &p.views[i]
+		// Field by field, every one: a struct literal would be copied in
+		// with a bulk write barrier, slow while the GC runs, and the
+		// slots are the previous pick's.
+		ref, sl := &refs[i], &slots[i]
+		setStr(&ref.name, v.w.spec.Name)
+		setPtr(&ref.snap, v.snap)
+		setPtr(&ref.st, v.st)
+		sl.prefix, sl.lastPick, sl.limit, sl.cap = v.lim.prefix, v.w.lastPick, v.lim.limit, v.lim.cap
+		sl.active, sl.why, sl.source = int32(v.w.active), v.why, v.lim.source
+		sl.loadable = v.loadable
+		sl.total = 0
+		if j < len(p.elig) && int(p.elig[j]) == i {
+			c := &p.cands[j]
+			sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
+			sl.kvSeq = c.KVSeq
+			if pr.scored {
+				sl.total = sc.total[j]
+				if !pr.pending {
+					v.w.last, v.w.lastIdx = &pr.rec, i
+				}
 			}
+			j++
+			continue
+		}
+		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc, sl.kvSeq = 0, 0, 0, 0, 0
+		if v.why == whyKVFit {
+			sl.jobCost = v.w.cost // what the rule read, for the record's words
 		}
 	}
-	n := len(slots)
-	prev := s.scratch.chunks
-	chunks := make([]*slotChunk, (n+chunkLen-1)/chunkLen)
-	for c := range chunks {
+	prev := sc.chunks
+	nc := (n + chunkLen - 1) / chunkLen
+	chunks := pr.chunkBuf[:0]
+	if nc > len(pr.chunkBuf) {
+		chunks = make([]*slotChunk, 0, nc)
+	}
+	for c := range nc {
 		lo, hi := c*chunkLen, min(n, (c+1)*chunkLen)
 		if c < len(prev) && prev[c].holds(slots[lo:hi], refs[lo:hi]) {
-			chunks[c] = prev[c]
+			chunks = append(chunks, prev[c])
 			continue
 		}
 		ch := new(slotChunk)
 		copy(ch.slots[:], slots[lo:hi])
 		copy(ch.refs[:], refs[lo:hi])
-		chunks[c] = ch
+		chunks = append(chunks, ch)
 	}
 	pr.chunks, pr.n = chunks, n
-	s.scratch.chunks = chunks
+	sc.chunks = chunks
 	pr.rec.Summary = decisions.Summary{Candidates: n, Eligible: len(p.cands)}
 	if pr.scored && pr.chosen >= 0 && !pr.pending {
 		pr.rec.Summary.Score = slots[pr.chosen].total
