@@ -124,9 +124,8 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	for i := range p.views {
 		p.elig = append(p.elig, int32(i))
 	}
-	for why := whyDraining; why <= whyAdapter; why++ {
-		p.elig = filters[why].keep(p, p.elig, why)
-	}
+	p.elig = keepRules(p, p.elig) // whyDraining through whyFull
+	p.elig = filters[whyAdapter].keep(p, p.elig, whyAdapter)
 	if len(p.elig) == 0 && p.learning && s.affine(&req) && s.affinityOn() {
 		s.affinityBorrowLocked(p)
 		if p.adapter != nil { // a borrowed worker must hold the adapter too
