@@ -234,9 +234,22 @@ func (ti *teleInputs) read(env *Env, snap *Snapshot, st *stats.WorkerStats) {
 		ti.ttft, ti.ttftKnown = st.TTFTMs.Value, st.TTFTMs.Known()
 		ti.tps, ti.tpsKnown = st.DecodeTPS.Value, st.DecodeTPS.Known()
 	}
+	if staleAfter <= 0 { // nothing goes stale: a reading made counts in full
+		ti.qc, ti.kvc, ti.gpuc = known01(ti.qKnown), known01(ti.kvKnown), known01(ti.gpuKnown)
+		return
+	}
 	ti.qc = freshConfidence(env, &snap.QueueLen, ti.qKnown, ti.qBy)
 	ti.kvc = freshConfidence(env, &snap.KVPressure, ti.kvKnown, ti.kvBy)
 	ti.gpuc = freshConfidence(env, &snap.GPUUtil, ti.gpuKnown, ti.gpuBy)
+}
+
+// known01 is the confidence of a reading that never goes stale: 1 when
+// it was made, else 0.
+func known01(known bool) float64 {
+	if known {
+		return 1
+	}
+	return 0
 }
 
 // freshConfidence is confidence(env, r) for a reading known or not and

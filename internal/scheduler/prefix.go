@@ -204,7 +204,9 @@ func (s *Scheduler) reportMatchLocked(req *Request, c *Candidate) {
 // prefix, and first, when the worker's reported KV cache size changed,
 // how much of it the index may remember.
 func (s *Scheduler) recordPrefixLocked(req Request, w *worker) {
-	s.recordSessionLocked(&req, w)
+	if s.sessions != nil && req.Session != "" { // else nothing to record, and no clock to read
+		s.recordSessionLocked(&req, w)
+	}
 	if s.cfg.PrefixIndex == nil || len(req.Prefix) == 0 {
 		return
 	}
