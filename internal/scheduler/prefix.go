@@ -105,6 +105,13 @@ const (
 	prefixSourceKVLost = "router index (guess); KV events lost since a gap"
 )
 
+// KVIndex answers how many of a request's leading blocks a worker holds,
+// from the worker's KV-cache events; ok is false when it cannot say (no
+// events yet, or lost since a gap: why), and the guess stands.
+type KVIndex interface {
+	Match(worker string, keys []uint64) (n int, seq int64, ok bool, why string)
+}
+
 // kvMatchLocked sets c's prefix match from the exact index when it can
 // answer for c's worker; else the guess stands, and the record says why
 // when events were lost.

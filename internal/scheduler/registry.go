@@ -259,6 +259,12 @@ func (s *Scheduler) servedLocked(fn func(model string)) {
 	}
 }
 
+// StatsReader gives the measured averages of a worker: an immutable value,
+// or nil when there are none. *stats.Tracker is one.
+type StatsReader interface {
+	Stats(worker string) *stats.WorkerStats
+}
+
 // noStats stands in for a worker without measured history.
 var noStats stats.WorkerStats
 

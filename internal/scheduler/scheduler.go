@@ -94,14 +94,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/predict"
-	"github.com/sluice-router/sluice/internal/stats"
 )
-
-// StatsReader gives the measured averages of a worker: an immutable value,
-// or nil when there are none. *stats.Tracker is one.
-type StatsReader interface {
-	Stats(worker string) *stats.WorkerStats
-}
 
 // Config configures a Scheduler.
 type Config struct {
@@ -207,13 +200,6 @@ type Config struct {
 	// from their KV-cache events (*kvevents.Index): for a request with
 	// KVBlocks it replaces the guess for every worker it can answer for.
 	KVIndex KVIndex
-}
-
-// KVIndex answers how many of a request's leading blocks a worker holds,
-// from the worker's KV-cache events; ok is false when it cannot say (no
-// events yet, or lost since a gap: why), and the guess stands.
-type KVIndex interface {
-	Match(worker string, keys []uint64) (n int, seq int64, ok bool, why string)
 }
 
 // Scheduler admits requests to workers. See the package doc.
@@ -377,25 +363,6 @@ func (s *Scheduler) Close() {
 	s.finish(done)
 	if s.ledger != nil {
 		s.ledger.wait() // the calls queued so far, the Unwaits above among them
-	}
-}
-
-// Changed returns a channel that is closed at the next change of admission
-// state: a request queued, bound, refused or released, a worker added,
-// drained or removed. Live views and tests wait on it instead of polling.
-func (s *Scheduler) Changed() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.changed == nil {
-		s.changed = make(chan struct{})
-	}
-	return s.changed
-}
-
-func (s *Scheduler) notifyLocked() {
-	if s.changed != nil {
-		close(s.changed)
-		s.changed = nil
 	}
 }
 

@@ -150,3 +150,23 @@ func (s *Scheduler) Models() []string {
 	slices.Sort(out)
 	return out
 }
+
+// Changed returns a channel that is closed at the next change of admission
+// state: a request queued, bound, refused or released, a worker added,
+// drained or removed. Live views and tests wait on it instead of polling.
+func (s *Scheduler) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	return s.changed
+}
+
+// notifyLocked wakes whoever waits on Changed: the state has changed.
+func (s *Scheduler) notifyLocked() {
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
+}
