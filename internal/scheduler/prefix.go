@@ -168,16 +168,14 @@ func (s *Scheduler) prefixMatchLocked(req *Request, c *Candidate) {
 // b about them all at once.
 func (s *Scheduler) prefixMatchesLocked(req *Request, cands []Candidate, b prefixBatcher) {
 	sc := &s.scratch
-	names := sc.names[:0]
-	for i := range cands {
-		names = append(names, cands[i].Name)
-	}
 	if cap(sc.frac) < len(cands) {
-		sc.frac, sc.remote = make([]float64, len(cands)), make([]bool, len(cands))
+		sc.names, sc.frac, sc.remote = make([]string, len(cands)), make([]float64, len(cands)), make([]bool, len(cands))
 	}
-	frac, remote := sc.frac[:len(cands)], sc.remote[:len(cands)]
+	names, frac, remote := sc.names[:len(cands)], sc.frac[:len(cands)], sc.remote[:len(cands)]
+	for i := range cands {
+		setStr(&names[i], cands[i].Name) // mostly the name there at the last pick
+	}
 	b.MatchSources(req.Model, req.Prefix, names, frac, remote)
-	sc.names = names[:0]
 	// The session hint can only apply to a request naming a session with
 	// the table on (lookup finds nothing otherwise); asking regardless
 	// would read the clock once per candidate.
