@@ -43,9 +43,10 @@ type pickRecord struct {
 	unscored bool
 	shared   bool // the shared ledger chose: its choice ranks first
 	pending  bool // the ledger has yet to choose (patchShared completes it)
-	// adapter is the request's LoRA adapter as the pick saw it (zero
-	// when it names none), for the adapter rule's words.
-	adapter adapterPick
+	// adapter is the request's LoRA adapter as the pick saw it (nil
+	// when it names none), for the adapter rule's words: a copy, kept
+	// apart so that a record without one is smaller.
+	adapter *adapterPick
 }
 
 // slot is what a record keeps of one worker besides its slotRefs: what
@@ -142,7 +143,8 @@ func prefixSourceCode(src string) uint8 {
 func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
 	pr := &pickRecord{req: p.req, terms: s.terms, floor: p.floor, waited: p.waited, chosen: -1}
 	if p.adapter != nil {
-		pr.adapter = *p.adapter
+		a := *p.adapter
+		pr.adapter = &a
 	}
 	pr.env = Env{Now: p.env.Now, StaleAfter: s.cfg.StaleAfter, Req: &pr.req}
 	if p.learning {
