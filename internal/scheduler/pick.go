@@ -70,10 +70,13 @@ type pick struct {
 // view is one worker as a pick sees it: what the pick resolved of it once
 // (its telemetry, stats and limit) and why it is or is not eligible.
 type view struct {
-	w       *worker
-	snap    *Snapshot
-	st      *stats.WorkerStats
-	lim     limitState
+	w    *worker
+	snap *Snapshot
+	st   *stats.WorkerStats
+	lim  limitState
+	// limFor is what lim was computed from while lim holds for as long
+	// as they stay the same (limitKey); zero otherwise.
+	limFor  limitKey
 	why     uint8 // whyEligible, or the code of the filter that dropped it
 	serving bool  // it serves the requested model
 	// For a request naming a LoRA adapter: the worker holds it (or is
@@ -241,7 +244,7 @@ func (s *Scheduler) resolveLocked(p *pick) {
 		v.serving = w.serves(v.snap, p.req.Model)
 		v.why = whyEligible
 		if p.baseline {
-			v.lim = limitState{} // none; else limitsLocked writes it whole
+			v.lim, v.limFor = limitState{}, limitKey{} // none; else limitsLocked writes it whole
 		}
 		v.holds, v.loadable = false, false
 		if p.learning && v.serving {
@@ -263,11 +266,21 @@ func (s *Scheduler) resolveLocked(p *pick) {
 
 // limitsLocked computes every worker's concurrency limit for the pick
 // (limit.go), and notes any change of a learned limit. The baselines
-// have none: they neither queue nor respect max_concurrency.
+// have none: they neither queue nor respect max_concurrency. A view
+// whose limit was computed from the same inputs at an earlier pick, and
+// does not depend on the time, keeps it: from one pick to the next most
+// workers' telemetry, stats and counts are the same.
 func (s *Scheduler) limitsLocked(p *pick) {
 	for i := range p.views {
 		v := &p.views[i]
-		s.limitInto(&v.lim, v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
+		key := limitKey{w: v.w, snap: v.snap, st: v.st, maxConcurrency: v.w.spec.MaxConcurrency, floor: p.floor, waited: p.waited}
+		if v.limFor != key {
+			s.limitInto(&v.lim, v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
+			v.limFor = limitKey{}
+			if v.lim.timeless(v.snap) {
+				v.limFor = key
+			}
+		}
 		v.w.noteLimitLocked(&v.lim, p.env.Now)
 	}
 }
