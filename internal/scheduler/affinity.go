@@ -97,7 +97,6 @@ func (s *Scheduler) affinityBorrowLocked(p *pick) {
 			continue
 		}
 		v.lim.limit, v.lim.prefix = v.w.active+1, m
-		v.limFor = limitKey{} // no longer what limitsLocked computed
 		v.why = whyEligible
 		p.elig = append(p.elig, int32(i))
 	}

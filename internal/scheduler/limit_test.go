@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -400,4 +401,25 @@ func TestLimit_KeptIsComputedAfresh(t *testing.T) {
 			t.Fatalf("decode first %v: no limit was ever kept", decodeFirst)
 		}
 	}
+}
+
+// A limit the affinity relaxation raised for one request is not kept for
+// the next: that one is held to the learned limit again.
+func TestLimit_RaisedForAPrefixIsNotKept(t *testing.T) {
+	clk := NewManualClock(time.Unix(10000, 0))
+	solo := levels(clk.Now(), [3]float64{80, 1, 5}) // probing 2 streams: a limit that holds while nothing changes
+	fs := stableStats{"w0": &solo}
+	s := newSched(t, Config{MaxQueue: 10, Clock: clk, Stats: fs, PrefixIndex: prefix.NewIndex(prefix.Options{}),
+		Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3}}, workers(1, 4, "m")...)
+	conv := []uint64{1, 2, 3, 4}
+	for range 2 {
+		defer admitNow(t, s, Request{Model: "m", Prefix: conv}).Release()
+	}
+	over := admitNow(t, s, Request{Model: "m", Prefix: append(conv[:4:4], 5)})
+	if over.Limit != 3 {
+		t.Fatalf("the cached prefix ran at limit %d; want 3, one over the learned 2", over.Limit)
+	}
+	over.Release()
+	// w0 runs two again, its learned limit: nobody else may start.
+	queued(t, s, Request{Model: "m", Prefix: []uint64{7, 8}})
 }

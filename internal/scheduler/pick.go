@@ -131,6 +131,9 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	p.elig = filters[whyAdapter].keep(p, p.elig, whyAdapter)
 	if len(p.elig) == 0 && p.learning && s.affine(&req) && s.affinityOn() {
 		s.affinityBorrowLocked(p)
+		for _, i := range p.elig { // their limits, raised for this request, are not limitsLocked's
+			p.views[i].limFor = limitKey{}
+		}
 		if p.adapter != nil { // a borrowed worker must hold the adapter too
 			p.elig = filters[whyAdapter].keep(p, p.elig, whyAdapter)
 		}
