@@ -168,6 +168,12 @@ func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
 		sc.slots, sc.refs = make([]slot, n), make([]slotRefs, n)
 	}
 	slots, refs := sc.slots[:n], sc.refs[:n]
+	// A record that scores workers becomes the latest to have scored each
+	// of them (lastScoredLocked): a number on each, not a pointer written
+	// to every worker at every pick, and a worker it does not score keeps
+	// the previous one by pointer.
+	scoring := pr.scored && !pr.pending
+	seq := s.scoredSeq + 1
 	j := 0 // p.elig[j] is the next eligible view: elig is in view order
 	for i := range p.views {
 		v := &p.views[i]
@@ -188,12 +194,15 @@ func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
 			sl.kvSeq = c.KVSeq
 			if pr.scored {
 				sl.total = sc.total[j]
-				if !pr.pending {
-					v.w.last, v.w.lastIdx = &pr.rec, i
+				if scoring {
+					v.w.lastSeq, v.w.lastIdx = seq, i
 				}
 			}
 			j++
 			continue
+		}
+		if scoring && v.w.lastSeq == s.scoredSeq && v.w.lastSeq != 0 {
+			v.w.last, v.w.lastSeq = s.lastScored, 0 // scored by the latest until now
 		}
 		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc, sl.kvSeq = 0, 0, 0, 0, 0
 		if v.why == whyKVFit {
@@ -219,6 +228,9 @@ func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
 	}
 	pr.chunks, pr.n = chunks, n
 	sc.chunks = chunks
+	if scoring {
+		s.lastScored, s.scoredSeq = &pr.rec, seq
+	}
 	pr.rec.Summary = decisions.Summary{Candidates: n, Eligible: len(p.cands)}
 	if pr.scored && pr.chosen >= 0 && !pr.pending {
 		pr.rec.Summary.Score = slots[pr.chosen].total

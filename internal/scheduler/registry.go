@@ -49,9 +49,13 @@ type worker struct {
 	draining bool
 	removed  bool
 	lastPick uint64
-	last     *decisions.Record // the latest decision that scored it
-	lastIdx  int               // its index among last's candidates
-	statsAt  stats.Handle      // where its stats are, for statsOf
+	// The latest decision that scored it is the scheduler's lastScored
+	// while lastSeq is its scoredSeq (not 0), else last; lastIdx is its
+	// index among that decision's candidates (lastScoredLocked).
+	last    *decisions.Record
+	lastSeq uint64
+	lastIdx int
+	statsAt stats.Handle // where its stats are, for statsOf
 	// prefixKV is the KV cache size (tokens) last passed to the prefix
 	// index's PrefixCapacity, so it is told only of changes.
 	prefixKV int

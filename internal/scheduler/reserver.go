@@ -282,7 +282,7 @@ func (pr *pickRecord) patchShared(s *Scheduler, res *reservation, i int, active 
 		}
 		sl := pr.slot(at)
 		sl.total, sl.scored = res.tot[j], int32(active[j])
-		res.elig[j].last, res.elig[j].lastIdx = &pr.rec, at
+		res.elig[j].last, res.elig[j].lastSeq, res.elig[j].lastIdx = &pr.rec, 0, at
 	}
 	pr.scored, pr.shared, pr.pending = true, true, false
 	pr.chosen = res.slotIdx[i]

@@ -222,13 +222,17 @@ type Scheduler struct {
 	queues  map[string]*queue     // only models with requests waiting
 	rates   map[string]*drainRate // drain rates of served models
 	est     estimator
-	seq     uint64    // tickets submitted
-	picks   uint64    // reservations made
-	ids     uint64    // decision records made
-	picker  picker    // the policy's choice (picker.go)
-	pk      pick      // the pick in progress; its buffers are kept (pick.go)
-	scratch scratch   // the terms' and the record's space (terms.go, record.go)
-	affBuf  []*worker // workers with room for one stream more (affinity.go)
+	seq     uint64 // tickets submitted
+	picks   uint64 // reservations made
+	ids     uint64 // decision records made
+	picker  picker // the policy's choice (picker.go)
+	pk      pick   // the pick in progress; its buffers are kept (pick.go)
+	// lastScored is the latest record that scored workers, the scoredSeq-th
+	// (worker.lastSeq).
+	lastScored *decisions.Record
+	scoredSeq  uint64
+	scratch    scratch   // the terms' and the record's space (terms.go, record.go)
+	affBuf     []*worker // workers with room for one stream more (affinity.go)
 	// behindBuf holds the requests that may overtake the head (affinity.go).
 	behindBuf []*Ticket
 	closed    bool
