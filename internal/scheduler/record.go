@@ -22,11 +22,15 @@ import (
 // is of decision time and never changes afterwards: snapshots and stats
 // are immutable values.
 type pickRecord struct {
-	rec    decisions.Record
-	chunks []*slotChunk // the slots, chunkLen workers a chunk, in configuration order
-	n      int          // how many workers: the slots in use
-	// chunkBuf holds chunks up to 64 workers, saving an allocation.
-	chunkBuf [8]*slotChunk
+	rec decisions.Record
+	// The slots and their refs, chunkLen workers a chunk, in
+	// configuration order; n is how many workers. slotBuf and refBuf hold
+	// the chunks of up to 64 workers, saving two allocations.
+	slots   []*slotChunk
+	refs    []*refChunk
+	n       int
+	slotBuf [8]*slotChunk
+	refBuf  [8]*refChunk
 
 	// What the terms and limits are recomputed from.
 	env    Env     // of the decision; env.Req is &req
@@ -76,30 +80,38 @@ type slotRefs struct {
 	st   *stats.WorkerStats
 }
 
-// chunkLen is how many workers' slots a slotChunk holds.
+// chunkLen is how many workers' slots a slotChunk holds, and refs a
+// refChunk.
 const chunkLen = 8
 
-// slotChunk is the slots and refs of chunkLen consecutive workers, as a
-// record keeps them. A chunk is never written once a record holds it, so
-// records share one where nothing in it changed between their picks: from
-// one pick to the next most workers' slots are the same (an idle worker's
-// all are; the chosen one's last pick moves), and a pick then allocates
-// one chunk or two instead of every worker's slots. The GC frees a chunk
-// when no record holds it.
-type slotChunk struct {
-	slots [chunkLen]slot
-	refs  [chunkLen]slotRefs
+// slotChunk and refChunk are the slots and refs of chunkLen consecutive
+// workers, as a record keeps them. A chunk is never written once a
+// record holds it, so records share one where nothing in it changed
+// between their picks: from one pick to the next most workers' slots are
+// the same (an idle worker's all are; the chosen one's last pick moves),
+// and a pick then allocates a chunk or two instead of every worker's
+// slots. Slots and refs are chunked apart because they change apart: a
+// pick moves numbers, a scrape replaces a snapshot; and a slotChunk holds
+// no pointer, so the one a pick allocates costs the GC nothing to scan.
+// The GC frees a chunk when no record holds it.
+type (
+	slotChunk [chunkLen]slot
+	refChunk  [chunkLen]slotRefs
+)
+
+// holdsSlots reports whether ch holds exactly sl (at most chunkLen), and
+// holdsRefs whether rc holds exactly rf, bit for bit: the same numbers,
+// and the same name, snapshot and stats by address. They compare memory,
+// padding included, which is always zero: slots are only ever written
+// field by field or copied, into the zeroed memory of make and new.
+// (Were it not, the chunk would be copied anew: equal bytes are equal
+// values either way.)
+func (ch *slotChunk) holdsSlots(sl []slot) bool {
+	return string(bytesOf(ch[:len(sl)])) == string(bytesOf(sl))
 }
 
-// holds reports whether ch holds exactly sl and rf (at most chunkLen), bit
-// for bit: the same numbers, and the same name, snapshot and stats by
-// address. It compares memory, padding included, which is always zero:
-// slots are only ever written field by field or copied, into the zeroed
-// memory of make and new. (Were it not, the chunk would be copied anew:
-// equal bytes are equal values either way.)
-func (ch *slotChunk) holds(sl []slot, rf []slotRefs) bool {
-	return string(bytesOf(ch.slots[:len(sl)])) == string(bytesOf(sl)) &&
-		string(bytesOf(ch.refs[:len(rf)])) == string(bytesOf(rf))
+func (rc *refChunk) holdsRefs(rf []slotRefs) bool {
+	return string(bytesOf(rc[:len(rf)])) == string(bytesOf(rf))
 }
 
 // bytesOf is the memory of s, to be compared, never written.
@@ -111,8 +123,8 @@ func bytesOf[T any](s []T) []byte {
 }
 
 // slot returns worker i's slot; ref its refs.
-func (pr *pickRecord) slot(i int) *slot    { return &pr.chunks[i/chunkLen].slots[i%chunkLen] }
-func (pr *pickRecord) ref(i int) *slotRefs { return &pr.chunks[i/chunkLen].refs[i%chunkLen] }
+func (pr *pickRecord) slot(i int) *slot    { return &pr.slots[i/chunkLen][i%chunkLen] }
+func (pr *pickRecord) ref(i int) *slotRefs { return &pr.refs[i/chunkLen][i%chunkLen] }
 
 // prefixSources are the values of Candidate.PrefixSource, as a slot keeps
 // them: a number instead of a string. A source prefixMatchLocked may set
@@ -209,25 +221,31 @@ func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
 			sl.jobCost = v.w.cost // what the rule read, for the record's words
 		}
 	}
-	prev := sc.chunks
+	prevSlots, prevRefs := sc.slotChunks, sc.refChunks
 	nc := (n + chunkLen - 1) / chunkLen
-	chunks := pr.chunkBuf[:0]
-	if nc > len(pr.chunkBuf) {
-		chunks = make([]*slotChunk, 0, nc)
+	slotChunks, refChunks := pr.slotBuf[:0], pr.refBuf[:0]
+	if nc > len(pr.slotBuf) {
+		slotChunks, refChunks = make([]*slotChunk, 0, nc), make([]*refChunk, 0, nc)
 	}
 	for c := range nc {
 		lo, hi := c*chunkLen, min(n, (c+1)*chunkLen)
-		if c < len(prev) && prev[c].holds(slots[lo:hi], refs[lo:hi]) {
-			chunks = append(chunks, prev[c])
-			continue
+		if c < len(prevSlots) && prevSlots[c].holdsSlots(slots[lo:hi]) {
+			slotChunks = append(slotChunks, prevSlots[c])
+		} else {
+			ch := new(slotChunk)
+			copy(ch[:], slots[lo:hi])
+			slotChunks = append(slotChunks, ch)
 		}
-		ch := new(slotChunk)
-		copy(ch.slots[:], slots[lo:hi])
-		copy(ch.refs[:], refs[lo:hi])
-		chunks = append(chunks, ch)
+		if c < len(prevRefs) && prevRefs[c].holdsRefs(refs[lo:hi]) {
+			refChunks = append(refChunks, prevRefs[c])
+		} else {
+			rc := new(refChunk)
+			copy(rc[:], refs[lo:hi])
+			refChunks = append(refChunks, rc)
+		}
 	}
-	pr.chunks, pr.n = chunks, n
-	sc.chunks = chunks
+	pr.slots, pr.refs, pr.n = slotChunks, refChunks, n
+	sc.slotChunks, sc.refChunks = slotChunks, refChunks
 	if scoring {
 		s.lastScored, s.scoredSeq = &pr.rec, seq
 	}

@@ -56,19 +56,27 @@ func TestRecord_ListsTheFleetOfItsDecision(t *testing.T) {
 
 // A record shares the chunks of slots that did not change since the
 // previous record: picking again over an idle fleet copies only the chunk
-// of the worker picked last, whose last pick moved.
+// of the worker picked last, whose last pick moved, and none of the refs.
 func TestRecord_SharesTheChunksThatDidNotChange(t *testing.T) {
 	s := newSched(t, Config{MaxQueue: 5}, workers(2*chunkLen+3, 4, "m")...)
-	pick := func() ([]*slotChunk, string) {
+	pick := func() ([]*slotChunk, []*refChunk, string) {
 		l, err := s.Admit(context.Background(), Request{Model: "m"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		l.Release()
-		return s.scratch.chunks, l.Worker
+		return s.scratch.slotChunks, s.scratch.refChunks, l.Worker
 	}
-	first, chosen := pick()
-	second, _ := pick()
+	first, firstRefs, chosen := pick()
+	second, secondRefs, _ := pick()
+	if len(firstRefs) != 3 || len(secondRefs) != 3 {
+		t.Fatalf("%d and %d chunks of refs of 19 workers, want 3", len(firstRefs), len(secondRefs))
+	}
+	for c := range firstRefs {
+		if firstRefs[c] != secondRefs[c] {
+			t.Errorf("chunk %d of refs copied, with no name, telemetry or stats changed", c)
+		}
+	}
 	if len(first) != 3 || len(second) != 3 {
 		t.Fatalf("%d and %d chunks of 19 workers, want 3", len(first), len(second))
 	}
