@@ -74,9 +74,15 @@ func fastTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) 
 	var qSum, qW, kvSum, kvW, gpuSum, gpuW float64
 	var ttftMax, tpsMax, jobMax float64
 	var ttftOdd, tpsOdd bool // a candidate without history, or below 0
+	var staleAfter time.Duration
+	if env != nil {
+		staleAfter = env.StaleAfter
+	}
 	for i := range cands {
 		c, ti := &cands[i], &tele[i]
-		ti.read(env, c.Snap, c.Stats)
+		if ti.snap != c.Snap || ti.st != c.Stats || ti.staleAfter != staleAfter || staleAfter > 0 {
+			ti.read(env, c.Snap, c.Stats) // else what it read last holds: nothing goes stale
+		}
 		if ti.qc > 0 {
 			qSum += ti.qc * ti.q
 			qW += ti.qc
