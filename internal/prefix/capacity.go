@@ -24,8 +24,8 @@ func (x *Index) SetCapacity(worker string, tokens int) {
 		x.reported = map[string]int{}
 	}
 	x.reported[worker] = n
-	for k, c := range x.caches {
-		if k.worker == worker {
+	for _, byWorker := range x.caches {
+		if c := byWorker[worker]; c != nil {
 			c.resize(n)
 		}
 	}

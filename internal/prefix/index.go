@@ -42,12 +42,13 @@ type Index struct {
 	ttl       time.Duration
 	now       func() time.Time
 
-	mu       sync.Mutex
-	caches   map[cacheKey]*lru
+	mu sync.Mutex
+	// caches are the blocks remembered, by model, then worker: a pick
+	// asks about every worker of one model, so the model is looked up
+	// once and each worker by its name alone.
+	caches   map[string]map[string]*lru
 	reported map[string]int // per-worker capacity from SetCapacity
 }
-
-type cacheKey struct{ model, worker string }
 
 // NewIndex returns an empty Index.
 func NewIndex(o Options) *Index {
@@ -60,7 +61,7 @@ func NewIndex(o Options) *Index {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Index{capacity: o.Capacity, perWorker: o.WorkerCapacity, ttl: o.TTL, now: o.Now, caches: map[cacheKey]*lru{}}
+	return &Index{capacity: o.Capacity, perWorker: o.WorkerCapacity, ttl: o.TTL, now: o.Now, caches: map[string]map[string]*lru{}}
 }
 
 // Match returns the fraction of hashes, counted from the first, that
@@ -97,8 +98,9 @@ func (x *Index) MatchSources(model string, hashes []uint64, workers []string, fr
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	var oldest ttlCut
+	byWorker := x.caches[model]
 	for i, w := range workers {
-		frac[i], remote[i] = x.matchLocked(model, hashes, w, &oldest)
+		frac[i], remote[i] = x.matchInLocked(byWorker[w], hashes, &oldest)
 	}
 }
 
@@ -112,7 +114,12 @@ type ttlCut struct {
 // matchLocked is MatchSource under x.mu, hashes not empty, with the TTL's
 // cut read into oldest the first time it is needed.
 func (x *Index) matchLocked(model string, hashes []uint64, worker string, oldest *ttlCut) (frac float64, remote bool) {
-	c := x.caches[cacheKey{model, worker}]
+	return x.matchInLocked(x.caches[model][worker], hashes, oldest)
+}
+
+// matchInLocked is matchLocked in c, the worker's cache of the model (nil
+// when none).
+func (x *Index) matchInLocked(c *lru, hashes []uint64, oldest *ttlCut) (frac float64, remote bool) {
 	if c == nil {
 		return 0, false
 	}
@@ -166,11 +173,15 @@ func (x *Index) Apply(model string, hashes []uint64, worker string, at time.Time
 }
 
 func (x *Index) recordLocked(model string, hashes []uint64, worker string, at time.Time, remote bool) {
-	k := cacheKey{model, worker}
-	c := x.caches[k]
+	byWorker := x.caches[model]
+	if byWorker == nil {
+		byWorker = map[string]*lru{}
+		x.caches[model] = byWorker
+	}
+	c := byWorker[worker]
 	if c == nil {
 		c = newLRU(x.capacityOf(worker))
-		x.caches[k] = c
+		byWorker[worker] = c
 	}
 	c.expire(x.now().Add(-x.ttl))
 	for i := len(hashes) - 1; i >= 0; i-- {
@@ -204,9 +215,10 @@ func (x *Index) Forget(worker string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	delete(x.reported, worker)
-	for k := range x.caches {
-		if k.worker == worker {
-			delete(x.caches, k)
+	for model, byWorker := range x.caches {
+		delete(byWorker, worker)
+		if len(byWorker) == 0 {
+			delete(x.caches, model)
 		}
 	}
 }
@@ -216,7 +228,7 @@ func (x *Index) Forget(worker string) {
 func (x *Index) Len(model, worker string) int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if c := x.caches[cacheKey{model, worker}]; c != nil {
+	if c := x.caches[model][worker]; c != nil {
 		return len(c.pos)
 	}
 	return 0

@@ -1,5 +1,11 @@
 package scheduler
 
+import (
+	"time"
+
+	"github.com/sluice-router/sluice/internal/stats"
+)
+
 // The kinds of term fastTotals computes itself; any other term's values
 // come from its own Score.
 const (
@@ -68,33 +74,36 @@ func fastTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) 
 	var qSum, qW, kvSum, kvW, gpuSum, gpuW float64
 	var ttftMax, tpsMax, jobMax float64
 	var ttftOdd, tpsOdd bool // a candidate without history, or below 0
+	var staleAfter time.Duration
+	if env != nil {
+		staleAfter = env.StaleAfter
+	}
 	for i := range cands {
 		c, ti := &cands[i], &tele[i]
-		snap, st := c.Snap, c.Stats
-		ti.qc, ti.q = confidence(env, &snap.QueueLen), scaleReading(readQueue, snap.QueueLen.Value)
+		if ti.snap != c.Snap || ti.st != c.Stats || ti.staleAfter != staleAfter || staleAfter > 0 {
+			ti.read(env, c.Snap, c.Stats) // else what it read last holds: nothing goes stale
+		}
 		if ti.qc > 0 {
 			qSum += ti.qc * ti.q
 			qW += ti.qc
 		}
-		ti.kvc, ti.kv = confidence(env, &snap.KVPressure), scaleReading(readKV, snap.KVPressure.Value)
 		if ti.kvc > 0 {
 			kvSum += ti.kvc * ti.kv
 			kvW += ti.kvc
 		}
-		ti.gpuc, ti.gpu = confidence(env, &snap.GPUUtil), scaleReading(readGPU, snap.GPUUtil.Value)
 		if ti.gpuc > 0 {
 			gpuSum += ti.gpuc * ti.gpu
 			gpuW += ti.gpuc
 		}
-		if e := &st.TTFTMs; e.Known() {
-			ttftMax = max(ttftMax, e.Value)
-			ttftOdd = ttftOdd || e.Value < 0
+		if ti.ttftKnown {
+			ttftMax = max(ttftMax, ti.ttft)
+			ttftOdd = ttftOdd || ti.ttft < 0
 		} else {
 			ttftOdd = true
 		}
-		if e := &st.DecodeTPS; e.Known() {
-			tpsMax = max(tpsMax, e.Value)
-			tpsOdd = tpsOdd || e.Value < 0
+		if ti.tpsKnown {
+			tpsMax = max(tpsMax, ti.tps)
+			tpsOdd = tpsOdd || ti.tps < 0
 		} else {
 			tpsOdd = true
 		}
@@ -146,7 +155,7 @@ func fastTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) 
 				case ttftOdd:
 					v = ttftNorm[i]
 				case ttftMax > 0:
-					v = cands[i].Stats.TTFTMs.Value / ttftMax
+					v = tele[i].ttft / ttftMax
 				}
 				out[i] += wt * v
 			}
@@ -165,7 +174,7 @@ func fastTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) 
 				case tpsOdd:
 					v = tpsNorm[i]
 				case tpsMax > 0:
-					v = cands[i].Stats.DecodeTPS.Value / tpsMax
+					v = tele[i].tps / tpsMax
 				}
 				out[i] += wt * v
 			}
@@ -191,10 +200,75 @@ func fastTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) 
 	}
 }
 
-// teleInputs is what pass one of builtinTotals keeps of a candidate's
-// queue, KV and GPU readings: each one's confidence and scaled value.
+// teleInputs is what pass one of fastTotals reads of a candidate: its
+// queue, KV and GPU readings' confidence and scaled value, and its TTFT
+// and decode-rate averages. Snapshots and stats are immutable values, so
+// what is read of them is kept with the pointer it was read from, in the
+// scratch's slot of the candidate, and read again only when the pointer
+// changes: from one pick to the next the i-th candidate is mostly the
+// same worker with the same telemetry. Only the confidences depend on the
+// time, and only past a reading's freshness.
 type teleInputs struct {
-	qc, q, kvc, kv, gpuc, gpu float64
+	qc, q, kvc, kv, gpuc, gpu float64 // confidence and scaled value of each reading
+	ttft, tps                 float64 // the averages' values
+	ttftKnown, tpsKnown       bool
+
+	// Kept of snap, for staleAfter: whether each reading was made, and
+	// until when it is fresh (its confidence 1).
+	snap                      *Snapshot
+	st                        *stats.WorkerStats
+	staleAfter                time.Duration
+	qKnown, kvKnown, gpuKnown bool
+	qBy, kvBy, gpuBy          time.Time
+}
+
+// read fills ti for a candidate with telemetry snap and stats st at env.
+// The values are those confidence and scaleReading give, bit for bit.
+func (ti *teleInputs) read(env *Env, snap *Snapshot, st *stats.WorkerStats) {
+	var staleAfter time.Duration
+	if env != nil {
+		staleAfter = env.StaleAfter
+	}
+	if ti.snap != snap || ti.staleAfter != staleAfter {
+		ti.snap, ti.staleAfter = snap, staleAfter
+		ti.q, ti.qKnown, ti.qBy = scaleReading(readQueue, snap.QueueLen.Value), snap.QueueLen.Known(), snap.QueueLen.At.Add(staleAfter)
+		ti.kv, ti.kvKnown, ti.kvBy = scaleReading(readKV, snap.KVPressure.Value), snap.KVPressure.Known(), snap.KVPressure.At.Add(staleAfter)
+		ti.gpu, ti.gpuKnown, ti.gpuBy = scaleReading(readGPU, snap.GPUUtil.Value), snap.GPUUtil.Known(), snap.GPUUtil.At.Add(staleAfter)
+	}
+	if ti.st != st {
+		ti.st = st
+		ti.ttft, ti.ttftKnown = st.TTFTMs.Value, st.TTFTMs.Known()
+		ti.tps, ti.tpsKnown = st.DecodeTPS.Value, st.DecodeTPS.Known()
+	}
+	if staleAfter <= 0 { // nothing goes stale: a reading made counts in full
+		ti.qc, ti.kvc, ti.gpuc = known01(ti.qKnown), known01(ti.kvKnown), known01(ti.gpuKnown)
+		return
+	}
+	ti.qc = freshConfidence(env, &snap.QueueLen, ti.qKnown, ti.qBy)
+	ti.kvc = freshConfidence(env, &snap.KVPressure, ti.kvKnown, ti.kvBy)
+	ti.gpuc = freshConfidence(env, &snap.GPUUtil, ti.gpuKnown, ti.gpuBy)
+}
+
+// known01 is the confidence of a reading that never goes stale: 1 when
+// it was made, else 0.
+func known01(known bool) float64 {
+	if known {
+		return 1
+	}
+	return 0
+}
+
+// freshConfidence is confidence(env, r) for a reading known or not and
+// fresh until by (its time plus StaleAfter): 1 without asking the time's
+// age while it is fresh, which is when now is not after by.
+func freshConfidence(env *Env, r *Reading, known bool, by time.Time) float64 {
+	switch {
+	case !known:
+		return 0
+	case env == nil || env.StaleAfter <= 0 || !env.Now.After(by):
+		return 1
+	}
+	return confidence(env, r)
 }
 
 // ratioNorms returns scratch space for n normalised values of ratio term

@@ -67,16 +67,31 @@ func TestFastTotals(t *testing.T) {
 	}
 	for name, list := range lists {
 		var sc scratch // reused across iterations, as a scheduler's is
+		var prev []Candidate
 		for iter := range 300 {
 			n := 1 + rng.IntN(12)
 			cands := make([]Candidate, n)
 			for i := range cands {
 				snap := &Snapshot{QueueLen: reading(), KVPressure: reading(), GPUUtil: reading()}
 				st := &stats.WorkerStats{TTFTMs: ema(), DecodeTPS: ema()}
+				if i < len(prev) && rng.IntN(3) > 0 {
+					// The same telemetry or stats as the last pick's at this
+					// place, or another place: what the scratch kept of it
+					// must hold, or be read again.
+					from := prev[rng.IntN(len(prev))].Snap
+					if rng.IntN(2) == 0 {
+						from = prev[i].Snap
+					}
+					snap, st = from, prev[rng.IntN(len(prev))].Stats
+				}
 				cands[i] = Candidate{Name: "w", Active: rng.IntN(4), JobCost: pick(0, 0, 100, 2500) * rng.Float64(), Snap: snap, Stats: st, PrefixMatch: pick(0, 0.5, 1, 1.2)}
 			}
+			prev = cands
 			terms := list(weights[iter%len(weights)])
-			env := &Env{Now: now, StaleAfter: []time.Duration{0, 2 * time.Second}[iter%2], Req: &Request{PromptTokens: rng.IntN(3000)}}
+			// The time moves, so a reading kept fresh at one pick may be
+			// stale at the next.
+			at := now.Add(time.Duration(rng.IntN(6000)) * time.Millisecond)
+			env := &Env{Now: at, StaleAfter: []time.Duration{0, 2 * time.Second, time.Second}[rng.IntN(3)], Req: &Request{PromptTokens: rng.IntN(3000)}}
 			want := genericTotals(terms, env, cands)
 			got := totals(terms, env, cands, &sc)
 			for i := range want {

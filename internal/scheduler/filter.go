@@ -12,10 +12,71 @@ import "fmt"
 // A worker's reason is the first rule that dropped it, in the order of
 // the codes below; the filter stage runs whyDraining through whyAdapter, the
 // KV-fit rule runs after the affinity relaxation (pick.go). A new rule is
-// a file with its type, a code here and its entry in filters.
+// a file with its type, a code here and its entry in filters (and, for a
+// rule, in rulesWhy).
 type filter interface {
 	keep(p *pick, in []int32, why uint8) []int32
 	explain(pr *pickRecord, sl *slot, ref *slotRefs) string
+}
+
+// A rule is a filter whose verdict on a view depends on the view and the
+// pick alone, not on which other views are left: passes says whether v
+// passes it, and its keep is keepRule. Every filter from whyDraining
+// through whyFull is one; the adapter, KV-fit and promise filters look at
+// the others left.
+type rule interface {
+	filter
+	passes(p *pick, v *view) bool
+}
+
+// keepRule is the keep of a rule r.
+func keepRule(p *pick, in []int32, why uint8, r rule) []int32 {
+	return keepIf(p, in, why, func(v *view) bool { return r.passes(p, v) })
+}
+
+// keepRules runs the rules whyDraining through whyFull over in, in one
+// pass: a view fails at the first rule it does not pass (rulesWhy), which
+// is what running each rule's keep in turn leaves, in one visit of each
+// view instead of one per rule (TestKeepRules).
+func keepRules(p *pick, in []int32) []int32 {
+	n := 0
+	for _, i := range in {
+		v := &p.views[i]
+		if why := rulesWhy(p, v); why != whyEligible {
+			v.why = why
+			continue
+		}
+		in[n] = i
+		n++
+	}
+	return in[:n]
+}
+
+// rulesWhy is the code of the first rule v does not pass, in code order,
+// or whyEligible. The rules are called by their types, not through
+// filters, so that each check is a direct (inlined) call.
+func rulesWhy(p *pick, v *view) uint8 {
+	switch {
+	case !(drainingFilter{}).passes(p, v):
+		return whyDraining
+	case !(healthFilter{}).passes(p, v):
+		return whyDown
+	case !(loadingFilter{}).passes(p, v):
+		return whyLoading
+	case !(modelFilter{}).passes(p, v):
+		return whyModel
+	case !(routeFilter{}).passes(p, v):
+		return whyRoute
+	case !(excludedFilter{}).passes(p, v):
+		return whyExcluded
+	case !(kindFilter{}).passes(p, v):
+		return whyKind
+	case !(contextFilter{}).passes(p, v):
+		return whyContext
+	case !(limitFilter{}).passes(p, v):
+		return whyFull
+	}
+	return whyEligible
 }
 
 // Why a worker is or is not eligible: whyEligible, or the code of the
@@ -72,18 +133,20 @@ func keepIf(p *pick, in []int32, why uint8, ok func(v *view) bool) []int32 {
 // takes nothing new.
 type drainingFilter struct{}
 
-func (drainingFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepIf(p, in, why, func(v *view) bool { return !v.w.draining })
+func (f drainingFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepRule(p, in, why, f)
 }
+func (drainingFilter) passes(_ *pick, v *view) bool                 { return !v.w.draining }
 func (drainingFilter) explain(*pickRecord, *slot, *slotRefs) string { return "draining" }
 
 // healthFilter keeps out a worker the fleet judged down (failed probes or
 // requests in a row); a worker not yet probed is eligible.
 type healthFilter struct{}
 
-func (healthFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepIf(p, in, why, func(v *view) bool { return v.snap.Health != HealthDown })
+func (f healthFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepRule(p, in, why, f)
 }
+func (healthFilter) passes(_ *pick, v *view) bool { return v.snap.Health != HealthDown }
 func (healthFilter) explain(_ *pickRecord, _ *slot, ref *slotRefs) string {
 	return "unhealthy: " + ref.snap.HealthReason
 }
@@ -92,9 +155,10 @@ func (healthFilter) explain(_ *pickRecord, _ *slot, ref *slotRefs) string {
 // as discovered, else as configured.
 type modelFilter struct{}
 
-func (modelFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepIf(p, in, why, func(v *view) bool { return v.serving })
+func (f modelFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepRule(p, in, why, f)
 }
+func (modelFilter) passes(_ *pick, v *view) bool { return v.serving }
 func (modelFilter) explain(pr *pickRecord, _ *slot, _ *slotRefs) string {
 	return fmt.Sprintf("does not serve model %q", pr.req.Model)
 }
@@ -102,12 +166,10 @@ func (modelFilter) explain(pr *pickRecord, _ *slot, _ *slotRefs) string {
 // excludedFilter keeps a retry away from the workers it already failed on.
 type excludedFilter struct{}
 
-func (excludedFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	if len(p.req.Exclude) == 0 {
-		return in
-	}
-	return keepIf(p, in, why, func(v *view) bool { return !excluded(&p.req, v.w) })
+func (f excludedFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepRule(p, in, why, f)
 }
+func (excludedFilter) passes(p *pick, v *view) bool { return !excluded(&p.req, v.w) }
 func (excludedFilter) explain(*pickRecord, *slot, *slotRefs) string {
 	return "already failed this request"
 }
@@ -117,9 +179,10 @@ func (excludedFilter) explain(*pickRecord, *slot, *slotRefs) string {
 // size is an estimate, so only the prompt is held against it (tooLong).
 type contextFilter struct{}
 
-func (contextFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepIf(p, in, why, func(v *view) bool { return !tooLong(v.snap, p.req) })
+func (f contextFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepRule(p, in, why, f)
 }
+func (contextFilter) passes(p *pick, v *view) bool { return !tooLong(v.snap, &p.req) }
 func (contextFilter) explain(pr *pickRecord, _ *slot, ref *slotRefs) string {
 	return fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, ref.snap.ContextTokens)
 }
@@ -132,12 +195,10 @@ func (contextFilter) explain(pr *pickRecord, _ *slot, ref *slotRefs) string {
 // the bound, and the promise stage chooses within it.
 type limitFilter struct{}
 
-func (limitFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	if p.baseline {
-		return in
-	}
-	return keepIf(p, in, why, func(v *view) bool { return v.w.active < v.lim.limit })
+func (f limitFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepRule(p, in, why, f)
 }
+func (limitFilter) passes(p *pick, v *view) bool { return p.baseline || v.w.active < v.lim.limit }
 func (limitFilter) explain(_ *pickRecord, sl *slot, _ *slotRefs) string {
 	return fmt.Sprintf("at max_concurrency (%d/%d)", sl.active, sl.limit)
 }

@@ -29,7 +29,7 @@ func (adapterFilter) keep(p *pick, in []int32, why uint8) []int32 {
 }
 
 func (adapterFilter) explain(pr *pickRecord, sl *slot, _ *slotRefs) string {
-	a := &pr.adapter
+	a := pr.adapter // set: a view is dropped by this rule only when the request names an adapter
 	switch {
 	case sl.loadable:
 		return fmt.Sprintf("LoRA adapter %q not loaded; a worker holding it had room", a.spec.Name)

@@ -14,12 +14,10 @@ import (
 // must never be chosen for it.
 type kindFilter struct{}
 
-func (kindFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	if len(p.req.Kinds) == 0 {
-		return in
-	}
-	return keepIf(p, in, why, func(v *view) bool { return kindAllowed(&p.req, v.w) })
+func (f kindFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepRule(p, in, why, f)
 }
+func (kindFilter) passes(p *pick, v *view) bool { return kindAllowed(&p.req, v.w) }
 
 func (kindFilter) explain(pr *pickRecord, _ *slot, _ *slotRefs) string {
 	return fmt.Sprintf("its kind cannot serve this request (wants %s)", strings.Join(pr.req.Kinds, " or "))

@@ -17,9 +17,10 @@ import (
 // loading worker as capacity on its way).
 type loadingFilter struct{}
 
-func (loadingFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepIf(p, in, why, func(v *view) bool { return !loading(v.snap, p.req.Model) })
+func (f loadingFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepRule(p, in, why, f)
 }
+func (loadingFilter) passes(p *pick, v *view) bool { return !loading(v.snap, p.req.Model) }
 
 func (loadingFilter) explain(pr *pickRecord, _ *slot, ref *slotRefs) string {
 	if ref.snap.Health == HealthLoading {

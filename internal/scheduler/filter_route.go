@@ -16,12 +16,10 @@ import (
 // to wait (admissibleLocked).
 type routeFilter struct{}
 
-func (routeFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	if p.req.Route == "" {
-		return in
-	}
-	return keepIf(p, in, why, func(v *view) bool { return v.w.servesRoute(p.req.Route) })
+func (f routeFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepRule(p, in, why, f)
 }
+func (routeFilter) passes(p *pick, v *view) bool { return v.w.servesRoute(p.req.Route) }
 
 func (routeFilter) explain(pr *pickRecord, _ *slot, _ *slotRefs) string {
 	return fmt.Sprintf("its engine does not serve %s", pr.req.Route)

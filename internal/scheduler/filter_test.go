@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -72,5 +74,61 @@ func TestFilters(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// keepRules, the rules in one pass, keeps the views and leaves the reason
+// codes that running each rule's keep in turn does, on picks where any
+// rule may fail and several may fail on the same view.
+func TestKeepRules(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	build := func(seed uint64) *pick {
+		r := rand.New(rand.NewPCG(seed, 5))
+		flip := func() bool { return r.IntN(4) == 0 }
+		p := &pick{req: Request{Model: "m", PromptTokens: 3000}, baseline: flip()}
+		if flip() {
+			p.req.Exclude = []string{"w1", "w3"}
+		}
+		if flip() {
+			p.req.Kinds = []string{"vllm"}
+		}
+		if flip() {
+			p.req.Route = "/v1/messages"
+		}
+		p.env.Req = &p.req
+		p.views = make([]view, 1+r.IntN(8))
+		for i := range p.views {
+			snap := &Snapshot{Health: []Health{HealthOK, HealthUnknown, HealthDown, HealthLoading}[r.IntN(4)], ContextTokens: []int{0, 2048, 4096}[r.IntN(3)]}
+			if flip() {
+				snap.LoadingModels = []string{"m"}
+			}
+			spec := WorkerSpec{Name: fmt.Sprintf("w%d", i), Kind: []string{"vllm", "llamacpp"}[r.IntN(2)]}
+			if flip() {
+				spec.Unserved = []string{"/v1/messages"}
+			}
+			w := &worker{spec: spec, order: i, draining: flip(), active: r.IntN(3)}
+			p.views[i] = view{w: w, snap: snap, serving: !flip(), lim: limitState{limit: r.IntN(4)}}
+		}
+		return p
+	}
+	for iter := range 500 {
+		seed := rng.Uint64()
+		want, got := build(seed), build(seed)
+		var wantIn, gotIn []int32
+		for i := range want.views {
+			wantIn, gotIn = append(wantIn, int32(i)), append(gotIn, int32(i))
+		}
+		for why := whyDraining; why <= whyFull; why++ {
+			wantIn = filters[why].keep(want, wantIn, why)
+		}
+		gotIn = keepRules(got, gotIn)
+		if diff := cmp.Diff(wantIn, gotIn); diff != "" {
+			t.Fatalf("pick %d: kept (-each rule in turn +in one pass):\n%s", iter, diff)
+		}
+		for i := range want.views {
+			if w, g := want.views[i].why, got.views[i].why; w != g {
+				t.Fatalf("pick %d, view %d: why %d in one pass, %d by each rule in turn", iter, i, g, w)
+			}
+		}
 	}
 }

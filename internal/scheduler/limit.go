@@ -252,11 +252,16 @@ func (c *LimitConfig) learn(st *limitState, ws *stats.WorkerStats, now time.Time
 		st.why = whyUnmeasured
 		return
 	}
-	for k := 2; k <= st.cap; k++ {
-		l := ws.Level(k)
+	// A level never measured has no samples, fewer than MinSamples (at
+	// least 1): the walk can stop at the last level measured.
+	for k := 2; k <= min(st.cap, len(ws.Levels)); k++ {
+		l := &ws.Levels[k-1]
 		n := l.DecodeTPS.N
+		if n < minN {
+			continue
+		}
 		p := l.DecodeTPS.Value - l.StdDev()
-		if n < minN || p >= st.floor {
+		if p >= st.floor {
 			continue
 		}
 		ttft, held, known := heldTTFT(ws, k)

@@ -45,8 +45,6 @@ type pick struct {
 	views []view      // every worker, in configuration order
 	elig  []int32     // the eligible ones (indexes into views), in order
 	cands []Candidate // what the terms see of elig[i]
-	slots []slot      // the record's slots (nil without records)
-	refs  []slotRefs
 
 	// kvHeld says the KV-fit rule passed over every eligible worker.
 	kvHeld bool
@@ -72,10 +70,13 @@ type pick struct {
 // view is one worker as a pick sees it: what the pick resolved of it once
 // (its telemetry, stats and limit) and why it is or is not eligible.
 type view struct {
-	w       *worker
-	snap    *Snapshot
-	st      *stats.WorkerStats
-	lim     limitState
+	w    *worker
+	snap *Snapshot
+	st   *stats.WorkerStats
+	lim  limitState
+	// limFor is what lim was computed from while lim holds for as long
+	// as they stay the same (limitKey); zero otherwise.
+	limFor  limitKey
 	why     uint8 // whyEligible, or the code of the filter that dropped it
 	serving bool  // it serves the requested model
 	// For a request naming a LoRA adapter: the worker holds it (or is
@@ -129,11 +130,13 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	for i := range p.views {
 		p.elig = append(p.elig, int32(i))
 	}
-	for why := whyDraining; why <= whyAdapter; why++ {
-		p.elig = filters[why].keep(p, p.elig, why)
-	}
+	p.elig = keepRules(p, p.elig) // whyDraining through whyFull
+	p.elig = filters[whyAdapter].keep(p, p.elig, whyAdapter)
 	if len(p.elig) == 0 && p.learning && s.affine(&req) && s.affinityOn() {
 		s.affinityBorrowLocked(p)
+		for _, i := range p.elig { // their limits, raised for this request, are not limitsLocked's
+			p.views[i].limFor = limitKey{}
+		}
 		if p.adapter != nil { // a borrowed worker must hold the adapter too
 			p.elig = filters[whyAdapter].keep(p, p.elig, whyAdapter)
 		}
@@ -158,7 +161,6 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	}
 	var pr *pickRecord
 	if !s.cfg.NoRecords {
-		s.slotsLocked(p)
 		pr = s.newPickRecordLocked(p)
 	}
 	c := choice{kvHeld: p.kvHeld}
@@ -254,7 +256,9 @@ func (s *Scheduler) resolveLocked(p *pick) {
 		setPtr(&v.st, s.statsOf(w))
 		v.serving = w.serves(v.snap, p.req.Model)
 		v.why = whyEligible
-		v.lim = limitState{}
+		if p.baseline {
+			v.lim, v.limFor = limitState{}, limitKey{} // none; else limitsLocked writes it whole
+		}
 		v.holds, v.loadable = false, false
 		if p.learning && v.serving {
 			best = bestSolo(best, v.st)
@@ -275,11 +279,21 @@ func (s *Scheduler) resolveLocked(p *pick) {
 
 // limitsLocked computes every worker's concurrency limit for the pick
 // (limit.go), and notes any change of a learned limit. The baselines
-// have none: they neither queue nor respect max_concurrency.
+// have none: they neither queue nor respect max_concurrency. A view
+// whose limit was computed from the same inputs at an earlier pick, and
+// does not depend on the time, keeps it: from one pick to the next most
+// workers' telemetry, stats and counts are the same.
 func (s *Scheduler) limitsLocked(p *pick) {
 	for i := range p.views {
 		v := &p.views[i]
-		s.limitInto(&v.lim, v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
+		key := limitKey{w: v.w, snap: v.snap, st: v.st, maxConcurrency: v.w.spec.MaxConcurrency, floor: p.floor, waited: p.waited}
+		if v.limFor != key {
+			s.limitInto(&v.lim, v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
+			v.limFor = limitKey{}
+			if v.lim.timeless(v.snap) {
+				v.limFor = key
+			}
+		}
 		v.w.noteLimitLocked(&v.lim, p.env.Now)
 	}
 }
@@ -314,35 +328,6 @@ func (s *Scheduler) candidatesLocked(p *pick) {
 	if kvOn {
 		for i := range cands {
 			s.kvMatchLocked(&p.req, &cands[i])
-		}
-	}
-}
-
-// slotsLocked writes every worker's slot of the record: what its limit
-// was computed from and why it is or is not eligible (the eligible ones'
-// scores are added by keepLocked).
-func (s *Scheduler) slotsLocked(p *pick) {
-	n := len(s.workers)
-	sc := &s.scratch
-	if cap(sc.slots) < n {
-		sc.slots, sc.refs = make([]slot, n), make([]slotRefs, n)
-	}
-	p.slots, p.refs = sc.slots[:n], sc.refs[:n]
-	for i := range p.views {
-		v := &p.views[i]
-		// Field by field, every one: a struct literal would be copied in
-		// with a bulk write barrier, slow while the GC runs, and the
-		// slots are the previous pick's.
-		ref, sl := &p.refs[i], &p.slots[i]
-		setStr(&ref.name, v.w.spec.Name)
-		setPtr(&ref.snap, v.snap)
-		setPtr(&ref.st, v.st)
-		sl.prefix, sl.lastPick, sl.limit, sl.cap = v.lim.prefix, v.w.lastPick, v.lim.limit, v.lim.cap
-		sl.active, sl.why, sl.source = int32(v.w.active), v.why, v.lim.source
-		sl.loadable = v.loadable
-		sl.jobCost, sl.prefixMatch, sl.total, sl.scored, sl.prefixSrc, sl.kvSeq = 0, 0, 0, 0, 0, 0
-		if v.why == whyKVFit {
-			sl.jobCost = v.w.cost // what the rule read, for the record's words
 		}
 	}
 }

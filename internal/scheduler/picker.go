@@ -63,10 +63,10 @@ type scorePicker struct {
 func (sp *scorePicker) choose(p *pick, pr *pickRecord) int {
 	tot := totals(sp.terms, &p.env, p.cands, sp.sc)
 	best := 0
-	bk := rankKey{tot[0], p.at(0).w.lastPick, p.at(0).w.order}
+	// A view's index is its worker's order (configuration order).
+	bk := rankKey{tot[0], p.at(0).w.lastPick, int(p.elig[0])}
 	for i := 1; i < len(p.cands); i++ { // one pass: only the winner is needed now
-		v := p.at(i)
-		if k := (rankKey{tot[i], v.w.lastPick, v.w.order}); k.less(bk) {
+		if k := (rankKey{tot[i], p.at(i).w.lastPick, int(p.elig[i])}); k.less(bk) {
 			best, bk = i, k
 		}
 	}

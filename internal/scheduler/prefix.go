@@ -108,6 +108,13 @@ const (
 	prefixSourceKVSent = "vLLM KV events + a request in flight there"
 )
 
+// KVIndex answers how many of a request's leading blocks a worker holds,
+// from the worker's KV-cache events; ok is false when it cannot say (no
+// events yet, or lost since a gap: why), and the guess stands.
+type KVIndex interface {
+	Match(worker string, keys []uint64) (n int, seq int64, ok bool, why string)
+}
+
 // kvMatchLocked sets c's prefix match from the exact index when it can
 // answer for c's worker; else the guess stands, and the record says why
 // when events were lost.
@@ -170,16 +177,18 @@ func (s *Scheduler) prefixMatchLocked(req *Request, c *Candidate) {
 // b about them all at once.
 func (s *Scheduler) prefixMatchesLocked(req *Request, cands []Candidate, b prefixBatcher) {
 	sc := &s.scratch
-	names := sc.names[:0]
-	for i := range cands {
-		names = append(names, cands[i].Name)
-	}
 	if cap(sc.frac) < len(cands) {
-		sc.frac, sc.remote = make([]float64, len(cands)), make([]bool, len(cands))
+		sc.names, sc.frac, sc.remote = make([]string, len(cands)), make([]float64, len(cands)), make([]bool, len(cands))
 	}
-	frac, remote := sc.frac[:len(cands)], sc.remote[:len(cands)]
+	names, frac, remote := sc.names[:len(cands)], sc.frac[:len(cands)], sc.remote[:len(cands)]
+	for i := range cands {
+		setStr(&names[i], cands[i].Name) // mostly the name there at the last pick
+	}
 	b.MatchSources(req.Model, req.Prefix, names, frac, remote)
-	sc.names = names[:0]
+	// The session hint can only apply to a request naming a session with
+	// the table on (lookup finds nothing otherwise); asking regardless
+	// would read the clock once per candidate.
+	sessions := s.sessions != nil && req.Session != ""
 	for i := range cands {
 		c := &cands[i]
 		c.PrefixMatch, c.PrefixSource = frac[i], prefixSourceIndex
@@ -187,7 +196,9 @@ func (s *Scheduler) prefixMatchesLocked(req *Request, cands []Candidate, b prefi
 			c.PrefixSource = prefixSourceShared
 		}
 		s.reportMatchLocked(req, c)
-		s.sessionMatchLocked(req, c)
+		if sessions {
+			s.sessionMatchLocked(req, c)
+		}
 	}
 }
 
@@ -207,7 +218,9 @@ func (s *Scheduler) reportMatchLocked(req *Request, c *Candidate) {
 // prefix, and first, when the worker's reported KV cache size changed,
 // how much of it the index may remember.
 func (s *Scheduler) recordPrefixLocked(req Request, w *worker) {
-	s.recordSessionLocked(&req, w)
+	if s.sessions != nil && req.Session != "" { // else nothing to record, and no clock to read
+		s.recordSessionLocked(&req, w)
+	}
 	if s.cfg.PrefixIndex == nil || len(req.Prefix) == 0 {
 		return
 	}

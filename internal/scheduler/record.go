@@ -22,9 +22,15 @@ import (
 // is of decision time and never changes afterwards: snapshots and stats
 // are immutable values.
 type pickRecord struct {
-	rec    decisions.Record
-	chunks []*slotChunk // the slots, chunkLen workers a chunk, in configuration order
-	n      int          // how many workers: the slots in use
+	rec decisions.Record
+	// The slots and their refs, chunkLen workers a chunk, in
+	// configuration order; n is how many workers. slotBuf and refBuf hold
+	// the chunks of up to 64 workers, saving two allocations.
+	slots   []*slotChunk
+	refs    []*refChunk
+	n       int
+	slotBuf [8]*slotChunk
+	refBuf  [8]*refChunk
 
 	// What the terms and limits are recomputed from.
 	env    Env     // of the decision; env.Req is &req
@@ -41,9 +47,10 @@ type pickRecord struct {
 	unscored bool
 	shared   bool // the shared ledger chose: its choice ranks first
 	pending  bool // the ledger has yet to choose (patchShared completes it)
-	// adapter is the request's LoRA adapter as the pick saw it (zero
-	// when it names none), for the adapter rule's words.
-	adapter adapterPick
+	// adapter is the request's LoRA adapter as the pick saw it (nil
+	// when it names none), for the adapter rule's words: a copy, kept
+	// apart so that a record without one is smaller.
+	adapter *adapterPick
 }
 
 // slot is what a record keeps of one worker besides its slotRefs: what
@@ -73,30 +80,38 @@ type slotRefs struct {
 	st   *stats.WorkerStats
 }
 
-// chunkLen is how many workers' slots a slotChunk holds.
+// chunkLen is how many workers' slots a slotChunk holds, and refs a
+// refChunk.
 const chunkLen = 8
 
-// slotChunk is the slots and refs of chunkLen consecutive workers, as a
-// record keeps them. A chunk is never written once a record holds it, so
-// records share one where nothing in it changed between their picks: from
-// one pick to the next most workers' slots are the same (an idle worker's
-// all are; the chosen one's last pick moves), and a pick then allocates
-// one chunk or two instead of every worker's slots. The GC frees a chunk
-// when no record holds it.
-type slotChunk struct {
-	slots [chunkLen]slot
-	refs  [chunkLen]slotRefs
+// slotChunk and refChunk are the slots and refs of chunkLen consecutive
+// workers, as a record keeps them. A chunk is never written once a
+// record holds it, so records share one where nothing in it changed
+// between their picks: from one pick to the next most workers' slots are
+// the same (an idle worker's all are; the chosen one's last pick moves),
+// and a pick then allocates a chunk or two instead of every worker's
+// slots. Slots and refs are chunked apart because they change apart: a
+// pick moves numbers, a scrape replaces a snapshot; and a slotChunk holds
+// no pointer, so the one a pick allocates costs the GC nothing to scan.
+// The GC frees a chunk when no record holds it.
+type (
+	slotChunk [chunkLen]slot
+	refChunk  [chunkLen]slotRefs
+)
+
+// holdsSlots reports whether ch holds exactly sl (at most chunkLen), and
+// holdsRefs whether rc holds exactly rf, bit for bit: the same numbers,
+// and the same name, snapshot and stats by address. They compare memory,
+// padding included, which is always zero: slots are only ever written
+// field by field or copied, into the zeroed memory of make and new.
+// (Were it not, the chunk would be copied anew: equal bytes are equal
+// values either way.)
+func (ch *slotChunk) holdsSlots(sl []slot) bool {
+	return string(bytesOf(ch[:len(sl)])) == string(bytesOf(sl))
 }
 
-// holds reports whether ch holds exactly sl and rf (at most chunkLen), bit
-// for bit: the same numbers, and the same name, snapshot and stats by
-// address. It compares memory, padding included, which is always zero:
-// slots are only ever written field by field or copied, into the zeroed
-// memory of make and new. (Were it not, the chunk would be copied anew:
-// equal bytes are equal values either way.)
-func (ch *slotChunk) holds(sl []slot, rf []slotRefs) bool {
-	return string(bytesOf(ch.slots[:len(sl)])) == string(bytesOf(sl)) &&
-		string(bytesOf(ch.refs[:len(rf)])) == string(bytesOf(rf))
+func (rc *refChunk) holdsRefs(rf []slotRefs) bool {
+	return string(bytesOf(rc[:len(rf)])) == string(bytesOf(rf))
 }
 
 // bytesOf is the memory of s, to be compared, never written.
@@ -108,8 +123,8 @@ func bytesOf[T any](s []T) []byte {
 }
 
 // slot returns worker i's slot; ref its refs.
-func (pr *pickRecord) slot(i int) *slot    { return &pr.chunks[i/chunkLen].slots[i%chunkLen] }
-func (pr *pickRecord) ref(i int) *slotRefs { return &pr.chunks[i/chunkLen].refs[i%chunkLen] }
+func (pr *pickRecord) slot(i int) *slot    { return &pr.slots[i/chunkLen][i%chunkLen] }
+func (pr *pickRecord) ref(i int) *slotRefs { return &pr.refs[i/chunkLen][i%chunkLen] }
 
 // prefixSources are the values of Candidate.PrefixSource, as a slot keeps
 // them: a number instead of a string. A source prefixMatchLocked may set
@@ -142,7 +157,8 @@ func prefixSourceCode(src string) uint8 {
 func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
 	pr := &pickRecord{req: p.req, terms: s.terms, floor: p.floor, waited: p.waited, chosen: -1}
 	if p.adapter != nil {
-		pr.adapter = *p.adapter
+		a := *p.adapter
+		pr.adapter = &a
 	}
 	pr.env = Env{Now: p.env.Now, StaleAfter: s.cfg.StaleAfter, Req: &pr.req}
 	if p.learning {
@@ -152,41 +168,89 @@ func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
 	return pr
 }
 
-// keepLocked fills in what p's slots say of the eligible workers, as
-// chosen among, and, when pr was scored, their totals in s.scratch. Then
-// it gives pr its chunks of them: the latest record's where they hold the
-// same, new ones elsewhere.
+// keepLocked writes every worker's slot of the record, in one pass over
+// p's views: what its limit was computed from and why it is or is not
+// eligible and, for an eligible worker, what it was chosen among on and,
+// when pr was scored, its total in s.scratch. Then it gives pr its chunks
+// of them: the latest record's where they hold the same, new ones
+// elsewhere. It runs once the picker has chosen, before anything about
+// the pick changes a worker.
 func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
-	slots, refs := p.slots, p.refs
-	for j := range p.elig {
-		v := p.at(j)
-		i := v.w.order
-		sl, c := &slots[i], &p.cands[j]
-		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
-		sl.kvSeq = c.KVSeq
-		if pr.scored {
-			sl.total = s.scratch.total[j]
-			if !pr.pending {
-				v.w.last, v.w.lastIdx = &pr.rec, i
-			}
-		}
+	n := len(p.views)
+	sc := &s.scratch
+	if cap(sc.slots) < n {
+		sc.slots, sc.refs = make([]slot, n), make([]slotRefs, n)
 	}
-	n := len(slots)
-	prev := s.scratch.chunks
-	chunks := make([]*slotChunk, (n+chunkLen-1)/chunkLen)
-	for c := range chunks {
-		lo, hi := c*chunkLen, min(n, (c+1)*chunkLen)
-		if c < len(prev) && prev[c].holds(slots[lo:hi], refs[lo:hi]) {
-			chunks[c] = prev[c]
+	slots, refs := sc.slots[:n], sc.refs[:n]
+	// A record that scores workers becomes the latest to have scored each
+	// of them (lastScoredLocked): a number on each, not a pointer written
+	// to every worker at every pick, and a worker it does not score keeps
+	// the previous one by pointer.
+	scoring := pr.scored && !pr.pending
+	seq := s.scoredSeq + 1
+	j := 0 // p.elig[j] is the next eligible view: elig is in view order
+	for i := range p.views {
+		v := &p.views[i]
+		// Field by field, every one: a struct literal would be copied in
+		// with a bulk write barrier, slow while the GC runs, and the
+		// slots are the previous pick's.
+		ref, sl := &refs[i], &slots[i]
+		setStr(&ref.name, v.w.spec.Name)
+		setPtr(&ref.snap, v.snap)
+		setPtr(&ref.st, v.st)
+		sl.prefix, sl.lastPick, sl.limit, sl.cap = v.lim.prefix, v.w.lastPick, v.lim.limit, v.lim.cap
+		sl.active, sl.why, sl.source = int32(v.w.active), v.why, v.lim.source
+		sl.loadable = v.loadable
+		sl.total = 0
+		if j < len(p.elig) && int(p.elig[j]) == i {
+			c := &p.cands[j]
+			sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
+			sl.kvSeq = c.KVSeq
+			if pr.scored {
+				sl.total = sc.total[j]
+				if scoring {
+					v.w.lastSeq, v.w.lastIdx = seq, i
+				}
+			}
+			j++
 			continue
 		}
-		ch := new(slotChunk)
-		copy(ch.slots[:], slots[lo:hi])
-		copy(ch.refs[:], refs[lo:hi])
-		chunks[c] = ch
+		if scoring && v.w.lastSeq == s.scoredSeq && v.w.lastSeq != 0 {
+			v.w.last, v.w.lastSeq = s.lastScored, 0 // scored by the latest until now
+		}
+		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc, sl.kvSeq = 0, 0, 0, 0, 0
+		if v.why == whyKVFit {
+			sl.jobCost = v.w.cost // what the rule read, for the record's words
+		}
 	}
-	pr.chunks, pr.n = chunks, n
-	s.scratch.chunks = chunks
+	prevSlots, prevRefs := sc.slotChunks, sc.refChunks
+	nc := (n + chunkLen - 1) / chunkLen
+	slotChunks, refChunks := pr.slotBuf[:0], pr.refBuf[:0]
+	if nc > len(pr.slotBuf) {
+		slotChunks, refChunks = make([]*slotChunk, 0, nc), make([]*refChunk, 0, nc)
+	}
+	for c := range nc {
+		lo, hi := c*chunkLen, min(n, (c+1)*chunkLen)
+		if c < len(prevSlots) && prevSlots[c].holdsSlots(slots[lo:hi]) {
+			slotChunks = append(slotChunks, prevSlots[c])
+		} else {
+			ch := new(slotChunk)
+			copy(ch[:], slots[lo:hi])
+			slotChunks = append(slotChunks, ch)
+		}
+		if c < len(prevRefs) && prevRefs[c].holdsRefs(refs[lo:hi]) {
+			refChunks = append(refChunks, prevRefs[c])
+		} else {
+			rc := new(refChunk)
+			copy(rc[:], refs[lo:hi])
+			refChunks = append(refChunks, rc)
+		}
+	}
+	pr.slots, pr.refs, pr.n = slotChunks, refChunks, n
+	sc.slotChunks, sc.refChunks = slotChunks, refChunks
+	if scoring {
+		s.lastScored, s.scoredSeq = &pr.rec, seq
+	}
 	pr.rec.Summary = decisions.Summary{Candidates: n, Eligible: len(p.cands)}
 	if pr.scored && pr.chosen >= 0 && !pr.pending {
 		pr.rec.Summary.Score = slots[pr.chosen].total

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/sluice-router/sluice/internal/decisions"
@@ -55,19 +56,27 @@ func TestRecord_ListsTheFleetOfItsDecision(t *testing.T) {
 
 // A record shares the chunks of slots that did not change since the
 // previous record: picking again over an idle fleet copies only the chunk
-// of the worker picked last, whose last pick moved.
+// of the worker picked last, whose last pick moved, and none of the refs.
 func TestRecord_SharesTheChunksThatDidNotChange(t *testing.T) {
 	s := newSched(t, Config{MaxQueue: 5}, workers(2*chunkLen+3, 4, "m")...)
-	pick := func() ([]*slotChunk, string) {
+	pick := func() ([]*slotChunk, []*refChunk, string) {
 		l, err := s.Admit(context.Background(), Request{Model: "m"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		l.Release()
-		return s.scratch.chunks, l.Worker
+		return s.scratch.slotChunks, s.scratch.refChunks, l.Worker
 	}
-	first, chosen := pick()
-	second, _ := pick()
+	first, firstRefs, chosen := pick()
+	second, secondRefs, _ := pick()
+	if len(firstRefs) != 3 || len(secondRefs) != 3 {
+		t.Fatalf("%d and %d chunks of refs of 19 workers, want 3", len(firstRefs), len(secondRefs))
+	}
+	for c := range firstRefs {
+		if firstRefs[c] != secondRefs[c] {
+			t.Errorf("chunk %d of refs copied, with no name, telemetry or stats changed", c)
+		}
+	}
 	if len(first) != 3 || len(second) != 3 {
 		t.Fatalf("%d and %d chunks of 19 workers, want 3", len(first), len(second))
 	}
@@ -111,4 +120,39 @@ func TestRecord_RefusalRanksWhoCouldHaveGone(t *testing.T) {
 	if diff := cmp.Diff(map[string]int{"w1": 1, "w2": 2, "w0": 3}, got); diff != "" {
 		t.Errorf("ranks (-want +got):\n%s", diff)
 	}
+}
+
+// A worker's state shows its part in the latest decision that scored it:
+// a worker full at the later picks shows the earlier one, and one scored
+// again shows the new one.
+func TestWorkers_LastTermsAreOfTheLatestDecisionScoringEach(t *testing.T) {
+	clk := NewManualClock(time.Unix(10000, 0))
+	s := newSched(t, Config{MaxQueue: 5, Clock: clk}, workers(3, 1, "m")...)
+	check := func(want map[string]time.Time) {
+		t.Helper()
+		for _, ws := range s.Workers() {
+			at, ok := want[ws.Name]
+			switch {
+			case ws.LastTerms == nil:
+				t.Fatalf("%s: no last terms, want those of %v", ws.Name, at)
+			case !ok || !ws.LastScoredAt.Equal(at) || ws.LastTerms.Worker != ws.Name || !ws.LastTerms.Eligible:
+				t.Fatalf("%s: last scored at %v as %+v, want at %v as itself", ws.Name, ws.LastScoredAt, ws.LastTerms, at)
+			}
+		}
+	}
+	var held []*Lease
+	times := map[string]time.Time{}
+	for range 3 { // each pick scores the workers still free, one fewer each time
+		clk.Advance(time.Second)
+		l := admitNow(t, s, Request{Model: "m"})
+		times[l.Worker] = clk.Now()
+		held = append(held, l)
+	}
+	check(times)
+	for _, l := range held {
+		l.Release()
+	}
+	clk.Advance(time.Second)
+	defer admitNow(t, s, Request{Model: "m"}).Release() // scores all three
+	check(map[string]time.Time{"w0": clk.Now(), "w1": clk.Now(), "w2": clk.Now()})
 }

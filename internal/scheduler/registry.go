@@ -49,9 +49,13 @@ type worker struct {
 	draining bool
 	removed  bool
 	lastPick uint64
-	last     *decisions.Record // the latest decision that scored it
-	lastIdx  int               // its index among last's candidates
-	statsAt  stats.Handle      // where its stats are, for statsOf
+	// The latest decision that scored it is the scheduler's lastScored
+	// while lastSeq is its scoredSeq (not 0), else last; lastIdx is its
+	// index among that decision's candidates (lastScoredLocked).
+	last    *decisions.Record
+	lastSeq uint64
+	lastIdx int
+	statsAt stats.Handle // where its stats are, for statsOf
 	// prefixKV is the KV cache size (tokens) last passed to the prefix
 	// index's PrefixCapacity, so it is told only of changes.
 	prefixKV int
@@ -222,7 +226,7 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 			continue
 		}
 		serves = true
-		if tooLong(snap, req) {
+		if tooLong(snap, &req) {
 			continue
 		}
 		fits = true
@@ -246,8 +250,10 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 // tooLong reports whether req's prompt cannot fit the worker's context
 // (prompt plus completion per slot, when the worker reports it). The
 // prompt size is an estimate, so only the prompt is held against it: a
-// request the worker would surely refuse is not sent there.
-func tooLong(snap *Snapshot, req Request) bool {
+// request the worker would surely refuse is not sent there. req is a
+// pointer: the context rule asks for every worker at every pick, and a
+// Request is large to copy.
+func tooLong(snap *Snapshot, req *Request) bool {
 	return snap.ContextTokens > 0 && req.PromptTokens > snap.ContextTokens
 }
 
@@ -258,6 +264,12 @@ func (s *Scheduler) servedLocked(fn func(model string)) {
 			fn(m)
 		}
 	}
+}
+
+// StatsReader gives the measured averages of a worker: an immutable value,
+// or nil when there are none. *stats.Tracker is one.
+type StatsReader interface {
+	Stats(worker string) *stats.WorkerStats
 }
 
 // noStats stands in for a worker without measured history.

@@ -94,14 +94,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/predict"
-	"github.com/sluice-router/sluice/internal/stats"
 )
-
-// StatsReader gives the measured averages of a worker: an immutable value,
-// or nil when there are none. *stats.Tracker is one.
-type StatsReader interface {
-	Stats(worker string) *stats.WorkerStats
-}
 
 // Config configures a Scheduler.
 type Config struct {
@@ -219,13 +212,6 @@ type Config struct {
 	KVIndex KVIndex
 }
 
-// KVIndex answers how many of a request's leading blocks a worker holds,
-// from the worker's KV-cache events; ok is false when it cannot say (no
-// events yet, or lost since a gap: why), and the guess stands.
-type KVIndex interface {
-	Match(worker string, keys []uint64) (n int, seq int64, ok bool, why string)
-}
-
 // Scheduler admits requests to workers. See the package doc.
 type Scheduler struct {
 	cfg      Config
@@ -246,13 +232,17 @@ type Scheduler struct {
 	queues  map[string]*queue     // only models with requests waiting
 	rates   map[string]*drainRate // drain rates of served models
 	est     estimator
-	seq     uint64    // tickets submitted
-	picks   uint64    // reservations made
-	ids     uint64    // decision records made
-	picker  picker    // the policy's choice (picker.go)
-	pk      pick      // the pick in progress; its buffers are kept (pick.go)
-	scratch scratch   // the terms' and the record's space (terms.go, record.go)
-	affBuf  []*worker // workers with room for one stream more (affinity.go)
+	seq     uint64 // tickets submitted
+	picks   uint64 // reservations made
+	ids     uint64 // decision records made
+	picker  picker // the policy's choice (picker.go)
+	pk      pick   // the pick in progress; its buffers are kept (pick.go)
+	// lastScored is the latest record that scored workers, the scoredSeq-th
+	// (worker.lastSeq).
+	lastScored *decisions.Record
+	scoredSeq  uint64
+	scratch    scratch   // the terms' and the record's space (terms.go, record.go)
+	affBuf     []*worker // workers with room for one stream more (affinity.go)
 	// behindBuf holds the requests that may overtake the head (affinity.go).
 	behindBuf []*Ticket
 	closed    bool
@@ -387,25 +377,6 @@ func (s *Scheduler) Close() {
 	s.finish(done)
 	if s.ledger != nil {
 		s.ledger.wait() // the calls queued so far, the Unwaits above among them
-	}
-}
-
-// Changed returns a channel that is closed at the next change of admission
-// state: a request queued, bound, refused or released, a worker added,
-// drained or removed. Live views and tests wait on it instead of polling.
-func (s *Scheduler) Changed() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.changed == nil {
-		s.changed = make(chan struct{})
-	}
-	return s.changed
-}
-
-func (s *Scheduler) notifyLocked() {
-	if s.changed != nil {
-		close(s.changed)
-		s.changed = nil
 	}
 }
 

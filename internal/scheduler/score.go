@@ -14,12 +14,13 @@ import (
 type scratch struct {
 	raw, norm, total []float64
 	order            []int
-	// slots and refs are the slots of the pick in progress (see
-	// pickSlotsLocked); chunks are the latest record's, which the next
-	// record shares where nothing changed (pickRecord.keepLocked).
-	slots  []slot
-	refs   []slotRefs
-	chunks []*slotChunk
+	// slots and refs are the slots of the pick in progress (keepLocked);
+	// slotChunks and refChunks are the latest record's, which the next
+	// record shares where nothing changed.
+	slots      []slot
+	refs       []slotRefs
+	slotChunks []*slotChunk
+	refChunks  []*refChunk
 	// names, frac and remote are prefixMatchesLocked's space.
 	names  []string
 	frac   []float64
