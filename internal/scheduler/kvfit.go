@@ -158,6 +158,14 @@ func (kvFitFilter) explain(pr *pickRecord, sl *slot, ref *slotRefs) string {
 // free. Not with a shared Ledger, whose waiting list orders binds across
 // replicas. It returns the request, its worker and record, or nil.
 func (s *Scheduler) kvOvertakeLocked(q *queue, head *Ticket, now time.Time) (*Ticket, choice) {
+	return s.passHeadLocked(q, head, now, fmt.Sprintf("whose prompt of ~%d tokens no eligible worker's free KV cache could take", head.req.PromptTokens))
+}
+
+// passHeadLocked places the first request behind q's head, in order and
+// within the aging bound, that some worker can take now, while the head
+// itself cannot be placed (why, for the record: "whose …" or "that …").
+// nil when none can. Not with a shared ledger, whose picks answer later.
+func (s *Scheduler) passHeadLocked(q *queue, head *Ticket, now time.Time, why string) (*Ticket, choice) {
 	if s.cfg.Ledger != nil {
 		return nil, choice{}
 	}
@@ -169,7 +177,7 @@ func (s *Scheduler) kvOvertakeLocked(q *queue, head *Ticket, now time.Time) (*Ti
 			if rec := c.rec; rec != nil {
 				longer := t.enq.Sub(head.enq).Seconds()
 				rec.AddExplain(func(r *decisions.Record) {
-					r.Reason += fmt.Sprintf("; bound before an older waiting request (it has waited %.1fs longer) whose prompt of ~%d tokens no eligible worker's free KV cache could take", longer, head.req.PromptTokens)
+					r.Reason += fmt.Sprintf("; bound before an older waiting request (it has waited %.1fs longer) %s", longer, why)
 				})
 			}
 			return t, c

@@ -22,23 +22,11 @@ func TestKVIndex_PrefixTermReadsTheEvents(t *testing.T) {
 		BlockHashes: []kvevents.Hash{kvevents.IntHash(1), kvevents.IntHash(2)}, TokenIDs: toks[:8], BlockSize: 4}}})
 	x.Apply("w0", kvevents.Batch{Seq: 0, Events: []kvevents.Event{{Kind: kvevents.KindCleared}}})
 	s := newSched(t, Config{MaxQueue: 4, KVIndex: x}, workers(2, 4, "m")...)
-	source := func(l *Lease, w string) (string, float64) {
-		for _, c := range l.Decision.Explain().Candidates {
-			if c.Worker == w {
-				for _, tm := range c.Terms {
-					if tm.Name == "prefix" {
-						return tm.Source, tm.Raw
-					}
-				}
-			}
-		}
-		return "", 0
-	}
 	l, err := s.Admit(context.Background(), Request{Model: "m", KVBlocks: keys})
 	if err != nil || l.Worker != "w1" {
 		t.Fatalf("on %v (%v), want w1, which holds 2 of the 3 blocks", l, err)
 	}
-	if src, raw := source(l, "w1"); src != "vLLM KV events, seq 5" || raw < 0.66 || raw > 0.67 {
+	if src, raw := prefixTerm(l, "w1"); src != "vLLM KV events, seq 5" || raw < 0.66 || raw > 0.67 {
 		t.Errorf("w1's prefix term: %q %v, want the events at seq 5 and 2/3", src, raw)
 	}
 	l.Release()
@@ -47,7 +35,7 @@ func TestKVIndex_PrefixTermReadsTheEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if src, _ := source(l, "w1"); !strings.Contains(src, "guess") || !strings.Contains(src, "lost") {
+	if src, _ := prefixTerm(l, "w1"); !strings.Contains(src, "guess") || !strings.Contains(src, "lost") {
 		t.Errorf("w1's prefix term after a gap: %q, want the guess and why", src)
 	}
 }
@@ -61,18 +49,6 @@ func TestKVIndex_BlocksOfARequestInFlightCount(t *testing.T) {
 		x.Apply(w, kvevents.Batch{Seq: 0, Events: []kvevents.Event{{Kind: kvevents.KindCleared}}})
 	}
 	s := newSched(t, Config{MaxQueue: 4, KVIndex: x}, workers(2, 4, "m")...)
-	prefixOf := func(l *Lease, w string) (string, float64) {
-		for _, c := range l.Decision.Explain().Candidates {
-			if c.Worker == w {
-				for _, tm := range c.Terms {
-					if tm.Name == "prefix" {
-						return tm.Source, tm.Raw
-					}
-				}
-			}
-		}
-		return "", 0
-	}
 	first, err := s.Admit(context.Background(), Request{Model: "m", KVBlocks: []uint64{11, 12, 13, 14}, Exclude: []string{"w0"}})
 	if err != nil || first.Worker != "w1" {
 		t.Fatalf("first on %v (%v), want w1", first, err)
@@ -91,10 +67,10 @@ func TestKVIndex_BlocksOfARequestInFlightCount(t *testing.T) {
 	if next.Worker != "w1" {
 		t.Errorf("next turn on %s, want w1, where the first is in flight", next.Worker)
 	}
-	if src, raw := prefixOf(next, "w1"); !strings.Contains(src, "in flight") || raw != 0.8 {
+	if src, raw := prefixTerm(next, "w1"); !strings.Contains(src, "in flight") || raw != 0.8 {
 		t.Errorf("w1's prefix term: %q %v, want 4/5 from the request in flight", src, raw)
 	}
-	if src, raw := prefixOf(next, "w0"); src != "vLLM KV events, seq 0" || raw != 0 {
+	if src, raw := prefixTerm(next, "w0"); src != "vLLM KV events, seq 0" || raw != 0 {
 		t.Errorf("w0's prefix term: %q %v, want the events' 0", src, raw)
 	}
 	next.Release()
@@ -104,7 +80,22 @@ func TestKVIndex_BlocksOfARequestInFlightCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer again.Release()
-	if src, raw := prefixOf(again, "w1"); src != "vLLM KV events, seq 0" || raw != 0 {
+	if src, raw := prefixTerm(again, "w1"); src != "vLLM KV events, seq 0" || raw != 0 {
 		t.Errorf("w1's prefix term after the requests ended: %q %v, want only the events (nothing published)", src, raw)
 	}
+}
+
+// prefixTerm returns the prefix term's source and raw value for worker w
+// in l's decision record.
+func prefixTerm(l *Lease, w string) (string, float64) {
+	for _, c := range l.Decision.Explain().Candidates {
+		if c.Worker == w {
+			for _, tm := range c.Terms {
+				if tm.Name == "prefix" {
+					return tm.Source, tm.Raw
+				}
+			}
+		}
+	}
+	return "", 0
 }

@@ -327,24 +327,7 @@ func promiseRecord(pm *promiseState, pr *predict.Prediction, trusted string) *de
 // behind it, in order and within the aging bound, that some worker is
 // predicted to serve now is placed; nil when none is.
 func (s *Scheduler) promiseOvertakeLocked(q *queue, head *Ticket, now time.Time) (*Ticket, choice) {
-	if s.cfg.Ledger != nil {
-		return nil, choice{}
-	}
-	waiting := q.behind(s.behindBuf[:0], head, s.order.overtake)
-	s.behindBuf = waiting[:0]
-	defer clear(waiting)
-	for _, t := range waiting {
-		if c := s.pickQueuedLocked(t, now); c.w != nil {
-			if rec := c.rec; rec != nil {
-				longer := t.enq.Sub(head.enq).Seconds()
-				rec.AddExplain(func(r *decisions.Record) {
-					r.Reason += fmt.Sprintf("; bound before an older waiting request (it has waited %.1fs longer) that waits for a worker predicted to keep its promise", longer)
-				})
-			}
-			return t, c
-		}
-	}
-	return nil, choice{}
+	return s.passHeadLocked(q, head, now, "that waits for a worker predicted to keep its promise")
 }
 
 // millis is d in milliseconds, as records give times.

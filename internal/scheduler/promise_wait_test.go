@@ -81,6 +81,31 @@ func spreadSched(t *testing.T, level3 [3]float64) (*Scheduler, *ManualClock, *st
 	return s, clk, tr
 }
 
+// twoRunningAndAThird binds two streams on s's worker, then admits a
+// third from a goroutine of the test's bubble and waits until it is
+// bound or blocked; the channel gets its lease once it is bound.
+func twoRunningAndAThird(t *testing.T, s *Scheduler) ([]*Lease, chan *Lease) {
+	t.Helper()
+	var running []*Lease
+	for range 2 {
+		l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		running = append(running, l)
+	}
+	got := make(chan *Lease)
+	go func() {
+		l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 500})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	synctest.Wait()
+	return running, got
+}
+
 // With two streams running, a third would run where the rates measured
 // at that level are spread so wide that a stream, it or one beside it,
 // keeps the floor less than 19 times in 20; after one of the two ends it
@@ -103,23 +128,7 @@ func TestPromise_WaitsWhenWaitingKeepsTheFloorMoreSurely(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				s, _, _ := spreadSched(t, tt.level3)
-				var running []*Lease
-				for range 2 {
-					l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 500})
-					if err != nil {
-						t.Fatal(err)
-					}
-					running = append(running, l)
-				}
-				got := make(chan *Lease)
-				go func() {
-					l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 500})
-					if err != nil {
-						t.Error(err)
-					}
-					got <- l
-				}()
-				synctest.Wait()
+				running, got := twoRunningAndAThird(t, s)
 				var l *Lease
 				select {
 				case l = <-got:
@@ -153,23 +162,7 @@ func TestPromise_WaitsWhenWaitingKeepsTheFloorMoreSurely(t *testing.T) {
 func TestPromise_RequestBehindAWaitingOneTakesTheRoomItDeclined(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, _, _ := spreadSched(t, [3]float64{8, 36, 36})
-		var running []*Lease
-		for range 2 {
-			l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 500})
-			if err != nil {
-				t.Fatal(err)
-			}
-			running = append(running, l)
-		}
-		head := make(chan *Lease)
-		go func() {
-			l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 500})
-			if err != nil {
-				t.Error(err)
-			}
-			head <- l
-		}()
-		synctest.Wait()
+		running, head := twoRunningAndAThird(t, s)
 		if got := s.QueueDepth("m"); got != 1 {
 			t.Fatalf("queue depth %d, want the first request waiting", got)
 		}
