@@ -173,7 +173,12 @@ func (s *Scheduler) promiseLocked(p *pick) {
 		v, c := p.at(j), &p.cands[j]
 		preds[j] = s.cfg.Predictor.Predict(c.Name, s.inputFor(p, v, c))
 		pr := &preds[j]
-		if ok, _ := s.cfg.Predictor.Trusted(c.Name); !pr.Known || !ok || pr.FreeIn <= 0 {
+		// meets holds whether the worker is judged by prediction until
+		// the loop below decides it (Trusted sorts its last errors: once
+		// per worker).
+		ok, _ := s.cfg.Predictor.Trusted(c.Name)
+		meets[j] = pr.Known && ok
+		if !meets[j] || pr.FreeIn <= 0 {
 			continue
 		}
 		after := pr.FreeIn + pr.TTFTAfterOne
@@ -189,7 +194,7 @@ func (s *Scheduler) promiseLocked(p *pick) {
 	nowChance := 0.0 // the best chance of keeping it by binding now
 	for j := range n {
 		v, pr := p.at(j), &preds[j]
-		if ok, _ := s.cfg.Predictor.Trusted(p.cands[j].Name); !pr.Known || !ok {
+		if !meets[j] {
 			meets[j] = v.w.active < v.lim.limit // judged as by the limits
 			any = any || meets[j]
 			continue
