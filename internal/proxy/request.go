@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/sluice-router/sluice/internal/prefix"
 )
@@ -296,20 +295,19 @@ func (c *promptCount) tokens() int {
 	return c.runes/charsPerToken + c.ids + c.media*mediaTokens + c.messages*messageTokens
 }
 
+// add counts raw, a JSON value of the body as the body's decode kept it
+// (so valid JSON): a list of message objects counts messageTokens each,
+// and its text is counted by walkJSON.
 func (c *promptCount) add(raw json.RawMessage) {
 	if len(raw) == 0 {
 		return
 	}
-	var v any
-	if json.Unmarshal(raw, &v) != nil {
-		return
-	}
-	if msgs, ok := v.([]any); ok && len(msgs) > 0 {
-		if _, isObj := msgs[0].(map[string]any); isObj {
-			c.messages += len(msgs)
+	if raw[0] == '[' {
+		if first := skipSpace(raw, 1); first < len(raw) && raw[first] == '{' {
+			c.messages += countElems(raw)
 		}
 	}
-	c.walk(v)
+	c.walkJSON(raw)
 }
 
 // nonText are keys whose values are not prompt text.
@@ -317,36 +315,3 @@ var nonText = map[string]bool{"type": true, "role": true, "id": true, "tool_call
 
 // mediaTypes are the content part types that carry media, not text.
 var mediaTypes = map[string]bool{"image_url": true, "input_image": true, "image": true, "input_audio": true, "audio": true, "file": true, "input_file": true, "video_url": true}
-
-func (c *promptCount) walk(v any) {
-	switch x := v.(type) {
-	case string:
-		if strings.HasPrefix(x, "data:") {
-			c.media++
-			return
-		}
-		c.runes += utf8.RuneCountInString(x)
-		if c.text.Len() < maxPromptText {
-			if c.text.Len() > 0 {
-				c.text.WriteByte('\n')
-			}
-			c.text.WriteString(x)
-		}
-	case float64:
-		c.ids++
-	case []any:
-		for _, e := range x {
-			c.walk(e)
-		}
-	case map[string]any:
-		if t, ok := x["type"].(string); ok && mediaTypes[t] {
-			c.media++
-			return
-		}
-		for k, e := range x {
-			if !nonText[k] {
-				c.walk(e)
-			}
-		}
-	}
-}
