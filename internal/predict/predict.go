@@ -488,13 +488,13 @@ func (m *model) line(ws *stats.WorkerStats) {
 		return
 	}
 	var sw, sx, sy, sxx, sxy float64
-	for i, l := range ws.Levels {
+	for k, l := range ws.Levels.All() {
 		if l.DecodeTPS.N == 0 || l.DecodeTPS.Value <= 0 {
 			continue
 		}
 		r := l.DecodeTPS.Value
 		w := float64(min(l.DecodeTPS.N, levelCap)) * r * r
-		x, y := float64(i), 1/r
+		x, y := float64(k-1), 1/r
 		sw += w
 		sx += w * x
 		sy += w * y

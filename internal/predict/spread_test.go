@@ -8,10 +8,10 @@ import (
 )
 
 func TestLevelCV_FallsBackToTheNearestLevelBelow(t *testing.T) {
-	ws := &stats.WorkerStats{Levels: []stats.Level{
+	ws := &stats.WorkerStats{Levels: stats.NewLevels([]stats.Level{
 		{DecodeTPS: stats.EMA{Value: 40, N: 20}, DecodeSq: stats.EMA{Value: 40*40 + 4*4, N: 20}}, // sd 4
 		{DecodeTPS: stats.EMA{Value: 30, N: 2}, DecodeSq: stats.EMA{Value: 30*30 + 9*9, N: 2}},   // too few
-	}}
+	}...)}
 	for _, tt := range []struct {
 		k    int
 		want float64

@@ -192,10 +192,8 @@ func (s *Scheduler) configuredFloor(model string) (float64, bool) {
 
 // bestSolo returns the larger of best and ws's measured solo decode rate.
 func bestSolo(best float64, ws *stats.WorkerStats) float64 {
-	if len(ws.Levels) > 0 {
-		if l := &ws.Levels[0]; l.DecodeTPS.Known() {
-			return max(best, l.DecodeTPS.Value)
-		}
+	if l := ws.Levels.At(1); l.DecodeTPS.Known() {
+		return max(best, l.DecodeTPS.Value)
 	}
 	return best
 }
@@ -254,8 +252,8 @@ func (c *LimitConfig) learn(st *limitState, ws *stats.WorkerStats, now time.Time
 	}
 	// A level never measured has no samples, fewer than MinSamples (at
 	// least 1): the walk can stop at the last level measured.
-	for k := 2; k <= min(st.cap, len(ws.Levels)); k++ {
-		l := &ws.Levels[k-1]
+	for k := 2; k <= min(st.cap, ws.Levels.Len()); k++ {
+		l := ws.Levels.At(k)
 		n := l.DecodeTPS.N
 		if n < minN {
 			continue

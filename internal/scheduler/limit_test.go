@@ -18,16 +18,16 @@ import (
 
 // levels builds worker stats from per-level (mean, sd, samples).
 func levels(now time.Time, ls ...[3]float64) stats.WorkerStats {
-	var ws stats.WorkerStats
+	var out []stats.Level
 	for _, l := range ls {
 		mean, sd, n := l[0], l[1], int64(l[2])
-		ws.Levels = append(ws.Levels, stats.Level{
+		out = append(out, stats.Level{
 			DecodeTPS: stats.EMA{Value: mean, N: n},
 			DecodeSq:  stats.EMA{Value: mean*mean + sd*sd, N: n},
 			Updated:   now,
 		})
 	}
-	return ws
+	return stats.WorkerStats{Levels: stats.NewLevels(out...)}
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -35,9 +35,8 @@ func ptr[T any](v T) *T { return &v }
 // withTTFT sets each level's mean time to first token (ms) and the
 // worker's mean end-to-end time.
 func withTTFT(ws stats.WorkerStats, e2eMs float64, ttftMs ...float64) stats.WorkerStats {
-	ws.Levels = slices.Clone(ws.Levels)
 	for i, v := range ttftMs {
-		ws.Levels[i].TTFTMs = stats.EMA{Value: v, N: ws.Levels[i].DecodeTPS.N}
+		ws.Levels = ws.Levels.With(i+1, func(l *stats.Level) { l.TTFTMs = stats.EMA{Value: v, N: l.DecodeTPS.N} })
 	}
 	ws.E2EMs = stats.EMA{Value: e2eMs, N: 9}
 	return ws
@@ -81,7 +80,9 @@ func TestLimit_LearnsFromLevels(t *testing.T) {
 	now := time.Unix(10000, 0)
 	old := now.Add(-2 * time.Minute)
 	stale := levels(old, [3]float64{80, 1, 9}, [3]float64{70, 2, 9}, [3]float64{40, 2, 9})
-	stale.Levels[0].Updated, stale.Levels[1].Updated = now, now
+	for k := 1; k <= 2; k++ {
+		stale.Levels = stale.Levels.With(k, func(l *stats.Level) { l.Updated = now })
+	}
 	checkLimits(t, now, LimitConfig{DecodeFirst: true}, []limitCase{
 		{"no history: one stream", nil, 1, "probing from 1"},
 		{"solo proven: probe 2", ptr(levels(now, [3]float64{80, 1, 5})), 2, "probing from 2"},

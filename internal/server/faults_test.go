@@ -409,9 +409,9 @@ func TestFault_ClientClosingAtDoneIsASuccess(t *testing.T) {
 				t.Fatalf("sluice_requests_total by status (-want +got):\n%s", diff)
 			}
 			st := r.srv.tracker.Get("w1")
-			learned := st.TTFTMs.N == 1 && st.DecodeTPS.N == 1 && len(st.Levels) > 0 && st.Levels[0].DecodeTPS.N == 1
+			learned := st.TTFTMs.N == 1 && st.DecodeTPS.N == 1 && st.Levels.At(1).DecodeTPS.N == 1
 			if want := tc.status == "200"; learned != want {
-				t.Fatalf("learned from the stream: %v, want %v (ttft n=%d, decode n=%d, levels %d)", learned, want, st.TTFTMs.N, st.DecodeTPS.N, len(st.Levels))
+				t.Fatalf("learned from the stream: %v, want %v (ttft n=%d, decode n=%d, levels %d)", learned, want, st.TTFTMs.N, st.DecodeTPS.N, st.Levels.Len())
 			}
 			if ws := workerState(t, r.srv, "w1"); ws.Active != 0 || ws.Health == scheduler.HealthDown {
 				t.Fatalf("worker after the client left: %+v", ws)

@@ -231,7 +231,7 @@ func (s *RedisStore) SaveFits(ctx context.Context, fits map[string]*Fit) error {
 func (s *RedisStore) Close() error { return s.rdb.Close() }
 
 func encodeFields(ws WorkerStats) []any {
-	out := make([]any, 0, 2*len(redisFields)+14*len(ws.Levels))
+	out := make([]any, 0, 2*len(redisFields)+14*ws.Levels.Len())
 	for i, e := range []EMA{ws.TTFTMs, ws.E2EMs, ws.OutputTokens, ws.DecodeTPS} {
 		out = append(out, redisFields[2*i], fmtFloat(e.Value), redisFields[2*i+1], strconv.FormatInt(e.N, 10))
 	}
@@ -241,11 +241,11 @@ func encodeFields(ws WorkerStats) []any {
 			out = append(out, "fit", string(b))
 		}
 	}
-	for k, l := range ws.Levels {
+	for k, l := range ws.Levels.All() {
 		if l.Updated.IsZero() && !l.DecodeTPS.Known() && !l.TTFTMs.Known() {
 			continue
 		}
-		p := "l" + strconv.Itoa(k+1) + "."
+		p := "l" + strconv.Itoa(k) + "."
 		for _, f := range []struct {
 			name string
 			e    EMA
@@ -321,11 +321,12 @@ func decodeHash(h map[string]string) (WorkerStats, error) {
 		}
 	}
 	if top > 0 {
-		ws.Levels = make([]Level, top)
+		ls := make([]Level, top)
 		for k := 1; k <= top; k++ {
 			p := "l" + strconv.Itoa(k) + "."
-			ws.Levels[k-1] = Level{DecodeTPS: ema(p + "tps"), DecodeSq: ema(p + "sq"), TTFTMs: ema(p + "ttft"), Updated: fromMicro(cnt(p + "upd_us"))}
+			ls[k-1] = Level{DecodeTPS: ema(p + "tps"), DecodeSq: ema(p + "sq"), TTFTMs: ema(p + "ttft"), Updated: fromMicro(cnt(p + "upd_us"))}
 		}
+		ws.Levels = NewLevels(ls...)
 	}
 	return ws, firstErr
 }

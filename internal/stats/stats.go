@@ -31,7 +31,6 @@ import (
 	"log/slog"
 	"maps"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,7 +75,7 @@ type WorkerStats struct {
 	// on average (Sluice's own in-flight count). The adaptive concurrency
 	// limit is learned from them; being persisted with the rest, a worker
 	// known to slow down at 3 streams is still known to after a restart.
-	Levels []Level `json:"levels,omitempty"`
+	Levels Levels `json:"levels,omitzero"`
 	// Fit is the latency model package predict fitted to this worker's
 	// finished requests (nil: none yet, or a stats file older than it),
 	// kept here so that it survives a restart with the averages.
@@ -151,10 +150,7 @@ func (l Level) StdDev() float64 {
 // Level returns the stats of concurrency level k (1-based), or the zero
 // Level when none are known.
 func (s *WorkerStats) Level(k int) Level {
-	if k < 1 || k > len(s.Levels) {
-		return Level{}
-	}
-	return s.Levels[k-1]
+	return s.Levels.At(k)
 }
 
 // Observation is one finished request's measurements. Zero fields are not
@@ -346,20 +342,17 @@ func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats 
 		s.DecodeTPS = s.DecodeTPS.Add(o.DecodeTPS, t.alpha)
 	}
 	if k := o.level(); k > 0 && (o.DecodeTPS > 0 || o.TTFT > 0) {
-		if len(s.Levels) < k {
-			s.Levels = append(slices.Clip(s.Levels), make([]Level, k-len(s.Levels))...)
-		} else {
-			s.Levels = slices.Clone(s.Levels) // the old value stays immutable
-		}
-		l := &s.Levels[k-1]
-		if o.DecodeTPS > 0 {
-			l.DecodeTPS = l.DecodeTPS.Add(o.DecodeTPS, t.alpha)
-			l.DecodeSq = l.DecodeSq.Add(o.DecodeTPS*o.DecodeTPS, t.alpha)
-		}
-		if o.TTFT > 0 {
-			l.TTFTMs = l.TTFTMs.Add(ms(o.TTFT), t.alpha)
-		}
-		l.Updated = now
+		// With leaves the old value as it was: it stays immutable.
+		s.Levels = s.Levels.With(k, func(l *Level) {
+			if o.DecodeTPS > 0 {
+				l.DecodeTPS = l.DecodeTPS.Add(o.DecodeTPS, t.alpha)
+				l.DecodeSq = l.DecodeSq.Add(o.DecodeTPS*o.DecodeTPS, t.alpha)
+			}
+			if o.TTFT > 0 {
+				l.TTFTMs = l.TTFTMs.Add(ms(o.TTFT), t.alpha)
+			}
+			l.Updated = now
+		})
 	}
 	s.Updated = now
 	return s

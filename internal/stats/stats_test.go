@@ -144,7 +144,7 @@ func TestTracker_ObserveLearnsPerLevel(t *testing.T) {
 	tr.Observe("w", Observation{DecodeTPS: 40, Concurrency: 2.6}, now) // level 3
 	tr.Observe("w", Observation{DecodeTPS: 60, Concurrency: 3.2}, now) // level 3
 	got := tr.Get("w")
-	if got, want := len(got.Levels), 3; got != want {
+	if got, want := got.Levels.Len(), 3; got != want {
 		t.Fatalf("levels %d, want %d", got, want)
 	}
 	if got, want := got.Level(1).DecodeTPS.Value, 70.0; got != want {
@@ -161,7 +161,7 @@ func TestTracker_ObserveLearnsPerLevel(t *testing.T) {
 	if got.Level(2).DecodeTPS.Known() || got.Level(9).DecodeTPS.Known() {
 		t.Fatal("levels never observed have history")
 	}
-	if got, want := len(before.Levels), 1; got != want {
+	if got, want := before.Levels.Len(), 1; got != want {
 		t.Fatalf("an earlier value changed under its reader: %d levels, want %d", got, want)
 	}
 }
