@@ -187,6 +187,11 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.ResponseHeaderTimeout = cfg.Proxy.ResponseHeaderTimeout
 		t.MaxIdleConnsPerHost = idleConnsPerWorker(cfg)
+		// Each worker's host gets its own clone of t (transport.go), so
+		// the total is per worker too: DefaultTransport's 100 would close
+		// every connection past the hundredth a busy worker hands back,
+		// and dial it again on the next burst.
+		t.MaxIdleConns = t.MaxIdleConnsPerHost
 		opt.Transport = t
 	}
 	s.transport = newWorkerTransport(opt.Transport, cfg.Proxy.IdleConnTimeoutFor)

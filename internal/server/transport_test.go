@@ -2,10 +2,14 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,5 +72,89 @@ func TestRouter_ClosesIdleWorkerConnectionsFirst(t *testing.T) {
 	case <-closed:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the router kept its idle connection to the worker for 10s; want it closed after 50ms")
+	}
+}
+
+// TestRouter_KeepsAConnectionPerSlotAcrossBursts: a burst of more
+// requests than http.DefaultTransport keeps idle (100) hands its
+// connections back when it ends, and the next burst of the same size
+// reuses them all instead of dialling the worker again.
+func TestRouter_KeepsAConnectionPerSlotAcrossBursts(t *testing.T) {
+	const n = 120
+	var mu sync.Mutex
+	conns := 0
+	arrived := make(chan struct{}, n)
+	var release chan struct{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			w.Write([]byte(`{"object":"list","data":[{"id":"m","object":"model"}]}`))
+			return
+		}
+		mu.Lock()
+		ch := release
+		mu.Unlock()
+		arrived <- struct{}{}
+		<-ch
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"completion_tokens":1}}`))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	cfg := faultConfig(t, []string{srv.URL}, func(c *config.Config) {
+		c.Workers[0].MaxConcurrency = n
+		c.Limits.Adaptive = false
+		c.Admission.MaxQueue = n
+	})
+	r := startRouter(t, cfg)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	defer client.CloseIdleConnections()
+	burst := func() int {
+		mu.Lock()
+		release = make(chan struct{})
+		before := conns
+		mu.Unlock()
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		for range n {
+			wg.Go(func() {
+				resp, err := client.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+				if err != nil {
+					errs <- err
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					errs <- fmt.Errorf("status %d", resp.StatusCode)
+				}
+			})
+		}
+		for range n {
+			<-arrived // all n at the worker at once, each on a connection of its own
+		}
+		mu.Lock()
+		close(release)
+		mu.Unlock()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return conns - before
+	}
+	if got := burst(); got < n-1 { // one may be the telemetry probe's
+		t.Fatalf("the first burst of %d opened %d connections to the worker", n, got)
+	}
+	if got := burst(); got != 0 {
+		t.Fatalf("the second burst of %d opened %d new connections to the worker, want 0: idle ones were closed between bursts", n, got)
 	}
 }
