@@ -708,8 +708,8 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *
 	return out, ErrStreamTruncated
 }
 
-// relayBuffers holds relayStream's read buffers: a stream's reads are
-// small, and a buffer per stream would be garbage per request.
+// relayBuffers holds the relays' read buffers: a stream's reads are
+// small, and a buffer per request would be garbage per request.
 var relayBuffers = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
 // maxParse bounds how much of a non-streamed answer is kept to read its
@@ -722,7 +722,9 @@ const maxParse = 16 << 20
 // put usage and llama.cpp its timings.
 func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, error) {
 	c := capture{limit: limit}
-	buf := make([]byte, 32<<10)
+	bp := relayBuffers.Get().(*[]byte)
+	defer relayBuffers.Put(bp)
+	buf := *bp
 	var readErr error
 	for {
 		n, err := body.Read(buf)
