@@ -139,12 +139,13 @@ type Options struct {
 	// KVBlocks, when set, returns the keys of a chat or completion
 	// request's prompt token blocks (kvevents.BlockKeys) from the
 	// tokenizer of a worker publishing KV-cache events for model, given
-	// the request's messages or, without them, its prompt string; nil
+	// the request's messages (with the fields that shape their chat
+	// template) or, without them, its prompt string; nil
 	// when it cannot. It is called before the request is submitted, and
 	// sets Request.KVBlocks; it bounds its own call to the worker (the
 	// server's, with proxy.tokenize_timeout), so a fleet without KV
 	// events pays for no timer per request.
-	KVBlocks func(ctx context.Context, model string, messages, prompt json.RawMessage) []uint64
+	KVBlocks func(ctx context.Context, model string, in TokenizeInput) []uint64
 	// Logger logs failures; discarded if nil.
 	Logger *slog.Logger
 	// Tracer, when not nil, gives each request a span (see Tracer).
@@ -377,13 +378,33 @@ func (h *Handler) tokenize(ctx context.Context, p parsed) (int, bool) {
 	return n + p.promptExtra, true
 }
 
+// TokenizeInput is what a worker's POST /tokenize is given for a
+// request's token ids: vLLM's TokenizeChatRequest (Messages, with
+// Template) or TokenizeCompletionRequest (Prompt, a JSON string).
+type TokenizeInput struct {
+	Messages json.RawMessage
+	// Template is the chat request's fields that change what its chat
+	// template renders, as sent, in templateFields' order: the ids of the
+	// messages without them are those of another prompt (a template
+	// renders tools ahead of the messages, and chat_template_kwargs may
+	// switch a model's thinking on or off).
+	Template []Field
+	Prompt   json.RawMessage
+}
+
+// Field is one JSON field of a request body, as sent.
+type Field struct {
+	Name  string
+	Value json.RawMessage
+}
+
 // kvBlocks gets the request's token blocks for the exact index of KV
 // events, within the tokenize budget; nil without the hook or a prompt.
 func (h *Handler) kvBlocks(ctx context.Context, p parsed) []uint64 {
 	if h.opt.KVBlocks == nil || (len(p.messages) == 0 && len(p.promptString) == 0) {
 		return nil
 	}
-	return h.opt.KVBlocks(ctx, p.model, p.messages, p.promptString)
+	return h.opt.KVBlocks(ctx, p.model, TokenizeInput{Messages: p.messages, Template: p.template, Prompt: p.promptString})
 }
 
 // attempt sends the request to the lease's worker and relays the answer.

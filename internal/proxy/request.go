@@ -29,6 +29,28 @@ type inference struct {
 	// client sending another kind of value is the worker's to judge.
 	PromptCacheKey json.RawMessage `json:"prompt_cache_key"`
 	User           json.RawMessage `json:"user"`
+	// The fields of a chat request that vLLM's /tokenize takes because
+	// they change what the chat template renders (TokenizeChatRequest).
+	Tools                json.RawMessage `json:"tools"`
+	ChatTemplate         json.RawMessage `json:"chat_template"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
+	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
+	AddSpecialTokens     json.RawMessage `json:"add_special_tokens"`
+}
+
+// templateFields are the chat template's inputs beside the messages, in
+// the order TokenizeInput.Template holds them.
+var templateFields = []struct {
+	name string
+	get  func(*inference) json.RawMessage
+}{
+	{"tools", func(in *inference) json.RawMessage { return in.Tools }},
+	{"chat_template", func(in *inference) json.RawMessage { return in.ChatTemplate }},
+	{"chat_template_kwargs", func(in *inference) json.RawMessage { return in.ChatTemplateKwargs }},
+	{"add_generation_prompt", func(in *inference) json.RawMessage { return in.AddGenerationPrompt }},
+	{"continue_final_message", func(in *inference) json.RawMessage { return in.ContinueFinalMessage }},
+	{"add_special_tokens", func(in *inference) json.RawMessage { return in.AddSpecialTokens }},
 }
 
 // messagesField is a request's `messages` as sent, for the prompt count,
@@ -72,6 +94,9 @@ type parsed struct {
 	// promptString its prompt when that is one JSON string: what a
 	// worker's /tokenize is given for the token blocks of KV events.
 	messages, promptString json.RawMessage
+	// template is the body's chat-template fields beside its messages
+	// (templateFields), for the same /tokenize.
+	template []Field
 	// proto is the request's API (protocolFor its path).
 	proto *protocol
 	// The body fields a session key may come from (session.go): OpenAI's
@@ -146,6 +171,11 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 		p.prefix = prefix.FromMessages(in.Messages.msgs, in.Prompt, prefix.BlockBytes)
 		if len(in.Messages.msgs) > 0 {
 			p.messages = in.Messages.raw
+			for _, f := range templateFields {
+				if v := f.get(&in); len(v) > 0 && string(v) != "null" {
+					p.template = append(p.template, Field{f.name, v})
+				}
+			}
 		}
 	}
 	if firstByte(in.Prompt) == '"' {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/sluice-router/sluice/internal/prefix"
 )
 
@@ -169,4 +170,32 @@ func BenchmarkParseInference(b *testing.B) {
 			pc.add(prompt)
 		}
 	})
+}
+
+// A chat request's fields that change what its chat template renders go
+// to the worker's /tokenize with its messages, in one order, null ones
+// left out: without them the token ids would be another prompt's.
+func TestParseInference_KeepsTheChatTemplatesInputs(t *testing.T) {
+	for _, tt := range []struct {
+		name, body string
+		want       []Field
+	}{
+		{"none", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"tools and kwargs, in templateFields' order",
+			`{"model":"m","chat_template_kwargs":{"enable_thinking":false},"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
+			[]Field{{"tools", json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`)}, {"chat_template_kwargs", json.RawMessage(`{"enable_thinking":false}`)}}},
+		{"null is absent", `{"model":"m","tools":null,"add_generation_prompt":false,"messages":[{"role":"user","content":"hi"}]}`,
+			[]Field{{"add_generation_prompt", json.RawMessage(`false`)}}},
+		{"no messages: a prompt has no template", `{"model":"m","prompt":"hi","tools":[]}`, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := parseInference([]byte(tt.body), true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, p.template); diff != "" {
+				t.Errorf("template fields (-want +got):\n%s", diff)
+			}
+		})
+	}
 }

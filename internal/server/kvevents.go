@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/kvevents"
+	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
@@ -144,7 +145,7 @@ func (k *kvEvents) names() []string {
 // /tokenize, in the block size its events report; nil when no such
 // worker has reported one, or it fails within ctx. It runs in the proxy
 // before the request is submitted, never under the scheduler's lock.
-func (s *Server) kvBlocks(ctx context.Context, model string, messages, prompt json.RawMessage) []uint64 {
+func (s *Server) kvBlocks(ctx context.Context, model string, in proxy.TokenizeInput) []uint64 {
 	k := s.kv
 	name, bs := "", 0
 	for _, n := range k.names() { // none: nothing to do, at once
@@ -164,7 +165,7 @@ func (s *Server) kvBlocks(ctx context.Context, model string, messages, prompt js
 	if name == "" {
 		return nil
 	}
-	key := tokenKey(model, bs, messages, prompt)
+	key := tokenKey(model, bs, in)
 	if keys, ok := k.cache.get(key); ok {
 		return keys
 	}
@@ -172,7 +173,7 @@ func (s *Server) kvBlocks(ctx context.Context, model string, messages, prompt js
 	// pays for no context or timer.
 	ctx, cancel := context.WithTimeout(ctx, k.timeout)
 	defer cancel()
-	tokens, err := s.tokenIDs(ctx, name, model, messages, prompt)
+	tokens, err := s.tokenIDs(ctx, name, model, in)
 	if err != nil {
 		s.log.Debug("KV events: no token ids; the prefix term keeps the guess", "worker", name, "err", err)
 		return nil
@@ -182,22 +183,14 @@ func (s *Server) kvBlocks(ctx context.Context, model string, messages, prompt js
 	return keys
 }
 
-// tokenIDs asks worker's POST /tokenize for the token ids of messages
-// (vLLM's TokenizeChatRequest, {"model", "messages"}) or of prompt
-// (TokenizeCompletionRequest, {"model", "prompt"}), answered as
-// {"count", "max_model_len", "tokens"}.
-func (s *Server) tokenIDs(ctx context.Context, worker, model string, messages, prompt json.RawMessage) ([]uint32, error) {
+// tokenIDs asks worker's POST /tokenize for the token ids of in,
+// answered as {"count", "max_model_len", "tokens"}.
+func (s *Server) tokenIDs(ctx context.Context, worker, model string, in proxy.TokenizeInput) ([]uint32, error) {
 	base, ok := s.resolve(worker)
 	if !ok {
 		return nil, fmt.Errorf("worker %s has no address", worker)
 	}
-	in := map[string]any{"model": model}
-	if len(messages) > 0 {
-		in["messages"] = messages
-	} else {
-		in["prompt"] = prompt
-	}
-	body, err := json.Marshal(in)
+	body, err := tokenizeBody(model, in)
 	if err != nil {
 		return nil, err
 	}
@@ -225,6 +218,23 @@ func (s *Server) tokenIDs(ctx context.Context, worker, model string, messages, p
 		return nil, fmt.Errorf("tokenize on %s: %w", worker, err)
 	}
 	return out.Tokens, nil
+}
+
+// tokenizeBody is the /tokenize request for in: vLLM's
+// TokenizeChatRequest, {"model", "messages"} and the chat template's other
+// fields as the request sent them, or TokenizeCompletionRequest, {"model",
+// "prompt"}.
+func tokenizeBody(model string, in proxy.TokenizeInput) ([]byte, error) {
+	body := map[string]any{"model": model}
+	if len(in.Messages) > 0 {
+		body["messages"] = in.Messages
+		for _, f := range in.Template {
+			body[f.Name] = f.Value
+		}
+	} else {
+		body["prompt"] = in.Prompt
+	}
+	return json.Marshal(body)
 }
 
 // tokenCacheSize bounds the prompts whose block keys are remembered.
@@ -285,11 +295,16 @@ func (c *tokenCache) len() int {
 }
 
 // tokenKey digests what a prompt's token blocks depend on.
-func tokenKey(model string, bs int, messages, prompt json.RawMessage) uint64 {
+func tokenKey(model string, bs int, in proxy.TokenizeInput) uint64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%s\x00%d\x00", model, bs)
-	h.Write(messages)
+	h.Write(in.Messages)
 	h.Write([]byte{0})
-	h.Write(prompt)
+	for _, f := range in.Template {
+		fmt.Fprintf(h, "%s\x00%d\x00", f.Name, len(f.Value))
+		h.Write(f.Value)
+	}
+	h.Write([]byte{0})
+	h.Write(in.Prompt)
 	return h.Sum64()
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/kvevents"
+	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/sim"
 )
 
@@ -179,3 +182,61 @@ func TestTokenCache_Bounded(t *testing.T) {
 		t.Fatal("the recently used entry went")
 	}
 }
+
+// The token ids of a chat request are asked for with the fields that
+// shape its chat template (tools rendered ahead of the messages, the
+// template's kwargs), as the request sent them, and a prompt differing
+// only in those is another entry of the token cache.
+func TestTokenIDs_SendTheChatTemplatesInputs(t *testing.T) {
+	bodies := make(chan map[string]json.RawMessage, 4)
+	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/tokenize" {
+			w.Write([]byte(`{"object":"list","data":[{"id":"m","object":"model"}]}`))
+			return
+		}
+		var in map[string]json.RawMessage
+		if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		bodies <- in
+		w.Write([]byte(`{"count":3,"max_model_len":4096,"tokens":[1,2,3]}`))
+	}))
+	defer worker.Close()
+	r := startRouter(t, faultConfig(t, []string{worker.URL}, nil))
+	msgs := json.RawMessage(`[{"role":"user","content":"hi"}]`)
+	tools := json.RawMessage(`[{"type":"function","function":{"name":"f","parameters":{}}}]`)
+	in := proxy.TokenizeInput{Messages: msgs, Template: []proxy.Field{{Name: "tools", Value: tools}, {Name: "chat_template_kwargs", Value: json.RawMessage(`{"enable_thinking":false}`)}}}
+	ids, err := r.srv.tokenIDs(context.Background(), "w1", "m", in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 3 {
+		t.Fatalf("token ids %v, want the worker's three", ids)
+	}
+	got := <-bodies
+	want := map[string]string{
+		"model":                `"m"`,
+		"messages":             string(msgs),
+		"tools":                string(tools),
+		"chat_template_kwargs": `{"enable_thinking":false}`,
+	}
+	if len(got) != len(want) {
+		t.Errorf("/tokenize got fields %v, want %v", keysOf(got), keysOf(want))
+	}
+	for k, v := range want {
+		if string(got[k]) != v {
+			t.Errorf("/tokenize %s = %s, want %s", k, got[k], v)
+		}
+	}
+	plain := proxy.TokenizeInput{Messages: msgs}
+	if tokenKey("m", 16, in) == tokenKey("m", 16, plain) {
+		t.Error("the same messages with and without tools share a token-cache entry")
+	}
+	moved := proxy.TokenizeInput{Messages: msgs, Template: []proxy.Field{{Name: "chat_template_kwargs", Value: tools}}}
+	if tokenKey("m", 16, moved) == tokenKey("m", 16, proxy.TokenizeInput{Messages: msgs, Template: []proxy.Field{{Name: "tools", Value: tools}}}) {
+		t.Error("the same value under two field names shares a token-cache entry")
+	}
+}
+
+func keysOf[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
