@@ -77,9 +77,10 @@ type compareOpts struct {
 	// fleet; required with workers.
 	capacity float64
 	// kvEvents adds the row "sluice + KV events": Sluice with the exact
-	// index of the engines' KV-cache events (virtual time only), and a
-	// table of what each row's router expected cached against what the
-	// engines found.
+	// index of the engines' KV-cache events (over real HTTP the sim
+	// fleet publishes them over ZeroMQ and the router reads prompts'
+	// token ids from its /tokenize), and a table of what each row's
+	// router expected cached against what the engines found.
 	kvEvents bool
 }
 
@@ -123,7 +124,7 @@ func benchCompare(args []string) error {
 	fs.BoolVar(&o.goodput, "goodput", false, "virtual only: also find each policy's goodput, the highest load (steps of 5% of capacity, up to 150%) at which at least 95% of requests meet the SLO")
 	workers := fs.String("workers", "", "real HTTP only: compare on these running workers instead of a sim fleet: comma-separated [NAME=]URL, kind llamacpp, models discovered; on the wall clock (time scale 1); needs --capacity")
 	fs.Float64Var(&o.capacity, "capacity", 0, "the fleet's capacity in req/s that --loads are percentages of; required with --workers (measure it, see docs/benchmarks.md); 0 with a sim fleet estimates it")
-	fs.BoolVar(&o.kvEvents, "kv-events", false, "virtual only: also run Sluice with the exact index of the simulated workers' KV-cache events (row \""+kvRow+"\"), and compare each row's expected cached prompt tokens with the engines' own accounting")
+	fs.BoolVar(&o.kvEvents, "kv-events", false, "also run Sluice with the exact index of the simulated workers' KV-cache events (row \""+kvRow+"\"; over real HTTP published over ZeroMQ, with token ids from the workers' /tokenize, as vLLM's), and compare each row's expected cached prompt tokens with the engines' own accounting")
 	routerFile := fs.String("config", "", "router config (sluice serve format) whose weights, admission, telemetry and stats settings to use; its workers and policy are ignored")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -332,8 +333,11 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	if err := checkWorkers(o); err != nil {
 		return err
 	}
-	if o.kvEvents && !o.virtual {
-		return errors.New("--kv-events is virtual only: the sim fleet's HTTP workers do not publish KV-cache events to bench compare's routers")
+	switch {
+	case o.kvEvents && len(o.workers) > 0:
+		return errors.New("--kv-events is for a sim fleet, which publishes its KV-cache events to the router; running workers publish theirs where their own config says (workers[].kv_events in sluice serve)")
+	case o.kvEvents && o.replicas > 1:
+		return errors.New("--kv-events runs one router against the sim fleet: not with --replicas")
 	}
 	fleet := sim.DemoFleet()
 	fleetName := "sim.DemoFleet() (gpu-0, gpu-1 reference A100; gpu-2-slow speed 0.6; gpu-3-small-kv 8,192 KV tokens)"
@@ -432,12 +436,13 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 			var ws []scheduler.WorkerState
 			var hs vsim.HTTPStats
 			var err error
-			if o.kvEvents { // the same virtual run, with its expectations
+			if o.kvEvents && o.virtual { // the same virtual run, with its expectations
 				var st vsim.Stats
 				res, st, err = runVirtual(o, fleet, p, false, sc.items)
 				ws, expected[string(p)] = st.Workers, st.ExpectedCached
 			} else {
-				res, ws, hs, err = runPolicy(ctx, o, fleet, p, 1, sc.items, logw)
+				res, ws, hs, err = runPolicy(ctx, o, fleet, p, 1, false, sc.items, logw)
+				expected[string(p)] = hs.ExpectedCached
 			}
 			if err != nil {
 				return fmt.Errorf("%s, policy %s: %w", sc.name, p, err)
@@ -450,20 +455,30 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 		if o.replicas > 1 {
 			name := replicasRow(o.replicas)
 			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, name, len(sc.items))
-			res, _, hs, err := runPolicy(ctx, o, fleet, scheduler.PolicySluice, o.replicas, sc.items, logw)
+			res, _, hs, err := runPolicy(ctx, o, fleet, scheduler.PolicySluice, o.replicas, false, sc.items, logw)
 			if err != nil {
 				return fmt.Errorf("%s, %s: %w", sc.name, name, err)
 			}
 			many = &hs
 			runs = append(runs, bench.NamedRun{Name: name, Results: res, SLO: o.slo})
 		}
+		var kvHTTP *vsim.HTTPStats
 		if o.kvEvents {
 			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, kvRow, len(sc.items))
-			res, st, err := runVirtual(o, fleet, scheduler.PolicySluice, true, sc.items)
+			var res []bench.Result
+			var err error
+			if o.virtual {
+				var st vsim.Stats
+				res, st, err = runVirtual(o, fleet, scheduler.PolicySluice, true, sc.items)
+				expected[kvRow] = st.ExpectedCached
+			} else {
+				var hs vsim.HTTPStats
+				res, _, hs, err = runPolicy(ctx, o, fleet, scheduler.PolicySluice, 1, true, sc.items, logw)
+				expected[kvRow], kvHTTP = hs.ExpectedCached, &hs
+			}
 			if err != nil {
 				return fmt.Errorf("%s, %s: %w", sc.name, kvRow, err)
 			}
-			expected[kvRow] = st.ExpectedCached
 			runs = append(runs, bench.NamedRun{Name: kvRow, Results: res, SLO: o.slo})
 		}
 		dir := filepath.Join(o.out, sc.name)
@@ -483,7 +498,8 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 		writeGoals(&md, sc, runs, o.virtual, o.timeScale)
 		writeReplicas(&md, runs, one, many)
 		if o.kvEvents {
-			writeExpectedCached(&md, runs, expected)
+			writeExpectedCached(&md, runs, expected, o.virtual)
+			writeKVState(&md, kvHTTP, len(sc.items))
 		}
 		writeLimits(&md, limits)
 	}
@@ -520,7 +536,7 @@ func goodput(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p sched
 		if err != nil {
 			return 0, 0, err
 		}
-		res, _, _, err := runPolicy(ctx, o, fleet, p, 1, it, logw)
+		res, _, _, err := runPolicy(ctx, o, fleet, p, 1, false, it, logw)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -551,8 +567,9 @@ func writeGoodput(ctx context.Context, md *bytes.Buffer, o compareOpts, fleet []
 }
 
 // runPolicy runs one scenario under one policy, with a fresh fleet, and
-// over real HTTP through that many router replicas.
-func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p scheduler.Policy, replicas int, items []bench.Item, logw *os.File) ([]bench.Result, []scheduler.WorkerState, vsim.HTTPStats, error) {
+// over real HTTP through that many router replicas; with kv, the sim
+// fleet publishes its KV-cache events to the router (real HTTP only).
+func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p scheduler.Policy, replicas int, kv bool, items []bench.Item, logw *os.File) ([]bench.Result, []scheduler.WorkerState, vsim.HTTPStats, error) {
 	cfg := vsim.DefaultConfig(fleet)
 	if o.router != nil {
 		cfg = vsim.FromRouterConfig(*o.router, fleet)
@@ -562,7 +579,7 @@ func runPolicy(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, p sch
 		res, st, err := vsim.RunStats(cfg, items)
 		return res, st.Workers, vsim.HTTPStats{}, err
 	}
-	hc := vsim.HTTPConfig{Router: cfg, TimeScale: o.timeScale, Timeout: o.timeout, External: o.workers,
+	hc := vsim.HTTPConfig{Router: cfg, TimeScale: o.timeScale, Timeout: o.timeout, External: o.workers, KVEvents: kv,
 		Progress: bench.ProgressBar(logw, term.IsTerminal(int(logw.Fd())))}
 	if replicas > 1 {
 		hc.Replicas, hc.Redis = replicas, o.redis

@@ -8,15 +8,16 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
 // --kv-events adds the row of Sluice with the exact index and the table
 // of expected against found cached tokens, where the exact row's
 // expectation is within 2% of what the engines found (not to the token:
-// a request may wait in an engine's queue while its cache changes); it is
-// refused over real HTTP.
+// a request may wait in an engine's queue while its cache changes).
 func TestRunCompare_KVEventsRow(t *testing.T) {
 	out := t.TempDir()
 	compare(t, compareOpts{
@@ -34,8 +35,49 @@ func TestRunCompare_KVEventsRow(t *testing.T) {
 	if d, err := strconv.ParseFloat(row[4], 64); err != nil || d < -2 || d > 2 {
 		t.Fatalf("the KV events' row: expected − found %s%%, want within 2%%:\n%s", row[4], sum)
 	}
-	err = runCompare(context.Background(), compareOpts{kvEvents: true, trace: "synthetic", limit: 4, loads: []float64{50}, out: t.TempDir()}, os.Stderr)
-	if err == nil || !strings.Contains(err.Error(), "--kv-events is virtual only") {
-		t.Fatalf("over real HTTP: %v", err)
+}
+
+// Over real HTTP the sim fleet publishes its KV-cache events over ZeroMQ
+// and answers /tokenize, and the router of the KV row follows them: its
+// decisions read the exact index, every subscriber ends in sync, and the
+// engines found cached tokens. Running workers and replicas are refused
+// with a reason.
+func TestRunCompare_KVEventsOverRealHTTP(t *testing.T) {
+	out := t.TempDir()
+	compare(t, compareOpts{
+		kvEvents: true, trace: "synthetic-chat", limit: 40, seed: 2, loads: []float64{80},
+		policies: []scheduler.Policy{scheduler.PolicySluice}, timeScale: 20, timeout: 10 * time.Minute, out: out,
+	})
+	raw, err := os.ReadFile(filepath.Join(out, "summary.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := string(raw)
+	m := regexp.MustCompile(`\(row "sluice \+ KV events"\): (\d+) bound decisions of 40 requests read the exact index`).FindStringSubmatch(sum)
+	if m == nil || m[1] == "0" {
+		t.Fatalf("summary.md: no decision of the KV row read the exact index:\n%s", sum)
+	}
+	workers := regexp.MustCompile(`(?m)^\| (gpu-[\w-]+) \| (\d+) \| (\d+) \| 128 \| (true|false) \| (\d+) \| (\d+) \|$`).FindAllStringSubmatch(sum, -1)
+	if len(workers) != 4 {
+		t.Fatalf("summary.md: want the 4 workers' subscribers, got %d:\n%s", len(workers), sum)
+	}
+	for _, w := range workers {
+		if w[4] != "true" {
+			t.Errorf("%s's index ended out of sync (gaps %s, repaired %s)", w[1], w[5], w[6])
+		}
+	}
+	row := regexp.MustCompile(`\| sluice \+ KV events \| (\d+) \| (\d+) \([\d.]+%\) \| (\d+) \([\d.]+%\) \|`).FindStringSubmatch(sum)
+	if row == nil || row[2] == "0" || row[3] == "0" {
+		t.Fatalf("summary.md: the KV row expected or found no cached tokens:\n%s", sum)
+	}
+	for _, o := range []compareOpts{
+		{kvEvents: true, workers: []config.Worker{{Name: "w", URL: "http://127.0.0.1:1", Kind: "llamacpp"}}, capacity: 1},
+		{kvEvents: true, replicas: 3, redis: "redis://127.0.0.1:1"},
+	} {
+		o.trace, o.limit, o.loads, o.out = "synthetic", 4, []float64{50}, t.TempDir()
+		o.policies = []scheduler.Policy{scheduler.PolicySluice}
+		if err := runCompare(context.Background(), o, os.Stderr); err == nil || !strings.Contains(err.Error(), "--kv-events") {
+			t.Errorf("--kv-events with workers %v, replicas %d: %v, want a refusal naming --kv-events", o.workers, o.replicas, err)
+		}
 	}
 }

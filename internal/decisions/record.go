@@ -176,6 +176,12 @@ type Promise struct {
 	PredictedTTFTMs       float64 `json:"predicted_ttft_ms"`
 	PredictedDecode       float64 `json:"predicted_decode_tok_s"`
 	PredictedOthersDecode float64 `json:"predicted_others_decode_tok_s,omitempty"`
+	// ExpectedCachedTokens is how many of the prompt's tokens the
+	// prediction took as cached on the chosen worker: the prefix term's
+	// match there (the exact index of the worker's KV events, or the
+	// guess) times the prompt. The engine's own count, when it reports
+	// one, is in the response's usage.
+	ExpectedCachedTokens int `json:"expected_cached_tokens,omitempty"`
 	// Source says what the prediction rests on; Known whether it had
 	// enough history to be used; Untrusted, when set, why the worker's
 	// predictions are not used (they kept missing): it was judged by its

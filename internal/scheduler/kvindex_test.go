@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/sluice-router/sluice/internal/kvevents"
+	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/stats"
 )
 
 // With the exact index of KV events the prefix term scores what each
@@ -98,4 +100,32 @@ func prefixTerm(l *Lease, w string) (string, float64) {
 		}
 	}
 	return "", 0
+}
+
+// The record says how many prompt tokens the prediction took as cached on
+// the chosen worker: the exact index's match there times the prompt, so
+// a benchmark can set the router's expectation against the engine's own
+// count.
+func TestKVIndex_RecordSaysWhatItExpectedCached(t *testing.T) {
+	x := kvevents.NewIndex()
+	toks := make([]uint32, 12)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	x.Apply("w1", kvevents.Batch{Seq: 5, Events: []kvevents.Event{{Kind: kvevents.KindStored,
+		BlockHashes: []kvevents.Hash{kvevents.IntHash(1), kvevents.IntHash(2)}, TokenIDs: toks[:8], BlockSize: 4}}})
+	x.Apply("w0", kvevents.Batch{Seq: 0, Events: []kvevents.Event{{Kind: kvevents.KindCleared}}})
+	tr, err := stats.NewTracker(context.Background(), 0.2, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSched(t, Config{MaxQueue: 4, KVIndex: x, Stats: tr, Predictor: predict.New(tr)}, workers(2, 4, "m")...)
+	l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 12, KVBlocks: kvevents.BlockKeys(toks, 4)})
+	if err != nil || l.Worker != "w1" {
+		t.Fatalf("on %v (%v), want w1, which holds 2 of the 3 blocks", l, err)
+	}
+	defer l.Release()
+	if p := l.Decision.Promise; p == nil || p.ExpectedCachedTokens != 8 || l.ExpectedCachedTokens() != 8 {
+		t.Errorf("record's promise %+v, lease %d: want 8 of the 12 prompt tokens expected cached", p, l.ExpectedCachedTokens())
+	}
 }

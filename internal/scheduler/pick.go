@@ -200,6 +200,7 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 			if c.pred != nil {
 				_, why := s.cfg.Predictor.Trusted(v.w.spec.Name)
 				pr.rec.Promise = promiseRecord(&p.promise, c.pred, why)
+				pr.rec.Promise.ExpectedCachedTokens = c.found.CachedTokens
 			}
 		}
 	}

@@ -308,3 +308,23 @@ func tokenKey(model string, bs int, in proxy.TokenizeInput) uint64 {
 	h.Write(in.Prompt)
 	return h.Sum64()
 }
+
+// WaitKVEvents blocks until cond holds for worker's index of KV events,
+// or ctx ends. A ZeroMQ subscriber misses what is published before it
+// has joined, so a harness that drives a fleet through the router waits
+// here for each worker's first batch before it sends load.
+func (s *Server) WaitKVEvents(ctx context.Context, worker string, cond func(kvevents.Stats) bool) error {
+	return s.kv.index.Wait(ctx, worker, cond)
+}
+
+// KVEventsState is worker's index of KV events as GET /api/workers
+// shows it: its stats, and how many seq gaps were seen and how many of
+// them the replay socket repaired; ok is false when the worker is not
+// subscribed.
+func (s *Server) KVEventsState(worker string) (st kvevents.Stats, gaps, replays int, ok bool) {
+	v := s.kv.view(worker)
+	if v == nil {
+		return kvevents.Stats{Seq: -1}, 0, 0, false
+	}
+	return v.Stats, v.Gaps, v.Replays, true
+}

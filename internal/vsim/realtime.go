@@ -53,6 +53,14 @@ type HTTPConfig struct {
 	// Requests ask for Router.Model, else the first model the router
 	// discovered on the first worker.
 	External []config.Worker
+	// KVEvents makes every sim worker publish its prefix cache's changes
+	// as vLLM's KV-cache events over ZeroMQ on loopback, and the router
+	// subscribe to them (workers[].kv_events), so that its prefix term
+	// reads the exact index and it asks the workers' /tokenize for
+	// prompts' token ids, as against vLLM workers. The load starts once
+	// the router has each worker's first batch. One router, sim fleet
+	// only.
+	KVEvents bool
 }
 
 // RouterConfig returns the router configuration RunHTTP uses for the
@@ -178,6 +186,9 @@ func RunHTTPStats(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]ben
 	if hc.Replicas > 1 && hc.Redis == "" {
 		return nil, st, fmt.Errorf("vsim: http: %d replicas need a Redis to share state through", hc.Replicas)
 	}
+	if hc.KVEvents && (len(hc.External) > 0 || hc.Replicas > 1) {
+		return nil, st, errors.New("vsim: http: KV events are published by the sim fleet to one router: not with running workers (give them kv_events in their config) nor with replicas")
+	}
 	scale := hc.TimeScale
 	if scale <= 0 || len(hc.External) > 0 {
 		scale = 1
@@ -196,6 +207,9 @@ func RunHTTPStats(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]ben
 		for i, w := range c.Workers {
 			specs[i] = w
 			specs[i].TimeScale = scale
+			if hc.KVEvents {
+				specs[i].KVEvents, specs[i].KVEventsReplay = "127.0.0.1:0", "127.0.0.1:0"
+			}
 		}
 		fl, err := sim.StartFleetLogged(ctx, specs, "127.0.0.1", 0, log)
 		if err != nil {
@@ -210,6 +224,11 @@ func RunHTTPStats(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]ben
 			}
 		}
 		rc = RouterConfig(c, fl.URLs(), scale)
+		if hc.KVEvents {
+			for i, w := range fl.Workers() {
+				rc.Workers[i].KVEvents, rc.Workers[i].KVEventsReplay = w.Server.KVEvents().Endpoints()
+			}
+		}
 	}
 	// Keep every decision of the run for the per-replica counts.
 	rc.Decisions.RingSize = max(rc.Decisions.RingSize, 2*len(items)+64)
@@ -220,6 +239,11 @@ func RunHTTPStats(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]ben
 	}
 	if err != nil {
 		return nil, st, err
+	}
+	if hc.KVEvents {
+		if err := joinKVEvents(ctx, rs.srvs[0], rc.Workers); err != nil {
+			return nil, st, err
+		}
 	}
 	model := c.Model
 	if len(rc.Workers[0].Models) > 0 && model == "" {

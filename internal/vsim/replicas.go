@@ -47,6 +47,16 @@ type HTTPStats struct {
 	LeftInFlight int
 	// KeyPrefix is the run's Redis key prefix; "" with one router.
 	KeyPrefix string
+	// ExpectedCached sums, over the first router's bound decisions, the
+	// prompt tokens it expected the chosen worker to hold (each record's
+	// promise.expected_cached_tokens): set against the engines' own count
+	// in the results, how right its prefix index was.
+	ExpectedCached int64
+	// KVDecisions counts, with HTTPConfig.KVEvents, the bound decisions
+	// whose chosen worker's prefix term read the exact index of KV events
+	// rather than the guess; KV is each worker's index at the end.
+	KVDecisions int
+	KV          []KVState
 }
 
 // ReplicaStats is one router's part in a run, from its decision records.
@@ -83,6 +93,7 @@ type routers struct {
 	frontS *http.Server
 	rdb    *redis.Client // the replicas' Redis, for the checks and cleanup
 	prefix string
+	kv     bool // the routers follow the workers' KV events
 
 	once sync.Once
 	st   HTTPStats
@@ -95,7 +106,7 @@ type routers struct {
 // error the routers started so far are in the returned value, for stop.
 func startRouters(ctx context.Context, rc config.Config, hc HTTPConfig, peaks *peakCounter, log *slog.Logger) (*routers, error) {
 	n := max(1, hc.Replicas)
-	rs := &routers{}
+	rs := &routers{kv: hc.KVEvents}
 	sharedURL := ""
 	if n > 1 {
 		var b [6]byte
@@ -249,7 +260,11 @@ func (rs *routers) collect(peaks *peakCounter) HTTPStats {
 		if rs.front != nil {
 			r.Sent = int(rs.front.sent[i].Load())
 		}
-		for _, rec := range s.Decisions().Recent(0) {
+		recs := s.Decisions().Recent(0)
+		for _, rec := range recs {
+			if i == 0 && rec.Chosen != "" && rec.Promise != nil {
+				st.ExpectedCached += int64(rec.Promise.ExpectedCachedTokens)
+			}
 			if rec.Chosen != "" {
 				r.Bound++
 			} else {
@@ -264,6 +279,9 @@ func (rs *routers) collect(peaks *peakCounter) HTTPStats {
 			r.MaxStateAgeMs = max(r.MaxStateAgeMs, rec.SharedStateAgeMs)
 		}
 		st.Replicas = append(st.Replicas, r)
+		if i == 0 && rs.kv {
+			collectKV(&st, s, recs)
+		}
 	}
 	return st
 }
