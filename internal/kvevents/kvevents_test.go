@@ -127,28 +127,11 @@ func TestSubscriber_RepairsAGapByReplay(t *testing.T) {
 			sub := &Subscriber{Worker: "w", Endpoint: ep, Replay: rep, Index: x}
 			done := make(chan error, 1)
 			go func() { done <- sub.Run(ctx) }()
-			// A subscriber misses what is published before it joins (ZeroMQ's
-			// slow joiner): publish empty batches until it has one, so the
-			// test starts from a subscribed socket.
-			tick := time.NewTicker(20 * time.Millisecond)
-			joined := make(chan struct{})
-			go func() {
-				defer tick.Stop()
-				for {
-					select {
-					case <-joined:
-						return
-					case <-ctx.Done():
-						return
-					case <-tick.C:
-						pub.Publish(0, nil)
-					}
-				}
-			}()
-			if err := x.Wait(ctx, "w", func(s Stats) bool { return s.Seq >= 0 }); err != nil {
+			// Empty batches until the subscriber has one, so the test
+			// starts from a subscribed socket.
+			if err := Join(ctx, func() { pub.Publish(0, nil) }, func(ctx context.Context) error { return x.Wait(ctx, "w", HasBatch) }); err != nil {
 				t.Fatal(err)
 			}
-			close(joined)
 			stored := func(h int64, from int) []Event {
 				return []Event{{Kind: KindStored, BlockHashes: []Hash{IntHash(h)}, TokenIDs: tokens(4, from), BlockSize: 4, Medium: "GPU"}}
 			}

@@ -80,30 +80,24 @@ func TestServe_KVEventsRouteToTheHolder(t *testing.T) {
 	x := r.srv.kv.index
 	// ZeroMQ's slow joiner: reset the workers' caches (an AllBlocksCleared
 	// each) until both subscribers have a batch.
-	joined := make(chan struct{})
-	go func() {
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-joined:
-				return
-			case <-tick.C:
-				for _, w := range ws {
-					if resp, err := http.Post(w.url+"/reset_prefix_cache", "application/json", nil); err == nil {
-						resp.Body.Close()
-					}
-				}
+	reset := func() {
+		for _, w := range ws {
+			if resp, err := http.Post(w.url+"/reset_prefix_cache", "application/json", nil); err == nil {
+				resp.Body.Close()
 			}
 		}
-	}()
-	for i := range ws {
-		if err := x.Wait(ctx, fmt.Sprintf("w%d", i), func(s kvevents.Stats) bool { return s.Seq >= 0 }); err != nil {
-			close(joined)
-			t.Fatal(err)
-		}
 	}
-	close(joined)
+	err := kvevents.Join(ctx, reset, func(ctx context.Context) error {
+		for i := range ws {
+			if err := r.srv.WaitKVEvents(ctx, fmt.Sprintf("w%d", i), kvevents.HasBatch); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	r.srv.ScrapeNow(ctx) // both healthy before the first pick
 
 	system := func(i int) string {

@@ -26,27 +26,14 @@ func joinKV(t *testing.T, ctx context.Context, srv *Server, base string) (*kveve
 	sub := &kvevents.Subscriber{Worker: "w", Endpoint: ep, Replay: rep, Index: x}
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(ctx) }()
-	joined := make(chan struct{})
-	go func() {
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-joined:
-				return
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				if resp, err := http.Post(base+"/reset_prefix_cache", "application/json", nil); err == nil {
-					resp.Body.Close()
-				}
-			}
+	reset := func() {
+		if resp, err := http.Post(base+"/reset_prefix_cache", "application/json", nil); err == nil {
+			resp.Body.Close()
 		}
-	}()
-	if err := x.Wait(ctx, "w", func(s kvevents.Stats) bool { return s.Seq >= 0 }); err != nil {
+	}
+	if err := kvevents.Join(ctx, reset, func(ctx context.Context) error { return x.Wait(ctx, "w", kvevents.HasBatch) }); err != nil {
 		t.Fatal(err)
 	}
-	close(joined)
 	return x, sub, done
 }
 

@@ -29,48 +29,33 @@ type KVState struct {
 // subscriber has joined and an idle worker sends nothing, so each
 // worker's prefix cache (empty: the load has not started) is reset with
 // vLLM's POST /reset_prefix_cache, which publishes AllBlocksCleared,
-// every 20 ms until its batch has arrived; at most 30 s.
+// every 20 ms until its batch has arrived (kvevents.Join); at most 30 s.
 func joinKVEvents(ctx context.Context, srv *server.Server, ws []config.Worker) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
-	joined, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			for _, w := range ws {
-				req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL+"/reset_prefix_cache", nil)
-				if err != nil {
-					return
-				}
-				if resp, err := client.Do(req); err == nil {
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
+	reset := func() {
+		for _, w := range ws {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL+"/reset_prefix_cache", nil)
+			if err != nil {
+				continue
 			}
-			select {
-			case <-joined:
-				return
-			case <-ctx.Done():
-				return
-			case <-tick.C:
+			if resp, err := client.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
 			}
-		}
-	}()
-	var err error
-	for _, w := range ws {
-		if err = srv.WaitKVEvents(ctx, w.Name, func(s kvevents.Stats) bool { return s.Seq >= 0 }); err != nil {
-			err = fmt.Errorf("vsim: http: %s's KV events never reached the router: %w", w.Name, err)
-			break
 		}
 	}
-	close(joined)
-	<-done
-	return err
+	return kvevents.Join(ctx, reset, func(ctx context.Context) error {
+		for _, w := range ws {
+			if err := srv.WaitKVEvents(ctx, w.Name, kvevents.HasBatch); err != nil {
+				return fmt.Errorf("vsim: http: %s's KV events never reached the router: %w", w.Name, err)
+			}
+		}
+		return nil
+	})
 }
 
 // collectKV reads, from srv's bound decisions, how many read the exact
