@@ -19,8 +19,8 @@ import (
 // TestContinuation_Chaos: 200 concurrent streams over 4 simulated workers
 // on loopback; one worker (seeded) is killed and restarted three times, at
 // moments the streams' own progress sets (stream s reaching token k, both
-// seeded), and another is drained with a 2 s deadline while most streams
-// run. Every stream completes, reads exactly its uninterrupted text, no
+// seeded), and another is drained with a 2 s deadline, which passes at a
+// moment the streams' progress sets too, while most streams run. Every stream completes, reads exactly its uninterrupted text, no
 // client sees an error, no lease is left held and no goroutine outlives
 // the run. It logs the continuations and the gaps they added.
 func TestContinuation_Chaos(t *testing.T) {
@@ -58,16 +58,26 @@ func TestContinuation_Chaos(t *testing.T) {
 		}
 		plan = append(plan, step{rng.IntN(streams), 10 + rng.IntN(tokens-20), do})
 	}
-	// The drain fires when the first stream, whichever, reaches token 5:
-	// its deadline is wall-clock time, and armed any later (a given
-	// stream may start late on a busy machine) it could pass after
-	// every stream has ended, moving none.
-	plan = slices.Insert(plan, 0, step{anyStream, 5, func() {
-		resp := postPath(t, context.Background(), r.url, "/api/workers/"+ws[drained].name+"/drain?deadline=2s", "")
-		if b := readAll(t, resp); resp.StatusCode != 200 {
-			t.Errorf("drain: %d %s", resp.StatusCode, b)
+	// The drain is asked for when the first stream, whichever, reaches
+	// token 5, and its 2 s deadline passes when one reaches token 40:
+	// the streams the drained worker took are then a fifth of the way
+	// through, whatever the machine's speed. (A wall-clock deadline let
+	// them end first on a loaded machine, moving none.)
+	deadline := make(chan time.Time)
+	r.srv.after = func(d time.Duration) <-chan time.Time {
+		if d == 2*time.Second {
+			return deadline
 		}
-	}})
+		return time.After(d)
+	}
+	plan = slices.Insert(plan, 0,
+		step{anyStream, 5, func() {
+			resp := postPath(t, context.Background(), r.url, "/api/workers/"+ws[drained].name+"/drain?deadline=2s", "")
+			if b := readAll(t, resp); resp.StatusCode != 200 {
+				t.Errorf("drain: %d %s", resp.StatusCode, b)
+			}
+		}},
+		step{anyStream, 40, func() { close(deadline) }})
 	var mu sync.Mutex
 	next := 0
 	progress := func(s, n int) {
@@ -133,8 +143,7 @@ func TestContinuation_Chaos(t *testing.T) {
 	}
 	t.Logf("%d streams in %v: %d lost, %d errors, %d altered; continuations %v; gap p50 %.1f ms p99 %.1f ms (n=%d)",
 		streams, elapsed.Round(time.Millisecond), lost, errs, altered, reasons, pct(0.5), pct(0.99), len(gaps))
-	// The drain deadline is wall-clock time, the kills are token counts:
-	// the drained streams may land on the victim just before a kill, and
+	// The drained streams may land on the victim just before a kill, and
 	// then go on again (upstream_failed) — every stream's completion is
 	// what is checked above. Here: both kinds of break were continued.
 	if reasons["drain/ok"]+reasons["drain/failed"] == 0 || reasons["upstream_failed/ok"] == 0 {
