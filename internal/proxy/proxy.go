@@ -311,7 +311,12 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 	res.PromptTokens = p.promptTokens
 	req.Class = h.opt.Scheduler.RequestedClass(req.Class, r.Header.Get("X-Sluice-Priority"))
 	var lastErr error
-	for ; req.Attempt <= h.opt.MaxAttempts; req.Attempt++ {
+	// moved counts the placements a drain deadline took back before the
+	// worker answered: they are no worker's failure, so they do not use
+	// up proxy.max_attempts (each excludes a draining worker, which the
+	// scheduler would not choose again anyway, so they are bounded).
+	moved := 0
+	for ; req.Attempt <= h.opt.MaxAttempts+moved; req.Attempt++ {
 		lease, err := h.opt.Scheduler.Admit(r.Context(), req)
 		if !errors.Is(err, scheduler.ErrUnknownModel) {
 			res.Model = p.model // served by the fleet: safe as a label value
@@ -347,6 +352,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		}
 		lastErr = err
 		req.Exclude = append(req.Exclude, lease.Worker)
+		if errors.Is(err, errDrained) {
+			moved++
+			h.opt.Logger.Info("drain deadline passed before the worker answered: placing the request again", "worker", lease.Worker, "attempt", req.Attempt)
+			continue
+		}
 		h.opt.Logger.Warn("worker failed before responding", "worker", lease.Worker, "attempt", req.Attempt, "err", err)
 	}
 	res.Status, res.Reason = p.proto.writeError(w, http.StatusBadGateway, "upstream_failed", "", fmt.Sprintf("every worker tried failed; last: %v", lastErr))
@@ -460,6 +470,11 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		resp, err = h.fresh(again)
 	}
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errDrained) && r.Context().Err() == nil {
+			// Its worker's drain deadline passed before it answered: not
+			// the worker's failure (serve places it again, attempt kept).
+			return false, nil, fmt.Errorf("send to %s: %w", lease.Worker, errDrained)
+		}
 		if r.Context().Err() == nil {
 			h.report(lease.Worker, err)
 		}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/discovery"
+	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
 )
 
@@ -347,4 +348,51 @@ func TestContinuation_DrainLeavesAStreamThatCannotMove(t *testing.T) {
 		t.Errorf("the tool call's stream read %q; want it finished on w0, [DONE], no error", raw)
 	}
 	idle(t, r)
+}
+
+// A drain deadline that passes while a stream's request still waits for
+// its worker's answer moves it as it moves a stream: the request is
+// placed on another worker and completes, the drained worker is not
+// blamed, and the move does not use up proxy.max_attempts (1 here, so a
+// counted attempt would leave the client a 502).
+func TestContinuation_DrainBeforeTheAnswerPlacesTheRequestAgain(t *testing.T) {
+	ws := startSimWorkers(t, contParams(4), 200, "llamacpp", "llamacpp")
+	r := startRouter(t, contConfig(t, ws, 4, func(c *config.Config) { c.Proxy.MaxAttempts = 1 }))
+	deadline := make(chan time.Time)
+	r.srv.after = func(d time.Duration) <-chan time.Time {
+		if d == 2*time.Second {
+			return deadline
+		}
+		return time.After(d)
+	}
+	held := make(chan string, 2)
+	for _, w := range ws {
+		w.hold.Store(&held)
+	}
+	got := make(chan streamRead, 1)
+	go func() {
+		got <- readStream(t, postPath(t, context.Background(), r.url, "/v1/chat/completions", drainBody), nil)
+	}()
+	holder := <-held
+	for _, w := range ws {
+		w.hold.Store(nil) // the request's next worker answers
+	}
+	resp := postPath(t, context.Background(), r.url, "/api/workers/"+holder+"/drain?deadline=2s", "")
+	if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("drain: %d %s", resp.StatusCode, b)
+	}
+	close(deadline)
+	read := <-got
+	want, n, _ := sim.Reference("/v1/chat/completions", []byte(drainBody), contParams(4), "")
+	if read.status != http.StatusOK || read.text != want || read.completion != n || !read.done {
+		t.Fatalf("after the drain of %s: status %d, %d tokens, [DONE] %v, other lines %q; want the whole answer from the other worker", holder, read.status, read.contents, read.done, read.other)
+	}
+	if read.worker == holder {
+		t.Errorf("served by %s, the drained worker", read.worker)
+	}
+	for _, w := range r.srv.Scheduler().Workers() {
+		if w.Health != scheduler.HealthOK {
+			t.Errorf("%s is %v after the drain, want healthy: a drain is no failure", w.Name, w.Health)
+		}
+	}
 }

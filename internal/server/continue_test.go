@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -26,9 +27,21 @@ type simWorker struct {
 	srv        *sim.Server
 	hs         *httptest.Server
 	down       atomic.Bool
+	// hold, when set, is sent the worker's name by each chat request,
+	// which then goes unanswered, no header written, until the router
+	// gives it up. (The body is read first: net/http notices a closed
+	// connection, and cancels the request's context, only once the body
+	// has been read.)
+	hold atomic.Pointer[chan string]
 }
 
 func (w *simWorker) ServeHTTP(rw http.ResponseWriter, r *http.Request) {
+	if h := w.hold.Load(); h != nil && r.URL.Path == "/v1/chat/completions" {
+		io.Copy(io.Discard, r.Body)
+		*h <- w.name
+		<-r.Context().Done()
+		return
+	}
 	if w.down.Load() {
 		if c, _, err := http.NewResponseController(rw).Hijack(); err == nil {
 			c.Close()
