@@ -37,15 +37,19 @@ import (
 // Bounds: both workers' predictions must be Known and trusted (else the
 // score stands); the rule never takes a worker over its limit (it picks
 // among the eligible); and it never sends a request where it would make
-// that worker run two or more, over 1.5 (Config.AffinityHerd) × the mean
-// of the model's healthy workers, while one of them runs nothing: the
-// guarantee the prefix term's weight gave, kept as a bound of its own.
+// that worker run two or more, over 1.5 (Config.AffinityHerd,
+// admission.affinity_herd) × the mean of the model's healthy workers,
+// while one of them runs nothing: the guarantee the prefix term's weight gave, kept as a bound of its own.
 // That bound, not the prediction, is what still moves most turns off an
 // eligible worker on the agent load (the same test).
 //
 // The rule runs after the picker, on its choice, and never with a
 // shared Ledger (the ledger chooses across replicas) or a baseline.
-const defaultAffinityHerd = 1.5
+
+// DefaultAffinityHerd is the no-herding bound of predicted affinity when
+// Config.AffinityHerd is 0: a worker's load over the mean it may not be
+// sent past while another worker idles.
+const DefaultAffinityHerd = 1.5
 
 // affinityChoice is what the rule decided when it overrode the score,
 // for the record.
@@ -151,7 +155,7 @@ func (s *Scheduler) wouldHerdLocked(p *pick, j int) bool {
 	case bound < 0:
 		return false
 	case bound == 0:
-		bound = defaultAffinityHerd
+		bound = DefaultAffinityHerd
 	}
 	target := p.at(j).w
 	sum, n, idle := 1, 0, false

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/bench"
+	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
 )
@@ -17,18 +18,18 @@ type agentPolicy struct {
 	policy    scheduler.Policy
 	hint      bool    // sessions.affinity
 	predicted bool    // admission.predicted_affinity
-	herd      float64 // Config.AffinityHerd
+	herd      float64 // admission.affinity_herd (0: no bound)
 }
 
 // The routers the agent tests compare: least-connections, Sluice without
 // and with the session hint (its default), with predicted affinity, and
 // with predicted affinity but no no-herding bound (what the bound costs).
 var agentPolicies = []agentPolicy{
-	{"least-connections", scheduler.PolicyLeastConnections, false, false, 0},
-	{"sluice, no session hint", scheduler.PolicySluice, false, false, 0},
-	{"sluice + session hint", scheduler.PolicySluice, true, false, 0},
-	{"+ predicted_affinity", scheduler.PolicySluice, true, true, 0},
-	{"+ predicted, no herd bound", scheduler.PolicySluice, true, true, -1},
+	{"least-connections", scheduler.PolicyLeastConnections, false, false, scheduler.DefaultAffinityHerd},
+	{"sluice, no session hint", scheduler.PolicySluice, false, false, scheduler.DefaultAffinityHerd},
+	{"sluice + session hint", scheduler.PolicySluice, true, false, scheduler.DefaultAffinityHerd},
+	{"+ predicted_affinity", scheduler.PolicySluice, true, true, scheduler.DefaultAffinityHerd},
+	{"+ predicted, no herd bound", scheduler.PolicySluice, true, true, 0},
 }
 
 // agentOutcome sums what a router got over runs.
@@ -49,8 +50,10 @@ func (o agentOutcome) meanP99() float64 { return o.p99 / float64(o.runs) }
 // runAgent runs items under p on fleet and adds the outcome to o.
 func runAgent(t *testing.T, fleet []sim.WorkerSpec, items []bench.Item, p agentPolicy, o *agentOutcome, first bool) {
 	t.Helper()
-	cfg := DefaultConfig(fleet)
-	cfg.Policy, cfg.SessionAffinity, cfg.PredictedAffinity, cfg.AffinityHerd = p.policy, p.hint, p.predicted, p.herd
+	rc := config.DefaultConfig()
+	rc.Sessions.Affinity, rc.Admission.PredictedAffinity, rc.Admission.AffinityHerd = p.hint, p.predicted, p.herd
+	cfg := FromRouterConfig(rc, fleet)
+	cfg.Policy = p.policy
 	res, st, err := RunStats(cfg, items)
 	if err != nil {
 		t.Fatal(err)

@@ -91,6 +91,20 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	if c.Admission != "" {
 		rc.Admission.Mode = c.Admission
 	}
+	rc.Admission.PredictedAffinity = c.PredictedAffinity
+	switch {
+	case c.AffinityHerd < 0:
+		rc.Admission.AffinityHerd = 0 // no bound
+	case c.AffinityHerd > 0:
+		rc.Admission.AffinityHerd = c.AffinityHerd
+	}
+	rc.Sessions.Affinity = c.SessionAffinity
+	if c.SessionTTL > 0 {
+		rc.Sessions.TTL = sd(c.SessionTTL)
+	}
+	if c.FairShareBySession {
+		rc.Admission.FairShareBy = config.FairShareBySession
+	}
 	if len(c.SLOs) > 0 {
 		// The objectives are of the scenario's clock: durations divided
 		// by the scale, rates multiplied, as for the limits.

@@ -123,6 +123,7 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		SessionTTL:         rc.Sessions.TTL,
 		FairShareBySession: rc.Admission.FairShareBy == config.FairShareBySession,
 		PredictedAffinity:  rc.Admission.PredictedAffinity,
+		AffinityHerd:       rc.Admission.SchedulerAffinityHerd(),
 	}
 	if len(rc.Workers) > 0 {
 		c.MaxConcurrency = int(rc.Workers[0].MaxConcurrency)
