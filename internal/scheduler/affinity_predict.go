@@ -39,7 +39,8 @@ import (
 // among the eligible); and it never sends a request where it would make
 // that worker run two or more, over 1.5 (Config.AffinityHerd,
 // admission.affinity_herd) × the mean of the model's healthy workers,
-// while one of them runs nothing: the guarantee the prefix term's weight gave, kept as a bound of its own.
+// while one of them runs nothing: the guarantee the prefix term's weight
+// gave, kept as a bound of its own.
 // That bound, not the prediction, is what still moves most turns off an
 // eligible worker on the agent load (the same test).
 //
