@@ -69,6 +69,11 @@ type compareOpts struct {
 	// goodput scans loads in steps of 5% for the highest one each policy
 	// serves within the SLO (virtual time only).
 	goodput bool
+	// idleFloor replays the rows alone on copies of the fleet's fastest
+	// worker (virtual time only): the least time to first token any
+	// router could give them, which each load's p99 goal is judged
+	// against.
+	idleFloor bool
 	// workers, when set, are running engines (kind llamacpp) to compare
 	// on instead of a sim fleet, on the wall clock.
 	workers []config.Worker
@@ -122,6 +127,7 @@ func benchCompare(args []string) error {
 	fs.DurationVar(&o.slo.TTFTPer1kPrompt, "slo-ttft-per-1k", o.slo.TTFTPer1kPrompt, "SLO: time to first token allowed per 1,000 prompt tokens")
 	fs.Float64Var(&o.slo.MinDecodeTokS, "slo-min-decode", o.slo.MinDecodeTokS, "SLO: per-stream decode floor in tokens/s")
 	fs.BoolVar(&o.goodput, "goodput", false, "virtual only: also find each policy's goodput, the highest load (steps of 5% of capacity, up to 150%) at which at least 95% of requests meet the SLO")
+	fs.BoolVar(&o.idleFloor, "idle-floor", false, "virtual only: also replay the rows alone on copies of the fleet's fastest worker (1% load), the least time to first token any router could give them, and say at each load whether the p99 TTFT goal is within its reach")
 	workers := fs.String("workers", "", "real HTTP only: compare on these running workers instead of a sim fleet: comma-separated [NAME=]URL, kind llamacpp, models discovered; on the wall clock (time scale 1); needs --capacity")
 	fs.Float64Var(&o.capacity, "capacity", 0, "the fleet's capacity in req/s that --loads are percentages of; required with --workers (measure it, see docs/benchmarks.md); 0 with a sim fleet estimates it")
 	fs.BoolVar(&o.kvEvents, "kv-events", false, "also run Sluice with the exact index of the simulated workers' KV-cache events (row \""+kvRow+"\"; over real HTTP published over ZeroMQ, with token ids from the workers' /tokenize, as vLLM's), and compare each row's expected cached prompt tokens with the engines' own accounting")
@@ -372,6 +378,16 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 	if err != nil {
 		return err
 	}
+	var floor *idleFloor
+	if o.idleFloor {
+		if !o.virtual {
+			return errors.New("--idle-floor is virtual only: it replays the rows on a fleet of copies of the fastest simulated worker")
+		}
+		fmt.Fprintf(logw, "idle floor: %d requests alone on copies of the fastest worker\n", len(items))
+		if floor, err = measureIdleFloor(ctx, o, fleet, items, capacity, logw); err != nil {
+			return err
+		}
+	}
 	redisDesc := ""
 	if o.replicas > 1 {
 		if o.redis == "" {
@@ -419,6 +435,10 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 		}
 	}
 	fmt.Fprintf(&md, "- Sluice max_concurrency: %s; baselines ignore it. Router: %s.\n", mc, admission)
+	if floor != nil {
+		fmt.Fprintf(&md, "- Idle floor (--idle-floor): the same rows alone on %d copies of %s at 1%% of capacity give TTFT p50 %.1f ms, p99 %.1f ms: no router gives these requests an earlier first token.\n",
+			len(fleet), floor.worker, floor.p50, floor.p99)
+	}
 	if o.replicas > 1 {
 		fmt.Fprintf(&md, "- Row \"%s\": %d Sluice routers in this process sharing the fleet through %s — the reservation ledger (shared.redis) and the stats store (stats.store) — behind a round-robin HTTP front on loopback (request i to replica i mod %d); the other rows are one router each, without the front.\n",
 			replicasRow(o.replicas), o.replicas, redisDesc, o.replicas)
@@ -495,7 +515,7 @@ func runCompare(ctx context.Context, o compareOpts, logw *os.File) error {
 			return err
 		}
 		fmt.Fprintf(&md, "```\n\n")
-		writeGoals(&md, sc, runs, o.virtual, o.timeScale)
+		writeGoals(&md, sc, runs, o.virtual, o.timeScale, floor)
 		writeReplicas(&md, runs, one, many)
 		if o.kvEvents {
 			writeExpectedCached(&md, runs, expected, o.virtual)
@@ -714,7 +734,7 @@ func runErrors(ws []scheduler.WorkerState) string {
 }
 
 // writeGoals states Sluice's goals against the measured numbers.
-func writeGoals(md *bytes.Buffer, sc scenario, runs []bench.NamedRun, virtual bool, timeScale float64) {
+func writeGoals(md *bytes.Buffer, sc scenario, runs []bench.NamedRun, virtual bool, timeScale float64, floor *idleFloor) {
 	sum := map[string]bench.Summary{}
 	var sluiceRes []bench.Result
 	for _, r := range runs {
@@ -741,6 +761,13 @@ func writeGoals(md *bytes.Buffer, sc scenario, runs []bench.NamedRun, virtual bo
 		thr := s.OutputTokensPerSec / lc.OutputTokensPerSec
 		all := ttft <= 0.5 && p1 >= 2 && thr >= 0.97 && s.DecodeRate.CV <= 0.25
 		fmt.Fprintf(md, "- p99 TTFT %.0f ms vs least-connections %.0f ms: ratio %.2f (goal ≤ 0.5) — %s\n", s.TTFT.P99, lc.TTFT.P99, ttft, verdict(ttft <= 0.5))
+		if floor != nil {
+			reach := "not ruled out by it"
+			if floor.p99 > 0.5*lc.TTFT.P99 {
+				reach = "out of reach of any router"
+			}
+			fmt.Fprintf(md, "  - the idle floor's p99 is %.0f ms, %.2f× least-connections': the goal is %s\n", floor.p99, floor.p99/lc.TTFT.P99, reach)
+		}
 		fmt.Fprintf(md, "- p1 decode rate %.1f tok/s vs least-connections %.1f: ratio %.2f (goal ≥ 2) — %s\n", s.DecodeRate.P1, lc.DecodeRate.P1, p1, verdict(p1 >= 2))
 		fmt.Fprintf(md, "- throughput %.1f output tok/s vs least-connections %.1f: %.1f%% (goal ≥ 97%%) — %s\n", s.OutputTokensPerSec, lc.OutputTokensPerSec, 100*thr, verdict(thr >= 0.97))
 		fmt.Fprintf(md, "- decode-rate CV %.2f (least-connections %.2f; goal ≤ 0.25) — %s\n", s.DecodeRate.CV, lc.DecodeRate.CV, verdict(s.DecodeRate.CV <= 0.25))
@@ -829,4 +856,64 @@ func benchPlan(args []string) error {
 	}
 	fmt.Printf("\nsmallest fleet meeting the goal: %d workers\n", res.Workers)
 	return nil
+}
+
+// idleFloor is what the rows of a comparison get with the fleet idle:
+// each request alone on a copy of the fleet's fastest worker.
+type idleFloor struct {
+	worker   string  // the worker copied
+	p50, p99 float64 // time to first token, ms
+}
+
+// idleFloorLoad is the load, in % of capacity, at which the idle floor
+// replays the rows: low enough that requests almost never overlap, and
+// with as many workers as the fleet an overlap finds an idle one.
+const idleFloorLoad = 1
+
+// measureIdleFloor is the idle floor of items on fleet (idleFloorRun),
+// summarised.
+func measureIdleFloor(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, items []bench.Item, capacity float64, logw *os.File) (*idleFloor, error) {
+	res, worker, err := idleFloorRun(ctx, o, fleet, items, capacity, logw)
+	if err != nil {
+		return nil, err
+	}
+	sum := bench.Summarize(res, o.slo)
+	if sum.OK == 0 {
+		return nil, fmt.Errorf("idle floor: none of %d requests succeeded alone on copies of %s", len(res), worker)
+	}
+	return &idleFloor{worker: worker, p50: sum.TTFT.P50, p99: sum.TTFT.P99}, nil
+}
+
+// idleFloorRun replays items at idleFloorLoad % of capacity under
+// least-connections on len(fleet) copies of its fastest worker (highest
+// speed, then most KV tokens, then first listed), and names the worker
+// copied. The simulated card's collision factor is never below 1, so a
+// request's time to first token there is the least any router could
+// give it on that fleet (with no more of its prompt cached than it finds
+// then).
+func idleFloorRun(ctx context.Context, o compareOpts, fleet []sim.WorkerSpec, items []bench.Item, capacity float64, logw *os.File) ([]bench.Result, string, error) {
+	if len(fleet) == 0 {
+		return nil, "", errors.New("idle floor: no simulated workers")
+	}
+	best := fleet[0]
+	for _, w := range fleet[1:] {
+		if w.Params.Speed > best.Params.Speed || w.Params.Speed == best.Params.Speed && w.Params.KVTokens > best.Params.KVTokens {
+			best = w
+		}
+	}
+	ideal := make([]sim.WorkerSpec, len(fleet))
+	for i := range ideal {
+		p := best.Params
+		p.Seed = int64(i + 1)
+		ideal[i] = sim.WorkerSpec{Name: fmt.Sprintf("floor-%d", i), Params: p}
+	}
+	it, err := vsim.AtRate(items, idleFloorLoad/100.0*capacity)
+	if err != nil {
+		return nil, "", fmt.Errorf("idle floor: %w", err)
+	}
+	res, _, _, err := runPolicy(ctx, o, ideal, scheduler.PolicyLeastConnections, 1, false, it, logw)
+	if err != nil {
+		return nil, "", fmt.Errorf("idle floor: %w", err)
+	}
+	return res, best.Name, nil
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/redistest"
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/sim"
+	"github.com/sluice-router/sluice/internal/vsim"
 )
 
 // TestRunCompare_WritesReport runs a small real-HTTP comparison — a few
@@ -191,6 +193,75 @@ func TestRunCompare_GoodputScansLoadsAgainstTheSLO(t *testing.T) {
 	}
 	if sum := run(bench.SLO{TTFT: time.Nanosecond}); !strings.Contains(sum, "| sluice | 0% |") || !strings.Contains(sum, "| least-connections | 0% |") {
 		t.Fatalf("with an SLO nobody meets, a goodput above 0:\n%s", sum)
+	}
+}
+
+// The idle floor bounds every request: on the mixed-speed demo fleet at
+// 80% load, no request under Sluice or least-connections gets its first
+// token sooner than it does alone on a copy of the fastest card; and the
+// summary states the floor and judges the p99 goal against it.
+func TestRunCompare_IdleFloorBoundsEveryRequest(t *testing.T) {
+	o := compareOpts{
+		virtual: true, trace: "synthetic", limit: 200, seed: 3, loads: []float64{80},
+		policies: []scheduler.Policy{scheduler.PolicySluice, scheduler.PolicyLeastConnections},
+		slo:      bench.DefaultSLO, idleFloor: true,
+	}
+	items, _, err := baseItems(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet := sim.DemoFleet()
+	capacity := vsim.Capacity(fleet, items)
+	logf, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	ctx := context.Background()
+	alone, worker, err := idleFloorRun(ctx, o, fleet, items, capacity, logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if worker != "gpu-0" {
+		t.Errorf("copied %s, want gpu-0: the first of the fastest cards, with the most KV", worker)
+	}
+	floor := map[int]time.Duration{}
+	for _, r := range alone {
+		if r.Err != "" {
+			t.Fatalf("request %d failed alone: %s", r.Index, r.Err)
+		}
+		floor[r.Index] = r.TTFT
+	}
+	at80, err := vsim.AtRate(items, 0.8*capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range o.policies {
+		res, _, _, err := runPolicy(ctx, o, fleet, p, 1, false, at80, logf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sooner := 0
+		for _, r := range res {
+			if r.Err == "" && r.TTFT < floor[r.Index] {
+				sooner++
+				t.Errorf("%s: request %d had its first token in %v at 80%% load, %v alone", p, r.Index, r.TTFT, floor[r.Index])
+			}
+		}
+		if sooner > 0 {
+			break
+		}
+	}
+	o.out = t.TempDir()
+	compare(t, o)
+	sum, err := os.ReadFile(filepath.Join(o.out, "summary.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Idle floor (--idle-floor): the same rows alone on 4 copies of gpu-0", "the idle floor's p99 is"} {
+		if !strings.Contains(string(sum), want) {
+			t.Errorf("summary.md lacks %q:\n%s", want, sum)
+		}
 	}
 }
 
