@@ -15,44 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/watch"
-	fakediscovery "k8s.io/client-go/kubernetes/typed/discovery/v1/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/discovery/discoverytest"
 )
-
-// fakeClient is client-go's fake of the discovery.k8s.io client. Like
-// the generated fake clientset it tells the informer it serves no
-// watch-list streams, so the informer lists, then watches.
-type fakeClient struct{ *fakediscovery.FakeDiscoveryV1 }
-
-func (fakeClient) IsWatchListSemanticsUnSupported() bool { return true }
-
-// newFakeClient returns a fakeClient backed by an object tracker of
-// EndpointSlices, as the generated fake clientset builds it for every
-// group.
-func newFakeClient(t *testing.T) fakeClient {
-	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := discoveryv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	tracker := k8stesting.NewObjectTracker(scheme, serializer.NewCodecFactory(scheme).UniversalDecoder())
-	f := &k8stesting.Fake{}
-	f.AddReactor("*", "*", k8stesting.ObjectReaction(tracker))
-	f.AddWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		var opts metav1.ListOptions
-		if wa, ok := action.(k8stesting.WatchActionImpl); ok {
-			opts = wa.ListOptions
-		}
-		w, err := tracker.Watch(action.GetResource(), action.GetNamespace(), opts)
-		return err == nil, w, err
-	})
-	return fakeClient{&fakediscovery.FakeDiscoveryV1{Fake: f}}
-}
 
 // fakeSink records what the Watcher does and reports each call on events.
 type fakeSink struct {
@@ -167,9 +133,9 @@ var testCfg = config.KubernetesDiscovery{
 	Kind: "vllm", Models: []string{"llama"}, MaxConcurrency: 8,
 }
 
-func start(t *testing.T, objs ...*discoveryv1.EndpointSlice) (fakeClient, *fakeSink, *Watcher) {
+func start(t *testing.T, objs ...*discoveryv1.EndpointSlice) (discoverytest.Client, *fakeSink, *Watcher) {
 	t.Helper()
-	client := newFakeClient(t)
+	client := discoverytest.New(t)
 	for _, o := range objs {
 		if _, err := client.EndpointSlices(o.Namespace).Create(context.Background(), o, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -231,7 +197,7 @@ func TestWatcher_OtherServicesAndNamespacesIgnored(t *testing.T) {
 }
 
 func TestWatcher_ResyncReaddsWhatAReloadDropped(t *testing.T) {
-	client := newFakeClient(t)
+	client := discoverytest.New(t)
 	sink := newSink()
 	w, err := New(testCfg, client, sink, Options{Resync: time.Hour})
 	if err != nil {
@@ -258,7 +224,7 @@ func TestWatcher_ResyncReaddsWhatAReloadDropped(t *testing.T) {
 func TestWatcher_RefusedAddIsRetriedOnNextChange(t *testing.T) {
 	sink := newSink()
 	sink.failAdd["vllm-0"] = true
-	w, err := New(testCfg, newFakeClient(t), sink, Options{Resync: time.Hour})
+	w, err := New(testCfg, discoverytest.New(t), sink, Options{Resync: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +275,7 @@ func TestDesired_PortsNamesAndConditions(t *testing.T) {
 
 func TestNew_Validation(t *testing.T) {
 	sink := newSink()
-	client := newFakeClient(t)
+	client := discoverytest.New(t)
 	for _, tt := range []struct {
 		cfg  config.KubernetesDiscovery
 		want string

@@ -16,14 +16,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	"k8s.io/apimachinery/pkg/watch"
-	fakediscovery "k8s.io/client-go/kubernetes/typed/discovery/v1/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/discovery"
+	"github.com/sluice-router/sluice/internal/discovery/discoverytest"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
 )
@@ -138,7 +134,7 @@ func TestContinuation_TerminatingEndpointMovesItsStream(t *testing.T) {
 		c.Proxy.DrainDeadline, c.Proxy.StreamIdleTimeout = removalDrain, removalIdle
 		c.Discovery.Kubernetes = &kd
 	}))
-	client := fakeEndpointSlices(t)
+	client := discoverytest.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	slices := map[string]*discoveryv1.EndpointSlice{}
@@ -209,34 +205,6 @@ func endpointSlice(t *testing.T, w *simWorker) *discoveryv1.EndpointSlice {
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready},
 			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Name: w.name, Namespace: "inference"}}},
 	}
-}
-
-// fakeClient is client-go's fake of the discovery.k8s.io client, which
-// (as the generated fake clientset) serves no watch-list streams.
-type fakeClient struct{ *fakediscovery.FakeDiscoveryV1 }
-
-func (fakeClient) IsWatchListSemanticsUnSupported() bool { return true }
-
-// fakeEndpointSlices is a fakeClient over an object tracker of
-// EndpointSlices, as the generated fake clientset builds one per group.
-func fakeEndpointSlices(t *testing.T) fakeClient {
-	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := discoveryv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	tracker := k8stesting.NewObjectTracker(scheme, serializer.NewCodecFactory(scheme).UniversalDecoder())
-	f := &k8stesting.Fake{}
-	f.AddReactor("*", "*", k8stesting.ObjectReaction(tracker))
-	f.AddWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		var opts metav1.ListOptions
-		if wa, ok := action.(k8stesting.WatchActionImpl); ok {
-			opts = wa.ListOptions
-		}
-		w, err := tracker.Watch(action.GetResource(), action.GetNamespace(), opts)
-		return err == nil, w, err
-	})
-	return fakeClient{&fakediscovery.FakeDiscoveryV1{Fake: f}}
 }
 
 // holdingToolWorker is a llama.cpp worker (a sim, for its probes and
