@@ -124,10 +124,10 @@ func benchRun(args []string) error {
 	if err := bench.WriteTable(os.Stdout, summary); err != nil {
 		return err
 	}
-	if err := writeFile(filepath.Join(*out, "results.json"), func(f *os.File) error { return bench.WriteJSON(f, meta, summary) }); err != nil {
+	if err := bench.WriteFile(filepath.Join(*out, "results.json"), func(f *os.File) error { return bench.WriteJSON(f, meta, summary) }); err != nil {
 		return err
 	}
-	if err := writeFile(filepath.Join(*out, "requests.csv"), func(f *os.File) error { return bench.WriteCSV(f, results) }); err != nil {
+	if err := bench.WriteFile(filepath.Join(*out, "requests.csv"), func(f *os.File) error { return bench.WriteCSV(f, results) }); err != nil {
 		return err
 	}
 	if *report {
@@ -137,20 +137,4 @@ func benchRun(args []string) error {
 	}
 	fmt.Fprintf(os.Stderr, "wrote %s\n", strings.Join([]string{filepath.Join(*out, "results.json"), filepath.Join(*out, "requests.csv")}, ", "))
 	return runErr
-}
-
-// writeFile creates path, lets write fill it and reports close errors.
-func writeFile(path string, write func(*os.File) error) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("create %s: %w", path, err)
-	}
-	if err := write(f); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", path, err)
-	}
-	return nil
 }

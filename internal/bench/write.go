@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -342,4 +343,20 @@ func ProgressBar(w io.Writer, isTerminal bool) func(Progress) {
 			fmt.Fprintln(w)
 		}
 	}
+}
+
+// WriteFile creates path, lets write fill it and reports close errors.
+func WriteFile(path string, write func(*os.File) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", path, err)
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package compare
 
 import (
 	"context"
@@ -20,9 +20,9 @@ import (
 // a request may wait in an engine's queue while its cache changes).
 func TestRunCompare_KVEventsRow(t *testing.T) {
 	out := t.TempDir()
-	compare(t, compareOpts{
-		virtual: true, kvEvents: true, trace: "synthetic-chat", limit: 300, seed: 2, loads: []float64{80},
-		policies: []scheduler.Policy{scheduler.PolicySluice, scheduler.PolicyLeastConnections}, out: out,
+	compare(t, Options{
+		Virtual: true, KVEvents: true, Trace: "synthetic-chat", Limit: 300, Seed: 2, Loads: []float64{80},
+		Policies: []scheduler.Policy{scheduler.PolicySluice, scheduler.PolicyLeastConnections}, Out: out,
 	})
 	sum, err := os.ReadFile(filepath.Join(out, "summary.md"))
 	if err != nil {
@@ -44,9 +44,9 @@ func TestRunCompare_KVEventsRow(t *testing.T) {
 // with a reason.
 func TestRunCompare_KVEventsOverRealHTTP(t *testing.T) {
 	out := t.TempDir()
-	compare(t, compareOpts{
-		kvEvents: true, trace: "synthetic-chat", limit: 40, seed: 2, loads: []float64{80},
-		policies: []scheduler.Policy{scheduler.PolicySluice}, timeScale: 20, timeout: 10 * time.Minute, out: out,
+	compare(t, Options{
+		KVEvents: true, Trace: "synthetic-chat", Limit: 40, Seed: 2, Loads: []float64{80},
+		Policies: []scheduler.Policy{scheduler.PolicySluice}, TimeScale: 20, Timeout: 10 * time.Minute, Out: out,
 	})
 	raw, err := os.ReadFile(filepath.Join(out, "summary.md"))
 	if err != nil {
@@ -70,14 +70,14 @@ func TestRunCompare_KVEventsOverRealHTTP(t *testing.T) {
 	if row == nil || row[2] == "0" || row[3] == "0" {
 		t.Fatalf("summary.md: the KV row expected or found no cached tokens:\n%s", sum)
 	}
-	for _, o := range []compareOpts{
-		{kvEvents: true, workers: []config.Worker{{Name: "w", URL: "http://127.0.0.1:1", Kind: "llamacpp"}}, capacity: 1},
-		{kvEvents: true, replicas: 3, redis: "redis://127.0.0.1:1"},
+	for _, o := range []Options{
+		{KVEvents: true, Workers: []config.Worker{{Name: "w", URL: "http://127.0.0.1:1", Kind: "llamacpp"}}, Capacity: 1},
+		{KVEvents: true, Replicas: 3, Redis: "redis://127.0.0.1:1"},
 	} {
-		o.trace, o.limit, o.loads, o.out = "synthetic", 4, []float64{50}, t.TempDir()
-		o.policies = []scheduler.Policy{scheduler.PolicySluice}
-		if err := runCompare(context.Background(), o, os.Stderr); err == nil || !strings.Contains(err.Error(), "--kv-events") {
-			t.Errorf("--kv-events with workers %v, replicas %d: %v, want a refusal naming --kv-events", o.workers, o.replicas, err)
+		o.Trace, o.Limit, o.Loads, o.Out = "synthetic", 4, []float64{50}, t.TempDir()
+		o.Policies = []scheduler.Policy{scheduler.PolicySluice}
+		if err := Run(context.Background(), o, os.Stderr); err == nil || !strings.Contains(err.Error(), "--kv-events") {
+			t.Errorf("--kv-events with workers %v, replicas %d: %v, want a refusal naming --kv-events", o.Workers, o.Replicas, err)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package compare
 
 import (
 	"bytes"
@@ -10,17 +10,17 @@ import (
 	"github.com/sluice-router/sluice/internal/vsim"
 )
 
-// kvRow names the row of Sluice with the exact index of KV events.
-const kvRow = "sluice + KV events"
+// KVRow names the row of Sluice with the exact index of KV events.
+const KVRow = "sluice + KV events"
 
 // runVirtual is runPolicy's virtual branch that also returns the run's
 // Stats, with the exact index of KV events when kv is set.
-func runVirtual(o compareOpts, fleet []sim.WorkerSpec, p scheduler.Policy, kv bool, items []bench.Item) ([]bench.Result, vsim.Stats, error) {
+func runVirtual(o Options, fleet []sim.WorkerSpec, p scheduler.Policy, kv bool, items []bench.Item) ([]bench.Result, vsim.Stats, error) {
 	cfg := vsim.DefaultConfig(fleet)
-	if o.router != nil {
-		cfg = vsim.FromRouterConfig(*o.router, fleet)
+	if o.Router != nil {
+		cfg = vsim.FromRouterConfig(*o.Router, fleet)
 	}
-	cfg.Policy, cfg.Seed, cfg.MaxConcurrency, cfg.KVEvents = p, o.seed, o.maxConcurrency, kv
+	cfg.Policy, cfg.Seed, cfg.MaxConcurrency, cfg.KVEvents = p, o.Seed, o.MaxConcurrency, kv
 	return vsim.RunStats(cfg, items)
 }
 
@@ -67,7 +67,7 @@ func writeKVState(md *bytes.Buffer, hs *vsim.HTTPStats, requests int) {
 	if hs == nil {
 		return
 	}
-	fmt.Fprintf(md, "KV events over ZeroMQ (row \"%s\"): %d bound decisions of %d requests read the exact index on the chosen worker (the others, before a worker's first stored block told its block size or with no token ids, read the guess).\n\n| worker | last seq | blocks held | block size | in sync | seq gaps | repaired by replay |\n| --- | ---: | ---: | ---: | --- | ---: | ---: |\n", kvRow, hs.KVDecisions, requests)
+	fmt.Fprintf(md, "KV events over ZeroMQ (row \"%s\"): %d bound decisions of %d requests read the exact index on the chosen worker (the others, before a worker's first stored block told its block size or with no token ids, read the guess).\n\n| worker | last seq | blocks held | block size | in sync | seq gaps | repaired by replay |\n| --- | ---: | ---: | ---: | --- | ---: | ---: |\n", KVRow, hs.KVDecisions, requests)
 	for _, k := range hs.KV {
 		fmt.Fprintf(md, "| %s | %d | %d | %d | %v | %d | %d |\n", k.Worker, k.Seq, k.Blocks, k.BlockSize, k.Synced, k.Gaps, k.Replays)
 	}
