@@ -79,29 +79,43 @@ func (s *Scheduler) sloOfLocked(req *Request, now time.Time) predict.SLO {
 	if s.cfg.DefaultSLO != (predict.SLO{}) {
 		return slo.Or(s.cfg.DefaultSLO)
 	}
-	d := s.derivedSLO[req.Model]
-	if d == nil || now.Sub(d.at) >= sloRefresh {
-		var fleet []predict.Unloaded
-		if s.cfg.Predictor != nil {
-			for _, w := range s.workers {
-				if !w.serves(w.snapshot(), req.Model) {
-					continue
-				}
-				if u, ok := s.cfg.Predictor.Unloaded(w.spec.Name); ok {
-					fleet = append(fleet, u)
+	return slo.Or(s.derivedLocked(req.Model, now).slo)
+}
+
+// derivedLocked returns what is derived of model from its workers
+// unloaded, derived again every sloRefresh.
+func (s *Scheduler) derivedLocked(model string, now time.Time) *derived {
+	d := s.derivedSLO[model]
+	if d != nil && now.Sub(d.at) < sloRefresh {
+		return d
+	}
+	var fleet []predict.Unloaded
+	var fastest time.Duration
+	if s.cfg.Predictor != nil {
+		for _, w := range s.workers {
+			if !w.serves(w.snapshot(), model) {
+				continue
+			}
+			if u, ok := s.cfg.Predictor.Unloaded(w.spec.Name); ok {
+				fleet = append(fleet, u)
+				if u.PrefillPer1k > 0 && (fastest == 0 || u.PrefillPer1k < fastest) {
+					fastest = u.PrefillPer1k
 				}
 			}
 		}
-		d = &derived{slo: predict.DefaultSLO(fleet), at: now}
-		s.derivedSLO[req.Model] = d
 	}
-	return slo.Or(d.slo)
+	d = &derived{slo: predict.DefaultSLO(fleet), prefillPer1k: fastest, at: now}
+	s.derivedSLO[model] = d
+	return d
 }
 
-// derived is a model's default SLO as last derived.
+// derived is what was last derived of a model from its workers unloaded:
+// its default SLO, and the prefill time per 1,000 prompt tokens of its
+// fastest worker (0 while unknown).
 type derived struct {
-	slo predict.SLO
-	at  time.Time
+	slo          predict.SLO
+	prefillPer1k time.Duration
+	at           time.Time
 }
 
 // sloRefresh is how often a model's derived default SLO is derived again.

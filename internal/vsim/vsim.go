@@ -54,6 +54,8 @@ type Config struct {
 	MaxOvertake time.Duration
 	// ShortestFirst is admission.shortest_first.
 	ShortestFirst bool
+	// YieldLate is admission.yield_late.
+	YieldLate bool
 	// KVFit is admission.kv_fit.
 	KVFit bool
 	// Admission is admission.mode (scheduler.AdmitByLimits when empty);
@@ -112,6 +114,7 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		QueueTimeout:       rc.Admission.QueueTimeout,
 		MaxOvertake:        rc.Admission.MaxOvertake,
 		ShortestFirst:      rc.Admission.ShortestFirst,
+		YieldLate:          rc.Admission.YieldLate,
 		KVFit:              rc.Admission.KVFit,
 		Admission:          rc.Admission.Mode,
 		SLOs:               rc.Admission.SLO,
@@ -410,6 +413,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		QueueTimeout:    cfg.QueueTimeout,
 		MaxOvertake:     cfg.MaxOvertake,
 		ShortestFirst:   cfg.ShortestFirst,
+		YieldLate:       cfg.YieldLate,
 		KVFit:           cfg.KVFit,
 		StaleAfter:      cfg.StaleAfter,
 		Policy:          cfg.Policy,
