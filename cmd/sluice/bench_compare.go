@@ -63,6 +63,7 @@ func benchCompare(args []string) error {
 	fs.DurationVar(&o.SLO.TTFTPer1kPrompt, "slo-ttft-per-1k", o.SLO.TTFTPer1kPrompt, "SLO: time to first token allowed per 1,000 prompt tokens")
 	fs.Float64Var(&o.SLO.MinDecodeTokS, "slo-min-decode", o.SLO.MinDecodeTokS, "SLO: per-stream decode floor in tokens/s")
 	fs.BoolVar(&o.Goodput, "goodput", false, "virtual only: also find each policy's goodput, the highest load (steps of 5% of capacity, up to 150%) at which at least 95% of requests meet the SLO")
+	fs.IntVar(&o.Seeds, "seeds", 1, "virtual only: above 1, also run every load for the seeds after --seed (Sluice and least-connections) and report how Sluice's ratios to least-connections' spread over all of them")
 	fs.BoolVar(&o.IdleFloor, "idle-floor", false, "virtual only: also replay the rows alone on copies of the fleet's fastest worker (1% load), the least time to first token any router could give them, and say at each load whether the p99 TTFT goal is within its reach")
 	workers := fs.String("workers", "", "real HTTP only: compare on these running workers instead of a sim fleet: comma-separated [NAME=]URL, kind llamacpp, models discovered; on the wall clock (time scale 1); needs --capacity")
 	fs.Float64Var(&o.Capacity, "capacity", 0, "the fleet's capacity in req/s that --loads are percentages of; required with --workers (measure it, see docs/benchmarks.md); 0 with a sim fleet estimates it")

@@ -55,6 +55,11 @@ type Options struct {
 	// Goodput scans loads in steps of 5% for the highest one each policy
 	// serves within the SLO (virtual time only).
 	Goodput bool
+	// Seeds, above 1, runs every load again for the Seeds-1 seeds after
+	// Seed, Sluice and least-connections only, and writes the spread of
+	// Sluice's ratios to least-connections' over all of them (virtual
+	// time only).
+	Seeds int
 	// IdleFloor replays the rows alone on copies of the fleet's fastest
 	// worker (virtual time only): the least time to first token any
 	// router could give them, which each load's p99 goal is judged
@@ -178,6 +183,9 @@ func Run(ctx context.Context, o Options, logw *os.File) error {
 	if err := checkWorkers(o); err != nil {
 		return err
 	}
+	if err := checkSeeds(o); err != nil {
+		return err
+	}
 	switch {
 	case o.KVEvents && len(o.Workers) > 0:
 		return errors.New("--kv-events is for a sim fleet, which publishes its KV-cache events to the router; running workers publish theirs where their own config says (workers[].kv_events in sluice serve)")
@@ -284,6 +292,7 @@ func Run(ctx context.Context, o Options, logw *os.File) error {
 	}
 	fmt.Fprintln(&md)
 
+	first := map[string]ratios{} // Sluice against least-connections, by scenario, for --seeds
 	for _, sc := range scens {
 		var runs []bench.NamedRun
 		var limits []scheduler.WorkerState
@@ -355,6 +364,9 @@ func Run(ctx context.Context, o Options, logw *os.File) error {
 		}
 		fmt.Fprintf(&md, "```\n\n")
 		writeGoals(&md, sc, runs, o.Virtual, o.TimeScale, floor)
+		if o.Seeds > 1 {
+			first[sc.name] = ratiosOf(summaryOf(runs, scheduler.PolicySluice), summaryOf(runs, scheduler.PolicyLeastConnections))
+		}
 		writeReplicas(&md, runs, one, many)
 		if o.KVEvents {
 			writeExpectedCached(&md, runs, expected, o.Virtual)
@@ -364,6 +376,11 @@ func Run(ctx context.Context, o Options, logw *os.File) error {
 	}
 	if o.Goodput {
 		if err := writeGoodput(ctx, &md, o, fleet, items, capacity, logw); err != nil {
+			return err
+		}
+	}
+	if o.Seeds > 1 {
+		if err := writeSeeds(ctx, &md, o, fleet, first, logw); err != nil {
 			return err
 		}
 	}

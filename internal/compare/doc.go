@@ -8,8 +8,9 @@
 // workers on the wall clock. Beside the per-load tables the summary can
 // hold each policy's goodput under the SLO (Options.Goodput), the idle
 // floor no router can beat (Options.IdleFloor), a row of Sluice replicas
-// sharing the fleet through Redis (Options.Replicas) and a row with the
-// engines' KV-cache events (Options.KVEvents).
+// sharing the fleet through Redis (Options.Replicas), a row with the
+// engines' KV-cache events (Options.KVEvents), and how Sluice's ratios to
+// least-connections' spread over several seeds (Options.Seeds).
 //
 // # Concurrency Model
 //
