@@ -124,7 +124,7 @@ func (q *queue) behind(buf []*Ticket, head *Ticket, bound time.Duration) []*Tick
 	if head.front {
 		return buf
 	}
-	for _, f := range q.classes[head.cls].flows {
+	q.classes[head.cls].eachFlow(func(f *flow) {
 		n := 0 // a flow's arrivals are in order: its first affinityScan will do
 		for _, t := range f.arrivals {
 			if n == affinityScan || t.enq.Sub(head.enq) > bound {
@@ -136,7 +136,7 @@ func (q *queue) behind(buf []*Ticket, head *Ticket, bound time.Duration) []*Tick
 			buf = append(buf, t)
 			n++
 		}
-	}
+	})
 	slices.SortFunc(buf, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
 	if len(buf) > affinityScan {
 		clear(buf[affinityScan:]) // the buffer is kept: it must not keep tickets

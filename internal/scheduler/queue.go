@@ -38,10 +38,14 @@ const DefaultMaxOvertake = 10 * time.Second
 // request that arrived more than maxOvertake before that class's pick: a
 // request is never overtaken by a higher class that arrived more than
 // maxOvertake after it. Within a class, tenants share by token cost with
-// start-time fair queueing (the flow with the lowest start tag goes next;
-// serving a request of cost c advances its flow's tag by c/weight). Within
-// a tenant the cheapest request goes first, unless the tenant's oldest
-// arrived more than maxOvertake before it, in which case the oldest does.
+// start-time fair queueing (the tenant with the lowest start tag goes next;
+// serving a request of cost c advances its tenant's tag by c/weight).
+// Within a tenant its flows (Request.Flow: one per session with
+// fair_share_by: session, else the tenant's one) share the tenant's turns
+// the same way, each with weight 1, so a tenant gains nothing by splitting
+// its requests into more flows. Within a flow the cheapest request goes
+// first, unless the flow's oldest arrived more than maxOvertake before it,
+// in which case the oldest does.
 type queue struct {
 	since   time.Time // when this backlog began
 	spec    bool      // no worker was known to serve the model when it was created
@@ -51,19 +55,28 @@ type queue struct {
 	work    float64 // their expected cost in tokens
 }
 
-// classQueue is one class's part of a model's queue: a flow per tenant
-// and the class's virtual time.
+// classQueue is one class's part of a model's queue: its tenants and the
+// class's virtual time.
 type classQueue struct {
-	flows map[string]*flow
-	v     float64 // start tag of the request of this class bound last
-	n     int
-	work  float64
+	tenants map[string]*tenantQueue
+	v       float64 // start tag of the tenant of this class bound last
+	n       int
+	work    float64
 }
 
-// flow is one tenant's requests of one class.
+// tenantQueue is one tenant's requests of one class: its flows and the
+// tenant's virtual time among them.
+type tenantQueue struct {
+	weight float64
+	start  float64 // start tag of the tenant's next request
+	flows  map[string]*flow
+	v      float64 // start tag of the tenant's flow bound last
+	n      int
+}
+
+// flow is one flow's requests within its tenant and class.
 type flow struct {
-	weight   float64
-	start    float64   // start tag of the flow's next request
+	start    float64   // start tag of the flow's next request, within its tenant
 	arrivals []*Ticket // by arrival; entries no longer in byCost are dead
 	dead     int
 	byCost   costHeap
@@ -85,16 +98,25 @@ func (q *queue) push(t *Ticket, weight float64) {
 	cq := &q.classes[t.cls]
 	cq.n++
 	cq.work += t.cost
-	if cq.flows == nil {
-		cq.flows = map[string]*flow{}
+	if cq.tenants == nil {
+		cq.tenants = map[string]*tenantQueue{}
 	}
-	f := cq.flows[t.req.flow()]
+	tq := cq.tenants[t.req.Tenant]
+	if tq == nil {
+		tq = &tenantQueue{weight: weight, start: cq.v, flows: map[string]*flow{}}
+		cq.tenants[t.req.Tenant] = tq
+	}
+	if tq.n == 0 {
+		tq.start = max(tq.start, cq.v) // a tenant idle for a while gets no credit
+	}
+	tq.n++
+	f := tq.flows[t.req.Flow]
 	if f == nil {
-		f = &flow{weight: weight, start: cq.v}
-		cq.flows[t.req.flow()] = f
+		f = &flow{start: tq.v}
+		tq.flows[t.req.Flow] = f
 	}
 	if len(f.byCost) == 0 {
-		f.start = max(f.start, cq.v) // a flow idle for a while gets no credit
+		f.start = max(f.start, tq.v) // nor does a flow within its tenant
 	}
 	f.arrivals = append(f.arrivals, t)
 	heap.Push(&f.byCost, t)
@@ -102,8 +124,8 @@ func (q *queue) push(t *Ticket, weight float64) {
 }
 
 // remove takes t out of the queue. When bound is set t is being served:
-// its flow is charged its cost and the class's virtual time moves to the
-// flow's start tag.
+// its tenant and its flow are charged its cost, the class's virtual time
+// moves to the tenant's start tag and the tenant's to the flow's.
 func (q *queue) remove(t *Ticket, bound bool) {
 	q.n--
 	q.work -= t.cost
@@ -119,7 +141,9 @@ func (q *queue) remove(t *Ticket, bound bool) {
 	cq := &q.classes[t.cls]
 	cq.n--
 	cq.work -= t.cost
-	f := cq.flows[t.req.flow()]
+	tq := cq.tenants[t.req.Tenant]
+	tq.n--
+	f := tq.flows[t.req.Flow]
 	heap.Remove(&f.byCost, t.hidx)
 	f.work -= t.cost
 	f.dead++
@@ -139,18 +163,26 @@ func (q *queue) remove(t *Ticket, bound bool) {
 		f.arrivals, f.dead = keep, 0
 	}
 	if bound {
-		cq.v = f.start
-		f.start += t.cost / f.weight
-	}
-	// An idle flow is kept only while its tag is ahead of the class's
-	// virtual time: until then it has had more than its share.
-	for name, g := range cq.flows {
-		if len(g.byCost) == 0 && g.start <= cq.v {
-			delete(cq.flows, name)
-		}
+		cq.v = tq.start
+		tq.start += t.cost / tq.weight
+		tq.v = f.start
+		f.start += t.cost
 	}
 	if len(f.byCost) == 0 {
 		f.work = 0 // no float drift on an empty flow
+	}
+	// An idle tenant, or flow, is kept only while its tag is ahead of the
+	// virtual time it is measured against: until then it has had more than
+	// its share.
+	for name, g := range tq.flows {
+		if len(g.byCost) == 0 && g.start <= tq.v {
+			delete(tq.flows, name)
+		}
+	}
+	for name, g := range cq.tenants {
+		if g.n == 0 && g.start <= cq.v {
+			delete(cq.tenants, name)
+		}
 	}
 }
 
@@ -184,12 +216,30 @@ func (q *queue) next(o order) *Ticket {
 	return pick
 }
 
-// winner is the class's next request: the flow with the lowest start tag
-// (ties to the flow whose oldest request came first), then that flow's
+// winner is the class's next request: the tenant with the lowest start
+// tag (ties to the tenant whose oldest request came first), then within it
+// the flow with the lowest start tag (ties the same way), then that flow's
 // pick.
 func (cq *classQueue) winner(maxOvertake time.Duration) *Ticket {
+	var best *tenantQueue
+	var bestOldest *Ticket
+	for _, tq := range cq.tenants {
+		if tq.n == 0 {
+			continue
+		}
+		o := tq.oldest()
+		if best == nil || tq.start < best.start || (tq.start == best.start && o.seq < bestOldest.seq) {
+			best, bestOldest = tq, o
+		}
+	}
+	return best.winner().pick(maxOvertake)
+}
+
+// winner is the tenant's flow that goes next: the lowest start tag, ties
+// to the flow whose oldest request came first.
+func (tq *tenantQueue) winner() *flow {
 	var best *flow
-	for _, f := range cq.flows {
+	for _, f := range tq.flows {
 		if len(f.byCost) == 0 {
 			continue
 		}
@@ -197,18 +247,38 @@ func (cq *classQueue) winner(maxOvertake time.Duration) *Ticket {
 			best = f
 		}
 	}
-	return best.pick(maxOvertake)
+	return best
 }
 
 // oldest is the class's earliest arrival still waiting.
 func (cq *classQueue) oldest() *Ticket {
 	var o *Ticket
-	for _, f := range cq.flows {
+	for _, tq := range cq.tenants {
+		if x := tq.oldest(); x != nil && (o == nil || x.seq < o.seq) {
+			o = x
+		}
+	}
+	return o
+}
+
+// oldest is the tenant's earliest arrival still waiting.
+func (tq *tenantQueue) oldest() *Ticket {
+	var o *Ticket
+	for _, f := range tq.flows {
 		if len(f.arrivals) > 0 && (o == nil || f.arrivals[0].seq < o.seq) {
 			o = f.arrivals[0]
 		}
 	}
 	return o
+}
+
+// eachFlow calls fn for every flow of the class.
+func (cq *classQueue) eachFlow(fn func(*flow)) {
+	for _, tq := range cq.tenants {
+		for _, f := range tq.flows {
+			fn(f)
+		}
+	}
 }
 
 // pick is the flow's next request: the cheapest of those that arrived no
@@ -237,19 +307,20 @@ func (q *queue) each(fn func(*Ticket)) {
 		fn(t)
 	}
 	for i := range q.classes {
-		for _, f := range q.classes[i].flows {
+		q.classes[i].eachFlow(func(f *flow) {
 			for _, t := range f.byCost {
 				fn(t)
 			}
-		}
+		})
 	}
 }
 
 // ahead estimates the work, in tokens, that would be bound before t if it
 // joined the queue now: retries and higher classes first, then within its
-// class what fair share lets through while t's tenant works off its own
-// backlog (the fluid picture of fair queueing: each other tenant gets
-// weight/weight(t) as much).
+// class what fair share lets through while t's flow works off its own
+// backlog (the fluid picture of fair queueing: each other flow of its
+// tenant gets as much, each other tenant weight/weight(t) as much as t's
+// tenant).
 func (q *queue) ahead(t *Ticket, weight float64) float64 {
 	w := 0.0
 	for _, r := range q.retries {
@@ -259,15 +330,33 @@ func (q *queue) ahead(t *Ticket, weight float64) float64 {
 		w += q.classes[i].work
 	}
 	cq := &q.classes[t.cls]
-	own := 0.0
-	if f := cq.flows[t.req.flow()]; f != nil {
-		own = f.work
+	own := 0.0 // of t's tenant
+	if tq := cq.tenants[t.req.Tenant]; tq != nil {
+		mine := 0.0 // of t's flow
+		if f := tq.flows[t.req.Flow]; f != nil {
+			mine = f.work
+		}
+		own = mine
+		for name, f := range tq.flows {
+			if name != t.req.Flow {
+				own += min(f.work, mine)
+			}
+		}
 	}
 	w += own
-	for name, f := range cq.flows {
-		if name != t.req.flow() {
-			w += min(f.work, own*f.weight/weight)
+	for name, tq := range cq.tenants {
+		if name != t.req.Tenant {
+			w += min(tq.work(), own*tq.weight/weight)
 		}
+	}
+	return w
+}
+
+// work is the expected cost, in tokens, of the tenant's waiting requests.
+func (tq *tenantQueue) work() float64 {
+	w := 0.0
+	for _, f := range tq.flows {
+		w += f.work
 	}
 	return w
 }

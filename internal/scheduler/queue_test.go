@@ -311,3 +311,51 @@ func TestScheduler_DeadlineUnmeetableRefusedAtOnce(t *testing.T) {
 		t.Fatalf("interactive deadline %v, want %v", got, want)
 	}
 }
+
+// With fair share by session, a tenant's sessions share that tenant's
+// part of the queue: ten sessions of tenant a against one of tenant b
+// still bind a, b, a, b..., and a's turns go round its sessions. A client
+// that invents session ids gains nothing over its tenant's share.
+func TestScheduler_SessionsShareWithinTheirTenant(t *testing.T) {
+	s := newSched(t, Config{MaxQueue: 200}, workers(1, 1, "m")...)
+	held, _ := s.Submit(Request{Model: "m"}, nil).Result()
+	var log bindLog
+	var tickets []*Ticket
+	for i := range 10 {
+		for range 5 {
+			name := fmt.Sprint("a/s", i)
+			tickets = append(tickets, s.Submit(Request{Model: "m", Tenant: "a", Flow: name, PromptTokens: 100, MaxTokens: 100}, log.notify(name)))
+		}
+	}
+	for range 50 {
+		tickets = append(tickets, s.Submit(Request{Model: "m", Tenant: "b", Flow: "b/s0", PromptTokens: 100, MaxTokens: 100}, log.notify("b/s0")))
+	}
+	serveAll(t, held, tickets)
+	want := []string{"a/s0", "b/s0", "a/s1", "b/s0", "a/s2", "b/s0", "a/s3", "b/s0", "a/s4", "b/s0", "a/s5", "b/s0", "a/s6", "b/s0", "a/s7", "b/s0", "a/s8", "b/s0", "a/s9", "b/s0", "a/s0", "b/s0"}
+	if diff := cmp.Diff(want, log.names[:len(want)]); diff != "" {
+		t.Fatalf("bind order (-want +got):\n%s", diff)
+	}
+}
+
+// The wait predicted for a request counts a tenant's sessions as sharing
+// that tenant's part of the queue: ten sessions of a do not put ten
+// shares of work ahead of b's next request.
+func TestQueue_AheadCountsSessionsWithinTheirTenant(t *testing.T) {
+	q := newQueue(1, time.Unix(1000, 0))
+	var seq uint64
+	enqueue := func(tenant, flow string) *Ticket {
+		seq++
+		tk := &Ticket{req: Request{Tenant: tenant, Flow: flow}, seq: seq, cost: 200, hidx: -1}
+		q.push(tk, 1)
+		return tk
+	}
+	for i := range 10 {
+		enqueue("a", fmt.Sprint("s", i))
+	}
+	enqueue("b", "s0")
+	next := &Ticket{req: Request{Tenant: "b", Flow: "s0"}, cost: 200, hidx: -1}
+	// b's one request, then as much of a's work: 200 + 200.
+	if got, want := q.ahead(next, 1), 400.0; got != want {
+		t.Fatalf("work ahead of b's next request %v tokens, want %v", got, want)
+	}
+}

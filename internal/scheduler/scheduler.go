@@ -65,8 +65,9 @@
 // retries first; then the highest class, except that no request is
 // overtaken by a higher class arriving more than MaxOvertake after it;
 // within a class the tenant with the lowest start-time fair-queueing tag
-// (shares by token cost and tenant weight); within a tenant arrival order,
-// or cheapest first within MaxOvertake with ShortestFirst.
+// (shares by token cost and tenant weight), then within the tenant the
+// flow (Request.Flow) with the lowest tag, each weighing 1; within a flow
+// arrival order, or cheapest first within MaxOvertake with ShortestFirst.
 //
 // A ticket ends exactly once: bound to a Lease or refused with a *Refusal.
 // Cancel refuses a ticket only if it is still queued and reports whether

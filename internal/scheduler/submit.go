@@ -57,17 +57,12 @@ type Request struct {
 	// ("header x-session-id", "prompt_cache_key", ...). Empty: none.
 	Session       string
 	SessionSource string
-	// Flow is the fair-share flow of the request in the queue; empty is
-	// its Tenant (the default, admission.fair_share_by: tenant).
+	// Flow is the request's fair-share flow within its Tenant
+	// (admission.fair_share_by: session makes it the session): fair share
+	// is kept between tenants, by their weights, then between the flows
+	// of a tenant, equally, within the tenant's share. Empty is the
+	// tenant's own flow (the default, fair_share_by: tenant).
 	Flow string
-}
-
-// flow is the key of req's fair-share flow: Flow when set, else Tenant.
-func (req *Request) flow() string {
-	if req.Flow != "" {
-		return req.Flow
-	}
-	return req.Tenant
 }
 
 // Submit enters a request into admission. If a worker can take it now the
