@@ -395,8 +395,9 @@ type Admission struct {
 	Mode string `yaml:"mode"`
 	// FairShareBy is the fair-share flow of the queue: "tenant" (the
 	// default: each tenant shares with the others) or "session" (each
-	// session, within its tenant's name, is a flow of its own, so one
-	// agent's burst does not hold back another's; see sessions).
+	// session is a flow of its own within its tenant's share, so one
+	// agent's burst does not hold back another's, and more sessions do
+	// not make a bigger share; see sessions).
 	FairShareBy string `yaml:"fair_share_by"`
 }
 

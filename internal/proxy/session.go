@@ -86,7 +86,8 @@ func (h *Handler) session(r *http.Request, p parsed, req *scheduler.Request) {
 	}
 	req.Session, req.SessionSource = sessionDigest(key), src
 	if h.opt.FairShareBySession {
-		// Namespaced by tenant, so two tenants never share a flow.
-		req.Flow = req.Tenant + "\x00" + req.Session
+		// A flow within the tenant's share: a client that names more
+		// sessions splits its tenant's share, it does not add to it.
+		req.Flow = req.Session
 	}
 }
