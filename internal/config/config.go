@@ -36,8 +36,14 @@ type Config struct {
 	// LogFormat is "text" or "json".
 	LogFormat string `yaml:"log_format"`
 	// Policy is the routing policy: "sluice" (default) or a baseline
-	// ("round-robin", "least-connections", "random", "p2c") for comparison.
+	// ("round-robin", "least-connections", "random", "p2c",
+	// "consistent-hash") for comparison.
 	Policy string `yaml:"policy"`
+	// HashLoadBound is the consistent-hash baseline's load bound: a
+	// worker takes the requests whose prompt hashes to it while its
+	// requests in flight are under this many times the mean. 0 is
+	// scheduler.DefaultHashLoadBound.
+	HashLoadBound float64 `yaml:"hash_load_bound"`
 	// Workers are the inference servers behind the router.
 	Workers []Worker `yaml:"workers"`
 	// Weights are the score weights; keys left out keep their defaults.
@@ -621,14 +627,15 @@ var Kinds = fleet.Kinds
 // DefaultConfig returns the configuration used for every key left out.
 func DefaultConfig() Config {
 	return Config{
-		Listen:    "127.0.0.1:8080",
-		LogFormat: "text",
-		Policy:    string(scheduler.PolicySluice),
-		Weights:   scheduler.DefaultWeights(),
-		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, AffinityHerd: scheduler.DefaultAffinityHerd, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
-		Stats:     Stats{Alpha: 0.2, FlushInterval: time.Second},
-		Decisions: Decisions{RingSize: 1024},
-		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
+		Listen:        "127.0.0.1:8080",
+		LogFormat:     "text",
+		Policy:        string(scheduler.PolicySluice),
+		HashLoadBound: scheduler.DefaultHashLoadBound,
+		Weights:       scheduler.DefaultWeights(),
+		Admission:     Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, AffinityHerd: scheduler.DefaultAffinityHerd, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
+		Stats:         Stats{Alpha: 0.2, FlushInterval: time.Second},
+		Decisions:     Decisions{RingSize: 1024},
+		Telemetry:     Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
 		Proxy: Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond, IdleConnTimeout: DefaultIdleConnTimeouts(),
 			MaxContinuations: 1, DrainDeadline: 30 * time.Second},
 		Server:   ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
@@ -686,6 +693,9 @@ func (c *Config) Validate() error {
 	}
 	if !slices.Contains(scheduler.Policies, scheduler.Policy(c.Policy)) {
 		bad("policy", "%q is not one of %s", c.Policy, oneOf(scheduler.Policies))
+	}
+	if c.HashLoadBound != 0 && !(c.HashLoadBound >= 1 && c.HashLoadBound <= 100) {
+		bad("hash_load_bound", "%v must be from 1 to 100 (times the mean load)", c.HashLoadBound)
 	}
 	if len(c.Workers) == 0 {
 		if c.Discovery.Kubernetes == nil {

@@ -18,10 +18,11 @@ const (
 	PolicyLeastConnections Policy = "least-connections"
 	PolicyRandom           Policy = "random"
 	PolicyPowerOfTwo       Policy = "p2c"
+	PolicyConsistentHash   Policy = "consistent-hash"
 )
 
 // Policies lists every policy, Sluice's first.
-var Policies = []Policy{PolicySluice, PolicyRoundRobin, PolicyLeastConnections, PolicyRandom, PolicyPowerOfTwo}
+var Policies = []Policy{PolicySluice, PolicyRoundRobin, PolicyLeastConnections, PolicyRandom, PolicyPowerOfTwo, PolicyConsistentHash}
 
 // A picker is a policy's choice among a pick's eligible workers (at
 // least one): choose returns the index in p.elig of the worker to serve
@@ -33,8 +34,9 @@ type picker interface {
 }
 
 // newPicker returns the picker of a policy. The random ones draw from a
-// source seeded by seed, so a benchmark's baselines are reproducible.
-func newPicker(policy Policy, terms []WeightedTerm, sc *scratch, seed uint64) picker {
+// source seeded by seed, so a benchmark's baselines are reproducible;
+// consistent-hash bounds each worker's load by bound (1 or more).
+func newPicker(policy Policy, terms []WeightedTerm, sc *scratch, seed uint64, bound float64) picker {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	switch policy {
 	case PolicyRoundRobin:
@@ -45,6 +47,8 @@ func newPicker(policy Policy, terms []WeightedTerm, sc *scratch, seed uint64) pi
 		return randomPicker{rng}
 	case PolicyPowerOfTwo:
 		return powerOfTwo{rng}
+	case PolicyConsistentHash:
+		return &consistentHash{bound: bound}
 	}
 	return &scorePicker{terms: terms, sc: sc}
 }

@@ -87,6 +87,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -151,6 +152,11 @@ type Config struct {
 	// Seed seeds the random baselines; Sluice's own policy uses no
 	// randomness.
 	Seed uint64
+	// HashLoadBound is the consistent-hash baseline's load bound (1 or
+	// more; 0 is DefaultHashLoadBound): how much busier than the mean a
+	// worker may get before the requests that hash to it go on to the
+	// next worker on the ring.
+	HashLoadBound float64
 	// Clock tells the time; WallClock when nil.
 	Clock Clock
 	// Stats supplies measured averages; nil means none.
@@ -321,7 +327,13 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		}
 		s.adapters[a.Name] = a
 	}
-	s.picker = newPicker(cfg.Policy, s.terms, &s.scratch, cfg.Seed)
+	if cfg.HashLoadBound == 0 {
+		cfg.HashLoadBound = DefaultHashLoadBound
+	}
+	if cfg.HashLoadBound < 1 || math.IsNaN(cfg.HashLoadBound) || math.IsInf(cfg.HashLoadBound, 0) {
+		return nil, fmt.Errorf("scheduler: hash load bound %v: must be 1 or more", cfg.HashLoadBound)
+	}
+	s.picker = newPicker(cfg.Policy, s.terms, &s.scratch, cfg.Seed, cfg.HashLoadBound)
 	if cfg.SessionAffinity {
 		s.sessions = newSessionTable(cfg.SessionTTL, cfg.MaxSessions)
 	}

@@ -166,6 +166,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		StaleAfter:    cfg.Telemetry.StaleAfter,
 		Limits:        cfg.Limits.Scheduler(),
 		Policy:        scheduler.Policy(cfg.Policy),
+		HashLoadBound: cfg.HashLoadBound,
 		Stats:         s.tracker,
 		Recorder:      s.record,
 		PrefixIndex:   prefixIndex,

@@ -76,6 +76,7 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	if rc.Policy == "" {
 		rc.Policy = string(scheduler.PolicySluice)
 	}
+	rc.HashLoadBound = c.HashLoadBound
 	if c.Weights != nil {
 		rc.Weights = *c.Weights
 	}
