@@ -364,11 +364,6 @@ type Admission struct {
 	// plus expected output tokens), bounded by MaxOvertake; off, they go
 	// in arrival order.
 	ShortestFirst bool `yaml:"shortest_first"`
-	// YieldLate lets a queued request that can no longer get its first
-	// token within its SLO's objective go after the requests behind it
-	// that still can, bounded by MaxOvertake; off by default (see
-	// scheduler.Config.YieldLate).
-	YieldLate bool `yaml:"yield_late"`
 	// KVFit passes over a worker whose KV cache cannot take a request's
 	// prompt now, and holds the request in the queue when none can; on
 	// by default (see scheduler.Config.KVFit).

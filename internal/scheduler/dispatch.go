@@ -120,14 +120,7 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 		}
 	}
 	if t := q.next(s.order); t != nil {
-		head := t
-		if u := s.lateOvertakeLocked(q, head, now); u != nil {
-			t = u // the head can no longer keep its promise; u still can (late.go)
-		}
 		c := s.pickQueuedLocked(t, now)
-		if t != head {
-			explainLate(c.rec, head, t)
-		}
 		// A request behind the head may go first where its prefix is
 		// cached, within the aging bound (see affinity.go).
 		if u, uc := s.affinityOvertakeLocked(q, t, c.w, now); u != nil {

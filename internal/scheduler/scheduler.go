@@ -135,12 +135,6 @@ type Config struct {
 	// virtual time it raised p99 TTFT (see docs/routing.md, Priorities and fair
 	// share).
 	ShortestFirst bool
-	// YieldLate lets a queued request that can no longer get its first
-	// token within its SLO's objective go after the requests behind it
-	// that still can, within MaxOvertake (late.go). Off by default: it
-	// keeps more promises under overload at the cost of the p99 of the
-	// ones already missed.
-	YieldLate bool
 	// KVFit turns on the KV-fit rule (kvfit.go): a worker whose shared KV
 	// cache cannot take the request's prompt now is passed over, and the
 	// request waits in the queue rather than inside a worker when none

@@ -161,7 +161,6 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		TenantWeights: cfg.Admission.TenantWeights,
 		MaxOvertake:   cfg.Admission.MaxOvertake,
 		ShortestFirst: cfg.Admission.ShortestFirst,
-		YieldLate:     cfg.Admission.YieldLate,
 		KVFit:         cfg.Admission.KVFit,
 		StaleAfter:    cfg.Telemetry.StaleAfter,
 		Limits:        cfg.Limits.Scheduler(),

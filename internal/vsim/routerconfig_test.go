@@ -60,24 +60,3 @@ func TestRouterConfig_CarriesAffinity(t *testing.T) {
 		t.Errorf("default: predicted_affinity %v, affinity_herd %v, sessions.affinity %v; want false, %v, true", def.Admission.PredictedAffinity, def.Admission.AffinityHerd, def.Sessions.Affinity, scheduler.DefaultAffinityHerd)
 	}
 }
-
-// admission.yield_late reaches the simulation and the router a real-HTTP
-// run starts; it is off by default.
-func TestRouterConfig_CarriesYieldLate(t *testing.T) {
-	urls := []string{"http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"}
-	rc := config.DefaultConfig()
-	if rc.Admission.YieldLate {
-		t.Fatal("admission.yield_late is on by default")
-	}
-	rc.Admission.YieldLate = true
-	c := FromRouterConfig(rc, sim.DemoFleet())
-	if !c.YieldLate {
-		t.Error("the simulation does not yield late requests")
-	}
-	if !RouterConfig(c, urls, 10).Admission.YieldLate {
-		t.Error("the real-HTTP router does not yield late requests")
-	}
-	if RouterConfig(DefaultConfig(sim.DemoFleet()), urls, 1).Admission.YieldLate {
-		t.Error("the default real-HTTP router yields late requests")
-	}
-}

@@ -54,8 +54,6 @@ type Config struct {
 	MaxOvertake time.Duration
 	// ShortestFirst is admission.shortest_first.
 	ShortestFirst bool
-	// YieldLate is admission.yield_late.
-	YieldLate bool
 	// KVFit is admission.kv_fit.
 	KVFit bool
 	// Admission is admission.mode (scheduler.AdmitByLimits when empty);
@@ -118,7 +116,6 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		QueueTimeout:       rc.Admission.QueueTimeout,
 		MaxOvertake:        rc.Admission.MaxOvertake,
 		ShortestFirst:      rc.Admission.ShortestFirst,
-		YieldLate:          rc.Admission.YieldLate,
 		KVFit:              rc.Admission.KVFit,
 		Admission:          rc.Admission.Mode,
 		SLOs:               rc.Admission.SLO,
@@ -417,7 +414,6 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		QueueTimeout:    cfg.QueueTimeout,
 		MaxOvertake:     cfg.MaxOvertake,
 		ShortestFirst:   cfg.ShortestFirst,
-		YieldLate:       cfg.YieldLate,
 		KVFit:           cfg.KVFit,
 		StaleAfter:      cfg.StaleAfter,
 		Policy:          cfg.Policy,
