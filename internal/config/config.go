@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"math"
 	"net"
 	"net/url"
 	"os"
@@ -368,18 +367,6 @@ type Admission struct {
 	// prompt now, and holds the request in the queue when none can; on
 	// by default (see scheduler.Config.KVFit).
 	KVFit bool `yaml:"kv_fit"`
-	// PredictedAffinity lets a worker that holds more of a request's
-	// prompt prefix than the score's choice take it when the predictor
-	// says that costs less: the request's own first token plus what the
-	// streams there lose to it (see scheduler.Config.PredictedAffinity).
-	PredictedAffinity bool `yaml:"predicted_affinity"`
-	// AffinityHerd bounds PredictedAffinity: it never sends a request
-	// where it would make a worker run two or more, over AffinityHerd ×
-	// the mean of the model's healthy workers, while one of them runs
-	// nothing. 1.5 by default; 0 lifts the bound, for a fleet whose
-	// operator prefers cache hits to an even load (docs/routing.md,
-	// Agent sessions, measures both).
-	AffinityHerd float64 `yaml:"affinity_herd"`
 	// SLO is each priority class's service-level objective, by class
 	// name: its time to first token (ttft plus ttft_per_1k_prompt_tokens
 	// per 1,000 prompt tokens not expected to be cached), its per-stream
@@ -400,15 +387,6 @@ type Admission struct {
 	// agent's burst does not hold back another's, and more sessions do
 	// not make a bigger share; see sessions).
 	FairShareBy string `yaml:"fair_share_by"`
-}
-
-// SchedulerAffinityHerd is AffinityHerd as scheduler.Config takes it,
-// where 0 is the default bound and a negative number none.
-func (a Admission) SchedulerAffinityHerd() float64 {
-	if a.AffinityHerd == 0 {
-		return -1
-	}
-	return a.AffinityHerd
 }
 
 // Stats configures the moving averages.
@@ -627,7 +605,7 @@ func DefaultConfig() Config {
 		Policy:        string(scheduler.PolicySluice),
 		HashLoadBound: scheduler.DefaultHashLoadBound,
 		Weights:       scheduler.DefaultWeights(),
-		Admission:     Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, AffinityHerd: scheduler.DefaultAffinityHerd, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
+		Admission:     Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
 		Stats:         Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions:     Decisions{RingSize: 1024},
 		Telemetry:     Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
@@ -787,9 +765,6 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.LoRA.validate(c.Workers)...)
 	if c.Admission.MaxOvertake <= 0 {
 		bad("admission.max_overtake", "must be positive, got %v", c.Admission.MaxOvertake)
-	}
-	if h := c.Admission.AffinityHerd; h != 0 && (math.IsNaN(h) || math.IsInf(h, 0) || h < 1) {
-		bad("admission.affinity_herd", "must be 0 (no bound) or a finite number of at least 1 (a worker's load over the fleet's mean), got %v", h)
 	}
 	if c.Stats.Alpha <= 0 || c.Stats.Alpha > 1 {
 		bad("stats.alpha", "%v is outside (0, 1]", c.Stats.Alpha)

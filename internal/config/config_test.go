@@ -91,56 +91,6 @@ func TestParse_KVFitOnUnlessTurnedOff(t *testing.T) {
 	}
 }
 
-func TestParse_PredictedAffinityOffUnlessTurnedOn(t *testing.T) {
-	for _, tc := range []struct {
-		yaml string
-		want bool
-	}{
-		{"workers: [{name: a, url: 'http://h:1'}]", false},
-		{"workers: [{name: a, url: 'http://h:1'}]\nadmission: {predicted_affinity: true}", true},
-	} {
-		cfg, err := Parse(strings.NewReader(tc.yaml))
-		if err != nil {
-			t.Fatalf("%q: %v", tc.yaml, err)
-		}
-		if got := cfg.Admission.PredictedAffinity; got != tc.want {
-			t.Errorf("%q: admission.predicted_affinity = %v, want %v", tc.yaml, got, tc.want)
-		}
-	}
-}
-
-// admission.affinity_herd is 1.5 unless set; 0 lifts the bound (the
-// scheduler's negative), and anything else under 1 is refused by name.
-func TestParse_AffinityHerd(t *testing.T) {
-	const w = "workers: [{name: a, url: 'http://h:1'}]\n"
-	for _, tc := range []struct {
-		yaml      string
-		want      float64 // the scheduler's
-		wantError string
-	}{
-		{w, 1.5, ""},
-		{w + "admission: {affinity_herd: 2}", 2, ""},
-		{w + "admission: {affinity_herd: 0}", -1, ""},
-		{w + "admission: {affinity_herd: 0.5}", 0, "admission.affinity_herd"},
-		{w + "admission: {affinity_herd: -1}", 0, "admission.affinity_herd"},
-		{w + "admission: {affinity_herd: .inf}", 0, "admission.affinity_herd"},
-	} {
-		cfg, err := Parse(strings.NewReader(tc.yaml))
-		if tc.wantError != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.wantError) {
-				t.Errorf("%q: error %v, want one naming %s", tc.yaml, err, tc.wantError)
-			}
-			continue
-		}
-		if err != nil {
-			t.Fatalf("%q: %v", tc.yaml, err)
-		}
-		if got := cfg.Admission.SchedulerAffinityHerd(); got != tc.want {
-			t.Errorf("%q: the scheduler's bound %v, want %v", tc.yaml, got, tc.want)
-		}
-	}
-}
-
 // An optional term's weight is written beside the shipped ones and turns
 // the term on.
 func TestParse_OptionalTermWeight(t *testing.T) {

@@ -164,14 +164,12 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 		pr = s.newPickRecordLocked(p)
 	}
 	c := choice{kvHeld: p.kvHeld}
-	var aff *affinityChoice
 	if always && pr != nil && !p.baseline {
 		// A refusal's record: who could have taken the request, scored
 		// when the record is read, not under the lock.
 		pr.unscored = len(p.elig) > 0
 	} else if len(p.elig) > 0 {
 		best := s.picker.choose(p, pr)
-		best, aff = s.predictedAffinityLocked(p, best)
 		if s.ledger != nil && p.binding && !p.baseline {
 			// The ledger chooses, outside the lock; best is held meanwhile.
 			s.pendingSharedLocked(p, pr)
@@ -212,9 +210,6 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	}
 	pr.keepLocked(s, p)
 	pr.rec.SetExplain(pr.explain)
-	if aff != nil {
-		pr.rec.AddExplain(aff.explain)
-	}
 	c.rec = &pr.rec
 	return c
 }

@@ -176,16 +176,6 @@ type Config struct {
 	SessionAffinity bool
 	SessionTTL      time.Duration
 	MaxSessions     int
-	// PredictedAffinity lets a worker holding more of a request's prompt
-	// than the score's choice take it when the Predictor says that costs
-	// less: the request's own first token plus what the streams running
-	// there lose to it (affinity_predict.go). Only with a Predictor and
-	// the prefix term weighted. AffinityHerd bounds it: it never makes a
-	// worker run two or more, over AffinityHerd × the mean of the model's
-	// healthy workers, while one of them runs nothing (1.5 when 0; below
-	// 0 it has no bound, for measuring what the bound costs).
-	PredictedAffinity bool
-	AffinityHerd      float64
 	// IDPrefix starts every decision ID; when empty, the start time and a
 	// random part, so IDs stay unique across restarts and between replicas
 	// started together.

@@ -176,9 +176,6 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Predictor:       predict.New(s.tracker),
 		Admission:       cfg.Admission.Mode,
 		SLOs:            cfg.Admission.SLO,
-		// A prefix holder may win on prediction (scheduler/affinity_predict.go).
-		PredictedAffinity: cfg.Admission.PredictedAffinity,
-		AffinityHerd:      cfg.Admission.SchedulerAffinityHerd(),
 	})
 	if err != nil {
 		s.shared.close()

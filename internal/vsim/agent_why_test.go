@@ -124,9 +124,7 @@ func whyTurnsMove(t *testing.T, cfg Config, items []bench.Item, sysBlocks int) t
 // sessions, quotes it. Requests wait for the answer they follow, so none
 // finds its predecessor running; sent at their open-loop times instead,
 // half do, and then the conversation's own previous request is the one
-// request more that the score sends the next away from. With
-// admission.predicted_affinity, what still moves a turn off an eligible
-// worker is mostly the no-herding bound.
+// request more that the score sends the next away from.
 //
 //	go test -run TestRun_AgentSessionsWhyTurnsMove -v ./internal/vsim/
 func TestRun_AgentSessionsWhyTurnsMove(t *testing.T) {
@@ -149,20 +147,20 @@ func TestRun_AgentSessionsWhyTurnsMove(t *testing.T) {
 	t.Logf("a router finding every previous prompt cached would find %.1f%% of prompt tokens; the system prompt alone is %.1f%%", pct(best, all), pct(sys, all))
 	for _, load := range []float64{0.5, 0.8} {
 		for _, v := range []struct {
-			name              string
-			items             []bench.Item
-			closed, predicted bool
-		}{{"open loop", open, false, false}, {"closed loop", base, true, false}, {"closed loop, predicted_affinity", base, true, true}} {
+			name   string
+			items  []bench.Item
+			closed bool
+		}{{"open loop", open, false}, {"closed loop", base, true}} {
 			items, err := AtRate(v.items, load*Capacity(fleet, v.items))
 			if err != nil {
 				t.Fatal(err)
 			}
 			cfg := DefaultConfig(fleet)
-			cfg.SessionAffinity, cfg.PredictedAffinity = true, v.predicted
+			cfg.SessionAffinity = true
 			m := whyTurnsMove(t, cfg, items, 2000/128)
 			t.Logf("load %.0f%%, %s: %d next turns, %d stayed (%.0f%% of their prompt cached), %d moved (%.0f%%); %d found the turn before still running, %d of them moved",
 				100*load, v.name, m.next, m.stayed, pct(m.stayedCached, m.stayedPrompt), m.moved, pct(m.movedCached, m.movedPrompt), m.prevRunning, m.movedRunning)
-			t.Logf("  moved: worker before ineligible %d (KV fit %d, at its limit %d, other %d), eligible and lost %d (running more than the chosen %d, not %d); no-herding bound forbade it %d; it still held the conversation %d",
+			t.Logf("  moved: worker before ineligible %d (KV fit %d, at its limit %d, other %d), eligible and lost %d (running more than the chosen %d, not %d); would have herded there %d; it still held the conversation %d",
 				m.kvFit+m.full+m.otherIneligible, m.kvFit, m.full, m.otherIneligible, m.lostBusier+m.lostEven, m.lostBusier, m.lostEven, m.herdBound, m.prevHeld)
 			if m.stayed+m.moved != m.next || m.kvFit+m.full+m.otherIneligible+m.lostBusier+m.lostEven != m.moved {
 				t.Errorf("%+v: the counts do not add up", m)
@@ -172,11 +170,6 @@ func TestRun_AgentSessionsWhyTurnsMove(t *testing.T) {
 			}
 			if !v.closed && m.prevRunning < m.next/4 {
 				t.Errorf("load %.0f%%, %s: only %d of %d next requests found the one before running", 100*load, v.name, m.prevRunning, m.next)
-			}
-			// With the predicted rule, what still moves a conversation off
-			// an eligible worker is mostly the no-herding bound.
-			if lost := m.lostBusier + m.lostEven; v.predicted && 2*m.herdBound < lost {
-				t.Errorf("load %.0f%%, %s: the no-herding bound held %d of %d moved off an eligible worker; want most", 100*load, v.name, m.herdBound, lost)
 			}
 		}
 	}

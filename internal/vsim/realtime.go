@@ -92,13 +92,6 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	if c.Admission != "" {
 		rc.Admission.Mode = c.Admission
 	}
-	rc.Admission.PredictedAffinity = c.PredictedAffinity
-	switch {
-	case c.AffinityHerd < 0:
-		rc.Admission.AffinityHerd = 0 // no bound
-	case c.AffinityHerd > 0:
-		rc.Admission.AffinityHerd = c.AffinityHerd
-	}
 	rc.Sessions.Affinity = c.SessionAffinity
 	if c.SessionTTL > 0 {
 		rc.Sessions.TTL = sd(c.SessionTTL)

@@ -33,30 +33,17 @@ func TestRouterConfig_CarriesAdmissionByPromise(t *testing.T) {
 	}
 }
 
-// The sessions and predicted-affinity settings reach the router a real-HTTP
-// run starts, and admission.affinity_herd: 0 stays "no bound" both ways.
+// The sessions settings reach the router a real-HTTP run starts.
 func TestRouterConfig_CarriesAffinity(t *testing.T) {
 	urls := []string{"http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"}
-	for _, herd := range []float64{0, 2, scheduler.DefaultAffinityHerd} {
-		rc := config.DefaultConfig()
-		rc.Admission.PredictedAffinity = true
-		rc.Admission.AffinityHerd = herd
-		rc.Admission.FairShareBy = config.FairShareBySession
-		rc.Sessions.Affinity = false
-		c := FromRouterConfig(rc, sim.DemoFleet())
-		if got, want := c.AffinityHerd, rc.Admission.SchedulerAffinityHerd(); got != want {
-			t.Errorf("affinity_herd %v: the simulation's bound %v, want %v", herd, got, want)
-		}
-		got := RouterConfig(c, urls, 10)
-		if !got.Admission.PredictedAffinity || got.Admission.AffinityHerd != herd {
-			t.Errorf("affinity_herd %v: the router has predicted_affinity %v, affinity_herd %v", herd, got.Admission.PredictedAffinity, got.Admission.AffinityHerd)
-		}
-		if got.Sessions.Affinity || got.Admission.FairShareBy != config.FairShareBySession {
-			t.Errorf("sessions.affinity %v, fair_share_by %q: want false, session", got.Sessions.Affinity, got.Admission.FairShareBy)
-		}
+	rc := config.DefaultConfig()
+	rc.Admission.FairShareBy = config.FairShareBySession
+	rc.Sessions.Affinity = false
+	got := RouterConfig(FromRouterConfig(rc, sim.DemoFleet()), urls, 10)
+	if got.Sessions.Affinity || got.Admission.FairShareBy != config.FairShareBySession {
+		t.Errorf("sessions.affinity %v, fair_share_by %q: want false, session", got.Sessions.Affinity, got.Admission.FairShareBy)
 	}
-	def := RouterConfig(DefaultConfig(sim.DemoFleet()), urls, 1)
-	if def.Admission.PredictedAffinity || def.Admission.AffinityHerd != scheduler.DefaultAffinityHerd || !def.Sessions.Affinity {
-		t.Errorf("default: predicted_affinity %v, affinity_herd %v, sessions.affinity %v; want false, %v, true", def.Admission.PredictedAffinity, def.Admission.AffinityHerd, def.Sessions.Affinity, scheduler.DefaultAffinityHerd)
+	if def := RouterConfig(DefaultConfig(sim.DemoFleet()), urls, 1); !def.Sessions.Affinity {
+		t.Error("default: sessions.affinity off, want on")
 	}
 }

@@ -85,10 +85,6 @@ type Config struct {
 	SessionAffinity    bool
 	SessionTTL         time.Duration
 	FairShareBySession bool
-	// PredictedAffinity is admission.predicted_affinity; AffinityHerd
-	// the scheduler's Config.AffinityHerd.
-	PredictedAffinity bool
-	AffinityHerd      float64
 	// KVEvents gives the router the exact index of the engines' KV-cache
 	// events, as workers[].kv_events does, and requests their token
 	// blocks (kvevents.go); off, the prefix term has the guess only.
@@ -126,8 +122,6 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		SessionAffinity:    rc.Sessions.Affinity,
 		SessionTTL:         rc.Sessions.TTL,
 		FairShareBySession: rc.Admission.FairShareBy == config.FairShareBySession,
-		PredictedAffinity:  rc.Admission.PredictedAffinity,
-		AffinityHerd:       rc.Admission.SchedulerAffinityHerd(),
 	}
 	if len(rc.Workers) > 0 {
 		c.MaxConcurrency = int(rc.Workers[0].MaxConcurrency)
@@ -431,9 +425,6 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		SLOs:            cfg.SLOs,
 		SessionAffinity: cfg.SessionAffinity,
 		SessionTTL:      cfg.SessionTTL,
-		// admission.predicted_affinity (scheduler/affinity_predict.go).
-		PredictedAffinity: cfg.PredictedAffinity,
-		AffinityHerd:      cfg.AffinityHerd,
 	}, specs...)
 	if err != nil {
 		return nil, fmt.Errorf("vsim: %w", err)
