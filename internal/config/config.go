@@ -359,10 +359,6 @@ type Admission struct {
 	// by a request whose prompt prefix the freed worker holds, that
 	// arrived more than this after it.
 	MaxOvertake time.Duration `yaml:"max_overtake"`
-	// ShortestFirst orders each tenant's requests cheapest first (prompt
-	// plus expected output tokens), bounded by MaxOvertake; off, they go
-	// in arrival order.
-	ShortestFirst bool `yaml:"shortest_first"`
 	// KVFit passes over a worker whose KV cache cannot take a request's
 	// prompt now, and holds the request in the queue when none can; on
 	// by default (see scheduler.Config.KVFit).

@@ -130,7 +130,7 @@ func (q *queue) behind(buf []*Ticket, head *Ticket, bound time.Duration) []*Tick
 			if n == affinityScan || t.enq.Sub(head.enq) > bound {
 				break
 			}
-			if t.hidx < 0 || t == head || t.seq < head.seq {
+			if !t.inFlow || t == head || t.seq < head.seq {
 				continue
 			}
 			buf = append(buf, t)

@@ -20,7 +20,7 @@ type Ticket struct {
 	done   chan struct{}
 	cls    int     // index of its class in Scheduler.classes
 	cost   float64 // expected tokens: prompt plus expected output
-	hidx   int     // index in its flow's cost heap; -1 when in none
+	inFlow bool    // it is a live entry of its flow's arrivals (queue.go)
 
 	// res is the reservation the ledger is making for it, if any;
 	// waiting says it is on the shared ledger's waiting list.

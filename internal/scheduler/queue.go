@@ -1,9 +1,6 @@
 package scheduler
 
-import (
-	"container/heap"
-	"time"
-)
+import "time"
 
 // Class is a priority class of requests. Classes are served in strict
 // priority order, bounded by the aging rule (see Config.MaxOvertake), and
@@ -43,9 +40,9 @@ const DefaultMaxOvertake = 10 * time.Second
 // Within a tenant its flows (Request.Flow: one per session with
 // fair_share_by: session, else the tenant's one) share the tenant's turns
 // the same way, each with weight 1, so a tenant gains nothing by splitting
-// its requests into more flows. Within a flow the cheapest request goes
-// first, unless the flow's oldest arrived more than maxOvertake before it,
-// in which case the oldest does.
+// its requests into more flows. Within a flow requests go in arrival
+// order: output lengths are unknown up front, and cheapest-first, tried,
+// lengthened the wait of the long prompts it passed over (p99).
 type queue struct {
 	since   time.Time // when this backlog began
 	spec    bool      // no worker was known to serve the model when it was created
@@ -74,12 +71,13 @@ type tenantQueue struct {
 	n      int
 }
 
-// flow is one flow's requests within its tenant and class.
+// flow is one flow's requests within its tenant and class, in arrival
+// order.
 type flow struct {
 	start    float64   // start tag of the flow's next request, within its tenant
-	arrivals []*Ticket // by arrival; entries no longer in byCost are dead
+	arrivals []*Ticket // by arrival; entries no longer queued are dead
 	dead     int
-	byCost   costHeap
+	n        int // live entries of arrivals
 	work     float64
 }
 
@@ -115,11 +113,12 @@ func (q *queue) push(t *Ticket, weight float64) {
 		f = &flow{start: tq.v}
 		tq.flows[t.req.Flow] = f
 	}
-	if len(f.byCost) == 0 {
+	if f.n == 0 {
 		f.start = max(f.start, tq.v) // nor does a flow within its tenant
 	}
 	f.arrivals = append(f.arrivals, t)
-	heap.Push(&f.byCost, t)
+	t.inFlow = true
+	f.n++
 	f.work += t.cost
 }
 
@@ -144,10 +143,11 @@ func (q *queue) remove(t *Ticket, bound bool) {
 	tq := cq.tenants[t.req.Tenant]
 	tq.n--
 	f := tq.flows[t.req.Flow]
-	heap.Remove(&f.byCost, t.hidx)
+	t.inFlow = false
+	f.n--
 	f.work -= t.cost
 	f.dead++
-	for len(f.arrivals) > 0 && f.arrivals[0].hidx < 0 {
+	for len(f.arrivals) > 0 && !f.arrivals[0].inFlow {
 		f.arrivals[0] = nil
 		f.arrivals = f.arrivals[1:]
 		f.dead--
@@ -155,7 +155,7 @@ func (q *queue) remove(t *Ticket, bound bool) {
 	if f.dead > len(f.arrivals)/2 {
 		keep := f.arrivals[:0]
 		for _, x := range f.arrivals {
-			if x.hidx >= 0 {
+			if x.inFlow {
 				keep = append(keep, x)
 			}
 		}
@@ -168,14 +168,14 @@ func (q *queue) remove(t *Ticket, bound bool) {
 		tq.v = f.start
 		f.start += t.cost
 	}
-	if len(f.byCost) == 0 {
+	if f.n == 0 {
 		f.work = 0 // no float drift on an empty flow
 	}
 	// An idle tenant, or flow, is kept only while its tag is ahead of the
 	// virtual time it is measured against: until then it has had more than
 	// its share.
 	for name, g := range tq.flows {
-		if len(g.byCost) == 0 && g.start <= tq.v {
+		if g.n == 0 && g.start <= tq.v {
 			delete(tq.flows, name)
 		}
 	}
@@ -187,10 +187,9 @@ func (q *queue) remove(t *Ticket, bound bool) {
 }
 
 // order is how a queue orders its requests: the aging bound across
-// classes, and within a tenant the bound of cheaper-first ordering
-// (negative: arrival order).
+// classes.
 type order struct {
-	overtake, costOvertake time.Duration
+	overtake time.Duration
 }
 
 // head returns the request that goes next, nil when none waits.
@@ -210,7 +209,7 @@ func (q *queue) next(o order) *Ticket {
 			continue
 		}
 		if pick == nil || pick.enq.Sub(cq.oldest().enq) > o.overtake {
-			pick = cq.winner(o.costOvertake)
+			pick = cq.winner()
 		}
 	}
 	return pick
@@ -219,8 +218,8 @@ func (q *queue) next(o order) *Ticket {
 // winner is the class's next request: the tenant with the lowest start
 // tag (ties to the tenant whose oldest request came first), then within it
 // the flow with the lowest start tag (ties the same way), then that flow's
-// pick.
-func (cq *classQueue) winner(maxOvertake time.Duration) *Ticket {
+// oldest request.
+func (cq *classQueue) winner() *Ticket {
 	var best *tenantQueue
 	var bestOldest *Ticket
 	for _, tq := range cq.tenants {
@@ -232,7 +231,7 @@ func (cq *classQueue) winner(maxOvertake time.Duration) *Ticket {
 			best, bestOldest = tq, o
 		}
 	}
-	return best.winner().pick(maxOvertake)
+	return best.winner().arrivals[0] // the first entry is always live
 }
 
 // winner is the tenant's flow that goes next: the lowest start tag, ties
@@ -240,7 +239,7 @@ func (cq *classQueue) winner(maxOvertake time.Duration) *Ticket {
 func (tq *tenantQueue) winner() *flow {
 	var best *flow
 	for _, f := range tq.flows {
-		if len(f.byCost) == 0 {
+		if f.n == 0 {
 			continue
 		}
 		if best == nil || f.start < best.start || (f.start == best.start && f.arrivals[0].seq < best.arrivals[0].seq) {
@@ -281,26 +280,6 @@ func (cq *classQueue) eachFlow(fn func(*flow)) {
 	}
 }
 
-// pick is the flow's next request: the cheapest of those that arrived no
-// more than maxOvertake after its oldest, so that no request is passed by
-// one that came more than maxOvertake after it.
-func (f *flow) pick(maxOvertake time.Duration) *Ticket {
-	c, o := f.byCost[0], f.arrivals[0]
-	if c.enq.Sub(o.enq) <= maxOvertake {
-		return c // the cheapest of all is within the bound: the common case
-	}
-	best := o
-	for _, t := range f.arrivals {
-		if t.enq.Sub(o.enq) > maxOvertake {
-			break
-		}
-		if t.hidx >= 0 && f.byCost.Less(t.hidx, best.hidx) {
-			best = t
-		}
-	}
-	return best
-}
-
 // each calls fn for every waiting request.
 func (q *queue) each(fn func(*Ticket)) {
 	for _, t := range q.retries {
@@ -308,8 +287,10 @@ func (q *queue) each(fn func(*Ticket)) {
 	}
 	for i := range q.classes {
 		q.classes[i].eachFlow(func(f *flow) {
-			for _, t := range f.byCost {
-				fn(t)
+			for _, t := range f.arrivals {
+				if t.inFlow {
+					fn(t)
+				}
 			}
 		})
 	}
@@ -359,32 +340,4 @@ func (tq *tenantQueue) work() float64 {
 		w += f.work
 	}
 	return w
-}
-
-// costHeap orders a flow's requests by expected cost, then arrival.
-type costHeap []*Ticket
-
-func (h costHeap) Len() int { return len(h) }
-func (h costHeap) Less(i, j int) bool {
-	if h[i].cost != h[j].cost {
-		return h[i].cost < h[j].cost
-	}
-	return h[i].seq < h[j].seq
-}
-func (h costHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].hidx, h[j].hidx = i, j
-}
-func (h *costHeap) Push(x any) {
-	t := x.(*Ticket)
-	t.hidx = len(*h)
-	*h = append(*h, t)
-}
-func (h *costHeap) Pop() any {
-	old := *h
-	t := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	t.hidx = -1
-	return t
 }

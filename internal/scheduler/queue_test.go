@@ -102,35 +102,6 @@ func TestScheduler_TenantWeightsShareByCost(t *testing.T) {
 	}
 }
 
-// Within a tenant the cheapest request goes first, but a request is never
-// overtaken by one that arrived more than max_overtake after it.
-func TestScheduler_CheaperFirstWithAgingBound(t *testing.T) {
-	start := time.Unix(1000, 0)
-	clock := &fakeClock{t: start}
-	s := newSched(t, Config{MaxQueue: 10, Clock: clock, MaxOvertake: 10 * time.Second, ShortestFirst: true}, workers(1, 1, "m")...)
-	held, _ := s.Submit(Request{Model: "m"}, nil).Result()
-	var log bindLog
-	var tickets []*Ticket
-	for _, a := range []struct {
-		name   string
-		prompt int
-		at     time.Duration
-	}{
-		{"large", 5000, 0},
-		{"small1", 10, time.Second},
-		{"small2", 20, 9 * time.Second},
-		{"small3", 10, 11 * time.Second}, // arrived past the bound: may not pass large
-		{"small4", 10, 30 * time.Second},
-	} {
-		clock.t = start.Add(a.at)
-		tickets = append(tickets, s.Submit(Request{Model: "m", PromptTokens: a.prompt, MaxTokens: 10}, log.notify(a.name)))
-	}
-	serveAll(t, held, tickets)
-	if diff := cmp.Diff([]string{"small1", "small2", "large", "small3", "small4"}, log.names); diff != "" {
-		t.Fatalf("bind order (-want +got):\n%s", diff)
-	}
-}
-
 func TestScheduler_ArrivalOrderWithinTenantByDefault(t *testing.T) {
 	s := newSched(t, Config{MaxQueue: 10}, workers(1, 1, "m")...)
 	held, _ := s.Submit(Request{Model: "m"}, nil).Result()
@@ -345,7 +316,7 @@ func TestQueue_AheadCountsSessionsWithinTheirTenant(t *testing.T) {
 	var seq uint64
 	enqueue := func(tenant, flow string) *Ticket {
 		seq++
-		tk := &Ticket{req: Request{Tenant: tenant, Flow: flow}, seq: seq, cost: 200, hidx: -1}
+		tk := &Ticket{req: Request{Tenant: tenant, Flow: flow}, seq: seq, cost: 200}
 		q.push(tk, 1)
 		return tk
 	}
@@ -353,7 +324,7 @@ func TestQueue_AheadCountsSessionsWithinTheirTenant(t *testing.T) {
 		enqueue("a", fmt.Sprint("s", i))
 	}
 	enqueue("b", "s0")
-	next := &Ticket{req: Request{Tenant: "b", Flow: "s0"}, cost: 200, hidx: -1}
+	next := &Ticket{req: Request{Tenant: "b", Flow: "s0"}, cost: 200}
 	// b's one request, then as much of a's work: 200 + 200.
 	if got, want := q.ahead(next, 1), 400.0; got != want {
 		t.Fatalf("work ahead of b's next request %v tokens, want %v", got, want)

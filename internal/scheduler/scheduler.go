@@ -67,7 +67,7 @@
 // within a class the tenant with the lowest start-time fair-queueing tag
 // (shares by token cost and tenant weight), then within the tenant the
 // flow (Request.Flow) with the lowest tag, each weighing 1; within a flow
-// arrival order, or cheapest first within MaxOvertake with ShortestFirst.
+// arrival order.
 //
 // A ticket ends exactly once: bound to a Lease or refused with a *Refusal.
 // Cancel refuses a ticket only if it is still queued and reports whether
@@ -129,12 +129,6 @@ type Config struct {
 	// tenant (fair share decides there). Prefix affinity under a backlog
 	// overtakes within it too (affinity.go). DefaultMaxOvertake when 0.
 	MaxOvertake time.Duration
-	// ShortestFirst orders each tenant's requests cheapest first (by
-	// expected tokens), bounded by MaxOvertake; otherwise they go in
-	// arrival order. Off by default: on the Azure conversation trace in
-	// virtual time it raised p99 TTFT (see docs/routing.md, Priorities and fair
-	// share).
-	ShortestFirst bool
 	// KVFit turns on the KV-fit rule (kvfit.go): a worker whose shared KV
 	// cache cannot take the request's prompt now is passed over, and the
 	// request waits in the queue rather than inside a worker when none
@@ -287,7 +281,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	s := &Scheduler{
 		classes:    classes,
 		defClass:   def,
-		order:      order{overtake: cfg.MaxOvertake, costOvertake: -1},
+		order:      order{overtake: cfg.MaxOvertake},
 		rates:      map[string]*drainRate{},
 		est:        estimator{def: cfg.DefaultOutputTokens},
 		cfg:        cfg,
@@ -322,9 +316,6 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		s.sessions = newSessionTable(cfg.SessionTTL, cfg.MaxSessions)
 	}
 	s.statsVia, _ = cfg.Stats.(statsVia)
-	if cfg.ShortestFirst {
-		s.order.costOvertake = cfg.MaxOvertake
-	}
 	if s.prefix == "" {
 		// The start time keeps IDs apart across restarts, the random part
 		// across replicas started in the same millisecond. (Randomness in

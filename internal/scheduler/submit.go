@@ -74,7 +74,7 @@ func (s *Scheduler) Submit(req Request, notify func(*Ticket)) *Ticket {
 		req.Attempt = 1
 	}
 	now := s.clock.Now()
-	t := &Ticket{req: req, enq: now, notify: notify, done: make(chan struct{}), front: req.Attempt > 1, hidx: -1}
+	t := &Ticket{req: req, enq: now, notify: notify, done: make(chan struct{}), front: req.Attempt > 1}
 	s.mu.Lock()
 	s.seq++
 	t.seq = s.seq

@@ -160,7 +160,6 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Classes:       cfg.Admission.Classes,
 		TenantWeights: cfg.Admission.TenantWeights,
 		MaxOvertake:   cfg.Admission.MaxOvertake,
-		ShortestFirst: cfg.Admission.ShortestFirst,
 		KVFit:         cfg.Admission.KVFit,
 		StaleAfter:    cfg.Telemetry.StaleAfter,
 		Limits:        cfg.Limits.Scheduler(),

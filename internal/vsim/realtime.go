@@ -87,7 +87,6 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	} else {
 		rc.Admission.MaxOvertake = sd(scheduler.DefaultMaxOvertake)
 	}
-	rc.Admission.ShortestFirst = c.ShortestFirst
 	rc.Admission.KVFit = c.KVFit
 	if c.Admission != "" {
 		rc.Admission.Mode = c.Admission

@@ -52,8 +52,6 @@ type Config struct {
 	// MaxOvertake is the queue order's aging bound (admission.max_overtake);
 	// 0 takes scheduler.DefaultMaxOvertake.
 	MaxOvertake time.Duration
-	// ShortestFirst is admission.shortest_first.
-	ShortestFirst bool
 	// KVFit is admission.kv_fit.
 	KVFit bool
 	// Admission is admission.mode (scheduler.AdmitByLimits when empty);
@@ -111,7 +109,6 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		MaxQueue:           rc.Admission.MaxQueue,
 		QueueTimeout:       rc.Admission.QueueTimeout,
 		MaxOvertake:        rc.Admission.MaxOvertake,
-		ShortestFirst:      rc.Admission.ShortestFirst,
 		KVFit:              rc.Admission.KVFit,
 		Admission:          rc.Admission.Mode,
 		SLOs:               rc.Admission.SLO,
@@ -407,7 +404,6 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		MaxQueue:        cfg.MaxQueue,
 		QueueTimeout:    cfg.QueueTimeout,
 		MaxOvertake:     cfg.MaxOvertake,
-		ShortestFirst:   cfg.ShortestFirst,
 		KVFit:           cfg.KVFit,
 		StaleAfter:      cfg.StaleAfter,
 		Policy:          cfg.Policy,
