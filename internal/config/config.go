@@ -15,7 +15,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -687,18 +686,6 @@ func (c *Config) Validate() error {
 	} {
 		if v < 0 {
 			bad("weights."+name, "negative weight %v (the throughput term is already a reward; use 0 to disable a term)", v)
-		}
-	}
-	for name, v := range c.Weights.Optional {
-		if !slices.Contains(scheduler.OptionalTerms(), name) {
-			// Check says so while decoding; a config built or decoded
-			// another way (yaml.v3 puts any key in the inline map) gets
-			// the same answer here.
-			bad("weights."+name, "%s", unknownKey(name, reflect.TypeFor[scheduler.Weights](), "weights"))
-			continue
-		}
-		if v < 0 {
-			bad("weights."+name, "negative weight %v (use 0, or leave it out, to keep the term off)", v)
 		}
 	}
 	if m := c.Admission.Mode; m != scheduler.AdmitByLimits && m != scheduler.AdmitBySLO {

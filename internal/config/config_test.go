@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/sluice-router/sluice/internal/scheduler"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -91,25 +90,6 @@ func TestParse_KVFitOnUnlessTurnedOff(t *testing.T) {
 	}
 }
 
-// An optional term's weight is written beside the shipped ones and turns
-// the term on.
-func TestParse_OptionalTermWeight(t *testing.T) {
-	c, err := Parse(strings.NewReader("workers: [{name: a, url: 'http://h:1'}]\nweights: {latency: 4, uncached_prompt: 20}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Weights.Latency != 4 || c.Weights.Optional["uncached_prompt"] != 20 {
-		t.Fatalf("weights = %+v, want latency 4 and uncached_prompt 20", c.Weights)
-	}
-	var names []string
-	for _, wt := range scheduler.DefaultTerms(c.Weights) {
-		names = append(names, wt.Term.Name())
-	}
-	if names[len(names)-1] != "uncached_prompt" {
-		t.Fatalf("terms = %v, want uncached_prompt last", names)
-	}
-}
-
 func TestParse_BadConfigsNameTheKey(t *testing.T) {
 	tests := []struct {
 		name, yaml string
@@ -122,8 +102,7 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 		{"missing url", "workers: [{name: a}]", []string{"workers[0].url: missing"}},
 		{"duplicate name", "workers: [{name: a, url: 'http://h:1'}, {name: a, url: 'http://h:2'}]", []string{"workers[1].name: duplicate worker name \"a\""}},
 		{"negative weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {kv_pressure: -1}", []string{"weights.kv_pressure: negative"}},
-		{"negative optional weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {uncached_prompt: -1}", []string{"weights.uncached_prompt: negative"}},
-		{"misspelt optional term", "workers: [{name: a, url: 'http://h:1'}]\nweights: {uncached_promt: 3}", []string{"weights.uncached_promt: unknown key `uncached_promt`; did you mean `uncached_prompt`?"}},
+		{"misspelt weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {kv_presure: 3}", []string{"weights.kv_presure: unknown key `kv_presure`; did you mean `kv_pressure`?"}},
 		{"bad kind", "workers: [{name: a, url: 'http://h:1', kind: triton}]", []string{"workers[0].kind", "triton"}},
 		{"bad duration", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: soon}", []string{"line 2: admission.queue_timeout: must be a duration", `got "soon"`}},
 		{"zero timeout", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: 0s}", []string{"admission.queue_timeout: must be positive"}},
@@ -327,22 +306,5 @@ func TestParse_IdleConnTimeoutPerKind(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.yaml, err, tc.want)
 		}
-	}
-}
-
-// A config built in code (or decoded by plain yaml.v3, which puts any key
-// of weights in its inline map) with an optional term Sluice does not
-// have is refused by Validate as Check refuses it in a file.
-func TestValidate_UnknownOptionalWeight(t *testing.T) {
-	c := DefaultConfig()
-	c.Workers = []Worker{{Name: "a", URL: "http://h:1", Kind: "llamacpp"}}
-	c.Weights.Optional = map[string]float64{"uncahced_prompt": 20}
-	err := c.Validate()
-	if err == nil || !strings.Contains(err.Error(), "weights.uncahced_prompt") || !strings.Contains(err.Error(), "did you mean `uncached_prompt`") {
-		t.Fatalf("Validate: %v, want weights.uncahced_prompt refused with a did-you-mean", err)
-	}
-	c.Weights.Optional = map[string]float64{"uncached_prompt": 20}
-	if err := c.Validate(); err != nil {
-		t.Fatalf("Validate of a known optional term: %v", err)
 	}
 }

@@ -312,20 +312,6 @@ func (d *decoder) structure(n *yaml.Node, v reflect.Value, key string) {
 		name := k.Value
 		path := join(key, name)
 		i, ok := fields[name]
-		if !ok && slices.Contains(inlineKeys(v.Type()), name) {
-			d.r.lines[path] = k.Line
-			m := v.Field(inlineField(v.Type()))
-			if m.IsNil() {
-				m.Set(reflect.MakeMap(m.Type()))
-			}
-			elem := reflect.New(m.Type().Elem()).Elem()
-			before := len(d.r.Problems)
-			d.value(val, elem, path)
-			if len(d.r.Problems) == before {
-				m.SetMapIndex(reflect.ValueOf(name), elem)
-			}
-			return
-		}
 		if !ok {
 			d.r.lines[path] = k.Line
 			d.r.Add(&Problem{Key: path, Line: k.Line, Msg: unknownKey(name, v.Type(), key)})
@@ -518,8 +504,8 @@ func yamlFields(t reflect.Type) map[string]int {
 		if !f.IsExported() {
 			continue
 		}
-		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if name == "-" || opts == "inline" {
+		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if name == "-" {
 			continue
 		}
 		if name == "" {
@@ -528,29 +514,6 @@ func yamlFields(t reflect.Type) map[string]int {
 		out[name] = i
 	}
 	return out
-}
-
-// inlineKeyer is a section whose map field tagged ",inline" takes the
-// keys InlineKeys names beside its own (scheduler.Weights: the optional
-// terms' weights).
-type inlineKeyer interface{ InlineKeys() []string }
-
-// inlineKeys returns the keys t's inline map takes, none when it has none.
-func inlineKeys(t reflect.Type) []string {
-	if k, ok := reflect.Zero(t).Interface().(inlineKeyer); ok && inlineField(t) >= 0 {
-		return k.InlineKeys()
-	}
-	return nil
-}
-
-// inlineField returns the index of t's map field tagged ",inline", or -1.
-func inlineField(t reflect.Type) int {
-	for i := range t.NumField() {
-		if f := t.Field(i); f.Type.Kind() == reflect.Map && strings.HasSuffix(f.Tag.Get("yaml"), ",inline") {
-			return i
-		}
-	}
-	return -1
 }
 
 // unknownKey is the message for a key the section at parent does not
@@ -563,7 +526,6 @@ func unknownKey(name string, t reflect.Type, parent string) string {
 	for k := range fields {
 		names = append(names, k)
 	}
-	names = append(names, inlineKeys(t)...)
 	slices.Sort(names)
 	best, bestD := "", 0
 	for _, k := range names {

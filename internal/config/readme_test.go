@@ -112,13 +112,6 @@ func configLeaves() []configLeaf {
 				}
 				walk(t.Field(names[k]).Type, fv, join(path, k))
 			}
-			if f := inlineField(t); f >= 0 {
-				// The keys an inline map takes (the optional terms' weights),
-				// off by default: no default value.
-				for _, k := range inlineKeys(t) {
-					out = append(out, configLeaf{path: join(path, k), typ: t.Field(f).Type.Elem()})
-				}
-			}
 		case (t.Kind() == reflect.Slice || t.Kind() == reflect.Map) && section(t.Elem()):
 			sub := path + "[]"
 			if t.Kind() == reflect.Map {

@@ -63,7 +63,7 @@ func TestFastTotals(t *testing.T) {
 			d := DefaultTerms(w)
 			return append(d[:4], append([]WeightedTerm{{customTerm{}, 2}}, d[4:]...)...)
 		},
-		"only custom": func(Weights) []WeightedTerm { return []WeightedTerm{{customTerm{}, 1}, {uncachedPrompt{}, 4}} },
+		"only custom": func(Weights) []WeightedTerm { return []WeightedTerm{{customTerm{}, 1}} },
 	}
 	for name, list := range lists {
 		var sc scratch // reused across iterations, as a scheduler's is

@@ -20,30 +20,6 @@ type Weights struct {
 	// Prefix rewards a worker expected to hold the request's prompt
 	// prefix in KV cache (a reward, subtracted; see prefixMatch).
 	Prefix float64 `yaml:"prefix" json:"prefix"`
-	// Optional are the weights of the optional terms (OptionalTerms) by
-	// name, written beside the others (weights: {uncached_prompt: 20}).
-	// An optional term is in the score only with a weight above 0.
-	Optional map[string]float64 `yaml:",inline" json:"optional,omitempty"`
-}
-
-// optionalTerms are the terms shipped off: in the score only when given
-// a weight (Weights.Optional). A new term is its file, its test and its
-// entry here.
-var optionalTerms = []Term{
-	uncachedPrompt{},
-}
-
-// InlineKeys names the keys a config's weights section takes beside
-// the fields: the optional terms.
-func (Weights) InlineKeys() []string { return OptionalTerms() }
-
-// OptionalTerms returns the names of the optional terms.
-func OptionalTerms() []string {
-	names := make([]string, len(optionalTerms))
-	for i, t := range optionalTerms {
-		names[i] = t.Name()
-	}
-	return names
 }
 
 // DefaultWeights returns the weights Sluice ships with: concurrency
@@ -358,10 +334,10 @@ func emaProvenance(c *Candidate, which uint8, name string) (string, time.Time, b
 }
 
 // DefaultTerms returns the terms of Sluice's score, in record order, with
-// their weights from w: the eight shipped on, then each optional term w
-// gives a weight above 0.
+// their weights from w. A new term is its type, its test, its weight
+// here and its entry below.
 func DefaultTerms(w Weights) []WeightedTerm {
-	terms := []WeightedTerm{
+	return []WeightedTerm{
 		{activeRequests{}, w.ActiveRequests},
 		{queueLength{}, w.QueueLength},
 		{latency{}, w.Latency},
@@ -371,12 +347,6 @@ func DefaultTerms(w Weights) []WeightedTerm {
 		{gpuUtil{}, w.GPUUtil},
 		{prefixMatch{}, w.Prefix},
 	}
-	for _, t := range optionalTerms {
-		if v := w.Optional[t.Name()]; v > 0 {
-			terms = append(terms, WeightedTerm{t, v})
-		}
-	}
-	return terms
 }
 
 // WeightedTerm pairs a term with its weight.
@@ -404,7 +374,6 @@ func isTelemetry(t Term) bool {
 // prefix index is asked at a pick only while one of them has a weight.
 type readsPrefix interface{ prefix() }
 
-func (prefixMatch) prefix()    {}
-func (uncachedPrompt) prefix() {}
+func (prefixMatch) prefix() {}
 
 func clamp01(v float64) float64 { return min(max(v, 0), 1) }
