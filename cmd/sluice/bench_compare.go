@@ -41,7 +41,7 @@ func benchCompare(args []string) error {
 	o := compare.Options{BuiltinTrace: builtinTrace, BuiltinTraceName: builtinTraceName}
 	var loads, policies string
 	fs.BoolVar(&o.Virtual, "virtual", false, "simulate in virtual time (internal/vsim) instead of real HTTP; fast")
-	fs.StringVar(&o.Trace, "trace", "auto", "trace file; \"auto\" uses the built-in trace (first 2,000 rows of the Azure LLM inference trace), \"synthetic\" a generated load, \"synthetic-code\" long prompts with short answers, \"synthetic-chat\" generated multi-turn conversations")
+	fs.StringVar(&o.Trace, "trace", "auto", "trace file; \"auto\" uses the built-in trace (first 2,000 rows of the Azure LLM inference trace), \"synthetic\" a generated load, \"synthetic-code\" long prompts with short answers, \"synthetic-chat\" generated multi-turn conversations, \"synthetic-agent\" coding-agent sessions whose prompts repeat the conversation so far")
 	fs.IntVar(&o.Limit, "limit", 2000, "trace rows (or synthetic requests) per load")
 	fs.IntVar(&o.Offset, "offset", 0, "skip this many trace rows")
 	fs.Uint64Var(&o.Seed, "seed", 1, "seed of synthetic loads and of the random baselines")

@@ -144,6 +144,10 @@ func LoadItems(o Options) ([]bench.Item, string, error) {
 		items, err := bench.SynthesizeChat(bench.Chat{Arrivals: bench.Arrivals{Rate: 1}, Count: o.Limit, Seed: o.Seed})
 		return items, fmt.Sprintf("synthetic multi-turn chat (bench.Chat defaults: mean 4 turns, 30 s think time, 4 shared 1,000-token system prompts, 128-token blocks), %d requests, seed %d", o.Limit, o.Seed), err
 	}
+	if path == "synthetic-agent" {
+		items, err := bench.SynthesizeAgent(bench.Agent{Arrivals: bench.Arrivals{Rate: 1}, Count: o.Limit, Seed: o.Seed})
+		return items, fmt.Sprintf("synthetic coding agent (bench.Agent defaults: sessions of 16 requests on average, each resending the conversation so far, a shared 2,000-token system prompt, tool pauses of 3 s and user pauses of 3 minutes, each request sent after the answer it follows), %d requests, seed %d", o.Limit, o.Seed), err
+	}
 	// Traces of lengths only (ShareGPT, arXiv) get Poisson arrivals; each
 	// scenario rescales them to its load.
 	items, err := vsim.ReadLoad(path, bench.TraceOptions{Offset: o.Offset, Limit: o.Limit, Seed: o.Seed, Arrivals: bench.Arrivals{Rate: 1}})
