@@ -25,35 +25,20 @@ type scratch struct {
 	names  []string
 	frac   []float64
 	remote []bool
-	// tele, ratio, kinds, weights and custom are fastTotals' space.
-	tele    []teleInputs
-	ratio   [2][]float64
-	kinds   []uint8
-	weights []float64
-	custom  [][]float64
 }
 
 func (sc *scratch) grow(n int) {
 	if cap(sc.raw) < n {
 		sc.raw, sc.norm, sc.total, sc.order = make([]float64, n), make([]float64, n), make([]float64, n), make([]int, n)
-		sc.tele = make([]teleInputs, n)
 	}
-	sc.raw, sc.norm, sc.total, sc.order, sc.tele = sc.raw[:n], sc.norm[:n], sc.total[:n], sc.order[:n], sc.tele[:n]
+	sc.raw, sc.norm, sc.total, sc.order = sc.raw[:n], sc.norm[:n], sc.total[:n], sc.order[:n]
 }
 
 // totals runs every term over cands and returns each candidate's weighted
-// sum. It is the one place weights are applied, and the hot path: it
-// touches only numbers and builds no records (fastTotals). The result
-// lives in sc.
+// sum. It is the one place weights are applied; it builds no records.
+// The result lives in sc.
 func totals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []float64 {
 	sc.grow(len(cands))
-	fastTotals(terms, env, cands, sc)
-	return sc.total
-}
-
-// termTotals is totals through each term's own Score, one after the
-// other: what fastTotals must equal bit for bit. sc is grown.
-func termTotals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []float64 {
 	out := sc.total
 	clear(out)
 	for _, wt := range terms {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -121,17 +120,4 @@ func isDecisionLog(head []byte) bool {
 	_, p := probe["policy"]
 	_, c := probe["candidates"]
 	return p && c
-}
-
-// Replay reads a decision log or trace from path and simulates it under
-// cfg: "what would have happened with these settings?".
-func Replay(cfg Config, path string, opts bench.TraceOptions) ([]bench.Result, error) {
-	items, err := ReadLoad(path, opts)
-	if err != nil {
-		return nil, err
-	}
-	if len(items) == 0 {
-		return nil, errors.New("vsim: the load is empty")
-	}
-	return Run(cfg, items)
 }
