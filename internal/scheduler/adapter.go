@@ -30,10 +30,14 @@ import (
 // (an adapterLoad, counted as a holder by later picks), and Lease.Ready,
 // which Admit calls after the bind, makes the call through the
 // AdapterLoader outside the lock. Later requests bound to the same worker
-// meanwhile wait for the same load. A failed load is forgotten (the
-// worker does not hold the adapter) and Admit places the request again
-// elsewhere, excluding that worker; when no worker is left it refuses it
-// with ErrAdapterLoad naming the load's error.
+// meanwhile wait for the same load; whichever of the requests bound to it
+// is ready first makes it, so a request released before Ready (its
+// client left as it was bound) leaves the load to the others, and a load
+// no request is left to make is forgotten at the last release. A failed
+// load is forgotten too (the worker does not hold the adapter) and Admit
+// places the request again elsewhere, excluding that worker; when no
+// worker is left it refuses it with ErrAdapterLoad naming the load's
+// error.
 
 // AdapterSpec is a LoRA adapter the configuration names.
 type AdapterSpec struct {
@@ -90,12 +94,17 @@ const (
 var ErrAdapterLoad = errors.New("the LoRA adapter could not be loaded on any worker")
 
 // adapterLoad is a load Sluice makes of one adapter on one worker: set
-// under the lock at the bind, made by the first lease bound to it (its
-// owner), waited for by the others.
+// under the lock at the bind, made by the first lease bound to it that
+// gets ready (it takes the turn), waited for by the others.
 type adapterLoad struct {
 	spec AdapterSpec
-	done chan struct{}
-	err  error // set before done is closed
+	// turn holds the one right to make the load until a lease takes it.
+	turn chan struct{}
+	// leases counts the leases bound to it and not released, under the
+	// scheduler's lock.
+	leases int
+	done   chan struct{}
+	err    error // set before done is closed
 }
 
 // adapterPick is what a pick knows of the request's adapter: which it is,
@@ -185,8 +194,8 @@ func (s *Scheduler) resolveAdapterLocked(p *pick) {
 }
 
 // bindAdapterLocked gives l the load it waits for when its worker does
-// not hold the request's adapter yet: the load running there, or a new
-// one that l makes (Lease.Ready). It returns what the record says.
+// not hold the request's adapter yet: the load running or due there, or
+// a new one (made at Lease.Ready). It returns what the record says.
 func (s *Scheduler) bindAdapterLocked(l *Lease) string {
 	ap := s.adapterOfLocked(l.req.Model)
 	if ap == nil {
@@ -195,6 +204,7 @@ func (s *Scheduler) bindAdapterLocked(l *Lease) string {
 	w := l.w
 	if ld := w.loads[ap.spec.Name]; ld != nil {
 		l.load = ld
+		ld.leases++
 		return "loading on demand (by an earlier request)"
 	}
 	if w.holdsLocked(w.snapshot(), ap.spec.Name) {
@@ -206,11 +216,40 @@ func (s *Scheduler) bindAdapterLocked(l *Lease) string {
 	if w.loads == nil {
 		w.loads = map[string]*adapterLoad{}
 	}
-	ld := &adapterLoad{spec: ap.spec, done: make(chan struct{})}
+	ld := &adapterLoad{spec: ap.spec, turn: make(chan struct{}, 1), leases: 1, done: make(chan struct{})}
+	ld.turn <- struct{}{}
 	w.loads[ap.spec.Name] = ld
-	l.load, l.loadOwner = ld, true
+	l.load = ld
 	return "loading on demand"
 }
+
+// unbindAdapterLocked counts l's release in its load: when l was the last
+// lease bound to a load none of them started, nobody is left to make it,
+// and it is forgotten (the worker does not hold the adapter), so that
+// later requests do not wait for it.
+func (s *Scheduler) unbindAdapterLocked(l *Lease) {
+	ld := l.load
+	if ld == nil {
+		return
+	}
+	ld.leases--
+	if ld.leases > 0 {
+		return
+	}
+	select {
+	case <-ld.turn:
+		ld.err = errLoadAbandoned
+		if l.w.loads[ld.spec.Name] == ld {
+			delete(l.w.loads, ld.spec.Name)
+		}
+		close(ld.done)
+	default: // made, or being made by a lease that has not returned from Ready
+	}
+}
+
+// errLoadAbandoned ends a load that every lease bound to it was released
+// before making; no lease is left to read it.
+var errLoadAbandoned = errors.New("every request bound to the load left before it was made")
 
 // adapterRecord is the record's account of the request's adapter.
 func adapterRecord(ap *adapterPick, state string) *decisions.Adapter {
@@ -219,18 +258,19 @@ func adapterRecord(ap *adapterPick, state string) *decisions.Adapter {
 
 // Ready makes the lease's worker ready for its request: when the request
 // names a LoRA adapter the worker is still to load, it loads it (the
-// first lease bound there) or waits for the load (the others), outside
-// the scheduler's lock. It returns the load's error, after which the
-// caller releases the lease and places the request elsewhere; nil when
-// there is nothing to load. Admit calls it; a caller of Submit must.
+// first lease bound there to be ready) or waits for the load (the
+// others), outside the scheduler's lock. It returns the load's error,
+// after which the caller releases the lease and places the request
+// elsewhere; nil when there is nothing to load. Admit calls it; a caller
+// of Submit must, or release the lease.
 func (l *Lease) Ready(ctx context.Context) error {
 	ld := l.load
 	if ld == nil {
 		return nil
 	}
 	s := l.s
-	if l.loadOwner {
-		l.loadOwner = false
+	select {
+	case <-ld.turn:
 		timeout := s.cfg.Adapters.LoadTimeout
 		if timeout <= 0 {
 			timeout = DefaultAdapterLoadTimeout
@@ -242,8 +282,6 @@ func (l *Lease) Ready(ctx context.Context) error {
 		cancel()
 		s.loadDone(l.w, ld, err)
 		return wrapLoad(l.Worker, ld)
-	}
-	select {
 	case <-ld.done:
 		return wrapLoad(l.Worker, ld)
 	case <-ctx.Done():

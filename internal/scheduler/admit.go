@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 )
 
 // Admit blocks until req is bound to a worker, and returns the lease, or
@@ -48,33 +47,19 @@ func (s *Scheduler) admit(ctx context.Context, req Request) (*Lease, error) {
 	defer timer.Stop()
 	// Waiting long enough lets workers borrow over their learned limit
 	// (LimitConfig.BorrowAfter), but nothing else need happen meanwhile
-	// to trigger a placement: the waiter asks for one at each step.
-	var borrow Timer
+	// to trigger a placement: the model's step places the queue again
+	// (borrowstep.go).
 	if s.cfg.Policy == PolicySluice && !s.limits.Fixed {
-		borrow = s.clock.NewTimer(s.limits.BorrowAfter)
+		defer s.stepWhileWaiting(req.Model)()
 	}
-	defer func() {
-		if borrow != nil {
-			borrow.Stop()
-		}
-	}()
 	var cause error
-	for cause == nil {
-		var step <-chan time.Time
-		if borrow != nil {
-			step = borrow.C()
-		}
-		select {
-		case <-t.done:
-			return t.Result()
-		case <-ctx.Done():
-			cause = ErrClientGone
-		case <-timer.C():
-			cause = ErrQueueTimeout
-		case <-step:
-			s.Kick()
-			borrow = s.clock.NewTimer(s.limits.BorrowAfter)
-		}
+	select {
+	case <-t.done:
+		return t.Result()
+	case <-ctx.Done():
+		cause = ErrClientGone
+	case <-timer.C():
+		cause = ErrQueueTimeout
 	}
 	if s.Cancel(t, cause) {
 		return t.Result()

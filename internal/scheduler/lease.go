@@ -79,9 +79,8 @@ type Lease struct {
 	Prediction *predict.Prediction
 	found      predict.Input
 	// load is the LoRA adapter load the request waits for before it is
-	// sent (nil: none); loadOwner says this lease makes it (Ready).
-	load      *adapterLoad
-	loadOwner bool
+	// sent (nil: none).
+	load *adapterLoad
 }
 
 // Release gives the slot back and places the next queued request. Calling
@@ -109,6 +108,7 @@ func (s *Scheduler) releaseLocked(l *Lease, now time.Time) []*Ticket {
 	// model's ledger calls are made in order.
 	s.sharedReleaseLocked(l)
 	s.kvDoneLocked(l)
+	s.unbindAdapterLocked(l)
 	l.w.busy.move(l.w.inFlight(), now)
 	l.w.active--
 	l.w.cost -= l.cost

@@ -252,6 +252,9 @@ type Scheduler struct {
 	derivedSLO map[string]*derived
 	// adapters are the configured LoRA adapters by name; nil when none.
 	adapters map[string]AdapterSpec
+	// steps are the borrow steps of the models requests wait for in
+	// Admit (borrowstep.go).
+	steps map[string]*borrowStep
 }
 
 // New returns a Scheduler with the given workers.
