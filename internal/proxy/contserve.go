@@ -177,8 +177,8 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 		var next *streamBreak
 		if !errors.As(aerr, &next) {
 			// It failed before answering: the stream is still broken
-			// where it was.
-			h.report(lease.Worker, aerr)
+			// where it was (attempt reported it, unless a drain took it
+			// back, which is not the worker's failure).
 			next = &streamBreak{reason: breakUpstream, err: aerr}
 			res.Reason = "upstream_failed"
 		}

@@ -427,6 +427,11 @@ func (h *Handler) kvBlocks(ctx context.Context, p parsed) []uint64 {
 // events at a time, and a break after the first byte returns a
 // *streamBreak for the caller to continue elsewhere; a part that
 // continues a broken stream (cs.cont) writes no headers of its own.
+//
+// attempt is the one place that reports an attempt's outcome for health
+// (Reporter): once per attempt, a failure only where the worker failed,
+// never for a client that left, a drain deadline that took the request
+// back, or a request that could not be sent for want of an address.
 func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result, cs *contStream) (sent bool, done *stats.Observation, err error) {
 	base, ok := h.opt.Resolve(lease.Worker)
 	if !ok {
@@ -492,7 +497,9 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		// The client's headers are long sent: a continuation that does
 		// not answer with a stream is a failure, relayed as nothing.
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return false, nil, fmt.Errorf("worker %s answered the continuation with %s: %s", lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+		err := fmt.Errorf("worker %s answered the continuation with %s: %s", lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+		h.report(lease.Worker, err)
+		return false, nil, err
 	}
 	if cont {
 		return h.relayPart(w, r, resp, lease, attemptStart, res, cs, cancel, ctx)
