@@ -57,17 +57,17 @@ func (h *Handler) continuation(r *http.Request, body []byte, p parsed) (*contStr
 
 // broke accounts a part that broke: its worker is blamed unless the
 // drain deadline moved it, which was not its fault.
-func (h *Handler) broke(worker string, brk *streamBreak, ctx context.Context, res *Result) {
+func (h *Handler) broke(lease *scheduler.Lease, brk *streamBreak, ctx context.Context, res *Result) {
 	if errors.Is(context.Cause(ctx), errDrained) {
 		brk.reason, brk.err = breakDrain, errDrained
 	} else {
-		h.report(worker, brk)
+		h.report(lease.Worker, brk)
 	}
 	res.Reason = "upstream_failed"
 	if brk.reason == breakIdle {
 		res.Reason = "stream_idle"
 	}
-	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", worker, "reason", brk.reason, "err", brk.err)
+	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", lease.Worker, "decision", decisionID(lease.Decision), "reason", brk.reason, "err", brk.err)
 }
 
 // relayPart relays a continuation's answer (the client's headers are
@@ -86,7 +86,7 @@ func (h *Handler) relayPart(w http.ResponseWriter, r *http.Request, resp *http.R
 		res.Status, res.Reason = 499, "client_gone"
 		return true, nil, nil
 	case errors.As(err, &brk):
-		h.broke(lease.Worker, brk, ctx, res)
+		h.broke(lease, brk, ctx, res)
 		return true, nil, brk
 	}
 	h.report(lease.Worker, nil)
@@ -111,7 +111,7 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 			return
 		}
 		if cs.stuck != "" || cs.left <= 0 {
-			h.endBroken(w, p.proto, brk)
+			h.endBroken(w, p, res, brk)
 			return
 		}
 		cs.left--
@@ -140,13 +140,13 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 		if err != nil {
 			c.Outcome = "no_worker"
 			res.Continuations = append(res.Continuations, c)
-			h.opt.Logger.Warn("no worker can continue the stream", "from", from, "err", err)
+			h.opt.Logger.Warn("no worker can continue the stream", "from", from, "decision", decisionID(res.Decision), "err", err)
 			if cs.overshoot > 0 { // Sluice can say the end itself
 				cs.endEarly(w)
 				res.Reason = ""
 				return
 			}
-			h.endBroken(w, p.proto, brk)
+			h.endBroken(w, p, res, brk)
 			return
 		}
 		kind := ""
@@ -187,12 +187,14 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 }
 
 // endBroken ends a stream that breaks for good with Sluice's error
-// event, as a stream without continuation ends.
-func (h *Handler) endBroken(w http.ResponseWriter, proto *protocol, brk *streamBreak) {
+// event, as a stream without continuation ends: what failed, in the
+// client's terms (brk.err, logged where it broke, says how).
+func (h *Handler) endBroken(w http.ResponseWriter, p parsed, res *Result, brk *streamBreak) {
 	rc := http.NewResponseController(w)
+	msg := failureOf(p.model, res.Decision).streamEnd(brk.reason, brk.err)
 	if brk.reason == breakIdle {
-		writeStreamEnd(proto, w, rc, "stream_idle", brk.err.Error())
+		writeStreamEnd(p.proto, w, rc, "stream_idle", msg)
 		return
 	}
-	writeStreamEnd(proto, w, rc, "upstream_failed", "the worker's stream broke: "+brk.err.Error())
+	writeStreamEnd(p.proto, w, rc, "upstream_failed", msg)
 }

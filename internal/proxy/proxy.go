@@ -354,12 +354,17 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		req.Exclude = append(req.Exclude, lease.Worker)
 		if errors.Is(err, errDrained) {
 			moved++
-			h.opt.Logger.Info("drain deadline passed before the worker answered: placing the request again", "worker", lease.Worker, "attempt", req.Attempt)
+			h.opt.Logger.Info("drain deadline passed before the worker answered: placing the request again", "worker", lease.Worker, "attempt", req.Attempt, "decision", decisionID(lease.Decision))
 			continue
 		}
-		h.opt.Logger.Warn("worker failed before responding", "worker", lease.Worker, "attempt", req.Attempt, "err", err)
+		h.opt.Logger.Warn("worker failed before responding", "worker", lease.Worker, "attempt", req.Attempt, "decision", decisionID(lease.Decision), "err", err)
 	}
-	res.Status, res.Reason = p.proto.writeError(w, http.StatusBadGateway, "upstream_failed", "", fmt.Sprintf("every worker tried failed; last: %v", lastErr))
+	// The client is told what failed in its terms; the log has each
+	// worker's error, under the decision named here.
+	if id := decisionID(res.Decision); id != "" {
+		w.Header().Set("X-Sluice-Decision", id)
+	}
+	res.Status, res.Reason = p.proto.writeError(w, http.StatusBadGateway, "upstream_failed", "", failureOf(p.model, res.Decision).noAnswer())
 }
 
 // Where a request's prompt size came from, as decision records say.
@@ -528,7 +533,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		errors.As(err, &brk)
 		res.Tokens = cs.emitted()
 	} else if sse {
-		m, err = relayStream(w, answer, attemptStart, p.proto)
+		m, err = relayStream(w, answer, attemptStart, p.proto, failureOf(p.model, res.Decision))
 	} else {
 		m, err = relayWhole(w, answer, maxParse)
 	}
@@ -552,7 +557,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		// whole answer: that is a success, and teaches the averages.
 		res.Status, res.Reason = 499, "client_gone"
 	case brk != nil:
-		h.broke(lease.Worker, brk, ctx, res)
+		h.broke(lease, brk, ctx, res)
 		return true, nil, brk
 	case err != nil:
 		h.report(lease.Worker, err)
@@ -560,7 +565,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		if errors.Is(err, ErrStreamIdle) {
 			res.Reason = "stream_idle"
 		}
-		h.opt.Logger.Warn("worker failed mid-response", "worker", lease.Worker, "err", err)
+		h.opt.Logger.Warn("worker failed mid-response", "worker", lease.Worker, "decision", decisionID(lease.Decision), "err", err)
 	case resp.StatusCode < 300:
 		h.report(lease.Worker, nil)
 		o := observation(m, time.Since(attemptStart))
@@ -694,8 +699,10 @@ var errClientGone = errors.New("the client went away")
 // final chunk) is complete whatever happens after: many clients close
 // the body as soon as they see [DONE], without reading to EOF, and that
 // cancels the worker's request under the relay's last read. A write to
-// the client that fails before the end returns errClientGone.
-func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *protocol) (measured, error) {
+// the client that fails before the end returns errClientGone. Sluice's
+// error event says what failed in ft's words; the error returned, for
+// the log, says how.
+func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *protocol, ft failureText) (measured, error) {
 	rc := http.NewResponseController(w)
 	bp := relayBuffers.Get().(*[]byte)
 	defer relayBuffers.Put(bp)
@@ -741,13 +748,13 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *
 	rc.Flush()
 	switch {
 	case errors.Is(readErr, ErrStreamIdle):
-		writeStreamEnd(proto, w, rc, "stream_idle", readErr.Error())
+		writeStreamEnd(proto, w, rc, "stream_idle", ft.streamEnd(breakIdle, readErr))
 		return out, fmt.Errorf("read stream: %w", readErr)
 	case readErr != nil:
-		writeStreamEnd(proto, w, rc, "upstream_failed", "the worker's stream broke: "+readErr.Error())
+		writeStreamEnd(proto, w, rc, "upstream_failed", ft.streamEnd(breakUpstream, readErr))
 		return out, fmt.Errorf("read stream: %w", readErr)
 	}
-	writeStreamEnd(proto, w, rc, "upstream_failed", ErrStreamTruncated.Error())
+	writeStreamEnd(proto, w, rc, "upstream_failed", ft.streamEnd(breakUpstream, ErrStreamTruncated))
 	return out, ErrStreamTruncated
 }
 
