@@ -149,23 +149,7 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 			h.endBroken(w, p, res, brk)
 			return
 		}
-		kind := ""
-		if h.opt.KindOf != nil {
-			kind = h.opt.KindOf(lease.Worker)
-		}
-		nb, _, err := continuationBody(body, cs.route, kind, cs.text.String(), cs.carried-cs.overshoot)
-		var done *stats.Observation
-		var aerr error
-		if err == nil {
-			_, done, aerr = h.attempt(w, r, nb, p, lease, start, res, cs)
-		} else {
-			aerr = err
-		}
-		if done != nil {
-			lease.Complete(*done, h.opt.Observer, time.Now())
-		} else {
-			lease.Release()
-		}
+		aerr := h.continuePart(w, r, body, p, lease, start, res, cs)
 		c.To, c.Decision, c.Gap = lease.Worker, lease.Decision, cs.gap
 		if aerr == nil {
 			c.Outcome = "ok"
@@ -184,6 +168,23 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 		}
 		brk, from = next, lease.Worker
 	}
+}
+
+// continuePart asks lease's worker for the rest of the stream and relays
+// it, ending the lease as attemptLease does (the release deferred, so a
+// panic cannot keep the slot).
+func (h *Handler) continuePart(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result, cs *contStream) error {
+	defer lease.Release()
+	kind := ""
+	if h.opt.KindOf != nil {
+		kind = h.opt.KindOf(lease.Worker)
+	}
+	nb, _, err := continuationBody(body, cs.route, kind, cs.text.String(), cs.carried-cs.overshoot)
+	if err != nil {
+		return err
+	}
+	_, err = h.attemptLease(w, r, nb, p, lease, start, res, cs)
+	return err
 }
 
 // endBroken ends a stream that breaks for good with Sluice's error

@@ -24,7 +24,8 @@
 // (averages), the reporter (health) and the metrics. Each request runs in
 // its own handler goroutine and owns its lease until it ends it: with
 // Lease.Complete for an answer relayed in full (which files its
-// measurements before giving the slot back), else with Release.
+// measurements before giving the slot back), else with Release, deferred
+// from the moment the lease is had, so that a panic cannot keep the slot.
 package proxy
 
 import (
@@ -330,14 +331,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		}
 		res.Attempts = req.Attempt
 		res.Worker, res.QueueWait, res.Decision = lease.Worker, lease.QueueWait, lease.Decision
-		sent, done, err := h.attempt(w, r, body, p, lease, start, res, cs)
-		if done != nil {
-			// Answered in full: the finish sequence the simulation
-			// follows too (observation, stats, output estimate, release).
-			lease.Complete(*done, h.opt.Observer, time.Now())
-		} else {
-			lease.Release()
-		}
+		sent, err := h.attemptLease(w, r, body, p, lease, start, res, cs)
 		var brk *streamBreak
 		if errors.As(err, &brk) {
 			h.continueStream(w, r, body, p, req, lease.Worker, start, res, cs, brk)
@@ -365,6 +359,22 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		w.Header().Set("X-Sluice-Decision", id)
 	}
 	res.Status, res.Reason = p.proto.writeError(w, http.StatusBadGateway, "upstream_failed", "", failureOf(p.model, res.Decision).noAnswer())
+}
+
+// attemptLease makes one attempt on lease (attempt) and ends the lease:
+// with Complete for an answer relayed in full (the finish sequence the
+// simulation follows too: observation, stats, output estimate, release),
+// else with Release. The release is deferred, so the slot is given back
+// also when anything panics meanwhile (net/http recovers a handler's
+// panic and would leave the slot taken for good); after Complete it does
+// nothing.
+func (h *Handler) attemptLease(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result, cs *contStream) (sent bool, err error) {
+	defer lease.Release()
+	sent, done, err := h.attempt(w, r, body, p, lease, start, res, cs)
+	if done != nil {
+		lease.Complete(*done, h.opt.Observer, time.Now())
+	}
+	return sent, err
 }
 
 // Where a request's prompt size came from, as decision records say.

@@ -150,13 +150,13 @@ func chatEvent(text string) string {
 	return fmt.Sprintf("data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", text)
 }
 
-// streamWorker streams n chat chunks and its end.
-func streamWorker(n int) http.HandlerFunc {
+// streamWorker streams n chat chunks, word0 to word<n-1>, and its end.
+func streamWorker(word string, n int) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range n {
-			io.WriteString(w, chatEvent(fmt.Sprint(" t", i)))
+			io.WriteString(w, chatEvent(fmt.Sprint(" ", word, i)))
 		}
 		io.WriteString(w, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
 	}
