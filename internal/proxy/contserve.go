@@ -163,6 +163,7 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 			// It failed before answering: the stream is still broken
 			// where it was (attempt reported it, unless a drain took it
 			// back, which is not the worker's failure).
+			h.opt.Logger.Warn("the continuation failed before answering", "worker", lease.Worker, "decision", decisionID(lease.Decision), "err", aerr)
 			next = &streamBreak{reason: breakUpstream, err: aerr}
 			res.Reason = "upstream_failed"
 		}

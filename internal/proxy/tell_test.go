@@ -145,6 +145,13 @@ func TestHandler_StreamErrorEventSaysWhatFailedNotWhere(t *testing.T) {
 			if id == "" || !strings.Contains(event, id) || !strings.Contains(event, `model \"m\"`) {
 				t.Errorf("error event %q (decision %q); want it to name model \"m\" and the decision", event, id)
 			}
+			logged := "connection reset"
+			if tt.continuations > 0 {
+				logged = "secret-worker-detail"
+			}
+			if logs := r.logs.String(); !strings.Contains(logs, logged) {
+				t.Errorf("log %q; want %q", logs, logged)
+			}
 		})
 	}
 }
