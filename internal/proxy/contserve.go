@@ -57,17 +57,17 @@ func (h *Handler) continuation(r *http.Request, body []byte, p parsed) (*contStr
 
 // broke accounts a part that broke: its worker is blamed unless the
 // drain deadline moved it, which was not its fault.
-func (h *Handler) broke(worker string, brk *streamBreak, ctx context.Context, res *Result) {
+func (h *Handler) broke(lease *scheduler.Lease, brk *streamBreak, ctx context.Context, res *Result) {
 	if errors.Is(context.Cause(ctx), errDrained) {
 		brk.reason, brk.err = breakDrain, errDrained
 	} else {
-		h.report(worker, brk)
+		h.report(lease.Worker, brk)
 	}
 	res.Reason = "upstream_failed"
 	if brk.reason == breakIdle {
 		res.Reason = "stream_idle"
 	}
-	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", worker, "reason", brk.reason, "err", brk.err)
+	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", lease.Worker, "decision", decisionID(lease.Decision), "reason", brk.reason, "err", brk.err)
 }
 
 // relayPart relays a continuation's answer (the client's headers are
@@ -86,7 +86,7 @@ func (h *Handler) relayPart(w http.ResponseWriter, r *http.Request, resp *http.R
 		res.Status, res.Reason = 499, "client_gone"
 		return true, nil, nil
 	case errors.As(err, &brk):
-		h.broke(lease.Worker, brk, ctx, res)
+		h.broke(lease, brk, ctx, res)
 		return true, nil, brk
 	}
 	h.report(lease.Worker, nil)
@@ -111,7 +111,7 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 			return
 		}
 		if cs.stuck != "" || cs.left <= 0 {
-			h.endBroken(w, p.proto, brk)
+			h.endBroken(w, p, res, brk)
 			return
 		}
 		cs.left--
@@ -140,32 +140,16 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 		if err != nil {
 			c.Outcome = "no_worker"
 			res.Continuations = append(res.Continuations, c)
-			h.opt.Logger.Warn("no worker can continue the stream", "from", from, "err", err)
+			h.opt.Logger.Warn("no worker can continue the stream", "from", from, "decision", decisionID(res.Decision), "err", err)
 			if cs.overshoot > 0 { // Sluice can say the end itself
 				cs.endEarly(w)
 				res.Reason = ""
 				return
 			}
-			h.endBroken(w, p.proto, brk)
+			h.endBroken(w, p, res, brk)
 			return
 		}
-		kind := ""
-		if h.opt.KindOf != nil {
-			kind = h.opt.KindOf(lease.Worker)
-		}
-		nb, _, err := continuationBody(body, cs.route, kind, cs.text.String(), cs.carried-cs.overshoot)
-		var done *stats.Observation
-		var aerr error
-		if err == nil {
-			_, done, aerr = h.attempt(w, r, nb, p, lease, start, res, cs)
-		} else {
-			aerr = err
-		}
-		if done != nil {
-			lease.Complete(*done, h.opt.Observer, time.Now())
-		} else {
-			lease.Release()
-		}
+		aerr := h.continuePart(w, r, body, p, lease, start, res, cs)
 		c.To, c.Decision, c.Gap = lease.Worker, lease.Decision, cs.gap
 		if aerr == nil {
 			c.Outcome = "ok"
@@ -177,8 +161,9 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 		var next *streamBreak
 		if !errors.As(aerr, &next) {
 			// It failed before answering: the stream is still broken
-			// where it was.
-			h.report(lease.Worker, aerr)
+			// where it was (attempt reported it, unless a drain took it
+			// back, which is not the worker's failure).
+			h.opt.Logger.Warn("the continuation failed before answering", "worker", lease.Worker, "decision", decisionID(lease.Decision), "err", aerr)
 			next = &streamBreak{reason: breakUpstream, err: aerr}
 			res.Reason = "upstream_failed"
 		}
@@ -186,13 +171,32 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 	}
 }
 
+// continuePart asks lease's worker for the rest of the stream and relays
+// it, ending the lease as attemptLease does (the release deferred, so a
+// panic cannot keep the slot).
+func (h *Handler) continuePart(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result, cs *contStream) error {
+	defer lease.Release()
+	kind := ""
+	if h.opt.KindOf != nil {
+		kind = h.opt.KindOf(lease.Worker)
+	}
+	nb, _, err := continuationBody(body, cs.route, kind, cs.text.String(), cs.carried-cs.overshoot)
+	if err != nil {
+		return err
+	}
+	_, err = h.attemptLease(w, r, nb, p, lease, start, res, cs)
+	return err
+}
+
 // endBroken ends a stream that breaks for good with Sluice's error
-// event, as a stream without continuation ends.
-func (h *Handler) endBroken(w http.ResponseWriter, proto *protocol, brk *streamBreak) {
+// event, as a stream without continuation ends: what failed, in the
+// client's terms (brk.err, logged where it broke, says how).
+func (h *Handler) endBroken(w http.ResponseWriter, p parsed, res *Result, brk *streamBreak) {
 	rc := http.NewResponseController(w)
+	msg := failureOf(p.model, res.Decision).streamEnd(brk.reason, brk.err)
 	if brk.reason == breakIdle {
-		writeStreamEnd(proto, w, rc, "stream_idle", brk.err.Error())
+		writeStreamEnd(p.proto, w, rc, "stream_idle", msg)
 		return
 	}
-	writeStreamEnd(proto, w, rc, "upstream_failed", "the worker's stream broke: "+brk.err.Error())
+	writeStreamEnd(p.proto, w, rc, "upstream_failed", msg)
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
@@ -99,8 +100,82 @@ func writeRefusal(p *protocol, w http.ResponseWriter, err error, model string) (
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(ref.RetryAfter.Seconds()))))
 	}
 	msg := ref.Error()
-	if ref.Reason == "model_not_found" {
+	switch ref.Reason {
+	case "model_not_found":
 		msg = fmt.Sprintf("model %q is not served by any worker (GET /v1/models lists those that are)", model)
+	case "adapter_load_failed":
+		// The load's error is the worker's, logged where it failed.
+		msg = fmt.Sprintf("the LoRA adapter %q could not be loaded on any worker", model)
 	}
 	return p.writeError(w, status, ref.Reason, "", msg)
+}
+
+// failureText words what a client is told when its request fails after
+// admission: what failed in the client's terms (its model; that no worker
+// could answer, or that the answer broke off and how) and the decision
+// that placed it, the key to the decision log and to Sluice's log, where
+// the detail is. It tells nothing of the network behind Sluice: no
+// worker's address, no Go error, none of a worker's own error answer,
+// which would show a client where the workers are and what they run, and
+// give it nothing to act on. Worker names are left out too: clients see
+// them in X-Sluice-Worker on answers, but the operator chose them, they
+// may name hosts, and the decision names the worker to whoever may read
+// the decision log.
+type failureText struct {
+	model    string
+	decision string // "" without decision records
+}
+
+// failureOf is the failure text of a request for model placed by d.
+func failureOf(model string, d *decisions.Record) failureText {
+	return failureText{model: model, decision: decisionID(d)}
+}
+
+// decisionID is d's ID, "" for none.
+func decisionID(d *decisions.Record) string {
+	if d == nil {
+		return ""
+	}
+	return d.ID
+}
+
+// noAnswer is the message of the 502 for a request every worker tried
+// failed before answering.
+func (f failureText) noAnswer() string {
+	return f.say("no worker could answer" + f.forModel() + ": every worker tried failed before answering")
+}
+
+// streamEnd is the message of the error event that ends a stream broken
+// for good: reason is the break's (breakUpstream and the others), err
+// what broke it.
+func (f failureText) streamEnd(reason string, err error) string {
+	var what string
+	switch {
+	case reason == breakIdle || errors.Is(err, ErrStreamIdle):
+		what = "stalled: its worker sent nothing for longer than the stream idle timeout"
+	case reason == breakErrorEvent:
+		what = "broke off: its worker reported an error mid-stream"
+	case reason == breakDrain:
+		what = "broke off: its worker was taken out of service mid-stream"
+	case errors.Is(err, ErrStreamTruncated):
+		what = "ended early: its worker's stream stopped before its end"
+	default:
+		what = "broke off: its worker's stream failed mid-way"
+	}
+	return f.say("the answer" + f.forModel() + " " + what)
+}
+
+func (f failureText) forModel() string {
+	if f.model == "" {
+		return ""
+	}
+	return fmt.Sprintf(" for model %q", f.model)
+}
+
+// say ends msg with the decision, when there is one.
+func (f failureText) say(msg string) string {
+	if f.decision == "" {
+		return msg
+	}
+	return msg + " (decision " + f.decision + ")"
 }

@@ -23,7 +23,7 @@ func FuzzRelayStream(f *testing.F) {
 	f.Add([]byte("data: {\"usage\":{\"completion_tokens\":-5}}\n\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		rec := httptest.NewRecorder()
-		m, _ := relayStream(rec, bytes.NewReader(in), time.Now(), openAI)
+		m, _ := relayStream(rec, bytes.NewReader(in), time.Now(), openAI, failureText{})
 		out := rec.Body.Bytes()
 		if !bytes.HasPrefix(out, in) {
 			t.Fatalf("relay changed the stream:\nin  %q\nout %q", in, out)

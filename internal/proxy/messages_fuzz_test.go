@@ -63,7 +63,7 @@ func FuzzMessagesStream(f *testing.F) {
 	f.Add([]byte("data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":-3,\"input_tokens\":-1}}\n\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		rec := httptest.NewRecorder()
-		m, err := relayStream(rec, bytes.NewReader(in), time.Now(), anthropicMessages)
+		m, err := relayStream(rec, bytes.NewReader(in), time.Now(), anthropicMessages, failureText{})
 		out := rec.Body.Bytes()
 		if !bytes.HasPrefix(out, in) {
 			t.Fatalf("relay changed the stream:\nin  %q\nout %q", in, out)

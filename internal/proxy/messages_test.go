@@ -43,7 +43,7 @@ func TestMessages_StreamGolden(t *testing.T) {
 			}
 			for _, size := range []int{1, 7, len(in)} { // however the reads fall
 				rec := httptest.NewRecorder()
-				m, err := relayStream(rec, &chunkReader{b: in, size: size}, time.Now(), anthropicMessages)
+				m, err := relayStream(rec, &chunkReader{b: in, size: size}, time.Now(), anthropicMessages, failureText{})
 				out := rec.Body.Bytes()
 				if !bytes.HasPrefix(out, in) {
 					t.Fatalf("read %d at a time: relayed stream differs from the worker's:\n%s", size, out)

@@ -24,7 +24,8 @@
 // (averages), the reporter (health) and the metrics. Each request runs in
 // its own handler goroutine and owns its lease until it ends it: with
 // Lease.Complete for an answer relayed in full (which files its
-// measurements before giving the slot back), else with Release.
+// measurements before giving the slot back), else with Release, deferred
+// from the moment the lease is had, so that a panic cannot keep the slot.
 package proxy
 
 import (
@@ -330,14 +331,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		}
 		res.Attempts = req.Attempt
 		res.Worker, res.QueueWait, res.Decision = lease.Worker, lease.QueueWait, lease.Decision
-		sent, done, err := h.attempt(w, r, body, p, lease, start, res, cs)
-		if done != nil {
-			// Answered in full: the finish sequence the simulation
-			// follows too (observation, stats, output estimate, release).
-			lease.Complete(*done, h.opt.Observer, time.Now())
-		} else {
-			lease.Release()
-		}
+		sent, err := h.attemptLease(w, r, body, p, lease, start, res, cs)
 		var brk *streamBreak
 		if errors.As(err, &brk) {
 			h.continueStream(w, r, body, p, req, lease.Worker, start, res, cs, brk)
@@ -354,12 +348,33 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		req.Exclude = append(req.Exclude, lease.Worker)
 		if errors.Is(err, errDrained) {
 			moved++
-			h.opt.Logger.Info("drain deadline passed before the worker answered: placing the request again", "worker", lease.Worker, "attempt", req.Attempt)
+			h.opt.Logger.Info("drain deadline passed before the worker answered: placing the request again", "worker", lease.Worker, "attempt", req.Attempt, "decision", decisionID(lease.Decision))
 			continue
 		}
-		h.opt.Logger.Warn("worker failed before responding", "worker", lease.Worker, "attempt", req.Attempt, "err", err)
+		h.opt.Logger.Warn("worker failed before responding", "worker", lease.Worker, "attempt", req.Attempt, "decision", decisionID(lease.Decision), "err", err)
 	}
-	res.Status, res.Reason = p.proto.writeError(w, http.StatusBadGateway, "upstream_failed", "", fmt.Sprintf("every worker tried failed; last: %v", lastErr))
+	// The client is told what failed in its terms; the log has each
+	// worker's error, under the decision named here.
+	if id := decisionID(res.Decision); id != "" {
+		w.Header().Set("X-Sluice-Decision", id)
+	}
+	res.Status, res.Reason = p.proto.writeError(w, http.StatusBadGateway, "upstream_failed", "", failureOf(p.model, res.Decision).noAnswer())
+}
+
+// attemptLease makes one attempt on lease (attempt) and ends the lease:
+// with Complete for an answer relayed in full (the finish sequence the
+// simulation follows too: observation, stats, output estimate, release),
+// else with Release. The release is deferred, so the slot is given back
+// also when anything panics meanwhile (net/http recovers a handler's
+// panic and would leave the slot taken for good); after Complete it does
+// nothing.
+func (h *Handler) attemptLease(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result, cs *contStream) (sent bool, err error) {
+	defer lease.Release()
+	sent, done, err := h.attempt(w, r, body, p, lease, start, res, cs)
+	if done != nil {
+		lease.Complete(*done, h.opt.Observer, time.Now())
+	}
+	return sent, err
 }
 
 // Where a request's prompt size came from, as decision records say.
@@ -427,6 +442,11 @@ func (h *Handler) kvBlocks(ctx context.Context, p parsed) []uint64 {
 // events at a time, and a break after the first byte returns a
 // *streamBreak for the caller to continue elsewhere; a part that
 // continues a broken stream (cs.cont) writes no headers of its own.
+//
+// attempt is the one place that reports an attempt's outcome for health
+// (Reporter): once per attempt, a failure only where the worker failed,
+// never for a client that left, a drain deadline that took the request
+// back, or a request that could not be sent for want of an address.
 func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result, cs *contStream) (sent bool, done *stats.Observation, err error) {
 	base, ok := h.opt.Resolve(lease.Worker)
 	if !ok {
@@ -492,7 +512,9 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		// The client's headers are long sent: a continuation that does
 		// not answer with a stream is a failure, relayed as nothing.
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return false, nil, fmt.Errorf("worker %s answered the continuation with %s: %s", lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+		err := fmt.Errorf("worker %s answered the continuation with %s: %s", lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+		h.report(lease.Worker, err)
+		return false, nil, err
 	}
 	if cont {
 		return h.relayPart(w, r, resp, lease, attemptStart, res, cs, cancel, ctx)
@@ -521,7 +543,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		errors.As(err, &brk)
 		res.Tokens = cs.emitted()
 	} else if sse {
-		m, err = relayStream(w, answer, attemptStart, p.proto)
+		m, err = relayStream(w, answer, attemptStart, p.proto, failureOf(p.model, res.Decision))
 	} else {
 		m, err = relayWhole(w, answer, maxParse)
 	}
@@ -545,7 +567,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		// whole answer: that is a success, and teaches the averages.
 		res.Status, res.Reason = 499, "client_gone"
 	case brk != nil:
-		h.broke(lease.Worker, brk, ctx, res)
+		h.broke(lease, brk, ctx, res)
 		return true, nil, brk
 	case err != nil:
 		h.report(lease.Worker, err)
@@ -553,7 +575,7 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 		if errors.Is(err, ErrStreamIdle) {
 			res.Reason = "stream_idle"
 		}
-		h.opt.Logger.Warn("worker failed mid-response", "worker", lease.Worker, "err", err)
+		h.opt.Logger.Warn("worker failed mid-response", "worker", lease.Worker, "decision", decisionID(lease.Decision), "err", err)
 	case resp.StatusCode < 300:
 		h.report(lease.Worker, nil)
 		o := observation(m, time.Since(attemptStart))
@@ -687,8 +709,10 @@ var errClientGone = errors.New("the client went away")
 // final chunk) is complete whatever happens after: many clients close
 // the body as soon as they see [DONE], without reading to EOF, and that
 // cancels the worker's request under the relay's last read. A write to
-// the client that fails before the end returns errClientGone.
-func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *protocol) (measured, error) {
+// the client that fails before the end returns errClientGone. Sluice's
+// error event says what failed in ft's words; the error returned, for
+// the log, says how.
+func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *protocol, ft failureText) (measured, error) {
 	rc := http.NewResponseController(w)
 	bp := relayBuffers.Get().(*[]byte)
 	defer relayBuffers.Put(bp)
@@ -734,13 +758,13 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *
 	rc.Flush()
 	switch {
 	case errors.Is(readErr, ErrStreamIdle):
-		writeStreamEnd(proto, w, rc, "stream_idle", readErr.Error())
+		writeStreamEnd(proto, w, rc, "stream_idle", ft.streamEnd(breakIdle, readErr))
 		return out, fmt.Errorf("read stream: %w", readErr)
 	case readErr != nil:
-		writeStreamEnd(proto, w, rc, "upstream_failed", "the worker's stream broke: "+readErr.Error())
+		writeStreamEnd(proto, w, rc, "upstream_failed", ft.streamEnd(breakUpstream, readErr))
 		return out, fmt.Errorf("read stream: %w", readErr)
 	}
-	writeStreamEnd(proto, w, rc, "upstream_failed", ErrStreamTruncated.Error())
+	writeStreamEnd(proto, w, rc, "upstream_failed", ft.streamEnd(breakUpstream, ErrStreamTruncated))
 	return out, ErrStreamTruncated
 }
 

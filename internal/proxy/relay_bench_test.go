@@ -34,7 +34,7 @@ func BenchmarkRelay(b *testing.B) {
 		relay func(*httptest.ResponseRecorder, *eventReader) error
 	}{
 		{"plain", func(w *httptest.ResponseRecorder, r *eventReader) error {
-			_, err := relayStream(w, r, time.Now(), openAI)
+			_, err := relayStream(w, r, time.Now(), openAI, failureText{})
 			return err
 		}},
 		{"continuable", func(w *httptest.ResponseRecorder, r *eventReader) error {

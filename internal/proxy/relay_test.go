@@ -151,7 +151,7 @@ func TestRelayStream_RealLlamaCppStream(t *testing.T) {
 	}
 	for _, size := range []int{len(in), 1, 100} {
 		rec := httptest.NewRecorder()
-		m, err := relayStream(rec, &chunkReader{b: in, size: size}, time.Now(), openAI)
+		m, err := relayStream(rec, &chunkReader{b: in, size: size}, time.Now(), openAI, failureText{})
 		if err != nil {
 			t.Fatal(err)
 		}

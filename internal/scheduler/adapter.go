@@ -300,8 +300,13 @@ func wrapLoad(worker string, ld *adapterLoad) error {
 // when it failed, does not, and the requests waiting for a holder may be
 // placed again.
 func (s *Scheduler) loadDone(w *worker, ld *adapterLoad, err error) {
-	now := s.clock.Now()
+	s.finish(s.settleLoad(w, ld, err, s.clock.Now()))
+}
+
+// settleLoad is loadDone under s.mu, returning the tickets it ended.
+func (s *Scheduler) settleLoad(w *worker, ld *adapterLoad, err error, now time.Time) []*Ticket {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	ld.err = err
 	if w.loads[ld.spec.Name] == ld {
 		delete(w.loads, ld.spec.Name)
@@ -315,8 +320,7 @@ func (s *Scheduler) loadDone(w *worker, ld *adapterLoad, err error) {
 	close(ld.done)
 	done := s.sweepLocked(s.dispatchLocked())
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
+	return done
 }
 
 // adaptersOfLocked lists what w holds, for WorkerState: what it reports,

@@ -33,8 +33,19 @@ type Observer interface {
 // simulation's). It returns o as filed. A lease already released is not
 // released again, but its observation still reaches obs.
 func (l *Lease) Complete(o stats.Observation, obs Observer, now time.Time) stats.Observation {
+	o, done := l.complete(o, obs, now)
+	l.s.finish(done)
+	return o
+}
+
+// complete is Complete under s.mu, returning the tickets it ended for
+// s.finish. The unlock is deferred: a predictor or observer that panics
+// leaves the lock free and the lease unreleased, for its owner to
+// release (the proxy defers that).
+func (l *Lease) complete(o stats.Observation, obs Observer, now time.Time) (stats.Observation, []*Ticket) {
 	s := l.s
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	o.Concurrency = l.meanConcurrencyLocked(s.clock.Now())
 	if p := s.cfg.Predictor; p != nil {
 		// Before the stats: the decode drift is measured against levels
@@ -51,13 +62,9 @@ func (l *Lease) Complete(o stats.Observation, obs Observer, now time.Time) stats
 		obs.Observe(l.Worker, o, now)
 	}
 	if !l.released.CompareAndSwap(false, true) {
-		s.mu.Unlock()
-		return o
+		return o, nil
 	}
-	done := s.finishLocked(l, o.OutputTokens, s.clock.Now())
-	s.mu.Unlock()
-	s.finish(done)
-	return o
+	return o, s.finishLocked(l, o.OutputTokens, s.clock.Now())
 }
 
 // Finish is Observe(outputTokens) followed by Release, under one
@@ -73,11 +80,14 @@ func (l *Lease) Finish(outputTokens int) {
 		return
 	}
 	s := l.s
-	now := s.clock.Now()
+	s.finish(s.finishLease(l, outputTokens, s.clock.Now()))
+}
+
+// finishLease is finishLocked under s.mu.
+func (s *Scheduler) finishLease(l *Lease, outputTokens int, now time.Time) []*Ticket {
 	s.mu.Lock()
-	done := s.finishLocked(l, outputTokens, now)
-	s.mu.Unlock()
-	s.finish(done)
+	defer s.mu.Unlock()
+	return s.finishLocked(l, outputTokens, now)
 }
 
 // finishLocked is Finish under s.mu, for a lease whose release the

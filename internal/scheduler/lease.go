@@ -90,12 +90,16 @@ func (l *Lease) Release() {
 		return
 	}
 	s := l.s
-	now := s.clock.Now()
+	s.finish(s.release(l, s.clock.Now()))
+}
+
+// release is releaseLocked under s.mu, and wakes whoever waits on Changed.
+func (s *Scheduler) release(l *Lease, now time.Time) []*Ticket {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	done := s.releaseLocked(l, now)
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
+	return done
 }
 
 // releaseLocked gives l's slot back and places the queued requests that
@@ -158,9 +162,9 @@ func (l *Lease) Observe(outputTokens int) {
 	}
 	s := l.s
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.est.observe(&l.req, outputTokens)
 	l.out = outputTokens
-	s.mu.Unlock()
 }
 
 // drainedLocked accounts a released lease in its model's drain rate, if

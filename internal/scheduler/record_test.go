@@ -20,6 +20,23 @@ func TestPrefixSourceCode_RoundTrips(t *testing.T) {
 	}
 }
 
+// A source missing from prefixSources is a slip in the code that sets it:
+// a record must name it as such, not panic (under the scheduler's lock,
+// in the middle of a pick).
+func TestPrefixSourceCode_UnlistedSourceIsNamedNotPanicked(t *testing.T) {
+	code := func() (c uint8, panicked any) {
+		defer func() { panicked = recover() }()
+		return prefixSourceCode("a source nobody listed"), nil
+	}
+	c, panicked := code()
+	if panicked != nil {
+		t.Fatalf("prefixSourceCode panicked: %v", panicked)
+	}
+	if got, want := prefixSources[c], prefixSourceUnlisted; got != want {
+		t.Fatalf("an unlisted source reads %q, want %q", got, want)
+	}
+}
+
 // A record lists the workers configured when it was made, read after the
 // fleet changed.
 func TestRecord_ListsTheFleetOfItsDecision(t *testing.T) {

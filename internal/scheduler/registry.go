@@ -101,30 +101,42 @@ func (w *worker) serves(s *Snapshot, model string) bool {
 
 // AddWorker adds a worker and places any queued requests it can take.
 func (s *Scheduler) AddWorker(spec WorkerSpec) error {
+	done, err := s.addWorker(spec)
+	s.finish(done)
+	return err
+}
+
+// addWorker is AddWorker under s.mu, returning the tickets it ended.
+func (s *Scheduler) addWorker(spec WorkerSpec) ([]*Ticket, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if _, ok := s.byName[spec.Name]; ok {
-		s.mu.Unlock()
-		return fmt.Errorf("scheduler: worker %q already exists", spec.Name)
+		return nil, fmt.Errorf("scheduler: worker %q already exists", spec.Name)
 	}
 	w := &worker{spec: spec, order: len(s.workers)}
 	s.workers = append(s.workers, w)
 	s.byName[spec.Name] = w
 	done := s.dispatchLocked()
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
-	return nil
+	return done, nil
 }
 
 // RemoveWorker stops sending requests to a worker and forgets it. Requests
 // in flight on it keep their leases and finish normally; queued requests
 // that nobody left can serve are refused.
 func (s *Scheduler) RemoveWorker(name string) error {
+	done, err := s.removeWorker(name)
+	s.finish(done)
+	return err
+}
+
+// removeWorker is RemoveWorker under s.mu, returning the tickets it ended.
+func (s *Scheduler) removeWorker(name string) ([]*Ticket, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	w, ok := s.byName[name]
 	if !ok {
-		s.mu.Unlock()
-		return fmt.Errorf("scheduler: no worker %q", name)
+		return nil, fmt.Errorf("scheduler: no worker %q", name)
 	}
 	w.removed = true
 	delete(s.byName, name)
@@ -134,27 +146,30 @@ func (s *Scheduler) RemoveWorker(name string) error {
 	}
 	done := s.sweepLocked(nil)
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
-	return nil
+	return done, nil
 }
 
 // SetDraining stops (or resumes) new requests to a worker; requests in
 // flight finish normally, queued requests that no other worker can serve
 // are refused.
 func (s *Scheduler) SetDraining(name string, draining bool) error {
+	done, err := s.setDraining(name, draining)
+	s.finish(done)
+	return err
+}
+
+// setDraining is SetDraining under s.mu, returning the tickets it ended.
+func (s *Scheduler) setDraining(name string, draining bool) ([]*Ticket, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	w, ok := s.byName[name]
 	if !ok {
-		s.mu.Unlock()
-		return fmt.Errorf("scheduler: no worker %q", name)
+		return nil, fmt.Errorf("scheduler: no worker %q", name)
 	}
 	w.draining = draining
 	done := s.sweepLocked(s.dispatchLocked())
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
-	return nil
+	return done, nil
 }
 
 // UpdateWorker replaces a worker's settings — models, max_concurrency,
@@ -162,18 +177,23 @@ func (s *Scheduler) SetDraining(name string, draining bool) error {
 // cost and what was learned of it stay, so a config reload that changes a
 // worker cannot admit a fresh full batch while the old leases still run.
 func (s *Scheduler) UpdateWorker(spec WorkerSpec) error {
+	done, err := s.updateWorker(spec)
+	s.finish(done)
+	return err
+}
+
+// updateWorker is UpdateWorker under s.mu, returning the tickets it ended.
+func (s *Scheduler) updateWorker(spec WorkerSpec) ([]*Ticket, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	w, ok := s.byName[spec.Name]
 	if !ok {
-		s.mu.Unlock()
-		return fmt.Errorf("scheduler: no worker %q", spec.Name)
+		return nil, fmt.Errorf("scheduler: no worker %q", spec.Name)
 	}
 	w.spec = spec
 	done := s.sweepLocked(s.dispatchLocked())
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
-	return nil
+	return done, nil
 }
 
 // Kick places queued requests that have become placeable for reasons the
@@ -182,11 +202,16 @@ func (s *Scheduler) UpdateWorker(spec WorkerSpec) error {
 // every worker of their model went down, or discovery showed that nobody
 // serves it. The fleet calls it when a snapshot changes.
 func (s *Scheduler) Kick() {
+	s.finish(s.kick())
+}
+
+// kick is Kick under s.mu, returning the tickets it ended.
+func (s *Scheduler) kick() []*Ticket {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	done := s.sweepLocked(s.dispatchLocked())
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
+	return done
 }
 
 // unplaceable names the refusal for a request no worker can take now

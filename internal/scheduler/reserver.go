@@ -164,9 +164,15 @@ func (s *Scheduler) startReserveLocked(t *Ticket, c choice) {
 // reserved handles the ledger's answer to res. See the comment at the top
 // of this file.
 func (s *Scheduler) reserved(res *reservation, pick SharedPick, err error) {
+	s.finish(s.settleReserve(res, pick, err))
+}
+
+// settleReserve is reserved under s.mu, returning the tickets it ended.
+func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) []*Ticket {
 	t := res.t
 	model := t.req.Model
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	now := s.clock.Now()
 	w := res.hold
 	w.busy.move(w.inFlight(), now)
@@ -229,15 +235,12 @@ func (s *Scheduler) reserved(res *reservation, pick SharedPick, err error) {
 			// release or wake-up, not for another round trip now.
 			done = append(done, s.dispatchExceptLocked(model, true)...)
 			s.notifyLocked()
-			s.mu.Unlock()
-			s.finish(done)
-			return
+			return done
 		}
 	}
 	done = append(done, s.dispatchLocked()...)
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
+	return done
 }
 
 // waitLocked leaves t waiting after the ledger had no room for it: a

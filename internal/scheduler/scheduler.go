@@ -42,6 +42,10 @@
 // filters, terms and pickers are functions of the pick value, testable
 // without a Scheduler. Callbacks (Recorder, a ticket's notify) run after
 // the lock is released, and a record's words are built when it is read.
+// Every unlock is deferred, and nothing under the lock panics on purpose:
+// a term, predictor or observer that panics fails the call it ran in
+// (the lease it held, if any, stays its owner's to release), never the
+// requests after it.
 //
 // With a shared Ledger (replicas on Redis) the ledger's calls are network
 // round trips and are made outside the lock, in order per model, by one
@@ -351,7 +355,17 @@ func (s *Scheduler) Policy() Policy { return s.cfg.Policy }
 // Close refuses every queued request with ErrClosed and every later one.
 func (s *Scheduler) Close() {
 	s.closing.Store(true)
+	s.finish(s.refuseAll())
+	if s.ledger != nil {
+		s.ledger.wait() // the calls queued so far, the Unwaits above among them
+	}
+}
+
+// refuseAll is Close under s.mu: it refuses every queued request, and
+// every new one waiting for the ledger, returning them.
+func (s *Scheduler) refuseAll() []*Ticket {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.closed = true
 	var done []*Ticket
 	for _, q := range s.queues {
@@ -370,11 +384,7 @@ func (s *Scheduler) Close() {
 		s.refuseLocked(t, ErrClosed, "shutting down")
 	}
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
-	if s.ledger != nil {
-		s.ledger.wait() // the calls queued so far, the Unwaits above among them
-	}
+	return done
 }
 
 // finish ends tickets outside the lock: records, then wake-ups.

@@ -85,33 +85,38 @@ func (s *Scheduler) Workers() []WorkerState {
 		idx int
 	}
 	now := s.clock.Now()
-	s.mu.Lock()
-	out := make([]WorkerState, 0, len(s.workers))
-	lasts := make([]last, 0, len(s.workers))
-	lims := make([]limitState, 0, len(s.workers))
+	var out []WorkerState
+	var lasts []last
+	var lims []limitState
 	var moves []limitMove
-	for _, w := range s.workers {
-		snap := w.snapshot()
-		var lim limitState
-		if models := w.models(snap); len(models) > 0 && !s.limits.Fixed {
-			lim = s.limitLocked(w, snap, s.statsOf(w), s.floorFor(models[0]), s.oldestWaitLocked(models[0], now), now)
-		} else {
-			lim = s.limitLocked(w, snap, s.statsOf(w), 0, 0, now)
+	func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		out = make([]WorkerState, 0, len(s.workers))
+		lasts = make([]last, 0, len(s.workers))
+		lims = make([]limitState, 0, len(s.workers))
+		for _, w := range s.workers {
+			snap := w.snapshot()
+			var lim limitState
+			if models := w.models(snap); len(models) > 0 && !s.limits.Fixed {
+				lim = s.limitLocked(w, snap, s.statsOf(w), s.floorFor(models[0]), s.oldestWaitLocked(models[0], now), now)
+			} else {
+				lim = s.limitLocked(w, snap, s.statsOf(w), 0, 0, now)
+			}
+			out = append(out, WorkerState{
+				Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Reason: snap.HealthReason,
+				Draining: w.draining, Active: w.active, OtherReplicas: w.remote, JobCost: w.cost,
+				Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, LimitSource: lim.source.String(), Floor: lim.floor,
+				Snapshot: snap, Adapters: w.adaptersOfLocked(snap),
+			})
+			lasts = append(lasts, last{s.lastScoredLocked(w), w.lastIdx})
+			lims = append(lims, lim)
+			if !s.limits.Fixed {
+				w.noteLimitLocked(&lim, now)
+				moves = append(moves, w.moved)
+			}
 		}
-		out = append(out, WorkerState{
-			Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Reason: snap.HealthReason,
-			Draining: w.draining, Active: w.active, OtherReplicas: w.remote, JobCost: w.cost,
-			Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, LimitSource: lim.source.String(), Floor: lim.floor,
-			Snapshot: snap, Adapters: w.adaptersOfLocked(snap),
-		})
-		lasts = append(lasts, last{s.lastScoredLocked(w), w.lastIdx})
-		lims = append(lims, lim)
-		if !s.limits.Fixed {
-			w.noteLimitLocked(&lim, now)
-			moves = append(moves, w.moved)
-		}
-	}
-	s.mu.Unlock()
+	}()
 	for i := range out {
 		out[i].LimitReason = lims[i].String()
 		if i < len(moves) && moves[i].known {

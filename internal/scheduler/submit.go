@@ -75,14 +75,21 @@ func (s *Scheduler) Submit(req Request, notify func(*Ticket)) *Ticket {
 	}
 	now := s.clock.Now()
 	t := &Ticket{req: req, enq: now, notify: notify, done: make(chan struct{}), front: req.Attempt > 1}
+	s.finish(s.submit(t, now))
+	return t
+}
+
+// submit is Submit under s.mu, returning the tickets it ended. The
+// unlock is deferred: a term, filter or predictor that panics in a pick
+// fails this call only, and leaves the lock free for the next.
+func (s *Scheduler) submit(t *Ticket, now time.Time) []*Ticket {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.seq++
 	t.seq = s.seq
 	done := s.submitLocked(t, now)
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
-	return t
+	return done
 }
 
 func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
@@ -221,11 +228,17 @@ func (s *Scheduler) speculativeLocked() int {
 // still queued, and reports whether it did. When it returns false the
 // ticket has ended already; if it was bound, the caller owns the lease.
 func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
-	now := s.clock.Now()
+	done, ok := s.cancel(t, cause, s.clock.Now())
+	s.finish(done)
+	return ok
+}
+
+// cancel is Cancel under s.mu, returning the tickets it ended.
+func (s *Scheduler) cancel(t *Ticket, cause error, now time.Time) ([]*Ticket, bool) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if !t.queued && t.res == nil {
-		s.mu.Unlock()
-		return false
+		return nil, false
 	}
 	if t.queued {
 		s.unqueueLocked(t, false)
@@ -237,9 +250,7 @@ func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
 	// have been holding back requests that fit now.
 	done := append(s.dispatchLocked(), t)
 	s.notifyLocked()
-	s.mu.Unlock()
-	s.finish(done)
-	return true
+	return done, true
 }
 
 // unqueueLocked takes a queued ticket out of its model's queue (bound:
