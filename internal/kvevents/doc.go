@@ -45,4 +45,15 @@
 // them, the worker's index is marked out of sync: the prefix term goes
 // back to the router's guess for that worker, and the decision record
 // says so, until an AllBlocksCleared makes the index exact again.
+//
+// # Connections and restarts
+//
+// The subscriber dials for as long as it runs, with backoff (1s doubling
+// to 30s), as a vLLM opens its socket only once its model is loaded; a
+// lost connection is dialed again the same way. Every connection starts
+// the worker's index over, and so does a seq that goes back (vLLM counts
+// from 0 in each process): a restarted engine holds none of the blocks
+// its previous process published. The first batch then finds its
+// predecessors missing and has them replayed from the publisher's
+// buffer, as for any gap.
 package kvevents

@@ -63,6 +63,10 @@ type workerIndex struct {
 	orphans   int   // stored blocks whose parent was unknown (not indexed)
 }
 
+func newWorkerIndex() *workerIndex {
+	return &workerIndex{keys: map[uint64]struct{}{}, byHash: map[Hash]uint64{}, seq: -1, synced: true}
+}
+
 // NewIndex returns an empty index.
 func NewIndex() *Index {
 	return &Index{workers: map[string]*workerIndex{}, changed: make(chan struct{})}
@@ -96,7 +100,7 @@ func (x *Index) Wait(ctx context.Context, worker string, cond func(Stats) bool) 
 func (x *Index) workerLocked(w string) *workerIndex {
 	wi := x.workers[w]
 	if wi == nil {
-		wi = &workerIndex{keys: map[uint64]struct{}{}, byHash: map[Hash]uint64{}, seq: -1, synced: true}
+		wi = newWorkerIndex()
 		x.workers[w] = wi
 	}
 	return wi
@@ -153,6 +157,15 @@ func (x *Index) Desync(worker string, seq int64) {
 	if wi.synced {
 		wi.synced, wi.gapAt = false, seq
 	}
+	x.notifyLocked()
+}
+
+// Reset empties worker's index, as if it had had no events yet: its
+// publisher's next batch starts it again.
+func (x *Index) Reset(worker string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.workers[worker] = newWorkerIndex()
 	x.notifyLocked()
 }
 

@@ -3,6 +3,9 @@ package kvevents
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -155,5 +158,173 @@ func TestSubscriber_RepairsAGapByReplay(t *testing.T) {
 			cancel()
 			<-done
 		})
+	}
+}
+
+// stored is a batch storing one first block of 4 tokens from from, under
+// vLLM hash h.
+func stored(h int64, from int) []Event {
+	return []Event{{Kind: KindStored, BlockHashes: []Hash{IntHash(h)}, TokenIDs: tokens(4, from), BlockSize: 4, Medium: "GPU"}}
+}
+
+// holds reports whether the index holds w's block of 4 tokens from from.
+func holds(x *Index, w string, from int) bool {
+	n, _, ok, _ := x.Match(w, BlockKeys(tokens(4, from), 4))
+	return ok && n == 1
+}
+
+// startSubscriber runs sub until the test ends.
+func startSubscriber(t *testing.T, sub *Subscriber) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// A publisher that restarts counts its batches from 0 again and holds
+// none of the blocks its previous process published: once the subscriber
+// follows the new one, the old blocks are gone from the index and the
+// new ones are there, though their seqs are below the last one seen.
+func TestSubscriber_RestartedPublisherStartsTheIndexOver(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pub, err := NewPublisher(ctx, "127.0.0.1:0", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, rep := pub.Endpoints()
+	x := NewIndex()
+	startSubscriber(t, &Subscriber{Worker: "w", Endpoint: ep, Replay: rep, Index: x})
+	if err := Join(ctx, func() { pub.Publish(0, nil) }, func(ctx context.Context) error { return x.Wait(ctx, "w", HasBatch) }); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		pub.Publish(1, stored(int64(100+i), 8*i))
+	}
+	if err := x.Wait(ctx, "w", func(Stats) bool { return holds(x, "w", 8*19) }); err != nil {
+		t.Fatal(err)
+	}
+	pub.Close()
+
+	// The same endpoints, another process: seq 0 again, other blocks.
+	again, err := NewPublisher(ctx, strings.TrimPrefix(ep, "tcp://"), strings.TrimPrefix(rep, "tcp://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	err = Join(ctx, func() { again.Publish(2, stored(100, 1000)) }, func(ctx context.Context) error {
+		return x.Wait(ctx, "w", func(Stats) bool { return holds(x, "w", 1000) && !holds(x, "w", 0) })
+	})
+	if err != nil {
+		st, _ := x.Stats("w")
+		t.Fatalf("after the publisher restarted: new block held %v, old block held %v (%+v): %v", holds(x, "w", 1000), holds(x, "w", 0), st, err)
+	}
+	for i := range 20 {
+		if holds(x, "w", 8*i) {
+			t.Fatalf("the old process's block %d is still in the index", i)
+		}
+	}
+}
+
+// On one connection, a seq that goes back means the publisher restarted
+// (vLLM counts from 0 in each process): its index starts over from that
+// batch instead of dropping it as a duplicate.
+func TestSubscriber_SeqGoingBackStartsTheIndexOver(t *testing.T) {
+	x := NewIndex()
+	sub := &Subscriber{Worker: "w", Index: x, Logger: slog.New(slog.DiscardHandler), last: -1}
+	batch := func(events []Event) []byte {
+		b, err := Encode(Batch{TS: 1, Events: events})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for i := range 5 {
+		sub.handle(context.Background(), int64(i), batch(stored(int64(100+i), 8*i)))
+	}
+	if !holds(x, "w", 0) {
+		t.Fatal("the first process's block is not held")
+	}
+	sub.handle(context.Background(), 0, batch(stored(100, 1000)))
+	st, _ := x.Stats("w")
+	if holds(x, "w", 0) || !holds(x, "w", 1000) || st.Seq != 0 || st.Blocks != 1 {
+		t.Fatalf("after seq 0 again: old held %v, new held %v, %+v; want only the new block, at seq 0", holds(x, "w", 0), holds(x, "w", 1000), st)
+	}
+}
+
+// freeAddr is a loopback address nothing listens on (until the test
+// listens there).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// A subscriber started before its publisher — a vLLM still loading its
+// model — dials again with backoff (1s doubling to 30s), saying it is
+// connecting and why, for as long as it runs; once the publisher listens
+// it connects and its index syncs.
+func TestSubscriber_DialsAgainUntilThePublisherListens(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	addr, replayAddr := freeAddr(t), freeAddr(t)
+	x := NewIndex()
+	waits, resume := make(chan time.Duration), make(chan struct{})
+	sub := &Subscriber{Worker: "w", Endpoint: "tcp://" + addr, Replay: "tcp://" + replayAddr, Index: x}
+	sub.sleep = func(ctx context.Context, d time.Duration) error {
+		select {
+		case waits <- d:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		select {
+		case <-resume:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	errc, stopped := make(chan error, 1), make(chan struct{})
+	go func() { defer close(stopped); errc <- sub.Run(ctx) }()
+	defer func() { cancel(); <-stopped }()
+	var got []time.Duration
+	for i := range 8 {
+		select {
+		case d := <-waits:
+			got = append(got, d)
+		case err := <-errc:
+			t.Fatalf("the subscriber gave up after %d waits (%v): %v", len(got), got, err)
+		}
+		if st := sub.Status(); st.Connected || !strings.Contains(st.LastError, "connection refused") || st.LastErrorAt.IsZero() {
+			t.Fatalf("while nothing listens: %+v, want connecting, the dial's error", st)
+		}
+		if i < 7 {
+			resume <- struct{}{}
+		}
+	}
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second, 30 * time.Second}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("waits between dials (-want +got):\n%s", diff)
+	}
+
+	pub, err := NewPublisher(ctx, addr, replayAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	resume <- struct{}{} // the eighth wait ends: the next dial finds the publisher
+	if err := Join(ctx, func() { pub.Publish(0, stored(1, 0)) }, func(ctx context.Context) error { return x.Wait(ctx, "w", HasBatch) }); err != nil {
+		t.Fatal(err)
+	}
+	if st := sub.Status(); !st.Connected || st.Connects != 1 {
+		t.Fatalf("after the publisher came: %+v, want connected once", st)
+	}
+	if st, _ := x.Stats("w"); !st.Synced || !holds(x, "w", 0) {
+		t.Fatalf("index %+v, want synced with the published block", st)
 	}
 }

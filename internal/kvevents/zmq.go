@@ -13,7 +13,31 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
+// Backoff between dials: a publisher may be minutes away (vLLM opens its
+// socket once its model is loaded), so the subscriber keeps dialing for
+// as long as it runs, first after minBackoff, then twice as long after
+// each failure up to maxBackoff. A connection that delivered a batch
+// starts the backoff over.
+const (
+	minBackoff = time.Second
+	maxBackoff = 30 * time.Second
+	// dialTimeout bounds one TCP connect to a host that does not answer.
+	dialTimeout = 10 * time.Second
+)
+
+// errReconnect ends a connection that Reconnect asked to replace.
+var errReconnect = errors.New("reconnect asked for")
+
 // Subscriber follows one worker's KV-event publisher into an Index.
+//
+// Each connection starts the worker's index over: while no connection
+// was open the publisher may have restarted (its engine holding none of
+// the blocks indexed) or published what no replay still holds, and
+// vLLM counts batches from 0 in each process, so a seq alone cannot tell
+// a new process from the old one. The first batch of a connection then
+// finds its predecessors missing and has them replayed from the
+// publisher's buffer (see Gaps in the package doc), which rebuilds the
+// index from seq 0 while the buffer holds it.
 type Subscriber struct {
 	// Worker names the worker in the index.
 	Worker string
@@ -27,10 +51,31 @@ type Subscriber struct {
 	// ReplayTimeout bounds one replay; 2s when 0.
 	ReplayTimeout time.Duration
 
+	// sleep waits d between dials (tests); nil waits on a timer.
+	sleep func(ctx context.Context, d time.Duration) error
+
+	once  sync.Once
+	again chan struct{} // Reconnect's request, one pending at most
+
+	last int64 // the last seq applied; -1 before any (Run's goroutine only)
+
 	mu      sync.Mutex
-	last    int64 // the last seq applied; -1 before any
+	st      Status
 	replays int
 	gaps    int
+}
+
+// Status is a subscriber's connection to its publisher.
+type Status struct {
+	// Connected is true while a connection is open; false while dialing
+	// or waiting to dial again.
+	Connected bool
+	// Connects counts the connections made.
+	Connects int
+	// LastError is the latest failure — a dial, a lost connection, a
+	// replay — and LastErrorAt when it happened; empty before any.
+	LastError   string
+	LastErrorAt time.Time
 }
 
 // Counts returns how many gaps the subscriber saw and how many replays
@@ -41,50 +86,192 @@ func (s *Subscriber) Counts() (gaps, replays int) {
 	return s.gaps, s.replays
 }
 
-// Run subscribes and applies batches until ctx ends. It returns ctx's
-// error, or the socket's when it cannot dial.
+// Status returns the subscriber's connection state.
+func (s *Subscriber) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st
+}
+
+func (s *Subscriber) init() {
+	s.once.Do(func() { s.again = make(chan struct{}, 1) })
+}
+
+// Reconnect makes Run close its connection, if one is open, and dial
+// again at once, starting the worker's index over: the worker restarted
+// (its health says so), and a connection to a process gone without a
+// reset would never say so itself.
+func (s *Subscriber) Reconnect() {
+	s.init()
+	select {
+	case s.again <- struct{}{}:
+	default:
+	}
+}
+
+// Run subscribes and applies batches until ctx ends, and returns ctx's
+// error. A failed dial or a lost connection is retried with backoff (see
+// minBackoff), for as long as ctx lasts.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if s.Logger == nil {
 		s.Logger = slog.New(slog.DiscardHandler)
 	}
-	s.last = -1
-	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(250*time.Millisecond), zmq4.WithAutomaticReconnect(true))
+	s.init()
+	wait := minBackoff
+	for {
+		received, err := s.connection(ctx)
+		if ctx.Err() != nil {
+			s.setConnected(false)
+			return ctx.Err()
+		}
+		if received {
+			wait = minBackoff
+		}
+		if errors.Is(err, errReconnect) {
+			s.setConnected(false)
+			s.Logger.Info("KV events: connecting again, the worker restarted", "worker", s.Worker, "endpoint", s.Endpoint)
+			continue
+		}
+		s.fail(err, "KV events: no connection to the publisher; dialing again", "retry_in", wait)
+		if s.pause(ctx, wait) != nil {
+			s.setConnected(false)
+			return ctx.Err()
+		}
+		wait = min(2*wait, maxBackoff)
+	}
+}
+
+// pause waits d, or less when Reconnect asks for a dial now.
+func (s *Subscriber) pause(ctx context.Context, d time.Duration) error {
+	if s.sleep != nil {
+		return s.sleep(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.again:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// connection dials the publisher and applies its batches until the
+// connection fails, ctx ends or Reconnect asks for another; received
+// says whether a batch came.
+func (s *Subscriber) connection(ctx context.Context) (received bool, err error) {
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// zmq4 neither retries nor reconnects here: Run does, with backoff,
+	// and starts the index over on each connection.
+	sub := zmq4.NewSub(cctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout))
 	defer sub.Close()
 	if err := sub.Dial(s.Endpoint); err != nil {
-		return fmt.Errorf("kvevents: dial %s: %w", s.Endpoint, err)
+		return false, fmt.Errorf("dial %s: %w", s.Endpoint, err)
 	}
 	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		return err
+		return false, err
 	}
+	select { // this connection is the one a pending Reconnect asked for
+	case <-s.again:
+	default:
+	}
+	s.startOver()
+	s.mu.Lock()
+	s.st.Connected = true
+	s.st.Connects++
+	s.mu.Unlock()
+	s.Logger.Info("KV events: connected; the worker's index starts over", "worker", s.Worker, "endpoint", s.Endpoint)
+
+	asked, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-s.again:
+			close(asked)
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	defer func() { cancel(); <-watched }()
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
+			select {
+			case <-asked:
+				return received, errReconnect
+			default:
 			}
-			s.Logger.Warn("KV events: receive failed", "worker", s.Worker, "err", err)
-			continue
+			if ctx.Err() != nil {
+				return received, ctx.Err()
+			}
+			// zmq4 delivers a connection's read error once, then
+			// stops reading it: the connection is over.
+			return received, fmt.Errorf("connection to %s lost: %w", s.Endpoint, err)
 		}
 		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
 			s.Logger.Warn("KV events: message is not (topic, seq, payload)", "worker", s.Worker, "frames", len(msg.Frames))
 			continue
 		}
-		s.handle(ctx, int64(binary.BigEndian.Uint64(msg.Frames[1])), msg.Frames[2])
+		received = true
+		s.handle(cctx, int64(binary.BigEndian.Uint64(msg.Frames[1])), msg.Frames[2])
 	}
+}
+
+// startOver empties the worker's index and forgets the last seq.
+func (s *Subscriber) startOver() {
+	s.Index.Reset(s.Worker)
+	s.last = -1
+}
+
+func (s *Subscriber) setConnected(c bool) {
+	s.mu.Lock()
+	s.st.Connected = c
+	s.mu.Unlock()
+}
+
+// fail notes err as the latest failure and logs msg: a warning when the
+// failure is new, a debug line when it repeats the previous one.
+func (s *Subscriber) fail(err error, msg string, attrs ...any) {
+	s.mu.Lock()
+	repeat := s.st.LastError == err.Error() && !s.st.Connected
+	s.st.Connected = false
+	s.st.LastError, s.st.LastErrorAt = err.Error(), time.Now()
+	s.mu.Unlock()
+	level := slog.LevelWarn
+	if repeat {
+		level = slog.LevelDebug
+	}
+	s.Logger.Log(context.Background(), level, msg, append([]any{"worker", s.Worker, "err", err}, attrs...)...)
+}
+
+// noteErr records a failure that leaves the connection open (a replay).
+func (s *Subscriber) noteErr(err error) {
+	s.mu.Lock()
+	s.st.LastError, s.st.LastErrorAt = err.Error(), time.Now()
+	s.mu.Unlock()
 }
 
 // handle applies one published batch, first repairing a gap before it.
 func (s *Subscriber) handle(ctx context.Context, seq int64, payload []byte) {
 	if seq <= s.last {
-		return // a duplicate, or one a replay already applied
+		// PUB delivers in order and a replay applies only what precedes
+		// the batch that asked for it, so this is no duplicate: vLLM
+		// counts from 0 in each process, and the publisher restarted.
+		s.Logger.Warn("KV events: seq went back, the publisher restarted; the worker's index starts over",
+			"worker", s.Worker, "seq", seq, "last_seq", s.last)
+		s.startOver()
 	}
 	if seq != s.last+1 {
 		s.mu.Lock()
 		s.gaps++
 		s.mu.Unlock()
 		from := s.last + 1
-		if !s.replay(ctx, from, seq) {
-			s.Logger.Warn("KV events lost; prefix term back to the guess for the worker", "worker", s.Worker, "from_seq", from, "to_seq", seq-1)
+		if err := s.replay(ctx, from, seq); err != nil {
+			err = fmt.Errorf("replay of seq %d-%d: %w", from, seq-1, err)
+			s.noteErr(err)
+			s.Logger.Warn("KV events lost; prefix term back to the guess for the worker", "worker", s.Worker, "from_seq", from, "to_seq", seq-1, "err", err)
 			s.Index.Desync(s.Worker, from)
 		}
 	}
@@ -105,10 +292,10 @@ func (s *Subscriber) apply(seq int64, payload []byte) {
 }
 
 // replay asks the replay socket for the batches from..until-1 and applies
-// them; it reports whether all of them came.
-func (s *Subscriber) replay(ctx context.Context, from, until int64) bool {
+// them; it returns why not all of them came.
+func (s *Subscriber) replay(ctx context.Context, from, until int64) error {
 	if s.Replay == "" {
-		return false
+		return errors.New("no replay endpoint configured")
 	}
 	timeout := s.ReplayTimeout
 	if timeout <= 0 {
@@ -119,42 +306,40 @@ func (s *Subscriber) replay(ctx context.Context, from, until int64) bool {
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(3))
 	defer d.Close()
 	if err := d.Dial(s.Replay); err != nil {
-		s.Logger.Warn("KV events: dial replay", "worker", s.Worker, "err", err)
-		return false
+		return fmt.Errorf("dial %s: %w", s.Replay, err)
 	}
 	var start [8]byte
 	binary.BigEndian.PutUint64(start[:], uint64(from))
 	if err := d.Send(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
-		return false
+		return fmt.Errorf("send the request to %s: %w", s.Replay, err)
 	}
 	for {
 		msg, err := recvBefore(rctx, d)
 		if err != nil {
-			s.Logger.Warn("KV events: replay", "worker", s.Worker, "err", err)
-			return false
+			return fmt.Errorf("receive from %s: %w", s.Replay, err)
 		}
 		fr := msg.Frames
 		if len(fr) > 0 && len(fr[0]) == 0 {
 			fr = fr[1:] // the empty delimiter the ROUTER sends back
 		}
 		if len(fr) != 2 || len(fr[0]) != 8 {
-			return false
+			return fmt.Errorf("%s answered %d frames, not (seq, payload)", s.Replay, len(fr))
 		}
 		seq := int64(binary.BigEndian.Uint64(fr[0]))
 		if seq < 0 { // end of the replay
-			ok := s.last >= until-1
-			if ok {
-				s.mu.Lock()
-				s.replays++
-				s.mu.Unlock()
+			if s.last < until-1 {
+				return fmt.Errorf("the buffer ended at seq %d", s.last)
 			}
-			return ok
+			s.mu.Lock()
+			s.replays++
+			s.mu.Unlock()
+			return nil
 		}
 		if seq != s.last+1 {
 			if seq <= s.last {
 				continue
 			}
-			return false // the buffer no longer holds what was missed
+			return fmt.Errorf("the buffer starts at seq %d, after the first missed", seq)
 		}
 		if seq < until {
 			s.apply(seq, fr[1])

@@ -82,7 +82,10 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 			q.each(func(t *Ticket) { gone = append(gone, t) })
 			continue
 		}
-		q.spec = q.spec && spec
+		if q.spec && !spec {
+			q.spec = false
+			s.sharedJoinLocked(q)
+		}
 		for _, t := range q.retries {
 			if len(t.req.Exclude) > 0 && s.whyNotWaitLocked(t.req) != nil {
 				gone = append(gone, t)

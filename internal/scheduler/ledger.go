@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"errors"
 	"slices"
 	"strconv"
@@ -149,11 +150,33 @@ func (s *Scheduler) sharedBindLocked(t *Ticket, lease *Lease, id string) {
 	s.sharedGoneLocked(t)
 }
 
-// sharedQueuedLocked puts a queued ticket on the waiting list.
+// sharedQueuedLocked puts a queued ticket on the waiting list, unless no
+// worker is known to serve its model yet (its queue is speculative): a
+// renewal sends the keys of every model waited for, and the names of
+// models nobody serves come from clients. Such a queue's tickets join
+// the list when a worker shows it serves the model (sweepLocked).
 func (s *Scheduler) sharedQueuedLocked(t *Ticket) {
-	if s.ledger != nil && s.cfg.Policy == PolicySluice && !t.waiting {
-		s.ledger.push(t.req.Model, ledgerCall{kind: callWait, waitID: ticketWaitID(t)})
-		t.waiting = true
+	if s.ledger == nil || s.cfg.Policy != PolicySluice || t.waiting {
+		return
+	}
+	if q := s.queues[t.req.Model]; q != nil && q.spec {
+		return
+	}
+	s.ledger.push(t.req.Model, ledgerCall{kind: callWait, waitID: ticketWaitID(t)})
+	t.waiting = true
+}
+
+// sharedJoinLocked puts the tickets of a queue that stopped being
+// speculative on the waiting list, in the order they came.
+func (s *Scheduler) sharedJoinLocked(q *queue) {
+	if s.ledger == nil {
+		return
+	}
+	var ts []*Ticket
+	q.each(func(t *Ticket) { ts = append(ts, t) })
+	slices.SortFunc(ts, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
+	for _, t := range ts {
+		s.sharedQueuedLocked(t)
 	}
 }
 

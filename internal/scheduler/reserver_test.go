@@ -3,9 +3,12 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // gatedLedger is a Ledger whose Reserve for the models in gate blocks
@@ -146,4 +149,72 @@ func TestReserver_CancelledWhileAskingGivesTheLeaseBack(t *testing.T) {
 		t.Fatalf("the next request: %v", err)
 	}
 	l.Release()
+}
+
+// waitLedger is a gatedLedger that records the waiting list's calls.
+type waitLedger struct {
+	*gatedLedger
+	mu    sync.Mutex
+	calls []string // "wait model" or "unwait model", in order
+}
+
+func (w *waitLedger) Wait(model, waitID string) {
+	w.mu.Lock()
+	w.calls = append(w.calls, "wait "+model)
+	w.mu.Unlock()
+}
+
+func (w *waitLedger) Unwait(model, waitID string) {
+	w.mu.Lock()
+	w.calls = append(w.calls, "unwait "+model)
+	w.mu.Unlock()
+}
+
+func (w *waitLedger) take() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := w.calls
+	w.calls = nil
+	return out
+}
+
+// Requests for models no worker is known to serve — they wait only while
+// some worker's models are unknown — stay off the shared waiting list,
+// whose keys every renewal sends, so made-up model names cost the ledger
+// nothing; once a worker shows it serves one, its queued requests join
+// the list and the turn across replicas.
+func TestLedger_WaitsOnlyForModelsTheFleetServes(t *testing.T) {
+	g := &waitLedger{gatedLedger: newGatedLedger()}
+	g.inFlight["b"] = 1 // b is full across replicas
+	undiscovered := newSource(Snapshot{})
+	s := newSched(t, Config{MaxQueue: 64, Ledger: g},
+		WorkerSpec{Name: "a", Models: []string{"m"}, MaxConcurrency: 1},
+		WorkerSpec{Name: "b", Source: undiscovered, MaxConcurrency: 1})
+	held, err := s.Admit(context.Background(), Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	behind := s.Submit(Request{Model: "m"}, nil)
+	var made []*Ticket
+	for i := range 20 {
+		made = append(made, s.Submit(Request{Model: fmt.Sprintf("made-up-%d", i)}, nil))
+	}
+	s.FlushLedger()
+	if diff := cmp.Diff([]string{"wait m"}, g.take()); diff != "" {
+		t.Fatalf("waiting-list calls while b's models are unknown (-want +got):\n%s", diff)
+	}
+	undiscovered.Set(Snapshot{Health: HealthOK, Models: []string{"made-up-0"}})
+	s.Kick()
+	s.FlushLedger()
+	if diff := cmp.Diff([]string{"wait made-up-0"}, g.take()); diff != "" {
+		t.Fatalf("waiting-list calls once b serves made-up-0 (-want +got):\n%s", diff)
+	}
+	for _, tk := range append(made, behind) {
+		s.Cancel(tk, ErrClientGone)
+	}
+	held.Release()
+	s.FlushLedger()
+	if diff := cmp.Diff([]string{"unwait made-up-0", "unwait m"}, g.take()); diff != "" {
+		t.Fatalf("waiting-list calls as they leave (-want +got):\n%s", diff)
+	}
 }

@@ -29,6 +29,10 @@ import (
 // One kvevents.Subscriber runs per such worker, started when the worker
 // is added and stopped (its goroutine waited for) when it is removed or
 // replaced and when the router closes; its index is forgotten with it.
+// Until then it dials its publisher for as long as it takes (a vLLM
+// loading its model opens the socket minutes after Sluice starts), and
+// it connects again, starting the index over, when the worker comes back
+// from down or loading: another process may answer there now.
 type kvEvents struct {
 	index *kvevents.Index
 	log   *slog.Logger
@@ -45,6 +49,7 @@ type kvSub struct {
 	sub    *kvevents.Subscriber
 	cancel context.CancelFunc
 	done   chan struct{}
+	down   bool // its worker was last seen down or loading (guarded by kvEvents.mu)
 }
 
 func newKVEvents(log *slog.Logger, timeout time.Duration) *kvEvents {
@@ -82,6 +87,30 @@ func (ks *kvSub) stop() {
 	<-ks.done
 }
 
+// health takes a worker's new health. A worker back to ok from down or
+// loading may be a restarted engine, holding none of the indexed blocks,
+// behind a connection that never saw the old one go (a peer gone without
+// a reset), so its subscriber connects again, which starts the index
+// over; when it was the same process, the replay from its buffer rebuilds
+// the index.
+func (k *kvEvents) health(name string, h scheduler.Health) {
+	k.mu.Lock()
+	ks := k.subs[name]
+	again := false
+	if ks != nil {
+		switch h {
+		case scheduler.HealthDown, scheduler.HealthLoading:
+			ks.down = true
+		case scheduler.HealthOK:
+			again, ks.down = ks.down, false
+		}
+	}
+	k.mu.Unlock()
+	if again {
+		ks.sub.Reconnect()
+	}
+}
+
 // stop ends name's subscription and forgets its index.
 func (k *kvEvents) stop(name string) {
 	k.mu.Lock()
@@ -104,6 +133,17 @@ func (k *kvEvents) close() {
 // kvView is a worker's index of KV events in GET /api/workers.
 type kvView struct {
 	kvevents.Stats
+	// State is "connecting" (no connection to the publisher: dialing, or
+	// waiting to dial again), "connected" (no batch since it connected),
+	// "synced" (the index is exact) or "out_of_sync" (batches lost and
+	// not replayed: the prefix term guesses for the worker).
+	State string `json:"state"`
+	// LastError is the latest failure (a dial, a lost connection, a
+	// replay) and LastErrorAt when; absent before any.
+	LastError   string     `json:"last_error,omitempty"`
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
+	// Connects counts the connections made to the publisher.
+	Connects int `json:"connects"`
 	// Gaps counts the seq gaps seen, Replays those the replay socket
 	// repaired.
 	Gaps    int `json:"gaps"`
@@ -119,7 +159,21 @@ func (k *kvEvents) view(name string) *kvView {
 		return nil
 	}
 	st, _ := k.index.Stats(name)
-	v := &kvView{Stats: st}
+	cs := ks.sub.Status()
+	v := &kvView{Stats: st, LastError: cs.LastError, Connects: cs.Connects}
+	if !cs.LastErrorAt.IsZero() {
+		v.LastErrorAt = &cs.LastErrorAt
+	}
+	switch {
+	case !cs.Connected:
+		v.State = "connecting"
+	case st.Seq < 0:
+		v.State = "connected"
+	case st.Synced:
+		v.State = "synced"
+	default:
+		v.State = "out_of_sync"
+	}
 	v.Gaps, v.Replays = ks.sub.Counts()
 	return v
 }

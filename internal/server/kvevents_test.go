@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -17,6 +19,7 @@ import (
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/kvevents"
 	"github.com/sluice-router/sluice/internal/proxy"
+	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
 )
 
@@ -234,3 +237,68 @@ func TestTokenIDs_SendTheChatTemplatesInputs(t *testing.T) {
 }
 
 func keysOf[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
+
+// A worker whose publisher is not up yet — a vLLM loading its model —
+// shows in /api/workers as connecting, with the dial's error, rather
+// than as an empty index that says nothing.
+func TestKVEvents_ViewShowsConnectingAndWhy(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	k := newKVEvents(slog.New(slog.DiscardHandler), 0)
+	defer k.close()
+	k.start(config.Worker{Name: "w", KVEvents: "tcp://" + addr})
+	// The dial fails with no event to wait on: poll, bounded.
+	deadline := time.Now().Add(20 * time.Second)
+	for k.view("w").LastError == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("no dial error shown within 20s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	v := k.view("w")
+	if v.State != "connecting" || !strings.Contains(v.LastError, "connection refused") || v.LastErrorAt == nil || v.Connects != 0 {
+		t.Fatalf("view %+v, want connecting with the dial's error", v)
+	}
+}
+
+// A worker back to ok from down may be a restarted engine behind a
+// connection that never saw the old one go: its subscriber connects
+// again, starting the index over, and syncs from the publisher.
+func TestKVEvents_WorkerBackFromDownConnectsAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pub, err := kvevents.NewPublisher(ctx, "127.0.0.1:0", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	ep, rep := pub.Endpoints()
+	k := newKVEvents(slog.New(slog.DiscardHandler), 0)
+	defer k.close()
+	k.start(config.Worker{Name: "w", KVEvents: ep, KVEventsReplay: rep})
+	join := func() {
+		t.Helper()
+		poke := func() { pub.Publish(0, nil) }
+		if err := kvevents.Join(ctx, poke, func(ctx context.Context) error { return k.index.Wait(ctx, "w", kvevents.HasBatch) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	join()
+	if v := k.view("w"); v.State != "synced" || v.Connects != 1 {
+		t.Fatalf("view %+v, want synced after one connection", v)
+	}
+	k.health("w", scheduler.HealthOK) // ok all along: nothing to do
+	k.health("w", scheduler.HealthDown)
+	k.health("w", scheduler.HealthOK)
+	if err := k.index.Wait(ctx, "w", func(s kvevents.Stats) bool { return s.Seq < 0 }); err != nil {
+		t.Fatalf("the index was not started over: %v", err)
+	}
+	join()
+	if v := k.view("w"); v.State != "synced" || v.Connects != 2 {
+		t.Fatalf("view %+v, want synced after a second connection", v)
+	}
+}

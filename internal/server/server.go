@@ -202,7 +202,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		StaleAfter:    cfg.Telemetry.StaleAfter,
 		FailThreshold: cfg.Telemetry.FailThreshold,
 		Logger:        log,
-		OnChange:      func(string) { s.sched.Kick() },
+		OnChange:      s.workerChanged,
 	})
 	s.metrics = newMetrics(func() *scheduler.Scheduler { return s.sched }, s.tracker)
 	s.metrics.reg.MustRegister(s.shared.collectors()...)
@@ -471,6 +471,18 @@ func (s *Server) replaceWorkerLocked(w config.Worker) error {
 	s.kv.stop(w.Name) // its endpoints may have changed: the index starts over
 	s.kv.start(w)
 	return s.sched.UpdateWorker(workerSpec(w, fw))
+}
+
+// workerChanged is the fleet's OnChange: a worker's health, models or
+// slots changed, which may make queued requests placeable, and a worker
+// back from down may be a restarted engine (kvEvents.health).
+func (s *Server) workerChanged(name string) {
+	s.sched.Kick()
+	if fw := s.fleet.Get(name); fw != nil {
+		if snap := fw.Snapshot(); snap != nil {
+			s.kv.health(name, snap.Health)
+		}
+	}
 }
 
 // removeWorkerLocked stops scheduling to a worker and stops probing it.

@@ -362,3 +362,62 @@ func TestScheduler_RefusalRecordChoosesNobody(t *testing.T) {
 	}
 	held.Release()
 }
+
+// Through a scheduler: requests for many made-up model names, queued
+// while a worker's models are unknown, and requests that waited and are
+// gone, leave a renewal sending the keys of the models waited for now
+// and no more.
+func TestScheduler_RenewalTouchesOnlyModelsWaitedFor(t *testing.T) {
+	srv := startRedis(t)
+	l := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
+	rec := &scriptKeys{}
+	l.rdb.AddHook(rec)
+	sched, err := scheduler.New(scheduler.Config{
+		Weights: scheduler.DefaultWeights(), MaxQueue: 256, QueueTimeout: time.Minute,
+		StaleAfter: time.Minute, Ledger: l.ForScheduler(context.Background()), IDPrefix: l.Replica(),
+		Limits: scheduler.LimitConfig{Fixed: true},
+	},
+		scheduler.WorkerSpec{Name: "w0", Models: []string{"m", "n"}, MaxConcurrency: 1},
+		scheduler.WorkerSpec{Name: "undiscovered", MaxConcurrency: 1}, // no models known yet
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sched.Close)
+	ctx := context.Background()
+	held, err := sched.Admit(ctx, scheduler.Request{Model: "m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var queued []*scheduler.Ticket
+	for i := range 100 {
+		queued = append(queued, sched.Submit(scheduler.Request{Model: fmt.Sprintf("made-up-%d", i)}, nil))
+	}
+	gone := sched.Submit(scheduler.Request{Model: "n"}, nil) // waits behind m's lease, then leaves
+	waiting := sched.Submit(scheduler.Request{Model: "m"}, nil)
+	sched.FlushLedger()
+	sched.Cancel(gone, scheduler.ErrClientGone)
+	for _, tk := range queued[:50] {
+		sched.Cancel(tk, scheduler.ErrClientGone)
+	}
+	sched.FlushLedger()
+	l.Renew(ctx)
+	rec.take()
+	l.Renew(ctx)
+	want := []string{"sluice:shared:inflight", "sluice:shared:leases", "sluice:shared:wait:m", "sluice:shared:waitexp:m"}
+	if got := rec.take(); !slices.Equal(got, want) {
+		t.Fatalf("a renewal touched %d keys (%v...), want %v", len(got), got[:min(6, len(got))], want)
+	}
+	sched.Cancel(waiting, scheduler.ErrClientGone)
+	for _, tk := range queued[50:] {
+		sched.Cancel(tk, scheduler.ErrClientGone)
+	}
+	held.Release()
+	sched.FlushLedger()
+	l.Renew(ctx)
+	rec.take()
+	l.Renew(ctx)
+	if got, want := rec.take(), []string{"sluice:shared:inflight", "sluice:shared:leases"}; !slices.Equal(got, want) {
+		t.Fatalf("with nothing waiting a renewal touched %v, want %v", got, want)
+	}
+}

@@ -76,7 +76,12 @@
 // what it holds, so whatever path left a stray entry, it is gone within
 // RenewEvery. The cost is one more script per renewal, reading the lease
 // set and this replica's waiting lists: about one entry per request in
-// flight or queued in the fleet.
+// flight or queued in the fleet. The lists read are those of the models
+// this replica has requests waiting for (and, once more, of one whose
+// last request just left), not of every model it ever queued for, and a
+// request for a model no worker is known to serve does not wait in the
+// ledger at all (the scheduler's speculative queue), so model names
+// invented by clients cost a renewal nothing.
 //
 // # Learned limits and decision counters
 //
@@ -123,6 +128,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -210,7 +216,7 @@ type Ledger struct {
 	seq     uint64            // the last lease number issued
 	held    map[string]string // lease id -> worker ("" while its Reserve runs)
 	waiters map[string]waiter // member -> its model and enqueue µs
-	models  map[string]bool   // every model this replica has queued for
+	models  map[string]bool   // the models whose waiting lists reconcile clears (see reconcile)
 
 	degraded atomic.Bool
 	lastOK   atomic.Int64 // unix ns of the last successful round trip
@@ -577,7 +583,7 @@ func (l *Ledger) Renew(ctx context.Context) {
 }
 
 // reconcile makes Redis hold no lease or waiter of this replica but the
-// ones it holds now. A renewal sends only what it holds; what this replica
+// ones it holds now, and forgets the models it need not look at again. A renewal sends only what it holds; what this replica
 // gave up without Redis hearing of it would otherwise stay until it
 // expired, a lease holding its slot and a waiter, still the oldest, every
 // other replica's turn, for up to LeaseTTL:
@@ -593,6 +599,13 @@ func (l *Ledger) Renew(ctx context.Context) {
 // and Adopt number a lease and hold it in one step, and Wait, Unwait and
 // Release do not run during a renewal. Leases numbered later are left
 // alone; a Reserve in flight holds its lease already.
+//
+// The waiting lists looked at are those of the models in l.models: every
+// model Wait was called for, until a reconcile finds no waiter of this
+// replica for it, before its script and after. That script removed every
+// stray of the model (none can be added meanwhile: Wait does not run
+// during a renewal), so the model is forgotten, and a renewal sends the
+// keys of the models waited for now, not of every model ever named.
 func (l *Ledger) reconcile(ctx context.Context) error {
 	l.mu.Lock()
 	keys := make([]string, 0, 2+2*len(l.models))
@@ -605,8 +618,10 @@ func (l *Ledger) reconcile(ctx context.Context) error {
 	for lease := range l.held {
 		args = append(args, lease)
 	}
-	for m := range l.waiters {
+	idle := maps.Clone(l.models) // the models without a waiter now
+	for m, wt := range l.waiters {
 		args = append(args, m)
+		delete(idle, wt.model)
 	}
 	l.mu.Unlock()
 	res, err := l.run(ctx, reconcileScript, keys, args...)
@@ -616,6 +631,14 @@ func (l *Ledger) reconcile(ctx context.Context) error {
 	if n := toInt(res); n > 0 {
 		l.log.Info("shared state: removed leases and waiters this replica no longer holds", "count", n)
 	}
+	l.mu.Lock()
+	for _, wt := range l.waiters {
+		delete(idle, wt.model)
+	}
+	for model := range idle {
+		delete(l.models, model)
+	}
+	l.mu.Unlock()
 	return nil
 }
 

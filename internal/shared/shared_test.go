@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -765,5 +766,87 @@ func TestRenew_ReconcilesWhatThisReplicaNoLongerHolds(t *testing.T) {
 		if err := r.l.Release(ctx, r.res); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// scriptKeys records the keys of every script a client runs.
+type scriptKeys struct {
+	mu   sync.Mutex
+	keys [][]string // per script run, in order
+}
+
+func (h *scriptKeys) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptKeys) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *scriptKeys) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) >= 3 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") {
+			n := int(toInt(fmt.Sprint(a[2])))
+			keys := make([]string, 0, n)
+			for _, k := range a[3 : 3+n] {
+				keys = append(keys, fmt.Sprint(k))
+			}
+			h.mu.Lock()
+			h.keys = append(h.keys, keys)
+			h.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// take returns the distinct keys recorded since the last take, sorted.
+func (h *scriptKeys) take() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, ks := range h.keys {
+		out = append(out, ks...)
+	}
+	h.keys = nil
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// TestRenew_ForgetsModelsNothingWaitsFor: requests for many distinct
+// models that have all left (bound, gone, or names no worker serves)
+// leave the ledger's set of models as it was, so a renewal sends the
+// keys of the models still waited for and no more: were every model
+// ever queued for kept, each renewal would grow with the names clients
+// invented.
+func TestRenew_ForgetsModelsNothingWaitsFor(t *testing.T) {
+	srv := startRedis(t)
+	ctx := context.Background()
+	r0 := newLedger(t, srv.URL(0), "r0", ledgerOpts{})
+	rec := &scriptKeys{}
+	r0.rdb.AddHook(rec)
+	for i := range 200 {
+		model, id := fmt.Sprintf("gone-%d", i), fmt.Sprintf("g%d", i)
+		if err := r0.Wait(ctx, model, id); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if err := r0.Unwait(ctx, model, id); err != nil {
+				t.Fatal(err)
+			}
+		} else if _, err := r0.Reserve(ctx, model, id, cands(1000, "w0")); err != nil { // bound
+			t.Fatal(err)
+		}
+	}
+	if err := r0.Wait(ctx, "kept", "k"); err != nil {
+		t.Fatal(err)
+	}
+	r0.Renew(ctx) // the last to look at the models left: nothing of them is left in Redis
+	r0.mu.Lock()
+	models := slices.Sorted(maps.Keys(r0.models))
+	r0.mu.Unlock()
+	if want := []string{"kept"}; !slices.Equal(models, want) {
+		t.Fatalf("models after the renewal: %d of them (%v...), want %v", len(models), models[:min(3, len(models))], want)
+	}
+	rec.take()
+	r0.Renew(ctx)
+	want := []string{"sluice:shared:inflight", "sluice:shared:leases", "sluice:shared:wait:kept", "sluice:shared:waitexp:kept"}
+	if got := rec.take(); !slices.Equal(got, want) {
+		t.Fatalf("a renewal touched %d keys (%v...), want %v", len(got), got[:min(6, len(got))], want)
 	}
 }
