@@ -84,6 +84,13 @@ type Server struct {
 	bgDone      chan struct{}
 
 	drains drains // pending drain deadlines, by worker
+	// listenLoopback: cfg.Listen takes connections from this host alone.
+	// Only then do admin routes answer loopback clients without a token:
+	// on an address the network reaches, a loopback client may be
+	// anything on the host in front of Sluice (an ingress, a sidecar, a
+	// port-forward) relaying anyone's request, and the admin API can point
+	// the fleet at any URL.
+	listenLoopback bool
 
 	memberMu sync.Mutex // serialises worker membership changes
 	urls     sync.Map   // worker name -> *url.URL
@@ -108,7 +115,8 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{log: log, cfg: cfg, mux: http.NewServeMux(), bgDone: make(chan struct{}), idle: make(chan struct{}, 1)}
+	s := &Server{log: log, cfg: cfg, mux: http.NewServeMux(), bgDone: make(chan struct{}), idle: make(chan struct{}, 1),
+		listenLoopback: loopbackOnly(cfg.Listen)}
 	if err := s.loadKeys(cfg.Auth); err != nil {
 		return nil, err
 	}
