@@ -222,6 +222,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	s.metrics.reg.MustRegister(s.lora.collectors()...)
 	s.dash = dashboard.New(dashboard.Options{
 		Workers:     func() []scheduler.WorkerState { return s.sched.Workers() },
+		Gauges:      func() []scheduler.WorkerGauges { return s.sched.Gauges() },
 		QueueDepths: func() map[string]int { return s.sched.QueueDepths() },
 		Stats:       s.tracker.Get,
 		Recent:      func(n int) []*decisions.Record { return s.dlog.Recent(n) },
