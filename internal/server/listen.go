@@ -27,6 +27,19 @@ var ErrInterrupted = errors.New("interrupted")
 // before it closes every connection.
 const refuseWindow = time.Second
 
+// minBodyRate is the slowest average rate, in bytes a second, at which a
+// client may send a request body: 1 Mbit/s.
+const minBodyRate = 128 << 10
+
+// bodyTimeout is how long a client has to send a request body once its
+// headers are in: the time it had for its headers, plus the largest body
+// at minBodyRate; 74 s by default. A body has no deadline of its own
+// otherwise, and one trickled in holds a connection, a goroutine and up
+// to proxy.max_body_bytes for as long as its client likes.
+func bodyTimeout(cfg config.Config) time.Duration {
+	return cfg.Server.ReadHeaderTimeout + time.Duration(float64(cfg.Proxy.MaxBodyBytes)/minBodyRate*float64(time.Second))
+}
+
 // Serve serves on ln until ctx ends, then shuts down in order:
 //
 //  1. /readyz answers 503 at once while everything else is still served,

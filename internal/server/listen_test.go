@@ -321,3 +321,62 @@ func TestServe_ShutdownCutsWhatOutlivesTheGrace(t *testing.T) {
 		t.Fatal("a stream cut at the deadline read as complete")
 	}
 }
+
+func TestServe_SlowBodyGets408(t *testing.T) {
+	s := serveRouter(t, testConfig(t, []*fakeWorker{newFakeWorker(t, "w1")}, func(c *config.Config) {
+		quickShutdown(c)
+		c.Server.ReadHeaderTimeout = 100 * time.Millisecond // the body's deadline is this plus 1 KiB at 1 Mbit/s
+		c.Proxy.MaxBodyBytes = 1024
+	}), nil)
+	c := dialRaw(t, s.addr)
+	// Whole headers, a tenth of the body, then silence.
+	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"model\":\"m\","); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer to a body that stopped coming: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	checkError(t, resp, string(b), http.StatusRequestTimeout, "body_timeout")
+	if !strings.Contains(string(b), "proxy.max_body_bytes") {
+		t.Errorf("the message does not say what the deadline is made of: %s", b)
+	}
+	closedByServer(t, c, br)
+	if resp, err := http.Get(s.url + "/healthz"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("a normal request after it: %v %v", resp, err)
+	}
+}
+
+func TestServe_StreamOutlastsTheBodyDeadline(t *testing.T) {
+	w := newFakeWorker(t, "w1")
+	w.hold = make(chan struct{})
+	w.arrived = make(chan string, 1)
+	const deadline = 100 * time.Millisecond
+	s := serveRouter(t, testConfig(t, []*fakeWorker{w}, func(c *config.Config) {
+		quickShutdown(c)
+		c.Server.ReadHeaderTimeout = deadline
+		c.Proxy.MaxBodyBytes = 1024
+	}), nil)
+	got := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(s.url+"/v1/chat/completions", "application/json", strings.NewReader(chat("long", true)))
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	<-w.arrived
+	// The body was read long ago; the request now runs past the deadline
+	// the body had, which must not cut it.
+	<-time.After(5 * deadline)
+	close(w.hold)
+	if g := <-got; !strings.HasPrefix(g, "200 ") || !strings.Contains(g, "[DONE]") {
+		t.Fatalf("a stream longer than the body's deadline: %s", g)
+	}
+}

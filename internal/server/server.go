@@ -242,6 +242,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		},
 		Transport:       opt.Transport,
 		MaxBodyBytes:    cfg.Proxy.MaxBodyBytes,
+		BodyTimeout:     bodyTimeout(cfg),
 		MaxAttempts:     cfg.Proxy.MaxAttempts,
 		IdleTimeout:     cfg.Proxy.StreamIdleTimeout,
 		Tokenize:        s.tokenize,
