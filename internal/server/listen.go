@@ -27,6 +27,35 @@ var ErrInterrupted = errors.New("interrupted")
 // before it closes every connection.
 const refuseWindow = time.Second
 
+// fileReserve is how many open files the router keeps for itself
+// besides client and worker connections: its stores and decision file,
+// probes, Redis, KV-event sockets, the listener.
+const fileReserve = 128
+
+// maxConnections returns the cap on open client connections:
+// server.max_connections, or when that is 0, half of the open files
+// fileReserve leaves. Each client connection may need one to a worker,
+// hence half; and a router out of files fails everyone, not just the
+// newcomer: it can neither reach a worker nor probe one (every worker
+// turns unhealthy), nor open its stores. Connections beyond the cap wait
+// in the kernel's backlog instead. limit is the open-file limit the cap
+// was sized on, 0 when configured or unknown (then n is 0: no cap).
+func (s *Server) maxConnections() (n int, limit uint64, err error) {
+	if n = s.cfg.Server.MaxConnections; n > 0 {
+		return n, 0, nil
+	}
+	files := s.openFiles
+	if files == nil {
+		files = openFileLimit
+	}
+	limit, err = files()
+	if err != nil || limit == 0 {
+		return 0, 0, err
+	}
+	const most = 1 << 30 // an unlimited RLIMIT_NOFILE reads as the largest uint64
+	return max(1, (int(min(limit, most))-fileReserve)/2), limit, nil
+}
+
 // minBodyRate is the slowest average rate, in bytes a second, at which a
 // client may send a request body: 1 Mbit/s.
 const minBodyRate = 128 << 10
@@ -54,14 +83,21 @@ func bodyTimeout(cfg config.Config) time.Duration {
 //     every connection still open is closed.
 //
 // The caller's Close then flushes the averages. The listener is limited
-// to server.max_connections and serves TLS when tls is configured.
+// to server.max_connections (sized to the open-file limit when 0, see
+// maxConnections) and serves TLS when tls is configured.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
 	if grace <= 0 {
 		grace = s.cfg.Shutdown.Grace
 	}
 	lim := s.cfg.Server
-	if lim.MaxConnections > 0 {
-		ln = newLimitListener(ln, lim.MaxConnections)
+	switch n, files, err := s.maxConnections(); {
+	case err != nil:
+		s.log.Warn("client connections are not capped: the open-file limit is unknown; set server.max_connections", "err", err)
+	case n > 0:
+		if files > 0 {
+			s.log.Info("client connections capped at half the open files left (server.max_connections: 0)", "max_connections", n, "open_file_limit", files)
+		}
+		ln = newLimitListener(ln, n)
 	}
 	hs := &http.Server{
 		Handler:           s.handler,

@@ -147,6 +147,22 @@ func TestServe_MaxConnectionsMakesExtraConnectionsWait(t *testing.T) {
 		quickShutdown(c)
 		c.Server.MaxConnections = 1
 	}), nil)
+	oneConnectionAtATime(t, s)
+}
+
+// With server.max_connections left at 0, the cap is half of the open
+// files the router's reserve leaves: here one connection.
+func TestServe_ConnectionsAreCappedByTheOpenFileLimit(t *testing.T) {
+	s := serveRouter(t, testConfig(t, []*fakeWorker{newFakeWorker(t, "w1")}, quickShutdown), func(srv *Server) {
+		srv.openFiles = func() (uint64, error) { return fileReserve + 2, nil }
+	})
+	oneConnectionAtATime(t, s)
+}
+
+// oneConnectionAtATime checks that s serves one connection at a time: a
+// second waits, unaccepted, until the first closes.
+func oneConnectionAtATime(t *testing.T, s *served) {
+	t.Helper()
 	get := func(c net.Conn, br *bufio.Reader) error {
 		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: sluice\r\n\r\n"); err != nil {
 			return err
@@ -378,5 +394,32 @@ func TestServe_StreamOutlastsTheBodyDeadline(t *testing.T) {
 	close(w.hold)
 	if g := <-got; !strings.HasPrefix(g, "200 ") || !strings.Contains(g, "[DONE]") {
 		t.Fatalf("a stream longer than the body's deadline: %s", g)
+	}
+}
+
+func TestMaxConnections_SizedToTheOpenFileLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		configured int
+		files      uint64
+		err        error
+		want       int
+	}{
+		{"configured", 5, 1 << 20, nil, 5},
+		{"a container's limit", 0, 1 << 20, nil, (1<<20 - fileReserve) / 2},
+		{"a small limit", 0, 1024, nil, (1024 - fileReserve) / 2},
+		{"under the reserve", 0, 100, nil, 1},
+		{"unlimited", 0, ^uint64(0), nil, (1<<30 - fileReserve) / 2},
+		{"unknown", 0, 0, errors.New("no limit here"), 0},
+	} {
+		s := &Server{cfg: config.DefaultConfig(), openFiles: func() (uint64, error) { return tc.files, tc.err }}
+		s.cfg.Server.MaxConnections = tc.configured
+		if got, _, _ := s.maxConnections(); got != tc.want {
+			t.Errorf("%s: %d connections, want %d", tc.name, got, tc.want)
+		}
+	}
+	// This machine's limit is known, and leaves room for connections.
+	if n, files, err := (&Server{cfg: config.DefaultConfig()}).maxConnections(); err != nil || n < 1 || files <= fileReserve {
+		t.Errorf("this machine: %d connections for an open-file limit of %d (%v)", n, files, err)
 	}
 }

@@ -70,6 +70,8 @@ type Server struct {
 	transport *workerTransport
 	// stopping is set when shutdown begins: /readyz turns 503.
 	stopping atomic.Bool
+	// openFiles returns the process's open-file limit; a test may fake it.
+	openFiles func() (uint64, error)
 	// after is time.After unless a test steers the shutdown phases.
 	after func(time.Duration) <-chan time.Time
 	// inFlight counts the inference requests being served, queued ones
