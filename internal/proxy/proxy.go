@@ -278,7 +278,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serve places the request and relays it, retrying on another worker while
 // nothing has been written to the client.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
-	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1, Route: p.proto.route}
+	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1, Route: p.proto.route,
+		BodyBytes: len(body)}
 	if id, ok := auth.FromContext(r.Context()); ok {
 		req.Tenant, req.Class, req.SLO = id.Tenant, id.Class, id.SLO
 	}

@@ -105,6 +105,10 @@ type Config struct {
 	// MaxQueue bounds each model's queue; 0 refuses whenever no worker
 	// has room.
 	MaxQueue int
+	// MaxQueueBytes bounds the bytes of request bodies (Request.BodyBytes)
+	// that waiting requests hold, across models: a request that would
+	// wait past it is refused (ErrQueueBytesFull); 0 sets no bound.
+	MaxQueueBytes int64
 	// QueueTimeout bounds a request's wait in Admit.
 	QueueTimeout time.Duration
 	// StaleAfter marks telemetry older than this as stale in records.
@@ -267,6 +271,8 @@ type Scheduler struct {
 	derivedSLO map[string]*derived
 	// adapters are the configured LoRA adapters by name; nil when none.
 	adapters map[string]AdapterSpec
+	// queuedBytes is the sum of BodyBytes of the requests in queues.
+	queuedBytes int64
 }
 
 // New returns a Scheduler with the given workers.
@@ -367,6 +373,7 @@ func (s *Scheduler) Close() {
 		q.each(func(t *Ticket) { done = append(done, t) })
 	}
 	clear(s.queues)
+	s.queuedBytes = 0
 	for _, t := range done {
 		s.sharedGoneLocked(t)
 	}

@@ -60,6 +60,9 @@ type Request struct {
 	// Flow is the fair-share flow of the request in the queue; empty is
 	// its Tenant (the default, admission.fair_share_by: tenant).
 	Flow string
+	// BodyBytes is the size of the request's body, which the caller
+	// keeps while it waits: counted against Config.MaxQueueBytes.
+	BodyBytes int
 }
 
 // flow is the key of req's fair-share flow: Flow when set, else Tenant.
@@ -159,6 +162,8 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 		// Requests for models nobody is known to serve yet share one
 		// budget: client-supplied names must not grow state unbounded.
 		why = ErrQueueFull
+	case !t.front && s.cfg.MaxQueueBytes > 0 && s.queuedBytes+int64(t.req.BodyBytes) > s.cfg.MaxQueueBytes:
+		why = fmt.Errorf("%w (%d MiB)", ErrQueueBytesFull, s.cfg.MaxQueueBytes>>20)
 	case !t.front:
 		if wait, ok := s.predictedWaitLocked(q, t); ok && wait > deadlineMargin*s.maxWait(t.req.Class) {
 			why, retryAfter = ErrDeadlineUnmeetable, wait-s.maxWait(t.req.Class)
@@ -179,6 +184,7 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 	}
 	t.queued = true
 	q.push(t, s.weightOf(t.req.Tenant))
+	s.queuedBytes += int64(t.req.BodyBytes)
 	if shared {
 		s.sharedQueuedLocked(t)
 	}
@@ -252,6 +258,7 @@ func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
 func (s *Scheduler) unqueueLocked(t *Ticket, bound bool) {
 	q := s.queues[t.req.Model]
 	q.remove(t, bound)
+	s.queuedBytes -= int64(t.req.BodyBytes)
 	if q.n == 0 {
 		delete(s.queues, t.req.Model)
 	}

@@ -69,6 +69,16 @@ func bodyTimeout(cfg config.Config) time.Duration {
 	return cfg.Server.ReadHeaderTimeout + time.Duration(float64(cfg.Proxy.MaxBodyBytes)/minBodyRate*float64(time.Second))
 }
 
+// queuedBodies is how many bodies of proxy.max_body_bytes the requests
+// waiting in the admission queue may hold between them (128 MiB by
+// default), across models: each keeps its body while it waits, and
+// admission.max_queue alone would let 256 per model hold 8 MiB each. Text
+// is about four bytes a token, so the budget is some 32 million prompt
+// tokens, more than most fleets prefill within admission.queue_timeout:
+// it turns away a backlog that would time out anyway, before it costs the
+// router its memory.
+const queuedBodies = 16
+
 // Serve serves on ln until ctx ends, then shuts down in order:
 //
 //  1. /readyz answers 503 at once while everything else is still served,

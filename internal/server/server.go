@@ -166,6 +166,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		IDPrefix:      s.shared.idPrefix(),
 		Weights:       cfg.Weights,
 		MaxQueue:      cfg.Admission.MaxQueue,
+		MaxQueueBytes: queuedBodies * cfg.Proxy.MaxBodyBytes,
 		QueueTimeout:  cfg.Admission.QueueTimeout,
 		Classes:       cfg.Admission.Classes,
 		TenantWeights: cfg.Admission.TenantWeights,
