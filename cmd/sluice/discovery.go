@@ -19,7 +19,7 @@ type serverSink struct{ srv *server.Server }
 func (s serverSink) AddWorker(w config.Worker) error { return s.srv.AddWorker(w) }
 func (s serverSink) RemoveWorker(name string) error  { return s.srv.RemoveWorker(name) }
 func (s serverSink) WorkerNames() []string {
-	ws := s.srv.Scheduler().Workers()
+	ws := s.srv.Scheduler().Briefs()
 	names := make([]string, 0, len(ws))
 	for _, w := range ws {
 		names = append(names, w.Name)

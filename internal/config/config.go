@@ -564,9 +564,12 @@ type ServerLimits struct {
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	// IdleTimeout closes a keep-alive connection idle this long.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
-	// MaxConnections bounds the open client connections; 0 is unlimited.
-	// Connections beyond it wait in the kernel's accept backlog until one
-	// closes (and are refused by the kernel once the backlog is full).
+	// MaxConnections bounds the open client connections; 0 (the default)
+	// is half of the process's open-file limit once 128 files are kept
+	// for the router itself, so that it never runs out of files to reach
+	// its workers with. Connections beyond it wait in the kernel's accept
+	// backlog until one closes (and are refused by the kernel once the
+	// backlog is full).
 	MaxConnections int `yaml:"max_connections"`
 }
 

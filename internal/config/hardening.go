@@ -64,7 +64,7 @@ func (c *Config) validateHardening() Problems {
 		bad("server.idle_timeout", "must be positive, got %v", sv.IdleTimeout)
 	}
 	if sv.MaxConnections < 0 {
-		bad("server.max_connections", "negative (%d); 0 is unlimited", sv.MaxConnections)
+		bad("server.max_connections", "negative (%d); 0 sizes it to the open-file limit", sv.MaxConnections)
 	}
 	if c.Shutdown.DrainDelay < 0 {
 		bad("shutdown.drain_delay", "negative (%v)", c.Shutdown.DrainDelay)

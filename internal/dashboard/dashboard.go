@@ -51,6 +51,11 @@ var assets embed.FS
 type Options struct {
 	// Workers returns every worker's state (scheduler.Scheduler.Workers).
 	Workers func() []scheduler.WorkerState
+	// Gauges, when set, is what each sample reads instead of Workers
+	// (scheduler.Scheduler.Gauges): a sample needs no worker's
+	// explanation, and is taken every interval whether or not anyone
+	// looks.
+	Gauges func() []scheduler.WorkerGauges
 	// QueueDepths returns each model's queue depth in Sluice
 	// (scheduler.Scheduler.QueueDepths).
 	QueueDepths func() map[string]int
@@ -249,16 +254,16 @@ func (d *Dashboard) Run(ctx context.Context) {
 // previous sample, and returns the new sample.
 func (d *Dashboard) Sample() Sample {
 	now := d.opt.Now()
-	workers := d.opt.Workers()
+	workers := d.sampleWorkers()
 	queued := 0
 	for _, n := range d.opt.QueueDepths() {
 		queued += n
 	}
 	s := Sample{T: now.UnixMilli(), Queued: queued}
 	for _, w := range workers {
-		s.Active += inFlight(&w)
-		s.Limit += w.Limit
-		if eligible(w) {
+		s.Active += w.inFlight
+		s.Limit += w.limit
+		if w.eligible {
 			s.Healthy++
 		}
 	}
@@ -272,13 +277,13 @@ func (d *Dashboard) Sample() Sample {
 	d.ring[idx] = s
 	seen := make(map[string]bool, len(workers))
 	for _, w := range workers {
-		seen[w.Name] = true
-		sr := d.actives[w.Name]
+		seen[w.name] = true
+		sr := d.actives[w.name]
 		if sr == nil {
 			sr = &series{first: d.seq, v: make([]int32, len(d.ring))}
-			d.actives[w.Name] = sr
+			d.actives[w.name] = sr
 		}
-		sr.v[idx] = int32(inFlight(&w))
+		sr.v[idx] = int32(w.inFlight)
 	}
 	for name := range d.actives {
 		if !seen[name] {
@@ -286,6 +291,33 @@ func (d *Dashboard) Sample() Sample {
 		}
 	}
 	return s
+}
+
+// sampled is what a sample reads of a worker.
+type sampled struct {
+	name            string
+	inFlight, limit int
+	eligible        bool
+}
+
+// sampleWorkers reads the workers for a sample, from Gauges when set.
+func (d *Dashboard) sampleWorkers() []sampled {
+	if d.opt.Gauges != nil {
+		gs := d.opt.Gauges()
+		out := make([]sampled, len(gs))
+		for i := range gs {
+			g := &gs[i]
+			out[i] = sampled{name: g.Name, inFlight: g.Active + g.OtherReplicas, limit: g.Limit, eligible: g.Eligible()}
+		}
+		return out
+	}
+	ws := d.opt.Workers()
+	out := make([]sampled, len(ws))
+	for i := range ws {
+		w := &ws[i]
+		out[i] = sampled{name: w.Name, inFlight: inFlight(w), limit: w.Limit, eligible: eligible(*w)}
+	}
+	return out
 }
 
 func (d *Dashboard) percentilesLocked(since time.Time) (ttft, workerTTFT, tpot *Percentiles) {

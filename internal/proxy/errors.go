@@ -68,7 +68,7 @@ func WriteError(w http.ResponseWriter, status int, reason, msg string) {
 // with it too.
 func StatusOf(err error) int {
 	switch {
-	case errors.Is(err, scheduler.ErrQueueFull):
+	case errors.Is(err, scheduler.ErrQueueFull), errors.Is(err, scheduler.ErrQueueBytesFull):
 		return http.StatusTooManyRequests
 	case errors.Is(err, scheduler.ErrQueueTimeout), errors.Is(err, scheduler.ErrNoHealthyWorker), errors.Is(err, scheduler.ErrClosed),
 		errors.Is(err, scheduler.ErrDeadlineUnmeetable), errors.Is(err, scheduler.ErrSLOUnmeetable):

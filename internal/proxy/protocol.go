@@ -121,7 +121,7 @@ const StatusOverloaded = 529
 // concurrency limit stays 429 rate_limit_error.
 func anthropicStatus(status int, reason string) (int, string) {
 	switch {
-	case status == http.StatusTooManyRequests && reason == "queue_full":
+	case status == http.StatusTooManyRequests && (reason == "queue_full" || reason == "queue_bytes_full"):
 		return StatusOverloaded, "overloaded_error"
 	case status == http.StatusTooManyRequests:
 		return status, "rate_limit_error"

@@ -125,6 +125,9 @@ type Options struct {
 	Transport http.RoundTripper
 	// MaxBodyBytes bounds a request body (413 beyond it).
 	MaxBodyBytes int64
+	// BodyTimeout bounds the time a client has to send its body, from
+	// the handler's start (408 beyond it); 0 sets no deadline.
+	BodyTimeout time.Duration
 	// MaxAttempts bounds how many workers a request is tried on.
 	MaxAttempts int
 	// IdleTimeout bounds the silence between reads of a worker's answer
@@ -246,14 +249,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		res.Status, res.Reason = proto.writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "", fmt.Sprintf("%s %s: use POST", r.Method, r.URL.Path))
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opt.MaxBodyBytes))
+	body, err := h.readBody(w, r)
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			res.Status, res.Reason = proto.writeError(w, http.StatusRequestEntityTooLarge, "body_too_large", "", fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
-		} else {
-			res.Status, res.Reason = proto.writeError(w, http.StatusBadRequest, "bad_body", "", "reading request body: "+err.Error())
-		}
+		res.Status, res.Reason = h.bodyError(proto, w, err)
 		return
 	}
 	p, err := proto.parse(body)
@@ -281,7 +279,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // serve places the request and relays it, retrying on another worker while
 // nothing has been written to the client.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
-	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1, Route: p.proto.route}
+	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1, Route: p.proto.route,
+		BodyBytes: len(body)}
 	if id, ok := auth.FromContext(r.Context()); ok {
 		req.Tenant, req.Class, req.SLO = id.Tenant, id.Class, id.SLO
 	}

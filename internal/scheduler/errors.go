@@ -10,6 +10,9 @@ import (
 var (
 	// ErrQueueFull: the model's queue is at max_queue.
 	ErrQueueFull = errors.New("admission queue is full")
+	// ErrQueueBytesFull: the requests waiting hold Config.MaxQueueBytes
+	// of bodies, or would with this one.
+	ErrQueueBytesFull = errors.New("the requests waiting in the admission queue hold as many bytes of request bodies as it keeps")
 	// ErrQueueTimeout: the request waited queue_timeout without a worker
 	// freeing up.
 	ErrQueueTimeout = errors.New("timed out waiting in the admission queue")
@@ -62,6 +65,8 @@ func reasonOf(err error) string {
 	switch {
 	case errors.Is(err, ErrQueueFull):
 		return "queue_full"
+	case errors.Is(err, ErrQueueBytesFull):
+		return "queue_bytes_full"
 	case errors.Is(err, ErrQueueTimeout):
 		return "queue_timeout"
 	case errors.Is(err, ErrUnknownModel):

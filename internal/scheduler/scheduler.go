@@ -111,6 +111,10 @@ type Config struct {
 	// MaxQueue bounds each model's queue; 0 refuses whenever no worker
 	// has room.
 	MaxQueue int
+	// MaxQueueBytes bounds the bytes of request bodies (Request.BodyBytes)
+	// that waiting requests hold, across models: a request that would
+	// wait past it is refused (ErrQueueBytesFull); 0 sets no bound.
+	MaxQueueBytes int64
 	// QueueTimeout bounds a request's wait in Admit.
 	QueueTimeout time.Duration
 	// StaleAfter marks telemetry older than this as stale in records.
@@ -259,6 +263,8 @@ type Scheduler struct {
 	// steps are the borrow steps of the models requests wait for in
 	// Admit (borrowstep.go).
 	steps map[string]*borrowStep
+	// queuedBytes is the sum of BodyBytes of the requests in queues.
+	queuedBytes int64
 }
 
 // New returns a Scheduler with the given workers.
@@ -372,6 +378,7 @@ func (s *Scheduler) refuseAll() []*Ticket {
 		q.each(func(t *Ticket) { done = append(done, t) })
 	}
 	clear(s.queues)
+	s.queuedBytes = 0
 	for _, t := range done {
 		s.sharedGoneLocked(t)
 	}

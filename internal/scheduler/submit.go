@@ -63,6 +63,9 @@ type Request struct {
 	// of a tenant, equally, within the tenant's share. Empty is the
 	// tenant's own flow (the default, fair_share_by: tenant).
 	Flow string
+	// BodyBytes is the size of the request's body, which the caller
+	// keeps while it waits: counted against Config.MaxQueueBytes.
+	BodyBytes int
 }
 
 // Submit enters a request into admission. If a worker can take it now the
@@ -161,6 +164,8 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 		// Requests for models nobody is known to serve yet share one
 		// budget: client-supplied names must not grow state unbounded.
 		why = ErrQueueFull
+	case !t.front && s.cfg.MaxQueueBytes > 0 && s.queuedBytes+int64(t.req.BodyBytes) > s.cfg.MaxQueueBytes:
+		why = fmt.Errorf("%w (%d MiB)", ErrQueueBytesFull, s.cfg.MaxQueueBytes>>20)
 	case !t.front:
 		if wait, ok := s.predictedWaitLocked(q, t); ok && wait > deadlineMargin*s.maxWait(t.req.Class) {
 			why, retryAfter = ErrDeadlineUnmeetable, wait-s.maxWait(t.req.Class)
@@ -181,6 +186,7 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 	}
 	t.queued = true
 	q.push(t, s.weightOf(t.req.Tenant))
+	s.queuedBytes += int64(t.req.BodyBytes)
 	if shared {
 		s.sharedQueuedLocked(t)
 	}
@@ -258,6 +264,7 @@ func (s *Scheduler) cancel(t *Ticket, cause error, now time.Time) ([]*Ticket, bo
 func (s *Scheduler) unqueueLocked(t *Ticket, bound bool) {
 	q := s.queues[t.req.Model]
 	q.remove(t, bound)
+	s.queuedBytes -= int64(t.req.BodyBytes)
 	if q.n == 0 {
 		delete(s.queues, t.req.Model)
 	}

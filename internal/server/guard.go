@@ -3,7 +3,9 @@ package server
 import (
 	"fmt"
 	"math"
+	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,9 +26,10 @@ const (
 	// keys are configured.
 	routeClient
 	// routeAdmin: everything else — the admin API, /debug, the dashboard
-	// and unknown paths — needs the admin token, or a loopback client when
-	// no token is configured. Unknown paths are admin so that a route
-	// added later is protected until someone decides otherwise.
+	// and unknown paths — needs the admin token. Without one configured it
+	// answers loopback clients only, and only while the router listens on
+	// loopback alone (Server.listenLoopback). Unknown paths are admin so that
+	// a route added later is protected until someone decides otherwise.
 	routeAdmin
 )
 
@@ -57,6 +60,21 @@ func (s *Server) loadKeys(cfg config.Auth) error {
 	return nil
 }
 
+// loopbackOnly reports whether a listen address takes connections from
+// this host alone: a loopback IP, or localhost. An empty host, 0.0.0.0,
+// [::] and any other name or address may be reached from the network.
+func loopbackOnly(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
+
 // logAuthMode says at start who may call what.
 func (s *Server) logAuthMode() {
 	kr := s.keys.Load()
@@ -65,8 +83,13 @@ func (s *Server) logAuthMode() {
 	} else {
 		s.log.Warn("inference routes are open to any client: no auth.keys configured")
 	}
-	if !kr.HasAdminToken() {
+	switch {
+	case kr.HasAdminToken():
+	case s.listenLoopback:
 		s.log.Warn("admin routes answer loopback clients only: no auth.admin_token_sha256 or auth.admin_token_file configured")
+	default:
+		s.log.Warn("admin routes are refused: listen is not a loopback address and no admin token is configured; set auth.admin_token_sha256 or auth.admin_token_file",
+			"listen", s.cfg.Listen)
 	}
 }
 
@@ -113,6 +136,10 @@ func (s *Server) guard(next http.Handler) http.Handler {
 					proxy.WriteError(w, http.StatusUnauthorized, "invalid_admin_token", "admin routes need Authorization: Bearer <admin token>")
 					return
 				}
+			} else if !s.listenLoopback {
+				proxy.WriteError(w, http.StatusForbidden, "admin_token_required",
+					fmt.Sprintf("admin routes need an admin token when Sluice listens on %s, an address beyond loopback: set auth.admin_token_sha256 or auth.admin_token_file", s.cfg.Listen))
+				return
 			} else if !auth.IsLoopback(r.RemoteAddr) {
 				proxy.WriteError(w, http.StatusForbidden, "admin_loopback_only",
 					"admin routes answer loopback clients only until auth.admin_token_sha256 or auth.admin_token_file is set")

@@ -415,3 +415,65 @@ func TestGuard_KeysTenantAndClassReachTheDecisionRecord(t *testing.T) {
 		}
 	}
 }
+
+func TestGuard_AdminNeedsTheTokenWhenListeningBeyondLoopback(t *testing.T) {
+	logs := &syncBuffer{}
+	cfg := keysConfig(t, []*fakeWorker{newFakeWorker(t, "w1")}, func(c *config.Config) {
+		c.Listen = "0.0.0.0:8080"
+	})
+	r := startRouterLog(t, cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if !strings.Contains(logs.String(), "admin routes are refused") || !strings.Contains(logs.String(), "auth.admin_token_file") {
+		t.Errorf("start-up logs do not say that admin routes are refused until a token is set:\n%s", logs)
+	}
+	// The client is on loopback, as a same-host ingress or sidecar is:
+	// that says nothing of who sent the request.
+	for _, tc := range []struct{ method, path, body string }{
+		{"GET", "/api/workers", ""}, {"POST", "/api/workers", `{"name":"evil","url":"http://203.0.113.9:80","kind":"openai","models":["m"]}`},
+		{"DELETE", "/api/workers/w1", ""}, {"POST", "/api/workers/w1/drain", ""}, {"GET", "/debug/decisions", ""}, {"GET", "/api/overview", ""},
+	} {
+		resp, body := do(t, tc.method, r.url+tc.path, "", tc.body)
+		checkError(t, resp, body, http.StatusForbidden, "admin_token_required")
+		if !strings.Contains(body, "auth.admin_token_sha256") {
+			t.Errorf("%s %s: the refusal does not say which setting opens it: %s", tc.method, tc.path, body)
+		}
+	}
+	if got := r.srv.Scheduler().Workers(); len(got) != 1 || got[0].Name != "w1" || got[0].Draining {
+		t.Fatalf("a refused admin call changed the fleet: %+v", got)
+	}
+	// Probes and the client API are not admin routes.
+	if resp, body := do(t, "GET", r.url+"/healthz", "", ""); resp.StatusCode != 200 {
+		t.Errorf("/healthz: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := do(t, "POST", r.url+"/v1/chat/completions", keyAcme, chat("a", false)); resp.StatusCode != 200 {
+		t.Errorf("inference: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestGuard_AdminTokenOpensAdminBeyondLoopback(t *testing.T) {
+	logs := &syncBuffer{}
+	cfg := keysConfig(t, []*fakeWorker{newFakeWorker(t, "w1")}, func(c *config.Config) {
+		c.Listen = ":8080"
+		c.Auth.AdminTokenSHA256 = sha(keyAdmin)
+	})
+	r := startRouterLog(t, cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if strings.Contains(logs.String(), "admin routes are refused") {
+		t.Errorf("logs say admin routes are refused although a token is set:\n%s", logs)
+	}
+	resp, body := do(t, "GET", r.url+"/api/workers", "", "")
+	checkError(t, resp, body, http.StatusUnauthorized, "invalid_admin_token")
+	if resp, body := do(t, "GET", r.url+"/api/workers", keyAdmin, ""); resp.StatusCode != 200 {
+		t.Fatalf("with the admin token: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestLoopbackOnly(t *testing.T) {
+	for listen, want := range map[string]bool{
+		"127.0.0.1:8080": true, "127.0.0.2:8080": true, "[::1]:8080": true, "localhost:8080": true,
+		"0.0.0.0:8080": false, ":8080": false, "[::]:8080": false, "10.0.0.5:8080": false,
+		"sluice.example.com:8080": false, "[::ffff:127.0.0.1]:8080": true, "no-port": false,
+	} {
+		if got := loopbackOnly(listen); got != want {
+			t.Errorf("loopbackOnly(%q) = %v, want %v", listen, got, want)
+		}
+	}
+}

@@ -27,6 +27,58 @@ var ErrInterrupted = errors.New("interrupted")
 // before it closes every connection.
 const refuseWindow = time.Second
 
+// fileReserve is how many open files the router keeps for itself
+// besides client and worker connections: its stores and decision file,
+// probes, Redis, KV-event sockets, the listener.
+const fileReserve = 128
+
+// maxConnections returns the cap on open client connections:
+// server.max_connections, or when that is 0, half of the open files
+// fileReserve leaves. Each client connection may need one to a worker,
+// hence half; and a router out of files fails everyone, not just the
+// newcomer: it can neither reach a worker nor probe one (every worker
+// turns unhealthy), nor open its stores. Connections beyond the cap wait
+// in the kernel's backlog instead. limit is the open-file limit the cap
+// was sized on, 0 when configured or unknown (then n is 0: no cap).
+func (s *Server) maxConnections() (n int, limit uint64, err error) {
+	if n = s.cfg.Server.MaxConnections; n > 0 {
+		return n, 0, nil
+	}
+	files := s.openFiles
+	if files == nil {
+		files = openFileLimit
+	}
+	limit, err = files()
+	if err != nil || limit == 0 {
+		return 0, 0, err
+	}
+	const most = 1 << 30 // an unlimited RLIMIT_NOFILE reads as the largest uint64
+	return max(1, (int(min(limit, most))-fileReserve)/2), limit, nil
+}
+
+// minBodyRate is the slowest average rate, in bytes a second, at which a
+// client may send a request body: 1 Mbit/s.
+const minBodyRate = 128 << 10
+
+// bodyTimeout is how long a client has to send a request body once its
+// headers are in: the time it had for its headers, plus the largest body
+// at minBodyRate; 74 s by default. A body has no deadline of its own
+// otherwise, and one trickled in holds a connection, a goroutine and up
+// to proxy.max_body_bytes for as long as its client likes.
+func bodyTimeout(cfg config.Config) time.Duration {
+	return cfg.Server.ReadHeaderTimeout + time.Duration(float64(cfg.Proxy.MaxBodyBytes)/minBodyRate*float64(time.Second))
+}
+
+// queuedBodies is how many bodies of proxy.max_body_bytes the requests
+// waiting in the admission queue may hold between them (128 MiB by
+// default), across models: each keeps its body while it waits, and
+// admission.max_queue alone would let 256 per model hold 8 MiB each. Text
+// is about four bytes a token, so the budget is some 32 million prompt
+// tokens, more than most fleets prefill within admission.queue_timeout:
+// it turns away a backlog that would time out anyway, before it costs the
+// router its memory.
+const queuedBodies = 16
+
 // Serve serves on ln until ctx ends, then shuts down in order:
 //
 //  1. /readyz answers 503 at once while everything else is still served,
@@ -41,14 +93,21 @@ const refuseWindow = time.Second
 //     every connection still open is closed.
 //
 // The caller's Close then flushes the averages. The listener is limited
-// to server.max_connections and serves TLS when tls is configured.
+// to server.max_connections (sized to the open-file limit when 0, see
+// maxConnections) and serves TLS when tls is configured.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
 	if grace <= 0 {
 		grace = s.cfg.Shutdown.Grace
 	}
 	lim := s.cfg.Server
-	if lim.MaxConnections > 0 {
-		ln = newLimitListener(ln, lim.MaxConnections)
+	switch n, files, err := s.maxConnections(); {
+	case err != nil:
+		s.log.Warn("client connections are not capped: the open-file limit is unknown; set server.max_connections", "err", err)
+	case n > 0:
+		if files > 0 {
+			s.log.Info("client connections capped at half the open files left (server.max_connections: 0)", "max_connections", n, "open_file_limit", files)
+		}
+		ln = newLimitListener(ln, n)
 	}
 	hs := &http.Server{
 		Handler:           s.handler,

@@ -147,6 +147,22 @@ func TestServe_MaxConnectionsMakesExtraConnectionsWait(t *testing.T) {
 		quickShutdown(c)
 		c.Server.MaxConnections = 1
 	}), nil)
+	oneConnectionAtATime(t, s)
+}
+
+// With server.max_connections left at 0, the cap is half of the open
+// files the router's reserve leaves: here one connection.
+func TestServe_ConnectionsAreCappedByTheOpenFileLimit(t *testing.T) {
+	s := serveRouter(t, testConfig(t, []*fakeWorker{newFakeWorker(t, "w1")}, quickShutdown), func(srv *Server) {
+		srv.openFiles = func() (uint64, error) { return fileReserve + 2, nil }
+	})
+	oneConnectionAtATime(t, s)
+}
+
+// oneConnectionAtATime checks that s serves one connection at a time: a
+// second waits, unaccepted, until the first closes.
+func oneConnectionAtATime(t *testing.T, s *served) {
+	t.Helper()
 	get := func(c net.Conn, br *bufio.Reader) error {
 		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: sluice\r\n\r\n"); err != nil {
 			return err
@@ -319,5 +335,91 @@ func TestServe_ShutdownCutsWhatOutlivesTheGrace(t *testing.T) {
 	}
 	if err := <-errc; err == nil {
 		t.Fatal("a stream cut at the deadline read as complete")
+	}
+}
+
+func TestServe_SlowBodyGets408(t *testing.T) {
+	s := serveRouter(t, testConfig(t, []*fakeWorker{newFakeWorker(t, "w1")}, func(c *config.Config) {
+		quickShutdown(c)
+		c.Server.ReadHeaderTimeout = 100 * time.Millisecond // the body's deadline is this plus 1 KiB at 1 Mbit/s
+		c.Proxy.MaxBodyBytes = 1024
+	}), nil)
+	c := dialRaw(t, s.addr)
+	// Whole headers, a tenth of the body, then silence.
+	if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: sluice\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"model\":\"m\","); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer to a body that stopped coming: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	checkError(t, resp, string(b), http.StatusRequestTimeout, "body_timeout")
+	if !strings.Contains(string(b), "proxy.max_body_bytes") {
+		t.Errorf("the message does not say what the deadline is made of: %s", b)
+	}
+	closedByServer(t, c, br)
+	if resp, err := http.Get(s.url + "/healthz"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("a normal request after it: %v %v", resp, err)
+	}
+}
+
+func TestServe_StreamOutlastsTheBodyDeadline(t *testing.T) {
+	w := newFakeWorker(t, "w1")
+	w.hold = make(chan struct{})
+	w.arrived = make(chan string, 1)
+	const deadline = 100 * time.Millisecond
+	s := serveRouter(t, testConfig(t, []*fakeWorker{w}, func(c *config.Config) {
+		quickShutdown(c)
+		c.Server.ReadHeaderTimeout = deadline
+		c.Proxy.MaxBodyBytes = 1024
+	}), nil)
+	got := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(s.url+"/v1/chat/completions", "application/json", strings.NewReader(chat("long", true)))
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	<-w.arrived
+	// The body was read long ago; the request now runs past the deadline
+	// the body had, which must not cut it.
+	<-time.After(5 * deadline)
+	close(w.hold)
+	if g := <-got; !strings.HasPrefix(g, "200 ") || !strings.Contains(g, "[DONE]") {
+		t.Fatalf("a stream longer than the body's deadline: %s", g)
+	}
+}
+
+func TestMaxConnections_SizedToTheOpenFileLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		configured int
+		files      uint64
+		err        error
+		want       int
+	}{
+		{"configured", 5, 1 << 20, nil, 5},
+		{"a container's limit", 0, 1 << 20, nil, (1<<20 - fileReserve) / 2},
+		{"a small limit", 0, 1024, nil, (1024 - fileReserve) / 2},
+		{"under the reserve", 0, 100, nil, 1},
+		{"unlimited", 0, ^uint64(0), nil, (1<<30 - fileReserve) / 2},
+		{"unknown", 0, 0, errors.New("no limit here"), 0},
+	} {
+		s := &Server{cfg: config.DefaultConfig(), openFiles: func() (uint64, error) { return tc.files, tc.err }}
+		s.cfg.Server.MaxConnections = tc.configured
+		if got, _, _ := s.maxConnections(); got != tc.want {
+			t.Errorf("%s: %d connections, want %d", tc.name, got, tc.want)
+		}
+	}
+	// This machine's limit is known, and leaves room for connections.
+	if n, files, err := (&Server{cfg: config.DefaultConfig()}).maxConnections(); err != nil || n < 1 || files <= fileReserve {
+		t.Errorf("this machine: %d connections for an open-file limit of %d (%v)", n, files, err)
 	}
 }

@@ -193,14 +193,14 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.sched()
-	for _, w := range s.Workers() {
+	for _, w := range s.Gauges() {
 		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(w.Active), w.Name)
 		ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(w.Limit), w.Name)
 		ch <- prometheus.MustNewConstMetric(descLearned, prometheus.GaugeValue, float64(w.Learned), w.Name)
 		ch <- prometheus.MustNewConstMetric(descCap, prometheus.GaugeValue, float64(w.Cap), w.Name)
 		ch <- prometheus.MustNewConstMetric(descFloor, prometheus.GaugeValue, w.Floor, w.Name)
 		ok := 0.0
-		if !w.Draining && (w.Health == scheduler.HealthOK || w.Health == scheduler.HealthUnknown) {
+		if w.Eligible() {
 			ok = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, ok, w.Name)

@@ -89,8 +89,8 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n := 0
-	for _, ws := range s.sched.Workers() {
-		if !ws.Draining && (ws.Health == scheduler.HealthOK || ws.Health == scheduler.HealthUnknown) {
+	for _, b := range s.sched.Briefs() {
+		if b.Eligible() {
 			n++
 		}
 	}

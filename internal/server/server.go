@@ -70,6 +70,8 @@ type Server struct {
 	transport *workerTransport
 	// stopping is set when shutdown begins: /readyz turns 503.
 	stopping atomic.Bool
+	// openFiles returns the process's open-file limit; a test may fake it.
+	openFiles func() (uint64, error)
 	// after is time.After unless a test steers the shutdown phases.
 	after func(time.Duration) <-chan time.Time
 	// inFlight counts the inference requests being served, queued ones
@@ -84,6 +86,13 @@ type Server struct {
 	bgDone      chan struct{}
 
 	drains drains // pending drain deadlines, by worker
+	// listenLoopback: cfg.Listen takes connections from this host alone.
+	// Only then do admin routes answer loopback clients without a token:
+	// on an address the network reaches, a loopback client may be
+	// anything on the host in front of Sluice (an ingress, a sidecar, a
+	// port-forward) relaying anyone's request, and the admin API can point
+	// the fleet at any URL.
+	listenLoopback bool
 
 	memberMu sync.Mutex // serialises worker membership changes
 	urls     sync.Map   // worker name -> *url.URL
@@ -108,7 +117,8 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Server{log: log, cfg: cfg, mux: http.NewServeMux(), bgDone: make(chan struct{}), idle: make(chan struct{}, 1)}
+	s := &Server{log: log, cfg: cfg, mux: http.NewServeMux(), bgDone: make(chan struct{}), idle: make(chan struct{}, 1),
+		listenLoopback: loopbackOnly(cfg.Listen)}
 	if err := s.loadKeys(cfg.Auth); err != nil {
 		return nil, err
 	}
@@ -156,6 +166,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		IDPrefix:      s.shared.idPrefix(),
 		Weights:       cfg.Weights,
 		MaxQueue:      cfg.Admission.MaxQueue,
+		MaxQueueBytes: queuedBodies * cfg.Proxy.MaxBodyBytes,
 		QueueTimeout:  cfg.Admission.QueueTimeout,
 		Classes:       cfg.Admission.Classes,
 		TenantWeights: cfg.Admission.TenantWeights,
@@ -210,6 +221,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 	s.metrics.reg.MustRegister(s.lora.collectors()...)
 	s.dash = dashboard.New(dashboard.Options{
 		Workers:     func() []scheduler.WorkerState { return s.sched.Workers() },
+		Gauges:      func() []scheduler.WorkerGauges { return s.sched.Gauges() },
 		QueueDepths: func() map[string]int { return s.sched.QueueDepths() },
 		Stats:       s.tracker.Get,
 		Recent:      func(n int) []*decisions.Record { return s.dlog.Recent(n) },
@@ -229,6 +241,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		},
 		Transport:       opt.Transport,
 		MaxBodyBytes:    cfg.Proxy.MaxBodyBytes,
+		BodyTimeout:     bodyTimeout(cfg),
 		MaxAttempts:     cfg.Proxy.MaxAttempts,
 		IdleTimeout:     cfg.Proxy.StreamIdleTimeout,
 		Tokenize:        s.tokenize,

@@ -20,7 +20,7 @@ import (
 // {"tokens": [...]}, vLLM takes {"model", "prompt"} and answers
 // {"count", "tokens", "max_model_len"}.
 func (s *Server) tokenize(ctx context.Context, model, text string) (int, error) {
-	for _, ws := range s.sched.Workers() {
+	for _, ws := range s.sched.Briefs() {
 		if ws.Draining || ws.Health != scheduler.HealthOK || !slices.Contains(ws.Models, model) {
 			continue
 		}

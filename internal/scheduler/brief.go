@@ -1,0 +1,85 @@
+package scheduler
+
+import "time"
+
+// What probes, hooks and samplers read of the workers: the few fields
+// each needs, with none of Workers' explanations. Workers puts every
+// limit's reason in words, asks the predictor how it has held up and
+// builds the breakdown of each worker's latest decision, for the admin
+// view; /readyz, /metrics, the proxy's hooks and the dashboard's
+// sampler run far more often and need none of it.
+
+// WorkerBrief is who a worker is, what it serves and whether it takes
+// requests.
+type WorkerBrief struct {
+	Name     string
+	Models   []string // shared with the scheduler: do not modify
+	Health   Health
+	Draining bool
+}
+
+// Eligible reports whether the worker may be given new requests: healthy,
+// or not yet probed, and not draining.
+func (b *WorkerBrief) Eligible() bool {
+	return !b.Draining && (b.Health == HealthOK || b.Health == HealthUnknown)
+}
+
+// Briefs returns every worker's brief in configuration order. It reads
+// what is there and computes nothing.
+func (s *Scheduler) Briefs() []WorkerBrief {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]WorkerBrief, 0, len(s.workers))
+	for _, w := range s.workers {
+		out = append(out, w.briefLocked(w.snapshot()))
+	}
+	return out
+}
+
+func (w *worker) briefLocked(snap *Snapshot) WorkerBrief {
+	return WorkerBrief{Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Draining: w.draining}
+}
+
+// WorkerGauges are a worker's numbers as metrics and charts show them:
+// the fields of WorkerState of the same names, with the limit's reason
+// left unsaid.
+type WorkerGauges struct {
+	WorkerBrief
+	Active        int
+	OtherReplicas int
+	Limit         int
+	Learned       int
+	Cap           int
+	Floor         float64
+	Snapshot      *Snapshot
+}
+
+// Gauges returns every worker's gauges in configuration order. Each limit
+// is computed as Workers computes it, for a request of the worker's first
+// model, with each model's floor and queue wait found once.
+func (s *Scheduler) Gauges() []WorkerGauges {
+	type byModel struct {
+		floor  float64
+		waited time.Duration
+	}
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	models := map[string]byModel{}
+	out := make([]WorkerGauges, 0, len(s.workers))
+	for _, w := range s.workers {
+		snap := w.snapshot()
+		var m byModel
+		if ms := w.models(snap); len(ms) > 0 && !s.limits.Fixed {
+			var ok bool
+			if m, ok = models[ms[0]]; !ok {
+				m = byModel{s.floorFor(ms[0]), s.oldestWaitLocked(ms[0], now)}
+				models[ms[0]] = m
+			}
+		}
+		lim := s.limitLocked(w, snap, s.statsOf(w), m.floor, m.waited, now)
+		out = append(out, WorkerGauges{WorkerBrief: w.briefLocked(snap), Active: w.active, OtherReplicas: w.remote,
+			Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, Floor: lim.floor, Snapshot: snap})
+	}
+	return out
+}
