@@ -164,8 +164,11 @@ func TestPredictor_SurvivesARestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr, err := stats.NewTracker(context.Background(), 0.2, s, nil)
+		tr, err := stats.NewTracker(0.2, s, nil)
 		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Track(context.Background(), "w"); err != nil {
 			t.Fatal(err)
 		}
 		return s, tr

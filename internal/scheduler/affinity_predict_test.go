@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -23,7 +22,7 @@ import (
 func affinitySched(t *testing.T, cfg Config, n, train int) *Scheduler {
 	t.Helper()
 	clk := NewManualClock(time.Unix(10000, 0))
-	tr, err := stats.NewTracker(context.Background(), 0.2, nil, nil)
+	tr, err := stats.NewTracker(0.2, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
