@@ -203,6 +203,23 @@ func TestPredictor_SurvivesARestart(t *testing.T) {
 	}
 }
 
+// A worker that leaves the fleet leaves the predictor; one that comes
+// back under its name starts from the fit persisted with its stats.
+func TestPredictor_ForgetDropsTheModelNotTheFit(t *testing.T) {
+	l := newLearner(t)
+	trained(t, l, "w", 1, 0.3, 100)
+	in := Input{PromptTokens: 1500, CachedTokens: 200, InFlight: 5, Slots: 4}
+	before := l.p.Predict("w", in)
+	l.p.Predict("other", in)
+	l.p.Forget("w")
+	if got, want := l.p.Len(), 1; got != want {
+		t.Fatalf("the predictor holds %d models after forgetting w, want %d", got, want)
+	}
+	if after := l.p.Predict("w", in); after != before {
+		t.Fatalf("w back under its name predicts\n%+v\nbefore it left:\n%+v", after, before)
+	}
+}
+
 func TestPredictor_IgnoresAFitOfAnotherShape(t *testing.T) {
 	l := newLearner(t)
 	l.tr.SetFit("w", &stats.Fit{Theta: []float64{1, 2}, P: []float64{1}, Samples: 99}, time.Unix(0, 0))
