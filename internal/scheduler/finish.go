@@ -31,12 +31,17 @@ type Observer interface {
 //
 // now is the time the observation is filed at (the wall clock, or the
 // simulation's). It returns o as filed. A lease already released is not
-// released again, but its observation still reaches obs.
+// released again, but its observation still reaches obs, unless its
+// worker has been removed and forgotten since.
 func (l *Lease) Complete(o stats.Observation, obs Observer, now time.Time) stats.Observation {
 	s := l.s
 	s.mu.Lock()
 	o.Concurrency = l.meanConcurrencyLocked(s.clock.Now())
-	if p := s.cfg.Predictor; p != nil {
+	if l.w.retired {
+		// Released before, on a worker whose life has ended since: what
+		// it did would bring back the state forgotten with the worker.
+		obs = nil
+	} else if p := s.cfg.Predictor; p != nil {
 		// Before the stats: the decode drift is measured against levels
 		// that do not hold this request yet.
 		out := predict.Outcome{PromptTokens: l.found.PromptTokens, CachedTokens: l.found.CachedTokens,

@@ -426,7 +426,7 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	s.urls.Store(w.Name, u)
 	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
 	s.kinds.Store(w.Name, w.Kind)
-	s.stopDrain(w.Name) // a worker added again under this name is another one
+	s.stopDrain(w.Name) // back under its name: its streams still running stay there, counted against its limit
 	// Its stored averages, before it serves: a worker known slow before a
 	// restart or a removal is still known slow.
 	if err := s.tracker.Track(context.Background(), w.Name); err != nil {
@@ -484,7 +484,8 @@ func (s *Server) replaceWorkerLocked(w config.Worker) error {
 }
 
 // removeWorkerLocked stops scheduling to a worker and stops probing it.
-// Requests in flight on it finish normally.
+// Requests in flight on it finish normally; the scheduler has its stats
+// and predictor forget it when the last of them ends.
 func (s *Server) removeWorkerLocked(name string) error {
 	if err := s.sched.RemoveWorker(name); err != nil {
 		return err
