@@ -229,7 +229,7 @@ shutdown: {drain_delay: 3s, grace: 20s}
 		t.Fatal(err)
 	}
 	defer st.Close()
-	got, err := st.Load(context.Background())
+	got, err := st.Load(context.Background(), []string{"w1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -680,6 +680,22 @@ func (p *Predictor) Record(worker string, predicted Prediction, actual Outcome) 
 	}
 }
 
+// Forget drops worker's model: the worker has left the fleet. Its fit
+// stays persisted with its stats, and a worker that comes back under the
+// name starts from it.
+func (p *Predictor) Forget(worker string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.workers, worker)
+}
+
+// Len returns how many workers the predictor holds a model of.
+func (p *Predictor) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.workers)
+}
+
 // Errors returns worker's moving averages of relative TTFT and decode
 // prediction error (0 when none are recorded), for metrics.
 func (p *Predictor) Errors(worker string) (ttft, decode float64) {

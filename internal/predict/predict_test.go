@@ -164,8 +164,11 @@ func TestPredictor_SurvivesARestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr, err := stats.NewTracker(context.Background(), 0.2, s, nil)
+		tr, err := stats.NewTracker(0.2, s, nil)
 		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Track(context.Background(), "w"); err != nil {
 			t.Fatal(err)
 		}
 		return s, tr
@@ -197,6 +200,23 @@ func TestPredictor_SurvivesARestart(t *testing.T) {
 	p2 := New(tr2)
 	if ok, reason := p2.Trusted("w"); ok != okBefore || reason != reasonBefore {
 		t.Fatalf("trust after a restart %v %q, before %v %q", ok, reason, okBefore, reasonBefore)
+	}
+}
+
+// A worker that leaves the fleet leaves the predictor; one that comes
+// back under its name starts from the fit persisted with its stats.
+func TestPredictor_ForgetDropsTheModelNotTheFit(t *testing.T) {
+	l := newLearner(t)
+	trained(t, l, "w", 1, 0.3, 100)
+	in := Input{PromptTokens: 1500, CachedTokens: 200, InFlight: 5, Slots: 4}
+	before := l.p.Predict("w", in)
+	l.p.Predict("other", in)
+	l.p.Forget("w")
+	if got, want := l.p.Len(), 1; got != want {
+		t.Fatalf("the predictor holds %d models after forgetting w, want %d", got, want)
+	}
+	if after := l.p.Predict("w", in); after != before {
+		t.Fatalf("w back under its name predicts\n%+v\nbefore it left:\n%+v", after, before)
 	}
 }
 

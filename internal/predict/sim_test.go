@@ -1,7 +1,6 @@
 package predict
 
 import (
-	"context"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -123,7 +122,7 @@ type learner struct {
 
 func newLearner(t testing.TB) *learner {
 	t.Helper()
-	tr, err := stats.NewTracker(context.Background(), 0.2, nil, nil)
+	tr, err := stats.NewTracker(0.2, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

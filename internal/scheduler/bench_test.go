@@ -32,7 +32,7 @@ func BenchmarkPick(b *testing.B) {
 		records := mode.records
 		for _, n := range []int{8, 64, 512} {
 			b.Run(fmt.Sprintf("%s/workers=%d", mode.name, n), func(b *testing.B) {
-				st, _ := stats.NewTracker(context.Background(), 0.2, nil, nil)
+				st, _ := stats.NewTracker(0.2, nil, nil)
 				limit := 1 << 30
 				if mode.def {
 					limit = 0

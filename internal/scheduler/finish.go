@@ -31,7 +31,8 @@ type Observer interface {
 //
 // now is the time the observation is filed at (the wall clock, or the
 // simulation's). It returns o as filed. A lease already released is not
-// released again, but its observation still reaches obs.
+// released again, but its observation still reaches obs, unless its
+// worker has been removed and forgotten since.
 func (l *Lease) Complete(o stats.Observation, obs Observer, now time.Time) stats.Observation {
 	o, done := l.complete(o, obs, now)
 	l.s.finish(done)
@@ -47,7 +48,11 @@ func (l *Lease) complete(o stats.Observation, obs Observer, now time.Time) (stat
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o.Concurrency = l.meanConcurrencyLocked(s.clock.Now())
-	if p := s.cfg.Predictor; p != nil {
+	if l.w.retired {
+		// Released before, on a worker whose life has ended since: what
+		// it did would bring back the state forgotten with the worker.
+		obs = nil
+	} else if p := s.cfg.Predictor; p != nil {
 		// Before the stats: the decode drift is measured against levels
 		// that do not hold this request yet.
 		out := predict.Outcome{PromptTokens: l.found.PromptTokens, CachedTokens: l.found.CachedTokens,

@@ -115,7 +115,7 @@ func TestKVIndex_RecordSaysWhatItExpectedCached(t *testing.T) {
 	x.Apply("w1", kvevents.Batch{Seq: 5, Events: []kvevents.Event{{Kind: kvevents.KindStored,
 		BlockHashes: []kvevents.Hash{kvevents.IntHash(1), kvevents.IntHash(2)}, TokenIDs: toks[:8], BlockSize: 4}}})
 	x.Apply("w0", kvevents.Batch{Seq: 0, Events: []kvevents.Event{{Kind: kvevents.KindCleared}}})
-	tr, err := stats.NewTracker(context.Background(), 0.2, nil, nil)
+	tr, err := stats.NewTracker(0.2, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

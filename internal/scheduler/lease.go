@@ -119,6 +119,7 @@ func (s *Scheduler) releaseLocked(l *Lease, now time.Time) []*Ticket {
 	if l.w.active == 0 {
 		l.w.cost = 0 // no float drift on an idle worker
 	}
+	s.retireLocked(l.w)
 	s.drainedLocked(l, now)
 	return s.dispatchLocked()
 }

@@ -248,7 +248,7 @@ func TestLimit_SaysWhyItLastMoved(t *testing.T) {
 func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
 	run := func(readAtOnce bool) []string {
 		clk := NewManualClock(time.Unix(10000, 0))
-		tr, err := stats.NewTracker(context.Background(), 0.5, nil, nil)
+		tr, err := stats.NewTracker(0.5, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

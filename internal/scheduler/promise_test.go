@@ -24,7 +24,7 @@ var cards = map[string]float64{"slowcard": 1000, "fastcard": 10000}
 func promiseSched(t *testing.T, mode string, slo predict.SLO) (*Scheduler, *ManualClock) {
 	t.Helper()
 	clk := NewManualClock(time.Unix(10000, 0))
-	tr, err := stats.NewTracker(context.Background(), 0.2, nil, nil)
+	tr, err := stats.NewTracker(0.2, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

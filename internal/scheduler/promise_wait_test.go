@@ -43,7 +43,7 @@ func TestFloorChance(t *testing.T) {
 func spreadSched(t *testing.T, level3 [3]float64) (*Scheduler, *ManualClock, *stats.Tracker) {
 	t.Helper()
 	clk := NewManualClock(time.Unix(10000, 0))
-	tr, err := stats.NewTracker(context.Background(), 0.2, nil, nil)
+	tr, err := stats.NewTracker(0.2, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

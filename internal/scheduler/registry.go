@@ -41,6 +41,14 @@ type WorkerSpec struct {
 // worker is the registry's entry for one worker: its spec and the
 // counters admission keeps of it, guarded by the scheduler's lock. What a
 // pick resolves of it (telemetry, stats, limit) is the pick's (view).
+//
+// The registry owns a worker's life. AddWorker starts it; RemoveWorker
+// takes the worker out of the fleet, and while Sluice's streams still run
+// on it the entry stays in Scheduler.leaving, still counting them. A
+// worker added again under its name meanwhile takes that entry back, so
+// the streams of its last life count against its limit and their
+// releases give its own slots back. When the last of them ends the life
+// is over (retireLocked): the predictor and the stats forget the name.
 type worker struct {
 	spec     WorkerSpec
 	order    int // its index in configuration order
@@ -48,6 +56,7 @@ type worker struct {
 	cost     float64
 	draining bool
 	removed  bool
+	retired  bool // removed and no stream left: nothing learns from it any more
 	lastPick uint64
 	// The latest decision that scored it is the scheduler's lastScored
 	// while lastSeq is its scoredSeq (not 0), else last; lastIdx is its
@@ -113,7 +122,15 @@ func (s *Scheduler) addWorker(spec WorkerSpec) ([]*Ticket, error) {
 	if _, ok := s.byName[spec.Name]; ok {
 		return nil, fmt.Errorf("scheduler: worker %q already exists", spec.Name)
 	}
-	w := &worker{spec: spec, order: len(s.workers)}
+	w := s.leaving[spec.Name]
+	if w != nil {
+		delete(s.leaving, spec.Name)
+		w.spec, w.removed, w.draining = spec, false, false
+		w.prefixKV = 0 // the prefix index forgot the worker with its removal
+	} else {
+		w = &worker{spec: spec}
+	}
+	w.order = len(s.workers)
 	s.workers = append(s.workers, w)
 	s.byName[spec.Name] = w
 	done := s.dispatchLocked()
@@ -121,9 +138,10 @@ func (s *Scheduler) addWorker(spec WorkerSpec) ([]*Ticket, error) {
 	return done, nil
 }
 
-// RemoveWorker stops sending requests to a worker and forgets it. Requests
-// in flight on it keep their leases and finish normally; queued requests
-// that nobody left can serve are refused.
+// RemoveWorker stops sending requests to a worker. Requests in flight on
+// it keep their leases and finish normally, and the worker is forgotten
+// when the last of them ends; queued requests that nobody left can serve
+// are refused.
 func (s *Scheduler) RemoveWorker(name string) error {
 	done, err := s.removeWorker(name)
 	s.finish(done)
@@ -144,9 +162,35 @@ func (s *Scheduler) removeWorker(name string) ([]*Ticket, error) {
 	for i, x := range s.workers {
 		x.order = i
 	}
+	s.leaving[name] = w
+	s.retireLocked(w)
 	done := s.sweepLocked(nil)
 	s.notifyLocked()
 	return done, nil
+}
+
+// forgetter is a StatsReader that holds per-worker state (*stats.Tracker).
+type forgetter interface {
+	Forget(worker string)
+}
+
+// retireLocked ends a removed worker's life once none of Sluice's streams
+// runs on it: it leaves Scheduler.leaving, and the predictor and the
+// stats forget it. The stored averages stay where the stats keep them, so
+// a worker that comes back under the name is still known.
+func (s *Scheduler) retireLocked(w *worker) {
+	if !w.removed || w.active > 0 || w.retired {
+		return
+	}
+	w.retired = true
+	name := w.spec.Name
+	delete(s.leaving, name)
+	if p := s.cfg.Predictor; p != nil {
+		p.Forget(name)
+	}
+	if f, ok := s.cfg.Stats.(forgetter); ok {
+		f.Forget(name)
+	}
 }
 
 // SetDraining stops (or resumes) new requests to a worker; requests in

@@ -181,6 +181,7 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 	if w.active == 0 {
 		w.cost = 0
 	}
+	s.retireLocked(w)
 	delete(s.reserving, model)
 	t.res = nil
 	var done []*Ticket

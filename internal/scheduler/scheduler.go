@@ -155,7 +155,9 @@ type Config struct {
 	HashLoadBound float64
 	// Clock tells the time; WallClock when nil.
 	Clock Clock
-	// Stats supplies measured averages; nil means none.
+	// Stats supplies measured averages; nil means none. When it also
+	// holds per-worker state to drop (a *stats.Tracker has Forget), it is
+	// told when a removed worker's last stream has ended.
 	Stats StatsReader
 	// Recorder receives every decision record, outside the lock.
 	Recorder func(*decisions.Record)
@@ -228,6 +230,9 @@ type Scheduler struct {
 	mu      sync.Mutex
 	workers []*worker // in configuration order
 	byName  map[string]*worker
+	// leaving are the removed workers whose streams still run, by name
+	// (registry.go).
+	leaving map[string]*worker
 	queues  map[string]*queue     // only models with requests waiting
 	rates   map[string]*drainRate // drain rates of served models
 	est     estimator
@@ -303,6 +308,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		clock:      cfg.Clock,
 		prefix:     cfg.IDPrefix,
 		byName:     map[string]*worker{},
+		leaving:    map[string]*worker{},
 		queues:     map[string]*queue{},
 		derivedSLO: map[string]*derived{},
 	}

@@ -255,7 +255,7 @@ func TestScheduler_RecordReadLateSaysWhatItSaidAtOnce(t *testing.T) {
 			ws[i].Source = srcs[i]
 		}
 		ws[4].Models = []string{"other"}
-		st, _ := stats.NewTracker(context.Background(), 0.2, nil, nil)
+		st, _ := stats.NewTracker(0.2, nil, nil)
 		var mu sync.Mutex
 		var recs []*decisions.Record
 		var out []string

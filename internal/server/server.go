@@ -110,8 +110,9 @@ type Options struct {
 	Tracer proxy.Tracer
 }
 
-// New builds a router from cfg: it opens the stats store (loading the
-// averages it holds), the decision log, and starts probing every worker.
+// New builds a router from cfg: it opens the stats store (each worker's
+// averages are loaded as it is added), the decision log, and starts
+// probing every worker.
 func New(cfg config.Config, opt Options) (*Server, error) {
 	log := opt.Logger
 	if log == nil {
@@ -132,7 +133,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	if s.tracker, err = stats.NewTracker(context.Background(), cfg.Stats.Alpha, s.store, log); err != nil {
+	if s.tracker, err = stats.NewTracker(cfg.Stats.Alpha, s.store, log); err != nil {
 		s.closeStore()
 		return nil, err
 	}
@@ -434,7 +435,12 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 	s.urls.Store(w.Name, u)
 	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
 	s.kinds.Store(w.Name, w.Kind)
-	s.stopDrain(w.Name) // a worker added again under this name is another one
+	s.stopDrain(w.Name) // back under its name: its streams still running stay there, counted against its limit
+	// Its stored averages, before it serves: a worker known slow before a
+	// restart or a removal is still known slow.
+	if err := s.tracker.Track(context.Background(), w.Name); err != nil {
+		s.log.Error("could not load the worker's stored averages; it starts without them", "worker", w.Name, "err", err)
+	}
 	err = s.sched.AddWorker(workerSpec(w, fw))
 	if err != nil {
 		s.fleet.Remove(w.Name)
@@ -499,7 +505,8 @@ func (s *Server) workerChanged(name string) {
 }
 
 // removeWorkerLocked stops scheduling to a worker and stops probing it.
-// Requests in flight on it finish normally.
+// Requests in flight on it finish normally; the scheduler has its stats
+// and predictor forget it when the last of them ends.
 func (s *Server) removeWorkerLocked(name string) error {
 	if err := s.sched.RemoveWorker(name); err != nil {
 		return err

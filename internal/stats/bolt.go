@@ -161,9 +161,10 @@ func check(db *bolt.DB) (err error) {
 // are loaded but Save writes nothing).
 func (s *BoltStore) ReadOnly() bool { return s.readOnly }
 
-// Load returns every stored entry that decodes; ones that do not are
-// skipped, each logged by name, so one bad entry costs only itself.
-func (s *BoltStore) Load(ctx context.Context) (out map[string]WorkerStats, err error) {
+// Load returns the stored entries of workers that decode; ones that do
+// not are skipped, each logged by name, so one bad entry costs only
+// itself.
+func (s *BoltStore) Load(ctx context.Context, workers []string) (out map[string]WorkerStats, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
@@ -176,17 +177,21 @@ func (s *BoltStore) Load(ctx context.Context) (out map[string]WorkerStats, err e
 		if b == nil { // a read-only store written by nobody yet
 			return nil
 		}
-		return b.ForEach(func(k, v []byte) error {
+		for _, name := range workers {
+			v := b.Get([]byte(name))
+			if v == nil {
+				continue
+			}
 			var ws WorkerStats
 			if err := json.Unmarshal(v, &ws); err != nil {
 				if s.log != nil {
-					s.log.Warn("stats store: skipping an entry that does not decode", "path", s.path, "worker", string(k), "err", err)
+					s.log.Warn("stats store: skipping an entry that does not decode", "path", s.path, "worker", name, "err", err)
 				}
-				return nil
+				continue
 			}
-			out[string(k)] = ws
-			return nil
-		})
+			out[name] = ws
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read stats store %s: %w", s.path, err)

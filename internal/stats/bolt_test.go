@@ -5,10 +5,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -83,7 +85,7 @@ func TestOpenBolt_CorruptFileIsMovedAsideAndStartsEmpty(t *testing.T) {
 				t.Fatalf("OpenBolt on a damaged file: %v, want a usable store", err)
 			}
 			defer s.Close()
-			got, err := s.Load(context.Background())
+			got, err := s.Load(context.Background(), []string{"w1", "w2"})
 			if err != nil {
 				t.Fatalf("Load: %v", err)
 			}
@@ -125,7 +127,7 @@ func TestOpenBolt_GoodFileIsNeverMovedOrRewritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	got, err := s.Load(context.Background())
+	got, err := s.Load(context.Background(), []string{"w1", "w2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +172,7 @@ func TestBoltStore_UndecodableEntryIsSkippedNotFatal(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	got, err := s.Load(context.Background())
+	got, err := s.Load(context.Background(), []string{"good", "bad"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +227,7 @@ func TestOpenBolt_ReadOnlyFileLoadsAndWritesNothing(t *testing.T) {
 	if !s.ReadOnly() || !strings.Contains(logs.String(), "read-only") {
 		t.Fatalf("ReadOnly() = %v; logs %s", s.ReadOnly(), logs.String())
 	}
-	got, err := s.Load(context.Background())
+	got, err := s.Load(context.Background(), []string{"w1", "w2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +291,7 @@ func TestBoltStore_FullDiskChild(t *testing.T) {
 	if err := s.Save(ctx, map[string]WorkerStats{"after": sample(2)}); err != nil {
 		fail("save once space is back: %v", err)
 	}
-	got, err := s.Load(ctx)
+	got, err := s.Load(ctx, append(slices.Collect(maps.Keys(big)), "kept", "after"))
 	if err != nil {
 		fail("load: %v", err)
 	}

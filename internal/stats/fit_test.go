@@ -79,8 +79,11 @@ func TestBoltStore_OldEntryWithoutFitLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	tr, err := NewTracker(context.Background(), 0.2, s, nil)
+	tr, err := NewTracker(0.2, s, nil)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Track(context.Background(), "old"); err != nil {
 		t.Fatal(err)
 	}
 	got := tr.Get("old")
@@ -95,7 +98,7 @@ func TestTracker_SetFitPersists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := NewTracker(context.Background(), 0.2, s, nil)
+	tr, err := NewTracker(0.2, s, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +119,7 @@ func TestTracker_SetFitPersists(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	got, err := s2.Load(context.Background())
+	got, err := s2.Load(context.Background(), []string{"w", "new"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +131,9 @@ func TestTracker_SetFitPersists(t *testing.T) {
 // memStore is a Store in memory, for Refresh.
 type memStore struct{ m map[string]WorkerStats }
 
-func (s *memStore) Load(context.Context) (map[string]WorkerStats, error) { return maps.Clone(s.m), nil }
+func (s *memStore) Load(_ context.Context, workers []string) (map[string]WorkerStats, error) {
+	return only(s.m, workers), nil
+}
 func (s *memStore) Save(_ context.Context, e map[string]WorkerStats) error {
 	maps.Copy(s.m, e)
 	return nil
@@ -137,7 +142,7 @@ func (s *memStore) Close() error { return nil }
 
 func TestTracker_RefreshKeepsTheLocalFit(t *testing.T) {
 	st := &memStore{m: map[string]WorkerStats{}}
-	tr, err := NewTracker(context.Background(), 0.2, st, nil)
+	tr, err := NewTracker(0.2, st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,8 +168,11 @@ func TestTracker_RefreshKeepsTheLocalFit(t *testing.T) {
 	if got := tr.Get("w"); got.Fit != f {
 		t.Fatalf("the stored fit replaced the local one")
 	}
-	fresh, err := NewTracker(context.Background(), 0.2, st, nil)
+	fresh, err := NewTracker(0.2, st, nil)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fresh.Track(context.Background(), "w"); err != nil {
 		t.Fatal(err)
 	}
 	if got := fresh.Get("w"); got.Fit == nil || got.Fit.Samples != other.Samples {
@@ -192,7 +200,7 @@ func TestRedisStore_FitSurvivesARestartAndFoldsKeepIt(t *testing.T) {
 	if err := other.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	again := newRedisTracker(t, openRedisStore(t, srv.URL(4), ""))
+	again := newRedisTracker(t, openRedisStore(t, srv.URL(4), ""), "w")
 	got := again.Get("w")
 	if got.TTFTMs.N != 2 {
 		t.Fatalf("samples %d, want both replicas' 2", got.TTFTMs.N)

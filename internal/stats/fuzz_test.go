@@ -47,7 +47,7 @@ func FuzzOpenBolt(f *testing.F) {
 			return // a clear error is an allowed outcome
 		}
 		defer s.Close()
-		if _, err := s.Load(context.Background()); err != nil {
+		if _, err := s.Load(context.Background(), []string{"w1", "x"}); err != nil {
 			t.Fatalf("opened but cannot load: %v", err)
 		}
 		if err := s.Save(context.Background(), map[string]WorkerStats{"x": sample(1)}); err != nil {

@@ -18,8 +18,9 @@ import (
 // replicas pointing at it and independent of any one replica's life.
 //
 // Each worker is one hash (prefix + "stats:w:" + name) with a field per
-// average and its sample count; a set (prefix + "stats:workers") lists the
-// workers. Observations are folded in by a Lua script (Fold): Redis runs a
+// average and its sample count, read by name (Load); a set (prefix +
+// "stats:workers") lists every worker ever stored, for an operator who
+// wants to see or prune them. Observations are folded in by a Lua script (Fold): Redis runs a
 // script atomically, so two replicas folding into the same worker at once
 // both land, in some order, and no sample is lost the way a client-side
 // read-modify-write would lose one. RedisStore is a Folder, so the Tracker
@@ -166,29 +167,28 @@ func (s *RedisStore) Fold(ctx context.Context, alpha float64, batch map[string]F
 	return out, nil
 }
 
-// Load returns every worker's shared averages.
-func (s *RedisStore) Load(ctx context.Context) (map[string]WorkerStats, error) {
-	names, err := s.rdb.SMembers(ctx, s.setKey()).Result()
-	if err != nil {
-		return nil, fmt.Errorf("stats store %s: list workers: %w", s.desc, err)
-	}
+// Load returns the named workers' shared averages, in one round trip.
+func (s *RedisStore) Load(ctx context.Context, workers []string) (map[string]WorkerStats, error) {
 	pipe := s.rdb.Pipeline()
-	cmds := make([]*redis.MapStringStringCmd, len(names))
-	for i, name := range names {
+	cmds := make([]*redis.MapStringStringCmd, len(workers))
+	for i, name := range workers {
 		cmds[i] = pipe.HGetAll(ctx, s.workerKey(name))
 	}
-	if len(names) > 0 {
+	if len(workers) > 0 {
 		if _, err := pipe.Exec(ctx); err != nil {
 			return nil, fmt.Errorf("stats store %s: read workers: %w", s.desc, err)
 		}
 	}
-	out := make(map[string]WorkerStats, len(names))
+	out := make(map[string]WorkerStats, len(workers))
 	for i, c := range cmds {
+		if len(c.Val()) == 0 {
+			continue // nothing stored
+		}
 		ws, err := decodeHash(c.Val())
 		if err != nil {
-			return nil, fmt.Errorf("stats store %s: worker %q: %w", s.desc, names[i], err)
+			return nil, fmt.Errorf("stats store %s: worker %q: %w", s.desc, workers[i], err)
 		}
-		out[names[i]] = ws
+		out[workers[i]] = ws
 	}
 	return out, nil
 }

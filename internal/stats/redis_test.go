@@ -23,11 +23,17 @@ func openRedisStore(t *testing.T, url, prefix string) *RedisStore {
 	return s
 }
 
-func newRedisTracker(t *testing.T, s Store) *Tracker {
+// newRedisTracker returns a tracker on s holding workers, loaded from s.
+func newRedisTracker(t *testing.T, s Store, workers ...string) *Tracker {
 	t.Helper()
-	tr, err := NewTracker(context.Background(), 0.3, s, nil)
+	tr, err := NewTracker(0.3, s, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, name := range workers {
+		if err := tr.Track(context.Background(), name); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return tr
 }
@@ -71,7 +77,7 @@ func TestRedisStore_FoldMatchesEMAAdd(t *testing.T) {
 	if err := tr.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	fresh := newRedisTracker(t, openRedisStore(t, srv.URL(0), ""))
+	fresh := newRedisTracker(t, openRedisStore(t, srv.URL(0), ""), "w1")
 	if diff := cmp.Diff(local.All(), fresh.All(), cmpopts.EquateApprox(0, 1e-12)); diff != "" {
 		t.Fatalf("averages folded by Redis differ from EMA.Add's (-go +redis):\n%s", diff)
 	}
@@ -164,7 +170,7 @@ func TestRedisStore_SurvivesTrackerAndRedisRestart(t *testing.T) {
 	srv.Kill() // and Redis crashes
 	srv.Restart()
 
-	again := newRedisTracker(t, openRedisStore(t, srv.URL(3), ""))
+	again := newRedisTracker(t, openRedisStore(t, srv.URL(3), ""), "w1")
 	if diff := cmp.Diff(want, again.All()); diff != "" {
 		t.Fatalf("averages after restarts (-before +after):\n%s", diff)
 	}
@@ -195,7 +201,7 @@ func TestRedisStore_OutageLosesNoObservation(t *testing.T) {
 	if err := tr.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	fresh := newRedisTracker(t, openRedisStore(t, srv.URL(0), ""))
+	fresh := newRedisTracker(t, openRedisStore(t, srv.URL(0), ""), "w1")
 	if got := fresh.Get("w1").E2EMs.N; got != 8 {
 		t.Fatalf("Redis has %d samples after it came back, want the 8 observed since it went away", got)
 	}
@@ -205,7 +211,7 @@ func TestRedisStore_DownAtStartIsNotFatal(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
 	store := openRedisStore(t, srv.URL(0), "")
 	srv.Stop()
-	tr, err := NewTracker(context.Background(), 0.5, store, nil)
+	tr, err := NewTracker(0.5, store, nil)
 	if err != nil {
 		t.Fatalf("NewTracker with a shared store down: %v; want a tracker that starts empty", err)
 	}
@@ -230,5 +236,29 @@ func TestRedisStore_PrefixesIsolate(t *testing.T) {
 	}
 	if got := b.All(); len(got) != 0 {
 		t.Fatalf("prefix b: sees %v written under prefix a:", got)
+	}
+}
+
+// With a shared store, a worker forgotten before its observations were
+// folded has them folded all the same, and the fold does not bring it
+// back into memory.
+func TestRedisStore_ForgottenWorkerIsFoldedNotHeld(t *testing.T) {
+	srv := redistest.Start(t, redistest.Options{})
+	ctx := context.Background()
+	store := openRedisStore(t, srv.URL(0), "")
+	tr := newRedisTracker(t, store, "w1")
+	for i := range 5 {
+		tr.Observe("w1", obs(i), time.Now())
+	}
+	tr.Forget("w1")
+	if err := tr.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := tr.All(); len(got) != 0 {
+		t.Fatalf("the fold brought back %v", got)
+	}
+	again := newRedisTracker(t, store, "w1")
+	if got, want := again.Get("w1").E2EMs.N, int64(5); got != want {
+		t.Fatalf("w1 has %d samples in Redis, want %d", got, want)
 	}
 }

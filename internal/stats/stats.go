@@ -12,6 +12,15 @@
 // entries under the lock and writes them to the Store outside it, so a slow
 // disk never stalls a routing decision.
 //
+// A Tracker holds the workers of the fleet, not every name its store was
+// ever given (Kubernetes names workers after pods, so a store gains names
+// with every rollout): Track loads a worker's stored averages when it
+// joins, an observation of a worker not yet held starts its entry, and
+// Forget drops the entry when the worker has left, after which the next
+// flush still writes what it observed. The store keeps a forgotten
+// worker's averages, so one that comes back under its name, after a
+// restart too, is still known slow.
+//
 // A store that several router replicas share (RedisStore) is a Folder: the
 // Tracker sends it the observations themselves, which it folds in
 // atomically, and reloads it every flush interval, so each replica's
@@ -31,6 +40,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,8 +189,9 @@ func (o Observation) level() int {
 // a crash the store holds either the old or the new value of each entry,
 // never a torn one.
 type Store interface {
-	// Load returns every stored entry.
-	Load(ctx context.Context) (map[string]WorkerStats, error)
+	// Load returns the stored entries of the named workers; a worker
+	// with none is absent from the result.
+	Load(ctx context.Context, workers []string) (map[string]WorkerStats, error)
 	// Save writes the given entries, replacing older values.
 	Save(ctx context.Context, entries map[string]WorkerStats) error
 	// Close releases the store.
@@ -233,6 +244,10 @@ type Tracker struct {
 	pending map[string]*FoldBatch // observations not yet folded into folder
 	fits    map[string]*Fit       // fits set since the last flush, for a FitSaver folder
 	dropped int64                 // pending observations dropped since the last flush
+	// parting holds the last stats of forgotten workers whose changes
+	// the store has not taken yet, for the next flush (and for Track,
+	// should the worker come back before it).
+	parting map[string]*WorkerStats
 }
 
 // cell holds one worker's current stats.
@@ -245,37 +260,103 @@ func newCell(ws WorkerStats) *cell {
 }
 
 // NewTracker returns a Tracker smoothing with alpha, persisting to store
-// (nil: memory only), and loads what the store already holds.
-func NewTracker(ctx context.Context, alpha float64, store Store, log *slog.Logger) (*Tracker, error) {
+// (nil: memory only). It holds no worker yet: Track loads one's stored
+// averages.
+func NewTracker(alpha float64, store Store, log *slog.Logger) (*Tracker, error) {
 	if alpha <= 0 || alpha > 1 {
 		return nil, fmt.Errorf("stats: alpha %v outside (0, 1]", alpha)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}, pending: map[string]*FoldBatch{}, fits: map[string]*Fit{}}
+	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}, pending: map[string]*FoldBatch{},
+		fits: map[string]*Fit{}, parting: map[string]*WorkerStats{}}
 	t.folder, _ = store.(Folder)
 	m := map[string]*cell{}
 	t.stats.Store(&m)
-	if store != nil {
-		loaded, err := store.Load(ctx)
-		if err != nil && t.folder != nil {
-			// A shared store that is down at start must not stop the
-			// router: start empty and adopt its averages on a later
-			// Refresh, sending it what is observed meanwhile.
-			log.Error("shared stats store unreachable at start; starting with no averages until it answers", "err", err)
-			return t, nil
+	return t, nil
+}
+
+// Track makes worker, which joins the fleet, held: with the averages in
+// memory if it is held already, else those of its last life not yet
+// written, else the store's (none: it starts without history). Call it
+// before the worker serves a request: an observation made while the
+// store is read wins over the stored averages. An error (the store did not
+// answer) leaves it held without history; with a shared store, Refresh
+// adopts the stored averages once the store answers.
+func (t *Tracker) Track(ctx context.Context, worker string) error {
+	t.mu.Lock()
+	if t.heldLocked(worker) {
+		t.mu.Unlock()
+		return nil
+	}
+	t.mu.Unlock()
+	var ws WorkerStats
+	var err error
+	if t.store != nil {
+		var loaded map[string]WorkerStats
+		if loaded, err = t.store.Load(ctx, []string{worker}); err != nil {
+			err = fmt.Errorf("stats: load %q: %w", worker, err)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("stats: load: %w", err)
-		}
-		for name, ws := range loaded {
-			c := &cell{}
-			c.p.Store(&ws)
-			m[name] = c
+		ws = loaded[worker]
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.heldLocked(worker) {
+		t.setLocked(*t.stats.Load(), nil, worker, &ws)
+	}
+	return err
+}
+
+// heldLocked reports whether worker is held, bringing it back from parting
+// if it was forgotten with changes not yet written. t.mu must be held.
+func (t *Tracker) heldLocked(worker string) bool {
+	cur := *t.stats.Load()
+	if cur[worker] != nil {
+		return true
+	}
+	ws := t.parting[worker]
+	if ws == nil {
+		return false
+	}
+	delete(t.parting, worker)
+	t.setLocked(cur, nil, worker, ws)
+	return true
+}
+
+// Forget drops worker, which has left the fleet, from memory. What it
+// observed since the last flush is still written by the next one; the
+// store keeps its averages.
+func (t *Tracker) Forget(worker string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cur := *t.stats.Load()
+	c := cur[worker]
+	if c == nil {
+		return
+	}
+	if t.unsavedLocked(worker) {
+		t.parting[worker] = c.p.Load()
+	}
+	next := maps.Clone(cur)
+	delete(next, worker)
+	t.stats.Store(&next)
+}
+
+// unsavedLocked reports whether worker has changes the store has not
+// taken. t.mu must be held.
+func (t *Tracker) unsavedLocked(worker string) bool {
+	return t.dirty[worker] || t.pending[worker] != nil || t.fits[worker] != nil
+}
+
+// settleLocked drops the parting workers whose changes the store has
+// taken. t.mu must be held.
+func (t *Tracker) settleLocked() {
+	for name := range t.parting {
+		if !t.unsavedLocked(name) {
+			delete(t.parting, name)
 		}
 	}
-	return t, nil
 }
 
 // Observe folds one finished request on worker into its averages.
@@ -306,6 +387,10 @@ func (t *Tracker) updateLocked(worker string, change func(*WorkerStats)) {
 	var s WorkerStats
 	cur := *t.stats.Load()
 	c := cur[worker]
+	if c == nil && t.heldLocked(worker) { // back from parting
+		cur = *t.stats.Load()
+		c = cur[worker]
+	}
 	if c != nil {
 		s = *c.p.Load()
 	}
@@ -452,23 +537,30 @@ func (t *Tracker) Flush(ctx context.Context) error {
 		return t.flushFolds(ctx)
 	}
 	t.mu.Lock()
+	cur := *t.stats.Load()
 	batch := make(map[string]WorkerStats, len(t.dirty))
 	for name := range t.dirty {
-		batch[name] = *(*t.stats.Load())[name].p.Load()
+		if c := cur[name]; c != nil {
+			batch[name] = *c.p.Load()
+		} else {
+			batch[name] = *t.parting[name] // forgotten since it changed
+		}
 	}
 	clear(t.dirty)
 	t.mu.Unlock()
 	if len(batch) == 0 {
 		return nil
 	}
-	if err := t.store.Save(ctx, batch); err != nil {
-		t.mu.Lock()
+	err := t.store.Save(ctx, batch)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil {
 		for name := range batch {
 			t.dirty[name] = true
 		}
-		t.mu.Unlock()
 		return fmt.Errorf("stats: save: %w", err)
 	}
+	t.settleLocked()
 	return nil
 }
 
@@ -529,12 +621,17 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 	if dropped > 0 {
 		t.log.Error("shared stats store unreachable for long: dropped observations it will never see", "dropped", dropped)
 	}
+	var folded map[string]WorkerStats
+	var err error
+	if len(batch) > 0 {
+		folded, err = t.folder.Fold(ctx, t.alpha, batch)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer t.settleLocked() // runs first, under the lock
 	if len(batch) == 0 {
 		return fitErr
 	}
-	folded, err := t.folder.Fold(ctx, t.alpha, batch)
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	cur := *t.stats.Load()
 	next := maps.Clone(cur)
 	for name, b := range batch {
@@ -553,6 +650,9 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 			t.pending[name] = merged
 			continue
 		}
+		if cur[name] == nil {
+			continue // forgotten: its observations are in the store now
+		}
 		if later != nil {
 			for _, o := range later.Obs {
 				ws = t.fold(ws, o, later.Updated)
@@ -567,14 +667,19 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 	return fitErr
 }
 
-// Refresh replaces the local averages by the store's, which other replicas
-// sharing it also update, with the observations not yet sent folded on top.
-// Workers the store does not know keep their local averages.
+// Refresh replaces the local averages of the workers held by the store's,
+// which other replicas sharing it also update, with the observations not
+// yet sent folded on top. Workers the store does not know keep their local
+// averages; workers only the store knows are not loaded.
 func (t *Tracker) Refresh(ctx context.Context) error {
 	if t.store == nil {
 		return nil
 	}
-	loaded, err := t.store.Load(ctx)
+	names := slices.Collect(maps.Keys(*t.stats.Load()))
+	if len(names) == 0 {
+		return nil
+	}
+	loaded, err := t.store.Load(ctx, names)
 	if err != nil {
 		return fmt.Errorf("stats: refresh: %w", err)
 	}
@@ -583,6 +688,9 @@ func (t *Tracker) Refresh(ctx context.Context) error {
 	cur := *t.stats.Load()
 	next := maps.Clone(cur)
 	for name, ws := range loaded {
+		if cur[name] == nil {
+			continue // forgotten while the store was read
+		}
 		if p := t.pending[name]; p != nil {
 			for _, o := range p.Obs {
 				ws = t.fold(ws, o, p.Updated)

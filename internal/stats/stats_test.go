@@ -24,7 +24,7 @@ func TestEMA_Add(t *testing.T) {
 }
 
 func TestTracker_ObserveSkipsUnknownFields(t *testing.T) {
-	tr, err := NewTracker(context.Background(), 0.5, nil, nil)
+	tr, err := NewTracker(0.5, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,7 @@ func TestTracker_ObserveSkipsUnknownFields(t *testing.T) {
 
 func TestNewTracker_RejectsBadAlpha(t *testing.T) {
 	for _, a := range []float64{0, -1, 1.5} {
-		if _, err := NewTracker(context.Background(), a, nil, nil); err == nil {
+		if _, err := NewTracker(a, nil, nil); err == nil {
 			t.Errorf("alpha %v accepted", a)
 		}
 	}
@@ -58,7 +58,7 @@ func TestBoltStore_SurvivesReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr, err := NewTracker(context.Background(), 0.2, s, nil)
+	tr, err := NewTracker(0.2, s, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,9 +78,14 @@ func TestBoltStore_SurvivesReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	tr2, err := NewTracker(context.Background(), 0.2, s2, nil)
+	tr2, err := NewTracker(0.2, s2, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, name := range []string{"slow", "fast"} {
+		if err := tr2.Track(context.Background(), name); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if diff := cmp.Diff(want, tr2.All()); diff != "" {
 		t.Fatalf("after reopen (-want +got):\n%s", diff)
@@ -105,7 +110,7 @@ type failingStore struct {
 	saved map[string]WorkerStats
 }
 
-func (f *failingStore) Load(context.Context) (map[string]WorkerStats, error) {
+func (f *failingStore) Load(context.Context, []string) (map[string]WorkerStats, error) {
 	return map[string]WorkerStats{}, nil
 }
 func (f *failingStore) Save(_ context.Context, m map[string]WorkerStats) error {
@@ -119,7 +124,7 @@ func (f *failingStore) Close() error { return nil }
 
 func TestTracker_FailedFlushIsRetried(t *testing.T) {
 	st := &failingStore{}
-	tr, _ := NewTracker(context.Background(), 0.2, st, nil)
+	tr, _ := NewTracker(0.2, st, nil)
 	tr.Observe("w", Observation{TTFT: time.Second}, time.Unix(1, 0))
 	if err := tr.Flush(context.Background()); err == nil {
 		t.Fatal("flush to a failing store reported success")
@@ -134,7 +139,7 @@ func TestTracker_FailedFlushIsRetried(t *testing.T) {
 }
 
 func TestTracker_ObserveLearnsPerLevel(t *testing.T) {
-	tr, err := NewTracker(context.Background(), 0.5, nil, nil)
+	tr, err := NewTracker(0.5, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +176,7 @@ func TestTracker_ObserveLearnsPerLevel(t *testing.T) {
 func BenchmarkTracker_Observe(b *testing.B) {
 	for _, n := range []int{8, 512} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
-			tr, err := NewTracker(context.Background(), 0.2, nil, nil)
+			tr, err := NewTracker(0.2, nil, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -191,16 +196,29 @@ func BenchmarkTracker_Observe(b *testing.B) {
 // mapStore is a Store in memory whose entries a test sets.
 type mapStore struct{ m map[string]WorkerStats }
 
-func (s *mapStore) Load(context.Context) (map[string]WorkerStats, error) { return s.m, nil }
-func (s *mapStore) Save(context.Context, map[string]WorkerStats) error   { return nil }
-func (s *mapStore) Close() error                                         { return nil }
+func (s *mapStore) Load(_ context.Context, workers []string) (map[string]WorkerStats, error) {
+	return only(s.m, workers), nil
+}
+
+// only returns the entries of m named in workers, as a Store's Load does.
+func only(m map[string]WorkerStats, workers []string) map[string]WorkerStats {
+	out := map[string]WorkerStats{}
+	for _, name := range workers {
+		if ws, ok := m[name]; ok {
+			out[name] = ws
+		}
+	}
+	return out
+}
+func (s *mapStore) Save(context.Context, map[string]WorkerStats) error { return nil }
+func (s *mapStore) Close() error                                       { return nil }
 
 // A Handle must never serve stale stats: not after an observation, nor
 // when another worker's first observation copies the map, nor when a
 // Refresh replaces the entries.
 func TestTracker_StatsViaFollowsEveryChange(t *testing.T) {
 	store := &mapStore{m: map[string]WorkerStats{}}
-	tr, err := NewTracker(context.Background(), 0.5, store, nil)
+	tr, err := NewTracker(0.5, store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package vsim
 import (
 	"cmp"
 	"container/heap"
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -368,7 +367,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 	}
 	r := &run{cfg: cfg, clock: &vclock{now: cfg.Start}, byName: map[string]int{}}
 	var err error
-	if r.tracker, err = stats.NewTracker(context.Background(), cfg.Alpha, nil, nil); err != nil {
+	if r.tracker, err = stats.NewTracker(cfg.Alpha, nil, nil); err != nil {
 		return nil, fmt.Errorf("vsim: stats: %w", err)
 	}
 	specs := make([]scheduler.WorkerSpec, len(cfg.Workers))
