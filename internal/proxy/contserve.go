@@ -17,7 +17,7 @@ import (
 type Continued struct {
 	From, To string // To is empty when no worker could take it
 	// Reason is why From's part ended: breakUpstream, breakErrorEvent,
-	// breakIdle or breakDrain.
+	// breakIdle or breakDrain (breakShutdown is never continued).
 	Reason  string
 	Carried int // tokens the client had been sent before
 	// Gap is from the last token before the break to the first after
@@ -56,16 +56,23 @@ func (h *Handler) continuation(r *http.Request, body []byte, p parsed) (*contStr
 }
 
 // broke accounts a part that broke: its worker is blamed unless the
-// drain deadline moved it, which was not its fault.
+// drain deadline moved it or the router's shutdown cut it, which was not
+// its fault.
 func (h *Handler) broke(worker string, brk *streamBreak, ctx context.Context, res *Result) {
-	if errors.Is(context.Cause(ctx), errDrained) {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errDrained):
 		brk.reason, brk.err = breakDrain, errDrained
-	} else {
+	case errors.Is(cause, errShutdown):
+		brk.reason, brk.err = breakShutdown, errShutdown
+	default:
 		h.report(worker, brk)
 	}
 	res.Reason = "upstream_failed"
-	if brk.reason == breakIdle {
+	switch brk.reason {
+	case breakIdle:
 		res.Reason = "stream_idle"
+	case breakShutdown:
+		res.Reason = "shutting_down"
 	}
 	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", worker, "reason", brk.reason, "err", brk.err)
 }
@@ -73,8 +80,9 @@ func (h *Handler) broke(worker string, brk *streamBreak, ctx context.Context, re
 // relayPart relays a continuation's answer (the client's headers are
 // sent) and classifies how it ended, as attempt does.
 func (h *Handler) relayPart(w http.ResponseWriter, r *http.Request, resp *http.Response, lease *scheduler.Lease, attemptStart time.Time, res *Result, cs *contStream, cancel context.CancelCauseFunc, ctx context.Context) (bool, *stats.Observation, error) {
-	answer := newIdleReader(resp.Body, h.opt.IdleTimeout, cancel)
+	answer := newIdleReader(ctx, resp.Body, h.opt.IdleTimeout, cancel)
 	defer answer.stop()
+	defer h.cutOnShutdown(cancel)()
 	m, err := cs.relay(w, answer, attemptStart)
 	res.Tokens = cs.emitted()
 	if m.promptTokens > 0 {
@@ -110,7 +118,7 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 			res.Status, res.Reason = 499, "client_gone"
 			return
 		}
-		if cs.stuck != "" || cs.left <= 0 {
+		if cs.stuck != "" || cs.left <= 0 || brk.reason == breakShutdown {
 			h.endBroken(w, p.proto, brk)
 			return
 		}
@@ -190,8 +198,12 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 // event, as a stream without continuation ends.
 func (h *Handler) endBroken(w http.ResponseWriter, proto *protocol, brk *streamBreak) {
 	rc := http.NewResponseController(w)
-	if brk.reason == breakIdle {
+	switch brk.reason {
+	case breakIdle:
 		writeStreamEnd(proto, w, rc, "stream_idle", brk.err.Error())
+		return
+	case breakShutdown:
+		writeStreamEnd(proto, w, rc, "shutting_down", shutdownMessage)
 		return
 	}
 	writeStreamEnd(proto, w, rc, "upstream_failed", "the worker's stream broke: "+brk.err.Error())

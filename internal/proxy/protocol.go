@@ -186,7 +186,7 @@ func writeAnthropicError(w http.ResponseWriter, status int, reason, param, msg s
 // anthropicStreamError is Anthropic's mid-stream error event.
 func anthropicStreamError(code, msg string) []byte {
 	typ := "api_error"
-	if code == "stream_idle" {
+	if code == "stream_idle" || code == "shutting_down" {
 		typ = "overloaded_error"
 	}
 	return fmt.Appendf(nil, "event: error\ndata: %s\n\n", anthropicErrorJSON(typ, msg))
