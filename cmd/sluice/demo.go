@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -24,7 +25,10 @@ import (
 
 // runDemo starts the heterogeneous simulated fleet and a router in front
 // of it, prints where to look, and optionally drives load, until Ctrl-C.
-func runDemo(args []string) error {
+func runDemo(args []string) error { return demo(args, os.Stderr) }
+
+// demo is runDemo printing its banner to banner.
+func demo(args []string, banner io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:8080", "router address")
 	firstPort := fs.Int("first-port", 0, "port of the first simulated worker, the others follow (0: pick free ports)")
@@ -50,6 +54,14 @@ func runDemo(args []string) error {
 		level = slog.LevelWarn
 	}
 	log := newLogger(*logFormat, level)
+
+	// Bind first: with the port taken the demo fails at once, before it
+	// starts a fleet or prints URLs that point at another server.
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	defer ln.Close()
 
 	ctx, stop := signalContext()
 	defer stop()
@@ -97,12 +109,8 @@ func runDemo(args []string) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if _, _, err := net.SplitHostPort(*listen); err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
-
-	base := "http://" + *listen
-	fmt.Fprintf(os.Stderr, `
+	base := localURL(ln.Addr())
+	fmt.Fprintf(banner, `
   dashboard    %[1]s/   (open it in a browser: workers, scores, live charts, decisions)
 
 Sluice demo: 4 simulated GPUs (one slower card, one with a small KV cache) behind the router.
@@ -125,7 +133,21 @@ Ctrl-C stops everything.
 	if *load {
 		wg.Go(func() { driveLoad(ctx, base, model, *rate, log) })
 	}
-	return serve(ctx, cfg, log, 5*time.Second, nil)
+	return serve(ctx, cfg, ln, log, 5*time.Second, nil)
+}
+
+// localURL is the URL of the router listening on addr, as this machine
+// reaches it: the port bound (--listen :0 picks one), and 127.0.0.1 for a
+// listener on every address (:8080, 0.0.0.0:8080).
+func localURL(addr net.Addr) string {
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return "http://" + addr.String()
+	}
+	if ta.IP.IsUnspecified() {
+		return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ta.Port))
+	}
+	return "http://" + ta.String()
 }
 
 // The demo's request mix: prompts of demoPromptMin up to demoPromptMin +

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 )
 
@@ -25,34 +26,45 @@ var subcommands = map[string]struct {
 	"version": {runVersion, "print the version and build details"},
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: sluice <command> [flags]\n\ncommands:")
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: sluice <command> [flags]\n\ncommands:")
 	for _, name := range []string{"demo", "serve", "sim", "bench", "config", "version"} {
-		fmt.Fprintf(os.Stderr, "  %-7s %s\n", name, subcommands[name].summary)
+		fmt.Fprintf(w, "  %-7s %s\n", name, subcommands[name].summary)
 	}
-	fmt.Fprintln(os.Stderr, "\nrun 'sluice <command> -h' for a command's flags")
+	fmt.Fprintln(w, "\nrun 'sluice <command> -h' for a command's flags")
 }
 
 func main() {
-	if len(os.Args) < 2 {
-		usage()
-		os.Exit(2)
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run runs the command line args (without the program name) and returns
+// the exit code. Help asked for is the output asked for: stdout, exit 0
+// (so `sluice --help | less` shows it). No command at all is a command
+// line that cannot run, as an unknown command is: the usage on stderr and
+// exit 2, the convention of flag and of most CLIs, so a script that
+// forgot its argument fails instead of carrying on.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) < 1 {
+		usage(stderr)
+		return 2
 	}
-	cmd, ok := subcommands[os.Args[1]]
+	cmd, ok := subcommands[args[0]]
 	if !ok {
-		if os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-			usage()
-			return
+		if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+			usage(stdout)
+			return 0
 		}
-		fmt.Fprintf(os.Stderr, "sluice: unknown command %q\n\n", os.Args[1])
-		usage()
-		os.Exit(2)
+		fmt.Fprintf(stderr, "sluice: unknown command %q\n\n", args[0])
+		usage(stderr)
+		return 2
 	}
-	if err := cmd.run(os.Args[2:]); err != nil {
+	if err := cmd.run(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return
+			return 0
 		}
-		fmt.Fprintf(os.Stderr, "sluice %s: %v\n", os.Args[1], err)
-		os.Exit(1)
+		fmt.Fprintf(stderr, "sluice %s: %v\n", args[0], err)
+		return 1
 	}
+	return 0
 }

@@ -43,7 +43,7 @@ func runServe(args []string) error {
 	log := newLogger(cfg.LogFormat, level)
 	ctx, stop := signalContext()
 	defer stop()
-	return serve(ctx, cfg, log, *grace, load)
+	return serve(ctx, cfg, nil, log, *grace, load)
 }
 
 // loadServeConfig reads the configuration `sluice serve` runs with: the
@@ -75,9 +75,11 @@ func loadServeConfig(path, listen, logFormat string) (config.Config, error) {
 	return cfg, nil
 }
 
-// serve runs a router for cfg until ctx ends. reload, when not nil, is
-// called on SIGHUP to re-read the configuration.
-func serve(ctx context.Context, cfg config.Config, log *slog.Logger, grace time.Duration, reload func() (config.Config, error)) error {
+// serve runs a router for cfg until ctx ends, on ln (its caller's to close
+// should serving never begin), or when ln is nil on a listener of
+// cfg.Listen. reload, when not nil, is called on SIGHUP to
+// re-read the configuration.
+func serve(ctx context.Context, cfg config.Config, ln net.Listener, log *slog.Logger, grace time.Duration, reload func() (config.Config, error)) error {
 	tracer, stopTracing, err := startTracing(ctx, cfg.Tracing, log)
 	if err != nil {
 		return err
@@ -95,9 +97,10 @@ func serve(ctx context.Context, cfg config.Config, log *slog.Logger, grace time.
 	if err := startDiscovery(ctx, cfg, srv, log); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
 	}
 	log.Info("sluice listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers), "policy", cfg.Policy)
 	if reload != nil {

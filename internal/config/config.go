@@ -974,6 +974,12 @@ func checkURL(s string) error {
 	if s == "" {
 		return errors.New("missing")
 	}
+	if l := strings.ToLower(s); !strings.Contains(s, "://") && !strings.HasPrefix(l, "http:") && !strings.HasPrefix(l, "https:") {
+		// "127.0.0.1:8081" would otherwise be refused in url.Parse's
+		// words ("first path segment in URL cannot contain colon"), and
+		// "gpu1:8000" as a URL of scheme "gpu1".
+		return fmt.Errorf("%q has no scheme; add http:// (or https://)", s)
+	}
 	u, err := url.Parse(s)
 	if err != nil {
 		return fmt.Errorf("%q: %v", s, err)

@@ -11,7 +11,8 @@ import (
 // Log keeps the most recent records in a ring buffer and, optionally,
 // appends every record to a JSONL file. A record is appended when it is
 // decided; its request's first token comes later, so it is appended later
-// as a line of its own with the record's id (see AddFirstToken).
+// as a line of its own with the record's id (see AddFirstToken). The file
+// is rotated at MaxFileBytes.
 type Log struct {
 	mu   sync.Mutex
 	ring []*Record
@@ -19,10 +20,23 @@ type Log struct {
 	n    int            // records held, up to len(ring)
 	byID map[string]int // ID -> ring index
 
+	path string
 	file *os.File
 	w    *bufio.Writer
 	werr error // first write error, reported by Close
+	// size is what the file holds; at maxBytes it is rotated.
+	size, maxBytes int64
 }
+
+// MaxFileBytes bounds the decision log's file. A line that would take it
+// past the bound goes to a new file instead: the full one is renamed to
+// its name plus ".1", replacing the one renamed before. So the log holds
+// at most twice the bound on disk (a busy router writes some hundreds of
+// bytes a decision, and the bound is then hours of decisions), the
+// newest lines whole, in order, across the two files; a line of the new
+// file that completes a record (a first token) may follow the record's
+// own line in ".1".
+const MaxFileBytes = 64 << 20
 
 // NewLog returns a Log that keeps size records (size must be positive) and
 // appends to the JSONL file at path when path is not empty.
@@ -30,15 +44,57 @@ func NewLog(size int, path string) (*Log, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("decisions: ring size %d must be positive", size)
 	}
-	l := &Log{ring: make([]*Record, size), byID: make(map[string]int, size)}
+	l := &Log{ring: make([]*Record, size), byID: make(map[string]int, size), path: path, maxBytes: MaxFileBytes}
 	if path != "" {
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {
 			return nil, fmt.Errorf("decisions: open %s: %w", path, err)
 		}
-		l.file, l.w = f, bufio.NewWriter(f)
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("decisions: %w", err)
+		}
+		l.file, l.w, l.size = f, bufio.NewWriter(f), fi.Size()
 	}
 	return l, nil
+}
+
+// writeLine appends line to the file, rotating it first if line would
+// take it past maxBytes. l.mu is held.
+func (l *Log) writeLine(line []byte) {
+	if l.werr != nil {
+		return
+	}
+	n := int64(len(line)) + 1
+	if l.size > 0 && l.size+n > l.maxBytes {
+		if l.werr = l.rotate(); l.werr != nil {
+			return
+		}
+	}
+	l.w.Write(line)
+	l.w.WriteByte('\n')
+	// Flush per line: a decision log that loses its last seconds on a
+	// crash loses exactly the decisions someone asks about.
+	l.werr = l.w.Flush()
+	l.size += n
+}
+
+// rotate renames the file to path.1 and goes on in a new one. The old
+// file is renamed while still open, so it stays the one Close closes
+// should the new one fail to open.
+func (l *Log) rotate() error {
+	if err := os.Rename(l.path, l.path+".1"); err != nil {
+		return fmt.Errorf("rotate: %w", err)
+	}
+	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("rotate: %w", err)
+	}
+	old := l.file
+	l.file, l.size = f, 0
+	l.w.Reset(f)
+	return old.Close()
 }
 
 // Add stores r. The record must not be changed afterwards.
@@ -58,12 +114,8 @@ func (l *Log) Add(r *Record) {
 	if l.n < len(l.ring) {
 		l.n++
 	}
-	if l.w != nil && l.werr == nil {
-		l.w.Write(line)
-		l.w.WriteByte('\n')
-		// Flush per record: a decision log that loses its last seconds
-		// on a crash loses exactly the decisions someone asks about.
-		l.werr = l.w.Flush()
+	if l.w != nil {
+		l.writeLine(line)
 	}
 }
 
@@ -84,11 +136,7 @@ func (l *Log) AddFirstToken(r *Record, ft FirstToken) {
 	}{r.ID, ft}) // plain strings and numbers always marshal
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.werr == nil {
-		l.w.Write(line)
-		l.w.WriteByte('\n')
-		l.werr = l.w.Flush()
-	}
+	l.writeLine(line)
 }
 
 // AddContinuation stores c on r (Record.SetContinuation) and appends it
@@ -104,11 +152,7 @@ func (l *Log) AddContinuation(r *Record, c Continuation) {
 	}{r.ID, c})
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.werr == nil {
-		l.w.Write(line)
-		l.w.WriteByte('\n')
-		l.werr = l.w.Flush()
-	}
+	l.writeLine(line)
 }
 
 // Get returns the record with id, if still held.

@@ -183,3 +183,61 @@ func TestRecord_ContinuationRoundTrips(t *testing.T) {
 		t.Fatalf("read back %+v (%v) from %s, want %+v", got, ok, b, c)
 	}
 }
+
+// The file is rotated at its size bound: it becomes path.1 (replacing the
+// one before) and a new file begins, so the log holds at most about twice
+// the bound on disk, the newest lines whole and in order across the two
+// files; a log reopened counts what its file already holds.
+func TestLog_RotatesItsFileAtTheBoundKeepingOneOld(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "d.jsonl")
+	open := func() *Log {
+		l, err := NewLog(4, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.maxBytes = 1000 // four records of about 205 bytes
+		return l
+	}
+	l := open()
+	const n = 40
+	for i := range n / 2 {
+		l.Add(&Record{ID: fmt.Sprintf("r%02d", i), Outcome: "bound"})
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = open()
+	for i := n / 2; i < n; i++ {
+		l.Add(&Record{ID: fmt.Sprintf("r%02d", i), Outcome: "bound"})
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, p := range []string{path + ".1", path} {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(raw) > 1000 {
+			t.Errorf("%s holds %d bytes, over the bound of 1000", filepath.Base(p), len(raw))
+		}
+		for line := range strings.Lines(string(raw)) {
+			var rec Record
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("%s: line %q: %v", filepath.Base(p), line, err)
+			}
+			ids = append(ids, rec.ID)
+		}
+	}
+	if len(ids) == 0 || ids[len(ids)-1] != fmt.Sprintf("r%02d", n-1) || len(ids) >= n {
+		t.Fatalf("the two files hold %v; want the newest records up to r%02d, the oldest rotated away", ids, n-1)
+	}
+	first := 0
+	fmt.Sscanf(ids[0], "r%d", &first)
+	for i, id := range ids {
+		if want := fmt.Sprintf("r%02d", first+i); id != want {
+			t.Fatalf("the two files hold %v; want consecutive records, oldest first", ids)
+		}
+	}
+}

@@ -55,6 +55,32 @@ func TestServeHTTP_BadBodiesSayWhichFieldAndWhatItMustBe(t *testing.T) {
 			apiError{"request body is not valid JSON: unexpected end of JSON input (at byte 9)", "invalid_request_error", nil, "invalid_request"}},
 		{"empty", "/v1/chat/completions", ``,
 			apiError{"request body is empty: want a JSON object", "invalid_request_error", nil, "invalid_request"}},
+		// What a chat or completion request must hold, as OpenAI's API
+		// requires it: refused here rather than in a worker's own words.
+		{"chat without messages", "/v1/chat/completions", `{"model":"m"}`,
+			apiError{`missing required field "messages" (an array of messages, each an object with a "role")`, "invalid_request_error", param("messages"), "invalid_request"}},
+		{"chat with null messages", "/v1/chat/completions", `{"model":"m","messages":null}`,
+			apiError{`missing required field "messages" (an array of messages, each an object with a "role")`, "invalid_request_error", param("messages"), "invalid_request"}},
+		{"messages a string", "/v1/chat/completions", `{"model":"m","messages":"hi"}`,
+			apiError{`"messages" must be an array of messages, each an object with a "role", got a string`, "invalid_request_error", param("messages"), "invalid_request"}},
+		{"messages an object", "/v1/chat/completions", `{"model":"m","messages":{"role":"user","content":"hi"}}`,
+			apiError{`"messages" must be an array of messages, each an object with a "role", got an object`, "invalid_request_error", param("messages"), "invalid_request"}},
+		{"messages empty", "/v1/chat/completions", `{"model":"m","messages":[]}`,
+			apiError{`"messages" must hold at least one message, got an empty array`, "invalid_request_error", param("messages"), "invalid_request"}},
+		{"a message a string", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a"},"b"]}`,
+			apiError{`"messages[1]" must be a message object with a "role", got a string`, "invalid_request_error", param("messages[1]"), "invalid_request"}},
+		{"a message without a role", "/v1/chat/completions", `{"model":"m","messages":[{"content":"a"}]}`,
+			apiError{`missing required field "messages[0].role" (a string such as "user" or "assistant")`, "invalid_request_error", param("messages[0].role"), "invalid_request"}},
+		{"a role a number", "/v1/chat/completions", `{"model":"m","messages":[{"role":1,"content":"a"}]}`,
+			apiError{`"messages[0].role" must be a string such as "user" or "assistant", got a number`, "invalid_request_error", param("messages[0].role"), "invalid_request"}},
+		{"a role empty", "/v1/chat/completions", `{"model":"m","messages":[{"role":"","content":"a"}]}`,
+			apiError{`"messages[0].role" must be a string such as "user" or "assistant", got an empty string`, "invalid_request_error", param("messages[0].role"), "invalid_request"}},
+		{"completion without prompt", "/v1/completions", `{"model":"m","max_tokens":4}`,
+			apiError{`missing required field "prompt" (a string, an array of strings, or token ids)`, "invalid_request_error", param("prompt"), "invalid_request"}},
+		{"prompt a number", "/v1/completions", `{"model":"m","prompt":5}`,
+			apiError{`"prompt" must be a string, an array of strings, or token ids, got a number`, "invalid_request_error", param("prompt"), "invalid_request"}},
+		{"native completion without prompt", "/completion", `{"n_predict":4}`,
+			apiError{`missing required field "prompt" (a string, an array of strings, or token ids)`, "invalid_request_error", param("prompt"), "invalid_request"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -91,6 +117,54 @@ func TestServeHTTP_BadBodiesSayWhichFieldAndWhatItMustBe(t *testing.T) {
 				t.Errorf("error (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestServeHTTP_BadMessagesBodiesSayWhichFieldInAnthropicsShape sends
+// Messages bodies whose messages are missing or of the wrong shape over
+// real HTTP: each gets 400 in Anthropic's error shape, its message naming
+// the field (with the message's index) and what it must be, in no Go
+// words, on /v1/messages and /v1/messages/count_tokens alike.
+func TestServeHTTP_BadMessagesBodiesSayWhichFieldInAnthropicsShape(t *testing.T) {
+	srv := httptest.NewServer(New(Options{})) // the scheduler is never reached
+	defer srv.Close()
+	tests := []struct{ name, messages, want string }{
+		{"missing", ``, `messages: Field required (an array of messages)`},
+		{"null", `,"messages":null`, `messages: Field required (an array of messages)`},
+		{"a string", `,"messages":"hi"`, `messages: must be an array of messages, got a string`},
+		{"an object", `,"messages":{"role":"user","content":"hi"}`, `messages: must be an array of messages, got an object`},
+		{"empty", `,"messages":[]`, `messages: at least one message is required`},
+		{"a message a string", `,"messages":[{"role":"user","content":"a"},"b"]`, `messages.1: must be a message object with "role" and "content", got a string`},
+		{"a message null", `,"messages":[null]`, `messages.0: must be a message object with "role" and "content", got null`},
+		{"a role a number", `,"messages":[{"role":1,"content":"a"}]`, `messages.0.role: must be "user" or "assistant", got a number`},
+		{"no role", `,"messages":[{"content":"a"}]`, `messages.0.role: Field required ("user" or "assistant")`},
+	}
+	for _, path := range []string{"/v1/messages", "/v1/messages/count_tokens"} {
+		for _, tt := range tests {
+			t.Run(path+" "+tt.name, func(t *testing.T) {
+				resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(`{"model":"m","max_tokens":8`+tt.messages+`}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				raw, err := io.ReadAll(resp.Body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.StatusCode != http.StatusBadRequest {
+					t.Fatalf("status %d, want 400; body %s", resp.StatusCode, raw)
+				}
+				var got anthropicErrorBody
+				if err := json.Unmarshal(raw, &got); err != nil {
+					t.Fatalf("body %s: %v", raw, err)
+				}
+				want := anthropicErrorBody{Type: "error"}
+				want.Error.Type, want.Error.Message = "invalid_request_error", tt.want
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("error (-want +got):\n%s", diff)
+				}
+			})
+		}
 	}
 }
 

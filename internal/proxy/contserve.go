@@ -17,7 +17,7 @@ import (
 type Continued struct {
 	From, To string // To is empty when no worker could take it
 	// Reason is why From's part ended: breakUpstream, breakErrorEvent,
-	// breakIdle or breakDrain.
+	// breakIdle or breakDrain (breakShutdown is never continued).
 	Reason  string
 	Carried int // tokens the client had been sent before
 	// Gap is from the last token before the break to the first after
@@ -56,16 +56,23 @@ func (h *Handler) continuation(r *http.Request, body []byte, p parsed) (*contStr
 }
 
 // broke accounts a part that broke: its worker is blamed unless the
-// drain deadline moved it, which was not its fault.
+// drain deadline moved it or the router's shutdown cut it, which was not
+// its fault.
 func (h *Handler) broke(lease *scheduler.Lease, brk *streamBreak, ctx context.Context, res *Result) {
-	if errors.Is(context.Cause(ctx), errDrained) {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errDrained):
 		brk.reason, brk.err = breakDrain, errDrained
-	} else {
+	case errors.Is(cause, errShutdown):
+		brk.reason, brk.err = breakShutdown, errShutdown
+	default:
 		h.report(lease.Worker, brk)
 	}
 	res.Reason = "upstream_failed"
-	if brk.reason == breakIdle {
+	switch brk.reason {
+	case breakIdle:
 		res.Reason = "stream_idle"
+	case breakShutdown:
+		res.Reason = "shutting_down"
 	}
 	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", lease.Worker, "decision", decisionID(lease.Decision), "reason", brk.reason, "err", brk.err)
 }
@@ -73,8 +80,9 @@ func (h *Handler) broke(lease *scheduler.Lease, brk *streamBreak, ctx context.Co
 // relayPart relays a continuation's answer (the client's headers are
 // sent) and classifies how it ended, as attempt does.
 func (h *Handler) relayPart(w http.ResponseWriter, r *http.Request, resp *http.Response, lease *scheduler.Lease, attemptStart time.Time, res *Result, cs *contStream, cancel context.CancelCauseFunc, ctx context.Context) (bool, *stats.Observation, error) {
-	answer := newIdleReader(resp.Body, h.opt.IdleTimeout, cancel)
+	answer := newIdleReader(ctx, resp.Body, h.opt.IdleTimeout, cancel)
 	defer answer.stop()
+	defer h.cutOnShutdown(cancel)()
 	m, err := cs.relay(w, answer, attemptStart)
 	res.Tokens = cs.emitted()
 	if m.promptTokens > 0 {
@@ -110,7 +118,7 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 			res.Status, res.Reason = 499, "client_gone"
 			return
 		}
-		if cs.stuck != "" || cs.left <= 0 {
+		if cs.stuck != "" || cs.left <= 0 || brk.reason == breakShutdown {
 			h.endBroken(w, p, res, brk)
 			return
 		}
@@ -194,8 +202,12 @@ func (h *Handler) continuePart(w http.ResponseWriter, r *http.Request, body []by
 func (h *Handler) endBroken(w http.ResponseWriter, p parsed, res *Result, brk *streamBreak) {
 	rc := http.NewResponseController(w)
 	msg := failureOf(p.model, res.Decision).streamEnd(brk.reason, brk.err)
-	if brk.reason == breakIdle {
+	switch brk.reason {
+	case breakIdle:
 		writeStreamEnd(p.proto, w, rc, "stream_idle", msg)
+		return
+	case breakShutdown:
+		writeStreamEnd(p.proto, w, rc, "shutting_down", shutdownMessage)
 		return
 	}
 	writeStreamEnd(p.proto, w, rc, "upstream_failed", msg)

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/sluice-router/sluice/internal/prefix"
@@ -36,6 +38,12 @@ type messagesRequest struct {
 func parseMessages(body []byte, countTokens bool) (parsed, error) {
 	var in messagesRequest
 	if err := decodeBody(body, &in); err != nil {
+		var bad *badRequest
+		if errors.As(err, &bad) && (bad.param == "messages" || strings.HasPrefix(bad.param, "messages.")) {
+			if err := checkMessages(rawMessages(body)).anthropic(); err != nil {
+				return parsed{}, err // in Anthropic's words, with the message's index
+			}
+		}
 		return parsed{}, err
 	}
 	var p parsed
@@ -46,7 +54,7 @@ func parseMessages(body []byte, countTokens bool) (parsed, error) {
 		return parsed{}, &badRequest{"model", `model: Field required (a string naming the model)`}
 	}
 	if in.Messages == nil {
-		return parsed{}, &badRequest{"messages", `messages: Field required (an array of messages)`}
+		return parsed{}, msgFault{kind: faultMissing}.anthropic()
 	}
 	if !countTokens {
 		switch {
@@ -60,12 +68,19 @@ func parseMessages(body []byte, countTokens bool) (parsed, error) {
 	if in.System.Bad != "" {
 		return parsed{}, &badRequest{"system", "system: " + in.System.Bad}
 	}
+	if len(in.Messages) == 0 {
+		return parsed{}, msgFault{kind: faultEmpty}.anthropic()
+	}
 	for i, m := range in.Messages {
 		if m.Content.Bad != "" {
 			return parsed{}, &badRequest{"messages", fmt.Sprintf("messages.%d.content: %s", i, m.Content.Bad)}
 		}
 		if m.Role == "" {
-			return parsed{}, &badRequest{"messages", fmt.Sprintf("messages.%d.role: Field required (\"user\" or \"assistant\")", i)}
+			// Absent, null, empty, or no message object at all.
+			if err := checkMessages(rawMessages(body)).anthropic(); err != nil {
+				return parsed{}, err
+			}
+			return parsed{}, msgFault{kind: faultNoRole, index: i}.anthropic()
 		}
 	}
 	p.stream = in.Stream && !countTokens
@@ -87,6 +102,17 @@ func parseMessages(body []byte, countTokens bool) (parsed, error) {
 		p.metadataUserID = jsonString(in.Metadata.UserID)
 	}
 	return p, nil
+}
+
+// rawMessages is the messages of a body that decodes, as sent, for
+// checkMessages: the request path reads them again only to say what is
+// wrong with them.
+func rawMessages(body []byte) json.RawMessage {
+	var b struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	json.Unmarshal(body, &b)
+	return b.Messages
 }
 
 // jsonString is the value of raw when it is a JSON string, else "".

@@ -24,6 +24,10 @@ func FuzzParseMessages(f *testing.F) {
 	f.Add([]byte(`{"model":"m","max_tokens":8,"messages":[{"role":"assistant","content":[{"type":"tool_use","name":"n","input":{"a":[1,2]}}]}],"metadata":{"user_id":"{\"session_id\":\"s\"}"}}`))
 	f.Add([]byte(`{"model":"m","max_tokens":-1,"messages":[{"role":"user","content":7}]}`))
 	f.Add([]byte(`{"model":"m","messages":[{"content":[{"text":"a"}]}],"tools":[{"name":"t","input_schema":{}}]}`))
+	f.Add([]byte(`{"model":"m","max_tokens":8,"messages":"hi"}`))
+	f.Add([]byte(`{"model":"m","max_tokens":8,"messages":[]}`))
+	f.Add([]byte(`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"a"},null,{"role":7}]}`))
+	f.Add([]byte(`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"a"}],"messages":{"role":"user"}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, count := range []bool{false, true} {
 			p, err := parseMessages(b, count)

@@ -38,10 +38,31 @@ var (
 		writeError:  writeParamError,
 		streamError: openAIStreamError,
 	}
-	// native is llama.cpp's own /completion and /rerank: model optional.
+	// chat and completions are OpenAI's, with the messages or the prompt
+	// their requests must hold.
+	chat = &protocol{
+		name:        "openai",
+		parse:       parseChat,
+		writeError:  writeParamError,
+		streamError: openAIStreamError,
+	}
+	completions = &protocol{
+		name:        "openai",
+		parse:       func(b []byte) (parsed, error) { return parseCompletion(b, true) },
+		writeError:  writeParamError,
+		streamError: openAIStreamError,
+	}
+	// native is llama.cpp's own /rerank, and nativeCompletion its own
+	// /completion: model optional.
 	native = &protocol{
 		name:        "llama.cpp",
 		parse:       func(b []byte) (parsed, error) { return parseInference(b, false) },
+		writeError:  writeParamError,
+		streamError: openAIStreamError,
+	}
+	nativeCompletion = &protocol{
+		name:        "llama.cpp",
+		parse:       func(b []byte) (parsed, error) { return parseCompletion(b, false) },
 		writeError:  writeParamError,
 		streamError: openAIStreamError,
 	}
@@ -75,7 +96,13 @@ var (
 // protocolFor returns the protocol of a request path.
 func protocolFor(path string) *protocol {
 	switch path {
-	case "/completion", "/rerank":
+	case "/v1/chat/completions":
+		return chat
+	case "/v1/completions":
+		return completions
+	case "/completion":
+		return nativeCompletion
+	case "/rerank":
 		return native
 	case "/v1/responses":
 		return responses
@@ -159,7 +186,7 @@ func writeAnthropicError(w http.ResponseWriter, status int, reason, param, msg s
 // anthropicStreamError is Anthropic's mid-stream error event.
 func anthropicStreamError(code, msg string) []byte {
 	typ := "api_error"
-	if code == "stream_idle" {
+	if code == "stream_idle" || code == "shutting_down" {
 		typ = "overloaded_error"
 	}
 	return fmt.Appendf(nil, "event: error\ndata: %s\n\n", anthropicErrorJSON(typ, msg))

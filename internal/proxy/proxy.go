@@ -186,6 +186,10 @@ type Handler struct {
 	ratio *tokenRatio
 	// live are the continuable streams in flight, for drain deadlines.
 	live liveStreams
+	// stopping ends when EndStreams is called: every stream being relayed
+	// is then ended with an error event.
+	stopping   context.Context
+	endStreams context.CancelFunc
 }
 
 // freshSender is a transport that can send a request on a connection of
@@ -222,7 +226,36 @@ func New(opt Options) *Handler {
 	if opt.IdleTimeout <= 0 {
 		opt.IdleTimeout = time.Minute
 	}
-	return &Handler{opt: opt, fresh: fresh, ratio: newTokenRatio()}
+	h := &Handler{opt: opt, fresh: fresh, ratio: newTokenRatio()}
+	h.stopping, h.endStreams = context.WithCancel(context.Background())
+	return h
+}
+
+// errShutdown is the cause an attempt's context is cancelled with when
+// EndStreams cuts its stream.
+var errShutdown = errors.New("the router is shutting down")
+
+// shutdownMessage is what the error event ending a stream cut by
+// EndStreams says to the client.
+const shutdownMessage = "the router is shutting down and ended this stream at the end of its grace period; send the request again"
+
+// EndStreams ends every stream being relayed: the client gets, after the
+// events it had, an error event with code shutting_down (Anthropic's
+// overloaded_error on /v1/messages) and no [DONE], so it can tell a
+// shutdown from a network fault; the worker's request is cancelled and
+// the worker is not blamed. The server calls it when its shutdown grace
+// period ends. An answer that begins after it, and a non-streamed answer
+// (whose client could not tell a cut body from a whole one), are left to
+// finish, or to be cut with their connection.
+func (h *Handler) EndStreams() { h.endStreams() }
+
+// cutOnShutdown arranges for EndStreams to end the stream an attempt
+// relays, by cancelling it with errShutdown; the returned func undoes it.
+func (h *Handler) cutOnShutdown(cancel context.CancelCauseFunc) (stop func() bool) {
+	if h.stopping.Err() != nil {
+		return func() bool { return false } // began after EndStreams
+	}
+	return context.AfterFunc(h.stopping, func() { cancel(errShutdown) })
 }
 
 // hopHeaders are removed when forwarding, in both directions (RFC 9110
@@ -534,8 +567,11 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	res.Status = resp.StatusCode
 
 	var m measured
-	answer := newIdleReader(resp.Body, h.opt.IdleTimeout, cancel)
+	answer := newIdleReader(ctx, resp.Body, h.opt.IdleTimeout, cancel)
 	defer answer.stop()
+	if sse {
+		defer h.cutOnShutdown(cancel)()
+	}
 	var brk *streamBreak
 	if sse && cs != nil {
 		m, err = cs.relay(w, answer, attemptStart)
@@ -568,6 +604,8 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	case brk != nil:
 		h.broke(lease, brk, ctx, res)
 		return true, nil, brk
+	case errors.Is(err, errShutdown):
+		res.Reason = "shutting_down" // the router's doing, not the worker's
 	case err != nil:
 		h.report(lease.Worker, err)
 		res.Reason = "upstream_failed"
@@ -758,6 +796,9 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *
 	switch {
 	case errors.Is(readErr, ErrStreamIdle):
 		writeStreamEnd(proto, w, rc, "stream_idle", ft.streamEnd(breakIdle, readErr))
+		return out, fmt.Errorf("read stream: %w", readErr)
+	case errors.Is(readErr, errShutdown):
+		writeStreamEnd(proto, w, rc, "shutting_down", shutdownMessage)
 		return out, fmt.Errorf("read stream: %w", readErr)
 	case readErr != nil:
 		writeStreamEnd(proto, w, rc, "upstream_failed", ft.streamEnd(breakUpstream, readErr))

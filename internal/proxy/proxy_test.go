@@ -103,35 +103,58 @@ func TestStreamMeter(t *testing.T) {
 	}
 }
 
-// FuzzParseInference holds the request parser to its contract on any
-// body: what it accepts has a model, no negative limit and a prompt of at
-// least one token; what it refuses is a *badRequest whose message names
-// no Go type, and whose param, when set, is a key of the body.
+// FuzzParseInference holds the request parsers to their contract on any
+// body: what they accept has a model, no negative limit and a prompt of
+// at least one token, and a chat request accepted has messages, each with
+// a role; what they refuse is a *badRequest whose message names no Go
+// type, and whose param, when set, is a key of the body (down to a
+// message's field) or a required field it lacks.
 func FuzzParseInference(f *testing.F) {
 	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`))
 	f.Add([]byte(`{"prompt":"x","n_predict":-1}`))
 	f.Add([]byte(`{"model":"m","stream":"yes"}`))
 	f.Add([]byte(`[{"model":"m"}]`))
 	f.Add([]byte(`{"model":7,"max_tokens":2.5}`))
+	f.Add([]byte(`{"model":"m","messages":"hi"}`))
+	f.Add([]byte(`{"model":"m","messages":[]}`))
+	f.Add([]byte(`{"model":"m","messages":[{"role":"user","content":"a"},"b",null]}`))
+	f.Add([]byte(`{"model":"m","messages":[{"Role":1},{"role":""}]}`))
+	f.Add([]byte(`{"model":"m","messages":"bad","messages":[{"role":"user"}]}`))
+	f.Add([]byte(`{"model":"m","prompt":5}`))
+	f.Add([]byte(`{"model":"m","prompt":null,"prompt_embeds":"AAAA"}`))
+	f.Add([]byte(`{"model":"m","prompt":{"prompt_string":"x","multimodal_data":[]}}`))
+	parsers := map[string]func([]byte) (parsed, error){
+		"inference":  func(b []byte) (parsed, error) { return parseInference(b, true) },
+		"chat":       parseChat,
+		"completion": func(b []byte) (parsed, error) { return parseCompletion(b, true) },
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		p, err := parseInference(b, true)
-		if err == nil {
-			if p.model == "" || p.maxTokens < 0 || p.promptTokens < 1 {
-				t.Fatalf("accepted %q as %+v", b, p)
+		for name, parse := range parsers {
+			p, err := parse(b)
+			if err == nil {
+				if p.model == "" || p.maxTokens < 0 || p.promptTokens < 1 {
+					t.Fatalf("%s accepted %q as %+v", name, b, p)
+				}
+				if name == "chat" && checkMessages(rawMessages(b)).kind != noFault {
+					t.Fatalf("chat accepted %q, whose messages are %+v", b, checkMessages(rawMessages(b)))
+				}
+				continue
 			}
-			return
-		}
-		var bad *badRequest
-		if !errors.As(err, &bad) || bad.msg == "" {
-			t.Fatalf("refused %q with %T %v, want a *badRequest with a message", b, err, err)
-		}
-		for _, goSpeak := range []string{"Go struct", "Go value", "inference.", "of type", "unmarshal"} {
-			if strings.Contains(bad.msg, goSpeak) {
-				t.Fatalf("refused %q with %q: speaks Go", b, bad.msg)
+			var bad *badRequest
+			if !errors.As(err, &bad) || bad.msg == "" {
+				t.Fatalf("%s refused %q with %T %v, want a *badRequest with a message", name, b, err, err)
 			}
-		}
-		if bad.param != "" && !bytes.Contains(bytes.ToLower(b), []byte(strings.ToLower(bad.param))) && bad.param != "model" {
-			t.Fatalf("refused %q naming param %q, which it does not hold", b, bad.param)
+			for _, goSpeak := range []string{"Go struct", "Go value", "inference.", "of type", "unmarshal"} {
+				if strings.Contains(bad.msg, goSpeak) {
+					t.Fatalf("%s refused %q with %q: speaks Go", name, b, bad.msg)
+				}
+			}
+			key, _, _ := strings.Cut(bad.param, "[")
+			key, _, _ = strings.Cut(key, ".")
+			required := key == "model" || key == "messages" || key == "prompt"
+			if key != "" && !required && !bytes.Contains(bytes.ToLower(b), []byte(strings.ToLower(key))) {
+				t.Fatalf("%s refused %q naming param %q, which it does not hold", name, b, bad.param)
+			}
 		}
 	})
 }

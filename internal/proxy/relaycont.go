@@ -20,6 +20,7 @@ const (
 	breakErrorEvent = "error_event"     // the worker sent an error event
 	breakIdle       = "stream_idle"     // nothing for IdleTimeout
 	breakDrain      = "drain"           // its worker's drain deadline passed
+	breakShutdown   = "shutting_down"   // the router's shutdown grace ended
 )
 
 // streamBreak is a stream its worker broke after the first byte, where

@@ -21,10 +21,11 @@ type inference struct {
 	MaxOutputTokens     *int            `json:"max_output_tokens"` // /v1/responses
 	Messages            messagesField   `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
-	Input               json.RawMessage `json:"input"`        // embeddings, /v1/responses
-	Instructions        json.RawMessage `json:"instructions"` // /v1/responses
-	Query               json.RawMessage `json:"query"`        // rerank
-	Documents           json.RawMessage `json:"documents"`    // rerank
+	PromptEmbeds        present         `json:"prompt_embeds"` // vLLM: in place of a prompt
+	Input               json.RawMessage `json:"input"`         // embeddings, /v1/responses
+	Instructions        json.RawMessage `json:"instructions"`  // /v1/responses
+	Query               json.RawMessage `json:"query"`         // rerank
+	Documents           json.RawMessage `json:"documents"`     // rerank
 	// Session keys (session.go), read only when they are strings: a
 	// client sending another kind of value is the worker's to judge.
 	PromptCacheKey json.RawMessage `json:"prompt_cache_key"`
@@ -55,9 +56,10 @@ var templateFields = []struct {
 
 // messagesField is a request's `messages` as sent, for the prompt count,
 // and decoded as prefix.FromBody decodes it, for the prefix blocks, in the
-// same pass over the body. It never fails the body's decode: messages of
-// the wrong shape are the worker's to refuse, and only cost the request
-// its prefix blocks.
+// same pass over the body. It never fails the body's decode: a chat
+// request's messages of the wrong shape are refused after it
+// (requireMessages), in words that name the message at fault; on the
+// other routes they only cost the request its prefix blocks.
 type messagesField struct {
 	raw  json.RawMessage
 	msgs []prefix.Message
@@ -136,6 +138,22 @@ var tokenLimits = []struct {
 // parseInference validates body. needModel is false for llama.cpp's native
 // /completion, which has no model field. Its error is a *badRequest.
 func parseInference(body []byte, needModel bool) (parsed, error) {
+	return parseRoute(body, needModel, nil)
+}
+
+// parseChat validates a chat completion's body: parseInference's checks
+// and its messages (requireMessages).
+func parseChat(body []byte) (parsed, error) { return parseRoute(body, true, requireMessages) }
+
+// parseCompletion validates a completion's body: parseInference's checks
+// and its prompt (requirePrompt).
+func parseCompletion(body []byte, needModel bool) (parsed, error) {
+	return parseRoute(body, needModel, requirePrompt)
+}
+
+// parseRoute is parseInference with the route's own check of the
+// decoded body, when it has one.
+func parseRoute(body []byte, needModel bool, check func(*inference) error) (parsed, error) {
 	var in inference
 	if err := decodeBody(body, &in); err != nil {
 		return parsed{}, err
@@ -161,6 +179,11 @@ func parseInference(body []byte, needModel bool) (parsed, error) {
 		}
 		if *v > 0 && p.maxTokens == 0 {
 			p.maxTokens = *v
+		}
+	}
+	if check != nil {
+		if err := check(&in); err != nil {
+			return parsed{}, err
 		}
 	}
 	var pc promptCount
@@ -247,6 +270,8 @@ func firstByte(body []byte) byte {
 // jsonKind names the JSON value that starts with c.
 func jsonKind(c byte) string {
 	switch c {
+	case '{':
+		return "an object"
 	case '[':
 		return "an array"
 	case '"':
@@ -271,6 +296,10 @@ func wantJSON(t reflect.Type) string {
 		return "a string"
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return "a whole number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return "an object"
 	}
 	return "another kind of value"
 }

@@ -2,6 +2,9 @@ package scheduler
 
 import (
 	"context"
+	"encoding/json"
+	"math"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -292,5 +295,32 @@ func TestPick_PrefixIndexAskedAtOnceOrOneByOne(t *testing.T) {
 	}
 	if matched == 0 {
 		t.Fatal("no candidate's whole prefix matched: the test asks nothing")
+	}
+}
+
+// A reward term that contributes nothing (a prefix miss: its weight is
+// negative, its value 0) is recorded as weighted 0, not -0: the JSON of a
+// decision reads "weighted":0.
+func TestExplain_RecordsNoNegativeZero(t *testing.T) {
+	idx := prefix.NewIndex(prefix.Options{})
+	s := newSched(t, Config{MaxQueue: 10, PrefixIndex: idx}, workers(2, 4, "m")...)
+	conv := []uint64{11, 12, 13, 14}
+	admitNow(t, s, Request{Model: "m", Prefix: conv}).Release()
+	l := admitNow(t, s, Request{Model: "m", Prefix: append(conv[:4:4], 15)})
+	defer l.Release()
+	r := l.Decision.Explain()
+	for _, c := range r.Candidates {
+		for _, term := range c.Terms {
+			if math.Signbit(term.Weighted) && term.Weighted == 0 {
+				t.Errorf("%s's %s term is weighted -0: %+v", c.Worker, term.Name, term)
+			}
+		}
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if negZero := regexp.MustCompile(`":-0[,}]`); negZero.Match(b) {
+		t.Errorf("the record's JSON holds -0: %s", negZero.FindAll(b, -1))
 	}
 }

@@ -67,7 +67,7 @@ func explain(terms []WeightedTerm, env *Env, cands []Candidate) [][]decisions.Te
 		w := signedWeight(wt)
 		for i := range cands {
 			src, at, neutral := wt.Term.Provenance(env, &cands[i])
-			t := decisions.Term{Name: wt.Term.Name(), Raw: sc.raw[i], Norm: sc.norm[i], Weight: w, Weighted: w * sc.norm[i], Source: src, Neutral: neutral}
+			t := decisions.Term{Name: wt.Term.Name(), Raw: sc.raw[i], Norm: sc.norm[i], Weight: w, Weighted: noNegZero(w * sc.norm[i]), Source: src, Neutral: neutral}
 			if !at.IsZero() {
 				age := env.Now.Sub(at)
 				t.AgeMs = float64(age) / float64(time.Millisecond)
@@ -77,6 +77,16 @@ func explain(terms []WeightedTerm, env *Env, cands []Candidate) [][]decisions.Te
 		}
 	}
 	return recs
+}
+
+// noNegZero is f with -0 (a reward's weight times a zero value) made 0,
+// so a record reads "weighted":0 rather than -0; the totals are sums
+// from +0 and never hold -0.
+func noNegZero(f float64) float64 {
+	if f == 0 {
+		return 0
+	}
+	return f
 }
 
 // signedWeight is the weight as applied: negative for a reward.

@@ -112,6 +112,9 @@ func TestRouter_AdminAddDrainRemoveAndReload(t *testing.T) {
 	if code, body := do("POST", "/api/workers", `{"name":"bad","url":"ftp://x"}`); code != 400 || !strings.Contains(body, "url") {
 		t.Fatalf("bad add: %d %s", code, body)
 	}
+	if code, body := do("POST", "/api/workers", `{"name":"bad","url":"127.0.0.1:19081"}`); code != 400 || !strings.Contains(body, `url: \"127.0.0.1:19081\" has no scheme; add http:// (or https://)`) {
+		t.Fatalf("add without a scheme: %d %s", code, body)
+	}
 	if code, _ := do("POST", "/api/workers/gpu0/drain", ""); code != 200 {
 		t.Fatalf("drain: %d", code)
 	}

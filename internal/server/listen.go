@@ -169,11 +169,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		return err
 	case <-after(grace):
 	}
-	// Whatever is still queued will not be placed in time: say so.
+	// Whatever is still queued will not be placed in time, and the streams
+	// still running are ended: say so to each.
 	s.sched.Close()
+	s.proxy.EndStreams()
 	select {
 	case err := <-done:
-		s.log.Warn("shut down at the grace deadline: queued requests got 503 shutting_down", "grace", grace)
+		s.log.Warn("shut down at the grace deadline: queued requests got 503 shutting_down, running streams an error event", "grace", grace)
 		return err
 	case <-after(refuseWindow):
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/sim"
 )
 
 // served is a router serving on a real loopback listener through Serve.
@@ -422,4 +423,114 @@ func TestMaxConnections_SizedToTheOpenFileLimit(t *testing.T) {
 	if n, files, err := (&Server{cfg: config.DefaultConfig()}).maxConnections(); err != nil || n < 1 || files <= fileReserve {
 		t.Errorf("this machine: %d connections for an open-file limit of %d (%v)", n, files, err)
 	}
+}
+
+// TestServe_ShutdownEndsStreamsWithAnErrorEvent runs a stream from a
+// slow simulated worker (a token a second) into a shutdown whose grace
+// period ends while it runs: the client reads, after the tokens it had,
+// an error event saying the router is shutting down, in its API's shape,
+// with no [DONE], so it can tell a shutdown from a network fault.
+func TestServe_ShutdownEndsStreamsWithAnErrorEvent(t *testing.T) {
+	const shutdownMessage = "the router is shutting down and ended this stream at the end of its grace period; send the request again"
+	spec := sim.WorkerSpec{Name: "slow", Params: sim.DefaultParams()}
+	spec.Params.DecodeBase = time.Second
+	fl, err := sim.StartFleet(context.Background(), []sim.WorkerSpec{spec}, "127.0.0.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Close()
+	w := fl.Workers()[0]
+	<-w.Server.Ready()
+	model := spec.Params.Model
+	chat := `{"model":"` + model + `","stream":true,"max_tokens":1000,"ignore_eos":true,"messages":[{"role":"user","content":"hi"}]}`
+	openAIEnd := `data: {"error":{"message":"` + shutdownMessage + `","type":"server_error","param":null,"code":"shutting_down"}}`
+	tests := []struct {
+		name, path, body string
+		noContinue       bool   // X-Sluice-Continue: off (relayed as it comes, not whole events)
+		want             string // the stream's last event
+	}{
+		{"chat", "/v1/chat/completions", chat, false, openAIEnd},
+		{"chat not continuable", "/v1/chat/completions", chat, true, openAIEnd},
+		{"messages", "/v1/messages",
+			`{"model":"` + model + `","stream":true,"max_tokens":1000,"ignore_eos":true,"messages":[{"role":"user","content":"hi"}]}`, false,
+			"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"" + shutdownMessage + "\"}}"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := config.DefaultConfig()
+			cfg.Workers = []config.Worker{{Name: w.Name, URL: w.URL, Kind: "llamacpp", Models: []string{model}}}
+			cfg.Stats.Store = "memory"
+			cfg.Telemetry.Interval = time.Hour
+			quickShutdown(&cfg)
+			phases := make(chan phase)
+			s := serveRouter(t, cfg, func(srv *Server) {
+				srv.after = func(d time.Duration) <-chan time.Time {
+					p := phase{d: d, release: make(chan time.Time)}
+					phases <- p
+					return p.release
+				}
+			})
+			started := make(chan struct{})
+			type result struct {
+				rest string
+				err  error
+			}
+			done := make(chan result, 1)
+			go func() {
+				// The timeout is a safety bound: without the error event the
+				// stream would run on for minutes.
+				client := &http.Client{Timeout: 30 * time.Second}
+				req, _ := http.NewRequest(http.MethodPost, s.url+tt.path, strings.NewReader(tt.body))
+				if tt.noContinue {
+					req.Header.Set("X-Sluice-Continue", "off")
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					close(started)
+					done <- result{err: err}
+					return
+				}
+				defer resp.Body.Close()
+				br := bufio.NewReader(resp.Body)
+				var rest strings.Builder
+				for { // up to the first token's event
+					line, err := br.ReadString('\n')
+					if err != nil {
+						close(started)
+						done <- result{rest: line, err: fmt.Errorf("the stream ended before its first token: %w", err)}
+						return
+					}
+					if strings.Contains(line, `"content"`) || strings.Contains(line, `"text_delta"`) {
+						break
+					}
+				}
+				close(started)
+				_, err = io.Copy(&rest, br)
+				done <- result{rest: rest.String(), err: err}
+			}()
+			<-started
+			s.cancel() // SIGTERM, with no drain delay
+			grace := <-phases
+			close(grace.release) // the grace period ends with the stream running
+			window := <-phases
+			res := <-done
+			close(window.release)
+			if err := s.stop(); err != nil {
+				t.Fatalf("Serve: %v", err)
+			}
+			if res.err != nil {
+				t.Fatalf("reading the stream: %v (read %q)", res.err, res.rest)
+			}
+			rest := strings.TrimRight(res.rest, "\n")
+			if !strings.HasSuffix(rest, tt.want) || strings.Contains(rest, "[DONE]") {
+				t.Fatalf("the stream cut by the shutdown ended\n%q\nwant it to end with\n%q\nand no [DONE]", lastLines(rest, 3), tt.want)
+			}
+		})
+	}
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

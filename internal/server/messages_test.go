@@ -137,7 +137,7 @@ func TestMessages_EndToEndThroughTheSim(t *testing.T) {
 		{"bad key", "sk-wrong", body + `}`, 401, "authentication_error"},
 		{"bad JSON", "sk-ant-test", `{"model":`, 400, "invalid_request_error"},
 		{"no max_tokens", "sk-ant-test", `{"model":"` + model + `","messages":[]}`, 400, "invalid_request_error"},
-		{"unknown model", "sk-ant-test", `{"model":"nope","max_tokens":1,"messages":[]}`, 404, "not_found_error"},
+		{"unknown model", "sk-ant-test", `{"model":"nope","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`, 404, "not_found_error"},
 	} {
 		resp := postMessages(t, r.url, "/v1/messages", tt.key, tt.body)
 		if typ, msg := anthropicError(t, resp); resp.StatusCode != tt.status || typ != tt.typ || msg == "" {

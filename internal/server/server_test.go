@@ -475,7 +475,7 @@ func TestRouter_BadRequests(t *testing.T) {
 	}{
 		{"malformed json", "/v1/chat/completions", `{"model":`, 400, "invalid_request", ""},
 		{"missing model", "/v1/chat/completions", `{"messages":[]}`, 400, "invalid_request", ""},
-		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[]}`, 404, "model_not_found", `model "nope"`},
+		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404, "model_not_found", `model "nope"`},
 		{"too large", "/v1/chat/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`, 413, "body_too_large", ""},
 		{"negative max_tokens", "/v1/completions", `{"model":"m","prompt":"a","max_tokens":-5}`, 400, "invalid_request", ""},
 		{"no such route", "/v2/things", `{}`, 404, "not_found", ""},

@@ -148,7 +148,7 @@ func TestTracer_RefusalIsAnErrorSpanWithoutAttempt(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 	url := router(t, newWorker(t), New(tp))
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"nope","messages":[]}`))
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"nope","messages":[{"role":"user","content":"hi"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
