@@ -1,6 +1,7 @@
 package server
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/sluice-router/sluice/internal/fleet"
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/stats"
 )
 
 // workerSummary is one worker in GET /api/workers: what an operator reads
@@ -31,6 +33,7 @@ type workerSummary struct {
 	LimitSource   string                   `json:"limit_source"`
 	LimitReason   string                   `json:"limit_reason"`
 	LimitCap      int                      `json:"limit_cap"`
+	LimitMoved    *scheduler.LimitMove     `json:"limit_moved,omitempty"`
 	// Queued is the requests for the worker's models waiting in Sluice's
 	// queue; WorkerQueue those waiting inside the worker itself.
 	Queued      int      `json:"queued"`
@@ -119,7 +122,7 @@ func (s *Server) summary(ws scheduler.WorkerState, queues map[string]int, now ti
 	v := workerSummary{
 		Name: ws.Name, Health: ws.Health, HealthReason: ws.Reason, Draining: ws.Draining, Models: ws.Models, Adapters: ws.Adapters,
 		Active: ws.Active, OtherReplicas: ws.OtherReplicas,
-		Limit: ws.Limit, LimitSource: ws.LimitSource, LimitReason: ws.LimitReason, LimitCap: ws.Cap,
+		Limit: ws.Limit, LimitSource: ws.LimitSource, LimitReason: ws.LimitReason, LimitCap: ws.Cap, LimitMoved: ws.LimitMoved,
 		KVEvents: s.kv.view(ws.Name),
 	}
 	for _, m := range ws.Models {
@@ -139,23 +142,25 @@ func (s *Server) summary(ws scheduler.WorkerState, queues map[string]int, now ti
 		v.Problems = probeProblems(st)
 	}
 	st := s.tracker.Get(ws.Name)
-	if st.TTFTMs.Known() {
-		v.TTFTMs = &st.TTFTMs.Value
-	}
-	if st.DecodeTPS.Known() {
-		v.DecodeTPS = &st.DecodeTPS.Value
-	}
-	if st.E2EMs.Known() {
-		v.E2EMs = &st.E2EMs.Value
-	}
+	v.TTFTMs, v.DecodeTPS, v.E2EMs = tenth(st.TTFTMs), tenth(st.DecodeTPS), tenth(st.E2EMs)
 	v.Measured = max(st.TTFTMs.N, st.E2EMs.N)
 	if c := ws.LastTerms; c != nil {
-		v.LastDecision = &lastDecision{Eligible: c.Eligible, Rank: c.Rank, Score: c.Total, Why: c.Why}
+		v.LastDecision = &lastDecision{Eligible: c.Eligible, Rank: c.Rank, Score: math.Round(c.Total*1000) / 1000, Why: c.Why}
 		if !ws.LastScoredAt.IsZero() {
 			v.LastDecision.AgoMs = now.Sub(ws.LastScoredAt).Milliseconds()
 		}
 	}
 	return v
+}
+
+// tenth is a moving average to a tenth, nil before any measurement: what
+// a person reads of a millisecond or a token a second.
+func tenth(e stats.EMA) *float64 {
+	if !e.Known() {
+		return nil
+	}
+	v := math.Round(e.Value*10) / 10
+	return &v
 }
 
 // value is a reading's value, nil when it was never read.

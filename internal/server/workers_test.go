@@ -97,7 +97,7 @@ func TestAPIWorkers_DefaultIsWhatAnOperatorReads(t *testing.T) {
 			}
 		}
 	}
-	if got, limit := len(body), 1024*len(specs); got > limit {
+	if got, limit := len(body), 1536*len(specs); got > limit {
 		t.Errorf("/api/workers is %d bytes for %d workers, want at most %d:\n%s", got, len(specs), limit, body)
 	}
 
