@@ -11,7 +11,7 @@ trap 'kill "$demo" 2>/dev/null || true; wait "$demo" 2>/dev/null || true; rm -rf
 go build -o "$work/sluice" ./cmd/sluice
 (cd scripts/sdk-check && go build -o "$work/sdk-check" .)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null || echo 18080)
-"$work/sluice" demo --listen "127.0.0.1:$port" --quiet --state "$work/state" > "$work/demo.log" 2>&1 &
+"$work/sluice" demo --load=false --listen "127.0.0.1:$port" --quiet --state "$work/state" > "$work/demo.log" 2>&1 &
 demo=$!
 base="http://127.0.0.1:$port"
 for _ in $(seq 1 100); do

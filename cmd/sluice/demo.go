@@ -24,7 +24,8 @@ import (
 )
 
 // runDemo starts the heterogeneous simulated fleet and a router in front
-// of it, prints where to look, and optionally drives load, until Ctrl-C.
+// of it, prints where to look, and drives load (unless --load=false),
+// until Ctrl-C.
 func runDemo(args []string) error { return demo(args, os.Stderr) }
 
 // demo is runDemo printing its banner to banner.
@@ -32,8 +33,8 @@ func demo(args []string, banner io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:8080", "router address")
 	firstPort := fs.Int("first-port", 0, "port of the first simulated worker, the others follow (0: pick free ports)")
-	load := fs.Bool("load", false, "drive a steady mix of short and long requests so decisions show at once")
-	rate := fs.Float64("rate", 0, "requests per second of --load (0: 60% of the demo fleet's estimated capacity at --time-scale)")
+	load := fs.Bool("load", true, "drive a mix of short and long requests that rises through the fleet's capacity and back every 4 simulated minutes, so requests wait in Sluice's queue (--load=false: no traffic)")
+	rate := fs.Float64("rate", 0, "a steady rate of requests per second for the load instead of the rise and fall (0: rise and fall)")
 	scale := fs.Float64("time-scale", 1, "simulated seconds per real second (10 = ten times faster)")
 	duration := fs.Duration("duration", 0, "stop by itself after this long (0: run until Ctrl-C)")
 	state := fs.String("state", filepath.Join(os.TempDir(), "sluice-demo"), "directory for the demo's stats store and decision log")
@@ -75,8 +76,14 @@ func demo(args []string, banner io.Writer) error {
 	for i := range specs {
 		specs[i].TimeScale = *scale
 	}
-	if *rate == 0 {
-		*rate = demoLoadShare * vsim.Capacity(specs, demoMix()) * *scale
+	// The load's rate at each moment since it started, in real time: the
+	// cycle runs in simulated time, as the simulated cards do.
+	capacity := vsim.Capacity(specs, demoMix()) * *scale
+	rateAt := func(elapsed time.Duration) float64 {
+		return capacity * demoShare(time.Duration(float64(elapsed)**scale))
+	}
+	if *rate > 0 {
+		rateAt = func(time.Duration) float64 { return *rate }
 	}
 	// The fleet outlives the router's shutdown so requests in flight can
 	// finish; the deferred Close stops it after the router is done.
@@ -110,10 +117,22 @@ func demo(args []string, banner io.Writer) error {
 		return err
 	}
 	base := localURL(ln.Addr())
+	traffic := "No traffic (--load=false): send your own requests."
+	switch {
+	case *load && *rate > 0:
+		traffic = fmt.Sprintf("Traffic: a steady %.2f requests/s.", *rate)
+	case *load:
+		inReal := func(d time.Duration) time.Duration { return time.Duration(float64(d) / *scale).Round(time.Second) }
+		traffic = fmt.Sprintf(`Traffic rises from %.0f%% of the fleet's capacity to %.0f%% and back every %v, passing
+capacity %v in: requests then wait in Sluice's queue instead of overloading a card,
+and go to the first card with room (the dashboard's queue chart and decisions).`,
+			demoLowShare*100, demoHighShare*100, inReal(demoCycle), inReal(demoOverCapacity()))
+	}
 	fmt.Fprintf(banner, `
   dashboard    %[1]s/   (open it in a browser: workers, scores, live charts, decisions)
 
 Sluice demo: 4 simulated GPUs (one slower card, one with a small KV cache) behind the router.
+%[4]s
 
   router       %[1]s   (OpenAI API: POST /v1/chat/completions, model %[2]q)
   workers      %[1]s/api/workers
@@ -126,12 +145,18 @@ Try:
 
 Ctrl-C stops everything.
 
-`, base, model, *state)
+`, base, model, *state, traffic)
 
 	var wg sync.WaitGroup
 	defer wg.Wait() // before fleet.Close: load requests end with ctx
 	if *load {
-		wg.Go(func() { driveLoad(ctx, base, model, *rate, log) })
+		if *rate > 0 {
+			log.Info("demo load: a steady Poisson stream of short and long requests", "rate_per_s", round2(*rate))
+		} else {
+			log.Info("demo load: short and long requests rising through the fleet's estimated capacity and back",
+				"cycle", time.Duration(float64(demoCycle) / *scale), "from_per_s", round2(capacity*demoLowShare), "to_per_s", round2(capacity*demoHighShare))
+		}
+		wg.Go(func() { driveLoad(ctx, base, model, rateAt, log) })
 	}
 	return serve(ctx, cfg, ln, log, 5*time.Second, nil)
 }
@@ -159,13 +184,40 @@ const (
 
 var demoOutputs = []int{16, 32, 64, 128, 256, 1024}
 
-// demoLoadShare is the share of the fleet's estimated capacity --load
-// drives by default. The estimate counts every slot busy; the learned
-// limits run fewer streams for a faster decode, so at 2 req/s (94% of the
-// estimate) the demo's queue waits grew from a median of 2 s to 17 s
-// within five minutes. At 60% (1.27 req/s) the median wait was under 0.9 s
-// while the limits were learnt and 0 from the second minute on.
-const demoLoadShare = 0.6
+// The demo's load rises from demoLowShare of the fleet's estimated
+// capacity to demoHighShare and back every demoCycle of simulated time.
+// The estimate counts every slot busy; the learned limits may run fewer
+// streams for a faster decode, so requests already wait in Sluice's queue
+// a little under 100%. At a steady 60% nothing waited once the limits were
+// learnt: the queue, the one thing Sluice does that a load balancer does
+// not, never showed. Rising past capacity in the first minutes of each
+// cycle, and falling back under it so the queue drains, it shows requests
+// held and then placed as cards free, then the fleet recovering. A much
+// higher peak swamps the fleet instead: the queue grows for minutes and
+// requests wait out admission.queue_timeout.
+const (
+	demoCycle     = 4 * time.Minute
+	demoLowShare  = 0.5
+	demoHighShare = 1.1
+)
+
+// demoShare is the share of the fleet's estimated capacity the demo's
+// load drives at simulated time t since it started: a cosine from
+// demoLowShare at the start of each cycle up to demoHighShare half-way
+// through and back.
+func demoShare(t time.Duration) float64 {
+	phase := 2 * math.Pi * float64(t%demoCycle) / float64(demoCycle)
+	return demoLowShare + (demoHighShare-demoLowShare)*(1-math.Cos(phase))/2
+}
+
+// demoOverCapacity is when, in simulated time, demoShare first reaches
+// the fleet's estimated capacity.
+func demoOverCapacity() time.Duration {
+	phase := math.Acos(1 - 2*(1-demoLowShare)/(demoHighShare-demoLowShare))
+	return time.Duration(phase / (2 * math.Pi) * float64(demoCycle))
+}
+
+func round2(v float64) float64 { return math.Round(v*100) / 100 }
 
 // demoMix is the demo's request mix as items for vsim.Capacity: the mean
 // prompt with each output length.
@@ -179,9 +231,10 @@ func demoMix() []bench.Item {
 
 // driveLoad sends an open-loop Poisson stream of requests, mostly short
 // with some long, until ctx ends: the mix that makes a naive balancer's
-// tail latency explode.
-func driveLoad(ctx context.Context, base, model string, rate float64, log *slog.Logger) {
-	log.Info("demo load: a Poisson stream of short and long requests", "rate_per_s", math.Round(rate*100)/100)
+// tail latency explode. rate gives the requests per second at each moment
+// since the first request; each gap is drawn at the rate of its start,
+// which is close enough for a rate that changes over minutes.
+func driveLoad(ctx context.Context, base, model string, rate func(elapsed time.Duration) float64, log *slog.Logger) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	client := &http.Client{}
 	var wg sync.WaitGroup
@@ -198,11 +251,12 @@ func driveLoad(ctx context.Context, base, model string, rate float64, log *slog.
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	start := time.Now()
 	for n := 0; ; n++ {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Duration(rng.ExpFloat64() / rate * float64(time.Second))):
+		case <-time.After(time.Duration(rng.ExpFloat64() / rate(time.Since(start)) * float64(time.Second))):
 		}
 		maxTokens := demoOutputs[rng.IntN(len(demoOutputs))]
 		prompt := demoPromptMin + rng.IntN(demoPromptSpan)

@@ -33,7 +33,7 @@ func TestDemo_ServesItsOwnLoad(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	state := t.TempDir()
-	err = runDemo([]string{"--listen", addr, "--duration", "3s", "--time-scale", "20", "--load", "--rate", "8", "--quiet", "--state", state})
+	err = runDemo([]string{"--listen", addr, "--duration", "3s", "--time-scale", "20", "--rate", "8", "--quiet", "--state", state})
 	if err != nil {
 		t.Fatal(err)
 	}

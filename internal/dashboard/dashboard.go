@@ -73,7 +73,9 @@ type Options struct {
 	// at one a second).
 	Samples int
 	// LatencyWindow is the trailing window over which each sample's TTFT
-	// and time-per-token percentiles are computed; 10s when 0.
+	// and time-per-token percentiles are computed; 30s when 0. At a few
+	// requests a second a shorter window holds too few for a p99 that is
+	// not simply the slowest request.
 	LatencyWindow time.Duration
 }
 
@@ -94,7 +96,9 @@ type Dashboard struct {
 
 // counters are request outcomes counted over an interval or since start.
 type counters struct {
-	Admitted  int64 `json:"admitted"`
+	Admitted int64 `json:"admitted"`
+	// Held counts the admissions that waited in Sluice's queue first.
+	Held      int64 `json:"held"`
 	OK        int64 `json:"ok"`
 	Rejected  int64 `json:"r429"`
 	Unavail   int64 `json:"r503"`
@@ -175,7 +179,7 @@ func New(opt Options) *Dashboard {
 		opt.Samples = 300
 	}
 	if opt.LatencyWindow <= 0 {
-		opt.LatencyWindow = 10 * time.Second
+		opt.LatencyWindow = 30 * time.Second
 	}
 	if opt.Stats == nil {
 		opt.Stats = func(string) stats.WorkerStats { return stats.WorkerStats{} }
@@ -224,14 +228,21 @@ func (d *Dashboard) Observe(r proxy.Result) {
 }
 
 // Decision counts one routing decision (the scheduler's Recorder): every
-// binding of a request to a worker is an admission.
+// binding of a request to a worker is an admission, held when the request
+// waited in Sluice's queue for it.
 func (d *Dashboard) Decision(r *decisions.Record) {
 	if r.Chosen == "" {
 		return
 	}
+	held := int64(0)
+	if r.QueueWaitMs > 0 {
+		held = 1
+	}
 	d.mu.Lock()
 	d.cur.Admitted++
 	d.totals.Admitted++
+	d.cur.Held += held
+	d.totals.Held += held
 	d.mu.Unlock()
 }
 

@@ -116,9 +116,10 @@ func TestDashboard_CountsOutcomesPerInterval(t *testing.T) {
 		d.Observe(r)
 	}
 	d.Decision(&decisions.Record{ID: "a", Chosen: "w000"})
-	d.Decision(&decisions.Record{ID: "b", Outcome: "queue_full"}) // refused: not an admission
+	d.Decision(&decisions.Record{ID: "b", Outcome: "queue_full"})            // refused: not an admission
+	d.Decision(&decisions.Record{ID: "c", Chosen: "w000", QueueWaitMs: 230}) // held in the queue first
 	s := d.Sample()
-	want := counters{Admitted: 1, OK: 2, Rejected: 1, Unavail: 2, Failed: 1, OutTokens: 15}
+	want := counters{Admitted: 2, Held: 1, OK: 2, Rejected: 1, Unavail: 2, Failed: 1, OutTokens: 15}
 	if diff := cmp.Diff(want, s.counters); diff != "" {
 		t.Errorf("first interval (-want +got):\n%s", diff)
 	}
@@ -130,7 +131,7 @@ func TestDashboard_CountsOutcomesPerInterval(t *testing.T) {
 	if diff := cmp.Diff(counters{OK: 1, OutTokens: 1}, s.counters); diff != "" {
 		t.Errorf("second interval counts only what happened since the first (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(counters{Admitted: 1, OK: 3, Rejected: 1, Unavail: 2, Failed: 1, OutTokens: 16}, d.totals); diff != "" {
+	if diff := cmp.Diff(counters{Admitted: 2, Held: 1, OK: 3, Rejected: 1, Unavail: 2, Failed: 1, OutTokens: 16}, d.totals); diff != "" {
 		t.Errorf("totals (-want +got):\n%s", diff)
 	}
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/proxy"
-	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
 // inferencePaths are the routes the proxy serves; the guard treats them
@@ -122,34 +121,6 @@ func (s *Server) getDecision(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, rec)
-}
-
-// workerView is one worker in GET /api/workers.
-type workerView struct {
-	scheduler.WorkerState
-	URL   string `json:"url"`
-	Kind  string `json:"kind"`
-	Stats any    `json:"stats"`
-	Fleet any    `json:"probe,omitempty"`
-	// KVEvents is the worker's index of KV-cache events (seq, blocks, in
-	// sync or not, gaps and replays); absent without kv_events.
-	KVEvents *kvView `json:"kv_events,omitempty"`
-}
-
-func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
-	var out []workerView
-	for _, ws := range s.sched.Workers() {
-		v := workerView{WorkerState: ws, Stats: s.tracker.Get(ws.Name), KVEvents: s.kv.view(ws.Name)}
-		if u, ok := s.resolve(ws.Name); ok {
-			v.URL = u.String()
-		}
-		if fw := s.fleet.Get(ws.Name); fw != nil {
-			v.Kind = fw.Config().Kind
-			v.Fleet = fw.State()
-		}
-		out = append(out, v)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"workers": out})
 }
 
 func (s *Server) postWorker(w http.ResponseWriter, r *http.Request) {

@@ -41,7 +41,7 @@ const state = {
   // first token yet; the detail is fetched again when the list says it has
   // one, or once more when it leaves the list.
   awaitTTFT: "",
-  openNotes: new Set(), // workers whose limit explanation is shown whole
+  openNotes: new Set(), // the cards' notes the reader opened, by worker and kind
 };
 
 // An admin token, when the router wants one, comes from #token=… or
@@ -129,20 +129,13 @@ function svg(tag, attrs) {
   return e;
 }
 
-function niceMax(v) {
-  if (!(v > 0)) return 1;
-  const p = Math.pow(10, Math.floor(Math.log10(v)));
-  for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
-  return 10 * p;
-}
-
 // lineChart draws series (each {name, color, values: [number|null], fill,
 // dash}) over the times ts (Unix ms) into the svg el, and the latest value
 // of each into the legend.
 function lineChart(el, legend, ts, series, opts) {
   opts = opts || {};
   const W = Math.max(el.clientWidth, 200), H = el.clientHeight || 130;
-  const L = 38, R = 6, T = 6, B = 16;
+  const L = 38, R = 6, T = 18, B = 16;
   el.setAttribute("viewBox", `0 0 ${W} ${H}`);
   el.replaceChildren();
   const now = ts.length ? ts[ts.length - 1] : Date.now();
@@ -152,21 +145,26 @@ function lineChart(el, legend, ts, series, opts) {
   const have = ts.length ? now - ts[0] : 0;
   const span = Math.min(full, Math.max(60000, Math.ceil(have / 60000) * 60000));
   const t0 = now - span;
-  let ymax = opts.min || 0;
-  for (const s of series) for (const v of s.values) if (v != null && v > ymax) ymax = v;
-  ymax = niceMax(ymax * 1.05);
+  let vmax = 0;
+  for (const s of series) for (const v of s.values) if (v != null && v > vmax) vmax = v;
+  const ax = axis(vmax * 1.02, opts);
+  const ymax = ax.max;
   const x = (t) => L + ((t - t0) / span) * (W - L - R);
   const y = (v) => T + (1 - v / ymax) * (H - T - B);
-  for (let i = 0; i <= 3; i++) {
-    const v = (ymax * i) / 3;
-    el.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" }));
-    const tx = svg("text", { x: L - 4, y: y(v) + 3, "text-anchor": "end" });
-    tx.textContent = opts.unit === "ms" ? fmtMsShort(v) : fmt(v, v >= 10 || v === 0 ? 0 : 1);
+  for (let i = 0; i <= ax.ticks; i++) {
+    const v = i * ax.step;
+    el.append(svg("line", { x1: L, x2: W - R, y1: y(v * ax.div), y2: y(v * ax.div), class: "grid" }));
+    const tx = svg("text", { x: L - 4, y: y(v * ax.div) + 3, "text-anchor": "end", class: "ytick" });
+    tx.textContent = v.toFixed(ax.digits);
     el.append(tx);
   }
+  // The y axis's unit, once, above its labels.
+  const ut = svg("text", { x: 2, y: 10, class: "unit" });
+  ut.textContent = ax.unit;
+  el.append(ut);
   const step = [10000, 15000, 30000, 60000, 120000].find((st) => span / st <= 6) || 300000;
   for (let ago = 0; ago <= span; ago += step) {
-    const tx = svg("text", { x: x(now - ago), y: H - 3, "text-anchor": ago === 0 ? "end" : ago === span ? "start" : "middle" });
+    const tx = svg("text", { x: x(now - ago), y: H - 3, "text-anchor": ago === 0 ? "end" : ago === span ? "start" : "middle", class: "xtick" });
     tx.textContent = ago === 0 ? "now" : "−" + fmtAgo(ago);
     el.append(tx);
   }
@@ -217,9 +215,22 @@ function smooth(v, n) {
   }
   return out;
 }
-function fmtMsShort(v) {
-  if (v >= 1000) return fmt(v / 1000, v >= 10000 ? 0 : 1) + "s";
-  return fmt(v, 0);
+// axis picks one unit for a chart's y axis and round steps in it: a
+// chart in milliseconds is drawn in seconds once it reaches a second, so
+// every label on an axis is in the unit named at its top. The steps are
+// 1, 2 or 5 times a power of ten, at most four of them.
+function axis(vmax, opts) {
+  let unit = opts.unit || "", div = 1;
+  if (unit === "ms" && vmax >= 1000) { unit = "s"; div = 1000; }
+  const top = Math.max(vmax, opts.min || 0) / div;
+  let step = 1;
+  if (top > 0) {
+    const p = Math.pow(10, Math.floor(Math.log10(top / 4)));
+    step = [1, 2, 5, 10].map((m) => m * p).find((st) => top / st <= 4 + 1e-9);
+  }
+  const ticks = Math.max(1, Math.ceil(top / step - 1e-9));
+  const digits = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  return { unit, div, step, ticks, digits, max: ticks * step * div };
 }
 
 function drawCharts(busiest) {
@@ -232,31 +243,31 @@ function drawCharts(busiest) {
   // rates are drawn as a trailing 5 s average.
   const rate = (key) => smooth(S.map((s) => s[key] * perSec), SMOOTH);
   lineChart($("ch-queue"), $("lg-queue"), ts, [
-    { name: "queued", color: "#f28e2b", values: S.map((s) => s.queued), fill: true },
-  ], { digits: 0 });
+    { name: "waiting", color: "#f28e2b", values: S.map((s) => s.queued), fill: true },
+  ], { digits: 0, unit: "requests" });
   lineChart($("ch-admit"), $("lg-admit"), ts, [
-    { name: "admitted/s", color: "#5aa9e6", values: rate("admitted"), fill: true },
-    { name: "completed/s", color: "#59a14f", values: rate("ok") },
-  ], {});
+    { name: "admitted", color: "#5aa9e6", values: rate("admitted"), fill: true },
+    { name: "of them held first", color: "#f28e2b", values: rate("held"), key: "held" },
+    { name: "completed", color: "#59a14f", values: rate("ok") },
+  ], { unit: "per s" });
   lineChart($("ch-refuse"), $("lg-refuse"), ts, [
-    { name: "429/s", color: "#f0b429", values: rate("r429"), fill: true },
-    { name: "503/s", color: "#ef5a5a", values: rate("r503"), fill: true },
-    { name: "failed/s", color: "#9d8cf0", values: rate("failed") },
-  ], { min: 1 });
+    { name: "queue full (429)", color: "#f0b429", values: rate("r429"), fill: true },
+    { name: "unavailable (503)", color: "#ef5a5a", values: rate("r503"), fill: true },
+    { name: "failed", color: "#9d8cf0", values: rate("failed") },
+  ], { min: 1, unit: "per s" });
   const pct = (key, p) => S.map((s) => (s[key] ? s[key][p] : null));
   // TTFT as clients see it (from arrival at Sluice), with the workers'
   // share of it (from sending to the worker) dashed beside it: the gap
-  // between the two is time spent in Sluice, mostly queueing.
+  // between the two is time spent in Sluice, mostly queueing. p95 is left
+  // out: over a window of tens of requests it is p99.
   lineChart($("ch-ttft"), $("lg-ttft"), ts, [
     { name: "p50", color: "#5aa9e6", values: pct("ttft_ms", "p50") },
-    { name: "p95", color: "#f28e2b", values: pct("ttft_ms", "p95") },
     { name: "p99", color: "#ef5a5a", values: pct("ttft_ms", "p99") },
     { name: "worker p50", color: "#5aa9e6", values: pct("worker_ttft_ms", "p50"), dash: "4 3", key: "worker" },
     { name: "worker p99", color: "#ef5a5a", values: pct("worker_ttft_ms", "p99"), dash: "4 3", key: "worker" },
   ], { unit: "ms" });
   lineChart($("ch-tpot"), $("lg-tpot"), ts, [
     { name: "p50", color: "#5aa9e6", values: pct("tpot_ms", "p50") },
-    { name: "p95", color: "#f28e2b", values: pct("tpot_ms", "p95") },
     { name: "p99", color: "#ef5a5a", values: pct("tpot_ms", "p99") },
   ], { unit: "ms" });
   // Per-worker series end at the newest sample; align them to its times.
@@ -266,7 +277,7 @@ function drawCharts(busiest) {
     w.active.forEach((v, j) => { if (off + j >= 0 && v >= 0) vals[off + j] = v; });
     return { name: w.name, color: LINE_COLORS[i % LINE_COLORS.length], values: vals };
   });
-  lineChart($("ch-conc"), $("lg-conc"), ts, conc, { min: 1, digits: 0 });
+  lineChart($("ch-conc"), $("lg-conc"), ts, conc, { min: 1, digits: 0, unit: "requests" });
 }
 
 // ---------- worker cards ----------
@@ -302,7 +313,7 @@ function scoreBar(terms, extent) {
     if (w <= 0) continue;
     let at;
     if (t.weighted >= 0) { at = right; right += w; } else { left -= w; at = left; }
-    const tip = `${t.name}: raw ${fmt(t.raw)} → norm ${fmt(t.norm)} × weight ${fmt(t.weight)} = ${fmt(t.weighted, 3)}` +
+    const tip = `${termWords(t.name)} (${t.name}): raw ${fmt(t.raw)} → norm ${fmt(t.norm)} × weight ${fmt(t.weight)} = ${fmt(t.weighted, 3)}` +
       (t.source ? ` (${t.source})` : "") + (t.stale ? " STALE" : "") + (t.neutral ? " neutral: no history yet" : "");
     html += `<span style="left:${at.toFixed(2)}%;width:${w.toFixed(2)}%;background:${termColor(t.name)}" title="${esc(tip)}"></span>`;
   }
@@ -313,7 +324,7 @@ function scoreBar(terms, extent) {
 function termList(terms) {
   const top = [...terms].filter((t) => Math.abs(t.weighted) >= 0.005)
     .sort((a, b) => Math.abs(b.weighted) - Math.abs(a.weighted)).slice(0, 4);
-  return `<div class="tlist">` + top.map((t) => `<span><i style="background:${termColor(t.name)}"></i>${esc(SHORT[t.name] || t.name)} <b>${t.weighted > 0 ? "+" : ""}${fmt(t.weighted)}</b></span>`).join("") + `</div>`;
+  return `<div class="tlist">` + top.map((t) => `<span title="${esc(t.name)}"><i style="background:${termColor(t.name)}"></i>${esc(termWords(t.name))} <b>${t.weighted > 0 ? "+" : ""}${fmt(t.weighted)}</b></span>`).join("") + `</div>`;
 }
 // adaptersLine is a worker card's line of the LoRA adapters it holds,
 // those being loaded marked so; nothing when it holds none.
@@ -323,7 +334,10 @@ function adaptersLine(adapters) {
   return `<div class="adapters" title="LoRA adapters: ${esc(adapters.map(a => a.name + " — " + a.state + (a.source ? ", " + a.source : "")).join("; "))}">LoRA ${esc(names.join(", "))}</div>`;
 }
 
-const SHORT = { active_requests: "active", queue_length: "queue", job_cost: "job cost", kv_pressure: "KV", gpu_util: "GPU", throughput: "throughput", latency: "latency", prefix: "prefix" };
+// Each score term in words, for the cards and the legend; its name as
+// the decision records spell it is in the tooltips and the breakdown.
+const TERM_WORDS = { active_requests: "in flight", queue_length: "engine queue", job_cost: "work in hand", kv_pressure: "KV cache", gpu_util: "GPU busy", throughput: "decode speed", latency: "first-token time", prefix: "cached prompt" };
+const termWords = (name) => TERM_WORDS[name] || name.replace(/_/g, " ");
 
 function orderTerms(terms) {
   const order = Object.keys(TERM_COLORS);
@@ -348,6 +362,23 @@ function reading(r, f) {
   return { text: f(r.value), cls: stale ? "stale" : "", tip: `${r.source || ""}, read ${fmtAge(r.age_ms)} ago` };
 }
 
+// Where a worker's limit came from, in words.
+const LIMIT_SOURCE = { learned: "learned from its measured speed", config: "set in the config", slots: "the slots it reports", default: "the default cap" };
+
+// note is a line of a card with its whole explanation one click away:
+// a <details> whose summary is the line, open across refreshes once
+// opened (state.openNotes, by worker and kind).
+function note(w, kind, summary, body, cls) {
+  const key = kind + ":" + w.name;
+  return `<details class="note ${cls || ""}" data-k="${esc(kind)}" data-key="${esc(key)}"${state.openNotes.has(key) ? " open" : ""}>` +
+    `<summary>${summary}</summary><div class="more">${body}</div></details>`;
+}
+
+function ordinal(n) {
+  const s = n % 100 >= 11 && n % 100 <= 13 ? "th" : ({ 1: "st", 2: "nd", 3: "rd" })[n % 10] || "th";
+  return n + s;
+}
+
 function cardHTML(w, extent) {
   const health = w.draining ? "draining" : w.health;
   const lim = w.limit || 0;
@@ -358,59 +389,61 @@ function cardHTML(w, extent) {
   const kv = reading(w.kv, fmtPct), gpu = reading(w.gpu, fmtPct), wq = reading(w.worker_queue, (v) => fmt(v, 0));
   const a = w.averages || {};
   const sc = w.score;
-  let limitNote = "";
+  let notes = "";
   if (w.limit_source || w.limit_reason) {
-    const cap = w.limit_cap && w.limit_cap !== lim ? `, cap ${w.limit_cap}` : "";
-    // Two lines on the card; the whole text on hover (title) and, on a
-    // click, in place (the card remembers it across refreshes).
-    const full = `limit ${lim}` + (w.limit_source ? ` · ${w.limit_source}${cap}` : "") +
-      (w.limit_reason ? ` — ${w.limit_reason}` : "");
-    const open = state.openNotes.has(w.name) ? " open" : "";
-    limitNote = `<div class="limitnote clamp${open}" data-k="limit" title="${esc(full)}" role="button" tabindex="0" aria-expanded="${open ? "true" : "false"}">limit <b>${esc(lim)}</b>` +
-      (w.limit_source ? ` · ${esc(w.limit_source)}${esc(cap)}` : "") +
-      (w.limit_reason ? ` — ${esc(w.limit_reason)}` : "") + `</div>`;
+    const cap = w.limit_cap && w.limit_cap !== lim ? ` (at most ${w.limit_cap})` : "";
+    const source = LIMIT_SOURCE[w.limit_source] || w.limit_source || "";
+    let body = w.limit_reason ? `<p>${esc(w.limit_reason)}</p>` : "";
+    if (w.limit_cap) body += `<p>Its cap: <b>${esc(w.limit_cap)}</b> at a time.</p>`;
     const mv = w.limit_moved;
     if (mv && mv.at) {
       const age = state.serverNow - Date.parse(mv.at);
-      limitNote += `<div class="limitnote" title="${esc(mv.why || "")}">moved <b>${esc(mv.from)}→${esc(mv.to)}</b> ${fmtAge(Math.max(age, 0))} ago</div>`;
+      const why = mv.why && mv.why !== w.limit_reason ? ": " + esc(mv.why) : "";
+      body += `<p>moved <b>${esc(mv.from)}→${esc(mv.to)}</b> ${fmtAge(Math.max(age, 0))} ago${why}</p>`;
     }
+    notes += note(w, "limit", `limit <b>${esc(lim)}</b>${source ? " · " + esc(source) : ""}${esc(cap)}`, body || "<p>no more to say</p>", "limitnote");
   } else if (w.slots) {
-    limitNote = `<div class="limitnote">worker reports <b>${esc(w.slots)}</b> slots</div>`;
+    notes += `<div class="limitnote">worker reports <b>${esc(w.slots)}</b> slots</div>`;
   }
   // How far the predictor has been off here: the median relative error
   // of its last predictions; when it keeps missing, admission by promise
   // judges the worker by its limit instead, and says why.
   const pr = w.prediction;
   if (pr && (pr.ttft_n || pr.decode_n)) {
-    const part = (n, e, what) => n ? `<b>${fmtPct(e)}</b> ${what}` : "";
-    limitNote += `<div class="limitnote prednote" title="median |predicted − actual| / actual over the last ${esc(Math.max(pr.ttft_n, pr.decode_n))} requests">predictions off by ` +
-      [part(pr.ttft_n, pr.ttft_error, "first token"), part(pr.decode_n, pr.decode_error, "decode")].filter(Boolean).join(" · ") +
-      (pr.trusted ? "" : ` — not trusted: ${esc(pr.untrusted || "")}`) + `</div>`;
+    const parts = [];
+    if (pr.ttft_n) parts.push(`first token <b>${fmtPct(pr.ttft_error)}</b>`);
+    if (pr.decode_n) parts.push(`decode <b>${fmtPct(pr.decode_error)}</b>`);
+    const n = Math.max(pr.ttft_n, pr.decode_n);
+    const body = `<p>How far Sluice's latency forecasts for this card have been from what happened: the median of |forecast − actual| / actual over its last ${esc(n)} requests.</p>` +
+      (pr.trusted ? `<p>Close enough to rely on when admitting by promise.</p>`
+        : `<p>Too far off to rely on: ${esc(pr.untrusted || "")}. Admission by promise judges this card by its limit until they come closer.</p>`);
+    notes += note(w, "forecast", `forecasts off: ${parts.join(", ")}${pr.trusted ? "" : " · not relied on"}`, body, "prednote");
   }
-  let scoreHTML = `<div class="score"><div class="line"><span>not scored yet</span></div></div>`;
+  let scoreHTML = `<div class="score"><div class="line"><span>not in a decision yet</span></div></div>`;
   if (sc) {
-    const rank = sc.eligible ? (sc.rank ? `rank ${sc.rank}` : "eligible") : "not eligible";
-    scoreHTML = `<div class="score"><div class="line"><span>score <b>${fmt(sc.total, 3)}</b> · ${esc(rank)}</span><span>${sc.age_ms != null ? fmtAge(sc.age_ms) + " ago" : ""}</span></div>` +
+    const rank = sc.eligible ? (sc.rank ? `ranked ${ordinal(sc.rank)}` : "could take it") : "could not take it";
+    scoreHTML = `<div class="score"><div class="line" title="its score in the newest decision that weighed it: the lowest score wins"><span>last decision: <b>${esc(rank)}</b></span><span>score <b>${fmt(sc.total, 1)}</b>${sc.age_ms != null ? " · " + fmtAge(sc.age_ms) + " ago" : ""}</span></div>` +
       (sc.terms.length ? scoreBar(sc.terms, extent) + termList(sc.terms) : "") +
       (sc.why ? `<div class="why">${esc(sc.why)}</div>` : "") + `</div>`;
   }
   const picked = w.name === state.lastChosen;
+  const stat = (label, tip, value, cls, key) => `<div title="${esc(tip)}"><dt>${label}</dt><dd class="${cls || ""}"${key ? ` data-k="${key}"` : ""}>${value}</dd></div>`;
   return `<header><span class="name" title="${esc(w.url || w.name)}">${esc(w.name)}</span><span class="badge ${esc(health)}">${esc(health)}</span>` +
-    (picked ? `<span class="badge rank" title="the newest request was bound here">last pick</span>` : "") + `</header>` +
-    `<div class="models" title="${esc((w.models || []).join(", "))}">${esc((w.models || []).join(", ") || "no models known")}</div>` +
+    (picked ? `<span class="badge rank" title="the newest request was sent here">last pick</span>` : "") + `</header>` +
+    `<div class="models">${esc((w.models || []).join(", ") || "no models known")}</div>` +
     adaptersLine(w.adapters) +
     (w.health_reason && w.health !== "ok" ? `<div class="reason">${esc(w.health_reason)}</div>` : "") +
-    `<div class="load"><span class="num" data-k="active"${other ? ` title="${esc(w.active)} from this replica, ${esc(other)} from the others"` : ""}>${esc(total)}<small>/${esc(lim)}</small></span><div class="meter ${meterCls}"><div style="width:${Math.min(load, 1) * 100}%"></div></div></div>` +
-    limitNote +
+    `<div class="load" title="requests running on it against its limit"><span class="num" data-k="active"${other ? ` title="${esc(w.active)} from this replica, ${esc(other)} from the others"` : ""}>${esc(total)}<small>/${esc(lim)}</small></span><div class="meter ${meterCls}"><div style="width:${Math.min(load, 1) * 100}%"></div></div><span class="unit">running</span></div>` +
+    notes +
     `<dl class="kv">` +
-    `<div title="requests for its models waiting in Sluice's queue"><dt>queued</dt><dd>${esc(w.sluice_queue ?? 0)}</dd></div>` +
-    `<div title="${esc(wq.tip)}"><dt>worker q</dt><dd class="${wq.cls}">${wq.text}</dd></div>` +
-    `<div title="${esc(kv.tip)}"><dt>KV cache</dt><dd class="${kv.cls}">${kv.text}</dd></div>` +
-    `<div title="${esc(gpu.tip)}"><dt>GPU</dt><dd class="${gpu.cls}">${gpu.text}</dd></div>` +
-    `<div title="moving average of the worker's share of time to first token: from sending to it, Sluice's queue not included (what the latency term scores)"><dt>wkr TTFT</dt><dd data-k="worker-ttft">${fmtMs(a.ttft_ms)}</dd></div>` +
-    `<div title="moving average of per-stream decode rate"><dt>decode</dt><dd>${a.decode_tps != null ? fmt(a.decode_tps, 0) + " t/s" : "–"}</dd></div>` +
-    `<div title="moving average of end-to-end time"><dt>e2e</dt><dd>${fmtMs(a.e2e_ms)}</dd></div>` +
-    `<div title="requests measured"><dt>measured</dt><dd>${a.n != null ? esc(a.n) : "–"}</dd></div>` +
+    stat("waiting in Sluice", "requests for its models held in Sluice's queue until a card has room", esc(w.sluice_queue ?? 0)) +
+    stat("waiting in engine", "requests waiting inside the inference server itself: " + wq.tip, wq.text, wq.cls) +
+    stat("KV cache used", "share of its KV cache in use: " + kv.tip, kv.text, kv.cls) +
+    stat("GPU busy", "GPU utilisation: " + gpu.tip, gpu.text, gpu.cls) +
+    stat("first token", "moving average of its time to first token, from sending to it (Sluice's queue not included)", fmtMs(a.ttft_ms), "", "worker-ttft") +
+    stat("decode", "moving average of each stream's decode speed: tokens per second after the first", a.decode_tps != null ? fmt(a.decode_tps, 0) + " tok/s" : "–") +
+    stat("total time", "moving average of a request's whole time on it, from sending to its last token", fmtMs(a.e2e_ms)) +
+    stat("measured", "requests the averages are over", a.n != null ? esc(a.n) + " req" : "–") +
     `</dl>` + sparkline(w.spark || [], lim) + scoreHTML;
 }
 
@@ -446,7 +479,7 @@ function drawCards(ov) {
   for (const w of ov.workers) for (const t of (w.score ? w.score.terms : [])) seen.add(t.name);
   const names = orderTerms([...seen].map((name) => ({ name })));
   $("terms-legend").innerHTML = names.length
-    ? `<span>score terms (lowest total wins):</span>` + names.map((t) => `<span><i style="background:${termColor(t.name)}"></i>${esc(t.name)}</span>`).join("")
+    ? `<span>what a card's score counts (the lowest score wins):</span>` + names.map((t) => `<span title="${esc(t.name)}"><i style="background:${termColor(t.name)}"></i>${esc(termWords(t.name))}</span>`).join("")
     : "";
 }
 
@@ -457,6 +490,7 @@ function drawSummary(ov) {
   $("sum-limit").textContent = f.limit;
   $("sum-queued").textContent = f.queued;
   $("sum-admitted").textContent = ov.totals.admitted;
+  $("sum-held").textContent = ov.totals.held ?? 0;
   $("sum-429").textContent = ov.totals.r429;
   $("sum-503").textContent = ov.totals.r503;
   const h = f.health || {};
@@ -467,7 +501,8 @@ function drawSummary(ov) {
   if (h.down) parts.push(`<b style="color:var(--bad)">${h.down}</b> down`);
   if (f.draining) parts.push(`<b style="color:var(--info)">${f.draining}</b> draining`);
   $("chip-health").innerHTML = parts.join(" · ") || "–";
-  $("ttft-note").textContent = `from arrival at Sluice; dashed: the workers' share · ms, ${ov.latency_window_s} s`;
+  $("ttft-note").textContent = `dashed: the workers' share · last ${ov.latency_window_s} s`;
+  $("tpot-note").textContent = `last ${ov.latency_window_s} s`;
 }
 
 // ---------- polling ----------
@@ -519,9 +554,20 @@ function drawDecisions(list) {
   const newest = list.find((r) => r.chosen);
   state.lastChosen = newest ? newest.chosen : "";
   drawDecisionList(list);
-  // A fresh page explains the newest placement until one is picked.
-  if (!state.selected && newest) showDecision(newest.id);
+  // A fresh page explains the newest request held in the queue, else the
+  // newest placement, until one is picked.
+  const shown = list.find((r) => r.chosen && r.queue_wait_ms > 0) || newest;
+  if (!state.selected && shown) showDecision(shown.id);
 }
+
+// Refusals in words; a decision record names them by code.
+const OUTCOME_WORDS = {
+  queue_full: "queue full", queue_timeout: "waited too long", deadline_unmeetable: "could not be served in time",
+  slo_unmeetable: "its promise could not be kept", no_healthy_worker: "no healthy worker", shutting_down: "shutting down",
+  client_gone: "the client left", model_not_found: "no worker serves the model", adapter_load_failed: "its adapter failed to load",
+};
+const outcomeWords = (o) => OUTCOME_WORDS[o] || String(o || "").replace(/_/g, " ");
+const held = (r) => r.outcome === "bound" && r.queue_wait_ms > 0;
 
 
 // Rows are kept per decision id (records never change), so a row under
@@ -531,7 +577,7 @@ function drawDecisionList(list) {
   const body = $("dlist");
   if (!list.length) {
     rowEls.clear();
-    body.innerHTML = `<tr><td colspan="6" class="muted">no decisions yet: send a request</td></tr>`;
+    body.innerHTML = `<tr><td colspan="4" class="muted">no decisions yet: send a request</td></tr>`;
     return;
   }
   const keep = new Set();
@@ -543,9 +589,12 @@ function drawDecisionList(list) {
       tr = document.createElement("tr");
       tr.dataset.id = r.id;
       tr.dataset.outcome = r.outcome;
-      tr.innerHTML = `<td>${esc(fmtTime(r.time))}</td><td class="id" title="${esc(r.id)}">${esc(r.id)}</td>` +
-        `<td class="${bound ? "out-bound" : "out-refused"}">${esc(r.outcome)}${r.attempt > 1 ? " (retry " + esc(r.attempt) + ")" : ""}</td>` +
-        `<td>${esc(r.chosen || "–")}</td><td class="num">${fmtMs(r.queue_wait_ms)}</td><td class="num" data-k="ttft"></td>`;
+      tr.title = "decision " + r.id;
+      if (held(r)) tr.classList.add("held");
+      const where = !bound ? `refused: ${esc(outcomeWords(r.outcome))}` : held(r) ? `held, then ${esc(r.chosen)}` : esc(r.chosen);
+      tr.innerHTML = `<td>${esc(fmtTime(r.time))}</td>` +
+        `<td class="${!bound ? "out-refused" : held(r) ? "out-held" : "out-bound"}" data-k="where">${where}${r.attempt > 1 ? " (retry " + esc(r.attempt) + ")" : ""}</td>` +
+        `<td class="num" data-k="wait">${r.queue_wait_ms > 0 ? fmtMs(r.queue_wait_ms) : "none"}</td><td class="num" data-k="ttft"></td>`;
       rowEls.set(r.id, tr);
     }
     // A decision that continued a stream another worker broke gains its
@@ -557,7 +606,7 @@ function drawDecisionList(list) {
       b.textContent = " ↪ from " + c.from;
       b.title = `continued a stream ${c.from} broke (${c.reason}): ${c.carried_tokens} tokens carried over, ` +
         `${c.gap_ms ? fmtMs(c.gap_ms) + " added" : "no token after it"}, ${c.outcome}`;
-      tr.children[2].appendChild(b);
+      tr.children[1].appendChild(b);
     }
     // A placement's first token comes after its decision: fill it in when
     // the list has it.
@@ -614,27 +663,39 @@ function detailHTML(r) {
     ["time", fmtTime(r.time)], ["model", r.model], ["outcome", r.outcome], ["worker", r.chosen || "–"],
     ["policy", r.policy], ["attempt", r.attempt], ["queue wait", fmtMs(r.queue_wait_ms), "queue", "time in Sluice's queue"],
   ];
+  // What happened, in a sentence, before the numbers.
+  let story;
+  if (held(r)) {
+    story = `<div class="story held">Held <b>${fmtMs(r.queue_wait_ms)}</b> in Sluice's queue rather than overload a card` +
+      (r.queue_depth ? ` (${esc(r.queue_depth)} already waiting when it came)` : "") +
+      `, then sent to <b>${esc(r.chosen)}</b> when it had room.</div>`;
+  } else if (r.outcome === "bound") {
+    story = `<div class="story">Sent to <b>${esc(r.chosen)}</b> at once.</div>`;
+  } else {
+    story = `<div class="story refused">Refused: <b>${esc(outcomeWords(r.outcome))}</b>` +
+      (r.queue_wait_ms > 0 ? ` after ${fmtMs(r.queue_wait_ms)} in Sluice's queue` : "") + `.</div>`;
+  }
   if (r.outcome === "bound") {
     const none = "no first token yet: in flight, not streamed, or failed before one";
     facts.push(
       ["TTFT (client)", fmtMs(r.ttft_ms), "ttft", r.ttft_ms != null ? "time to first token as the client saw it: from arrival at Sluice to the first token relayed, queueing included" : none],
       ["worker TTFT", fmtMs(r.worker_ttft_ms), "worker-ttft", r.worker_ttft_ms != null ? "the worker's share: from sending to it to its first token" : none]);
   }
-  facts.push(["queue depth", r.queue_depth], ["prompt", (r.prompt_tokens ?? "–") + " tok"]);
-  if (r.max_tokens) facts.push(["max_tokens", r.max_tokens]);
-  let html = `<h3 data-decision="${esc(r.id)}">${esc(r.id)}</h3><div class="facts">` +
+  facts.push(["waiting when it came", r.queue_depth, "depth", "requests for its model already in Sluice's queue when it arrived"], ["prompt", (r.prompt_tokens ?? "–") + " tok"]);
+  if (r.max_tokens) facts.push(["max tokens", r.max_tokens]);
+  let html = `<h3 data-decision="${esc(r.id)}">${esc(r.id)}</h3>` + story + `<div class="facts">` +
     facts.map(([k, v, key, tip]) => `<span${key ? ` data-k="${esc(key)}"` : ""}${tip ? ` title="${esc(tip)}"` : ""}>${esc(k)} <b>${esc(v)}</b></span>`).join("") + `</div>` +
-    `<div class="because">${esc(r.reason)}</div>`;
+    `<div class="because"><span class="muted">${r.chosen ? "why " + esc(r.chosen) : "why"}:</span> ${esc(r.reason)}</div>`;
   for (const c of cands) {
     const cls = c.worker === r.chosen ? "chosen" : c.eligible ? "" : "inel";
     html += `<div class="cand ${cls}" data-worker="${esc(c.worker)}"><div class="head"><span class="name">${esc(c.worker)}</span>` +
-      `<span>${c.eligible ? (c.rank ? "rank " + esc(c.rank) : "eligible") : "not eligible: " + esc(c.why || "")}</span>` +
-      (c.eligible ? `<span class="muted">active ${esc(c.active)}/${esc(c.limit)}</span>` : "") +
-      (c.eligible ? `<span>total <b>${fmt(c.total, 3)}</b></span>` : "") + `</div>`;
+      `<span>${c.eligible ? (c.rank ? "ranked " + ordinal(c.rank) : "could take it") : "could not take it: " + esc(c.why || "")}</span>` +
+      (c.eligible ? `<span class="muted">running ${esc(c.active)}/${esc(c.limit)}</span>` : "") +
+      (c.eligible ? `<span>score <b>${fmt(c.total, 3)}</b></span>` : "") + `</div>`;
     if (c.terms && c.terms.length) {
       html += scoreBar(c.terms, extent) +
         `<table><thead><tr><th>term</th><th class="num">raw</th><th class="num">norm</th><th class="num">weight</th><th class="num">weighted</th><th>source</th><th class="num">age</th></tr></thead><tbody>` +
-        orderTerms(c.terms).map((t) => `<tr class="term"><td><i style="display:inline-block;width:8px;height:8px;border-radius:2px;margin-right:5px;background:${termColor(t.name)}"></i>${esc(t.name)}` +
+        orderTerms(c.terms).map((t) => `<tr class="term"><td><i style="display:inline-block;width:8px;height:8px;border-radius:2px;margin-right:5px;background:${termColor(t.name)}"></i><span title="${esc(t.name)}">${esc(termWords(t.name))}</span>` +
           (t.stale ? `<span class="flag">stale</span>` : "") + (t.neutral ? `<span class="flag">neutral</span>` : "") + `</td>` +
           `<td class="num">${fmt(t.raw)}</td><td class="num">${fmt(t.norm, 3)}</td><td class="num">${fmt(t.weight)}</td><td class="num">${fmt(t.weighted, 3)}</td>` +
           `<td class="src" title="${esc(t.source || "")}">${esc(t.source || "sluice")}</td><td class="num">${t.age_ms != null ? fmtAge(t.age_ms) : "now"}</td></tr>`).join("") +
@@ -647,20 +708,13 @@ function detailHTML(r) {
 
 // ---------- controls ----------
 
-// A click (or Enter) on a card's limit explanation shows it whole, or
-// clamps it again.
-function toggleNote(e) {
-  const note = e.target.closest(".limitnote.clamp");
-  if (!note || (e.type === "keydown" && e.key !== "Enter" && e.key !== " ")) return;
-  e.preventDefault();
-  const name = note.closest(".card").dataset.worker;
-  if (state.openNotes.has(name)) state.openNotes.delete(name); else state.openNotes.add(name);
-  const open = state.openNotes.has(name);
-  note.classList.toggle("open", open);
-  note.setAttribute("aria-expanded", String(open));
-}
-$("cards").addEventListener("click", toggleNote);
-$("cards").addEventListener("keydown", toggleNote);
+// A card's notes stay open, or closed, across the redraws every second:
+// the page remembers which the reader opened. "toggle" does not bubble.
+$("cards").addEventListener("toggle", (e) => {
+  const d = e.target;
+  if (!(d instanceof HTMLDetailsElement) || !d.dataset.key) return;
+  if (d.open) state.openNotes.add(d.dataset.key); else state.openNotes.delete(d.dataset.key);
+}, true);
 $("dlist").addEventListener("click", (e) => {
   const tr = e.target.closest("tr[data-id]");
   if (tr) showDecision(tr.dataset.id);
