@@ -14,9 +14,11 @@ import (
 )
 
 // contIdle is the stream idle timeout of the stall tests: far above a
-// token's time at the sims' scale of 200 (well under a millisecond), so
-// only the stalled worker's silence reaches it.
-const contIdle = 100 * time.Millisecond
+// token's time at the sims' scale of 200 (well under a millisecond), and
+// above a continuation's first byte on a 2-core machine running the whole
+// suite under the race detector, so only the stalled worker's silence
+// reaches it.
+const contIdle = 400 * time.Millisecond
 
 // readsAsUninterrupted checks that got reads as the uninterrupted stream
 // of form f — the sim's reference text, its token count and usage, one
