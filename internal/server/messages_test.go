@@ -2,7 +2,6 @@ package server
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -54,15 +53,7 @@ func anthropicError(t *testing.T, resp *http.Response) (typ, msg string) {
 // gets it, and every refusal is in Anthropic's shape.
 func TestMessages_EndToEndThroughTheSim(t *testing.T) {
 	specs := sim.DemoFleet()[:2]
-	for i := range specs {
-		specs[i].TimeScale = 50
-		specs[i].Params.StartupDelay = 0
-	}
-	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fl.Close()
+	fl := startFastSims(t, specs)
 	model := specs[0].Params.Model
 	cfg := config.DefaultConfig()
 	cfg.Telemetry.Interval = 20 * time.Millisecond

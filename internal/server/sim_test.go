@@ -19,15 +19,7 @@ import (
 // that decisions come to use live telemetry and measured averages.
 func TestRouter_InFrontOfSimulatedFleet(t *testing.T) {
 	specs := sim.DemoFleet()[:2]
-	for i := range specs {
-		specs[i].TimeScale = 50
-		specs[i].Params.StartupDelay = 0
-	}
-	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fl.Close()
+	fl := startFastSims(t, specs)
 	cfg := config.DefaultConfig()
 	cfg.Telemetry.Interval = 20 * time.Millisecond
 	cfg.Telemetry.Timeout = time.Second
@@ -112,4 +104,21 @@ func hasNeutral(r *decisions.Record, name string) bool {
 		}
 	}
 	return false
+}
+
+// startFastSims starts simulated llama-servers for specs on loopback, 50×
+// faster than real time and with no startup delay, closed when the test
+// ends.
+func startFastSims(t *testing.T, specs []sim.WorkerSpec) *sim.Fleet {
+	t.Helper()
+	for i := range specs {
+		specs[i].TimeScale = 50
+		specs[i].Params.StartupDelay = 0
+	}
+	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fl.Close)
+	return fl
 }

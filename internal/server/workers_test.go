@@ -20,15 +20,7 @@ import (
 // a few kilobytes, and ?detail=1 with the internals.
 func TestAPIWorkers_DefaultIsWhatAnOperatorReads(t *testing.T) {
 	specs := sim.DemoFleet()
-	for i := range specs {
-		specs[i].TimeScale = 50
-		specs[i].Params.StartupDelay = 0
-	}
-	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fl.Close()
+	fl := startFastSims(t, specs)
 	cfg := config.DefaultConfig()
 	cfg.Telemetry.Interval = time.Hour // scraped below, when the test says
 	cfg.Telemetry.Timeout = time.Second
