@@ -107,12 +107,6 @@ type Limits struct {
 	DefaultCap int `yaml:"default_cap"`
 	// Models sets per-model targets.
 	Models map[string]ModelTargets `yaml:"models"`
-	// Policy says what a learned limit protects: "ttft_first" (the
-	// default) lowers a limit only where a level is measured worse for
-	// both the first token and the decode rate, and starts every worker
-	// at its cap; "decode_first" holds every stream to the floor,
-	// climbing from one stream, whatever the wait for a first token.
-	Policy string `yaml:"policy"`
 }
 
 // StatsMemory is the stats.store that keeps the averages in memory only.
@@ -140,12 +134,6 @@ func DefaultStatsStore() (string, error) {
 	return filepath.Join(dir, "stats.db"), nil
 }
 
-// Limit policies (limits.policy).
-const (
-	LimitsTTFTFirst   = "ttft_first"
-	LimitsDecodeFirst = "decode_first"
-)
-
 // ModelTargets are one model's targets.
 type ModelTargets struct {
 	// MinStreamTokS is the model's per-stream decode-rate floor.
@@ -157,7 +145,6 @@ func (l Limits) Scheduler() scheduler.LimitConfig {
 	lc := scheduler.LimitConfig{
 		Fixed: !l.Adaptive, MinStreamTokS: l.MinStreamTokS, FloorFraction: l.FloorFraction,
 		MinSamples: l.MinSamples, ProbeAfter: l.ProbeAfter, BorrowAfter: l.BorrowAfter, DefaultCap: l.DefaultCap,
-		DecodeFirst: l.Policy == LimitsDecodeFirst,
 	}
 	for m, t := range l.Models {
 		if t.MinStreamTokS > 0 {
@@ -614,7 +601,7 @@ func DefaultConfig() Config {
 		Shared:   Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
 		Sessions: defaultSessions(),
 		Limits: Limits{Adaptive: true, FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
-			BorrowAfter: 2 * time.Second, DefaultCap: 64, Policy: LimitsTTFTFirst},
+			BorrowAfter: 2 * time.Second, DefaultCap: 64},
 		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
 		LoRA:    defaultLoRA(),
 	}
@@ -849,9 +836,6 @@ func (c *Config) Validate() error {
 		}
 		if l.DefaultCap < 1 {
 			bad("limits.default_cap", "must be at least 1, got %d", l.DefaultCap)
-		}
-		if l.Policy != LimitsTTFTFirst && l.Policy != LimitsDecodeFirst {
-			bad("limits.policy", "%q: want %s or %s", l.Policy, LimitsTTFTFirst, LimitsDecodeFirst)
 		}
 		for m, t := range l.Models {
 			if strings.TrimSpace(m) == "" {

@@ -264,23 +264,19 @@ func TestParse_LimitsDefaultsAndValidation(t *testing.T) {
 	if !cfg.Limits.Adaptive || cfg.Limits.Scheduler().Fixed {
 		t.Fatal("adaptive concurrency is not the default")
 	}
-	if cfg.Limits.Policy != LimitsTTFTFirst || cfg.Limits.Scheduler().DecodeFirst {
-		t.Fatalf("limits.policy %q by default, want %s", cfg.Limits.Policy, LimitsTTFTFirst)
-	}
-	df, err := Parse(strings.NewReader("workers:\n  - {name: a, url: http://127.0.0.1:1}\nlimits: {policy: decode_first}\n"))
-	if err != nil || !df.Limits.Scheduler().DecodeFirst {
-		t.Fatalf("limits.policy: decode_first gave %+v, %v; want the floor-only controller", df.Limits, err)
+	_, err = Parse(strings.NewReader("workers:\n  - {name: a, url: http://127.0.0.1:1}\nlimits: {policy: decode_first}\n"))
+	if err == nil || !strings.Contains(err.Error(), "limits.policy: removed") {
+		t.Fatalf("limits.policy: decode_first gave %v; want an error saying the key was removed", err)
 	}
 	_, err = Parse(strings.NewReader(`workers:
   - {name: a, url: "http://127.0.0.1:1"}
 limits:
-  policy: fastest
   floor_fraction: 2
   min_samples: 0
   borrow_after: -1s
   models: {m: {min_stream_tok_s: -3}}
 `))
-	for _, key := range []string{"limits.policy", "limits.floor_fraction", "limits.min_samples", "limits.borrow_after", "limits.models.m.min_stream_tok_s"} {
+	for _, key := range []string{"limits.floor_fraction", "limits.min_samples", "limits.borrow_after", "limits.models.m.min_stream_tok_s"} {
 		if err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("error %v does not name %s", err, key)
 		}

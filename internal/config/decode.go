@@ -314,7 +314,11 @@ func (d *decoder) structure(n *yaml.Node, v reflect.Value, key string) {
 		i, ok := fields[name]
 		if !ok {
 			d.r.lines[path] = k.Line
-			d.r.Add(&Problem{Key: path, Line: k.Line, Msg: unknownKey(name, v.Type(), key)})
+			msg, gone := removedKeys[path]
+			if !gone {
+				msg = unknownKey(name, v.Type(), key)
+			}
+			d.r.Add(&Problem{Key: path, Line: k.Line, Msg: msg})
 			return
 		}
 		d.r.lines[path] = k.Line
@@ -514,6 +518,13 @@ func yamlFields(t reflect.Type) map[string]int {
 		out[name] = i
 	}
 	return out
+}
+
+// removedKeys are keys earlier releases had, by path, with what to do
+// instead: a config naming one fails with that word rather than with a
+// guess at a key it might have meant.
+var removedKeys = map[string]string{
+	"limits.policy": "removed: a learned limit is lowered only where a level is worse for both the first token and the decode rate; delete the key",
 }
 
 // unknownKey is the message for a key the section at parent does not

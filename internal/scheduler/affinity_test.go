@@ -90,10 +90,10 @@ func TestAffinity_HolderFirstFromTheQueue(t *testing.T) {
 func TestAffinity_CachedPrefixRunsOneOverTheLearnedLimit(t *testing.T) {
 	clk := NewManualClock(time.Unix(10000, 0))
 	now := clk.Now()
-	learned1 := levels(now, [3]float64{80, 1, 5}, [3]float64{30, 1, 5}) // level 2 under the floor
+	learned1 := learnedOne(now)
 	fs := fakeStats{"w0": learned1, "w1": learned1}
 	s := newSched(t, Config{MaxQueue: 10, Clock: clk, Stats: fs, PrefixIndex: prefix.NewIndex(prefix.Options{}),
-		Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3}}, workers(2, 4, "m")...)
+		Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}}, workers(2, 4, "m")...)
 	conv := []uint64{1, 2, 3, 4}
 	turn2 := append(conv[:4:4], 5) // 80% cached on the holder
 	a := admitNow(t, s, Request{Model: "m", Prefix: conv})
@@ -131,11 +131,11 @@ func TestAffinity_CachedPrefixRunsOneOverTheLearnedLimit(t *testing.T) {
 // holder out for a shorter prompt.
 func TestAffinity_OneOverBehindAHeadTooLongForTheHolder(t *testing.T) {
 	clk := NewManualClock(time.Unix(10000, 0))
-	learned1 := levels(clk.Now(), [3]float64{80, 1, 5}, [3]float64{30, 1, 5}) // level 2 under the floor
+	learned1 := learnedOne(clk.Now())
 	small := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 1000})
 	large := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 32768})
 	s := newSched(t, Config{MaxQueue: 10, Clock: clk, Stats: fakeStats{"small": learned1, "large": learned1},
-		PrefixIndex: prefix.NewIndex(prefix.Options{}), Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3}},
+		PrefixIndex: prefix.NewIndex(prefix.Options{}), Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
 		WorkerSpec{Name: "small", MaxConcurrency: 4, Source: small},
 		WorkerSpec{Name: "large", MaxConcurrency: 4, Source: large})
 	long := admitNow(t, s, Request{Model: "m", PromptTokens: 5000, Prefix: []uint64{20, 21}})

@@ -75,9 +75,9 @@ func TestAdmit_BorrowStepFollowsTheOldestWaiter(t *testing.T) {
 			clk.Set(t0.Add(d))
 			synctest.Wait()
 		}
-		fs := fakeStats{"w": levels(t0, [3]float64{80, 1, 5}, [3]float64{30, 1, 5})} // learned 1
+		fs := fakeStats{"w": learnedOne(t0)}
 		s := newSched(t, Config{MaxQueue: 5, QueueTimeout: time.Minute, Stats: fs, Clock: clk,
-			Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
+			Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
 			WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
 		admit := func(ctx context.Context) <-chan *Lease {
 			got := make(chan *Lease, 1)

@@ -14,14 +14,14 @@ func TestGauges_SayWhatWorkersSays(t *testing.T) {
 	now := time.Unix(10000, 0)
 	clock := &fakeClock{t: now}
 	fs := fakeStats{
-		"w0": levels(now, [3]float64{100, 5, 5}, [3]float64{90, 5, 5}, [3]float64{30, 5, 5}),
+		"w0": withTTFT(levels(now, [3]float64{100, 5, 5}, [3]float64{90, 5, 5}, [3]float64{30, 5, 5}), 400, 200, 300, 900),
 		"w1": levels(now, [3]float64{80, 5, 5}),
 		"w2": levels(now, [3]float64{40, 5, 5}, [3]float64{10, 5, 5}),
 	}
 	s := newSched(t, Config{MaxQueue: 10, Stats: fs, Clock: clock,
-		Limits: LimitConfig{DecodeFirst: true, MinSamples: 3, ProbeAfter: time.Hour, BorrowAfter: time.Second}},
+		Limits: LimitConfig{MinSamples: 3, ProbeAfter: time.Hour, BorrowAfter: time.Second}},
 		WorkerSpec{Name: "w0", Models: []string{"m"}, MaxConcurrency: 8},
-		WorkerSpec{Name: "w1", Models: []string{"m"}},
+		WorkerSpec{Name: "w1", Models: []string{"m"}, MaxConcurrency: 1},
 		WorkerSpec{Name: "w2", Models: []string{"n"}, MaxConcurrency: 4, Source: newSource(Snapshot{Health: HealthOK, Slots: 3})},
 		WorkerSpec{Name: "w3", Models: []string{"n"}, MaxConcurrency: 2})
 	if err := s.SetDraining("w3", true); err != nil {

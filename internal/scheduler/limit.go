@@ -56,16 +56,14 @@ import (
 // (level 1) measured among the workers of the model, so a fleet is judged
 // against its own fastest card without hand tuning.
 //
-// # First tokens before decode rates (the default)
+// # First tokens before decode rates
 //
 // Holding a request in Sluice's queue costs it its wait for a free stream;
 // admitting it costs the streams beside it some decode rate. On traffic of
 // long prompts each prefill stalls its neighbours, so a floor on decode
-// rates alone settles on one or two streams per card and makes every
-// request wait for its first token: the median waits many times longer
-// than under least-connections, to lift the slowest streams a little. So
-// by default (DecodeFirst false) the controller lowers a limit only where
-// a level is measured worse on both counts:
+// rates alone would settle on one or two streams per card and make every
+// request wait for its first token. So the controller lowers a limit only
+// where a level is measured worse on both counts:
 //
 //   - a level with fewer than MinSamples samples is assumed good: a
 //     worker with no history runs at its cap (its reported slots) from
@@ -76,12 +74,6 @@ import (
 //     token plus the wait for one of its k-1 streams to end, estimated
 //     as the worker's mean end-to-end time over k-1 (the first of k-1
 //     streams to finish, each with a memoryless remaining time).
-//
-// With DecodeFirst the controller is the one described above alone: the
-// limit starts at one stream and climbs one level at a time, and the
-// floor alone lowers it. It trades the median's first token for the
-// slowest streams' decode rate; it is kept behind limits.policy for
-// fleets whose users read decode rates rather than waits.
 //
 // # Borrowing under a backlog
 //
@@ -115,11 +107,6 @@ type LimitConfig struct {
 	// DefaultCap bounds a worker that has neither max_concurrency nor
 	// reported slots (vLLM, OpenAI-compatible servers); 64 when 0.
 	DefaultCap int
-	// DecodeFirst restores the floor-only controller: limits climb from
-	// one stream and a level under the floor lowers them whatever it
-	// costs in time to first token. See "First tokens before decode
-	// rates".
-	DecodeFirst bool
 }
 
 func (c LimitConfig) withDefaults() LimitConfig {
@@ -239,10 +226,6 @@ func (c *LimitConfig) limitOf(st *limitState, staleAfter time.Duration, capN int
 // learn walks the levels from 1 upwards and sets st.learned and why. See
 // LimitConfig.
 func (c *LimitConfig) learn(st *limitState, ws *stats.WorkerStats, now time.Time) {
-	if c.DecodeFirst {
-		c.learnDecodeFirst(st, ws, now)
-		return
-	}
 	minN := int64(c.MinSamples)
 	st.learned = st.cap
 	if st.floor <= 0 {
@@ -288,47 +271,6 @@ func heldTTFT(ws *stats.WorkerStats, k int) (ttft, held float64, known bool) {
 		return 0, 0, false
 	}
 	return at.Value, below.Value + ws.E2EMs.Value/float64(k-1), true
-}
-
-// learnDecodeFirst is the floor-only controller (LimitConfig.DecodeFirst).
-func (c *LimitConfig) learnDecodeFirst(st *limitState, ws *stats.WorkerStats, now time.Time) {
-	minN := int64(c.MinSamples)
-	if st.floor <= 0 {
-		// Nobody has been measured alone yet: start at one stream, the
-		// only level whose rate is the card's own.
-		st.n = ws.Level(1).DecodeTPS.N
-		if st.n >= minN {
-			st.learned, st.why = min(2, st.cap), whyNoFloorProbe
-			return
-		}
-		st.learned, st.why = 1, whyNoFloor
-		return
-	}
-	st.learned = 1
-	for k := 1; k <= st.cap; k++ {
-		l := ws.Level(k)
-		n := l.DecodeTPS.N
-		p := l.DecodeTPS.Value - l.StdDev()
-		st.level, st.n, st.p = k, n, p
-		switch {
-		case n < minN:
-			st.learned, st.why = k, whyProbe
-			return
-		case p >= st.floor:
-			st.learned = k
-			continue
-		case now.Sub(l.Updated) >= c.ProbeAfter:
-			st.learned, st.why, st.age = k, whyReprobe, now.Sub(l.Updated)
-			return
-		}
-		if k == 1 {
-			st.why = whySoloSlow
-		} else {
-			st.why = whyBad
-		}
-		return
-	}
-	st.learned, st.why = st.cap, whyCap
 }
 
 // limitMove is one change of a worker's learned limit: when, from what,

@@ -32,6 +32,13 @@ func levels(now time.Time, ls ...[3]float64) stats.WorkerStats {
 
 func ptr[T any](v T) *T { return &v }
 
+// learnedOne is a worker's stats whose second stream decodes under a
+// floor of 50 tok/s and delays first tokens past waiting for the first:
+// its learned limit is 1.
+func learnedOne(now time.Time) stats.WorkerStats {
+	return withTTFT(levels(now, [3]float64{80, 1, 5}, [3]float64{30, 1, 5}), 400, 200, 900)
+}
+
 // withTTFT sets each level's mean time to first token (ms) and the
 // worker's mean end-to-end time.
 func withTTFT(ws stats.WorkerStats, e2eMs float64, ttftMs ...float64) stats.WorkerStats {
@@ -74,28 +81,7 @@ func checkLimits(t *testing.T, now time.Time, lc LimitConfig, tests []limitCase)
 	}
 }
 
-// The floor-only controller (limits.policy: decode_first) climbs from one
-// stream, a level at a time, and stops under the floor.
-func TestLimit_LearnsFromLevels(t *testing.T) {
-	now := time.Unix(10000, 0)
-	old := now.Add(-2 * time.Minute)
-	stale := levels(old, [3]float64{80, 1, 9}, [3]float64{70, 2, 9}, [3]float64{40, 2, 9})
-	for k := 1; k <= 2; k++ {
-		stale.Levels = stale.Levels.With(k, func(l *stats.Level) { l.Updated = now })
-	}
-	checkLimits(t, now, LimitConfig{DecodeFirst: true}, []limitCase{
-		{"no history: one stream", nil, 1, "probing from 1"},
-		{"solo proven: probe 2", ptr(levels(now, [3]float64{80, 1, 5})), 2, "probing from 2"},
-		{"climbs one level at a time", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{60, 2, 1})), 3, "probing from 3"},
-		{"stops under the floor", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{55, 8, 5})), 2, "at 3 streams the slowest decode 47.0"},
-		{"spread counts, not only the mean", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{60, 15, 5})), 1, "at 2 streams"},
-		{"every level holds: the cap", ptr(levels(now, [3]float64{80, 1, 5}, [3]float64{75, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5})), 4, "the cap"},
-		{"a stale verdict is probed again", &stale, 3, "re-probing"},
-		{"alone under the floor: still one", ptr(levels(now, [3]float64{30, 1, 5})), 1, "alone it decodes"},
-	})
-}
-
-// By default a limit stays at the cap until a level is measured worse for
+// A limit stays at the cap until a level is measured worse for
 // both the decode rate (under the floor) and the first token (slower than
 // waiting at one stream fewer: that level's TTFT plus the worker's mean
 // end-to-end time over its streams).
@@ -121,10 +107,10 @@ func TestLimit_TTFTFirstLowersOnlyWhereBothAreWorse(t *testing.T) {
 func TestLimit_FloorFollowsTheFastestCard(t *testing.T) {
 	now := time.Unix(10000, 0)
 	fs := fakeStats{
-		"fast": levels(now, [3]float64{80, 1, 5}, [3]float64{50, 1, 5}, [3]float64{38, 1, 5}),
-		"slow": levels(now, [3]float64{45, 1, 5}, [3]float64{36, 1, 5}),
+		"fast": withTTFT(levels(now, [3]float64{80, 1, 5}, [3]float64{50, 1, 5}, [3]float64{38, 1, 5}), 400, 200, 300, 900),
+		"slow": withTTFT(levels(now, [3]float64{45, 1, 5}, [3]float64{36, 1, 5}), 400, 200, 900),
 	}
-	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, Limits: LimitConfig{DecodeFirst: true, MinSamples: 3}},
+	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, Limits: LimitConfig{MinSamples: 3}},
 		WorkerSpec{Name: "fast", Models: []string{"m"}, MaxConcurrency: 4},
 		WorkerSpec{Name: "slow", Models: []string{"m"}, MaxConcurrency: 4})
 	ws := s.Workers()
@@ -146,7 +132,7 @@ func TestLimit_SaturatedWorkerTakesNoMore(t *testing.T) {
 		{KVPressure: Reading{Value: 0.97, At: now, Source: "test"}},
 	} {
 		s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, StaleAfter: 3 * time.Second,
-			Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3}},
+			Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
 			WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(snap)})
 		if _, err := s.Admit(context.Background(), Request{Model: "m"}); err != nil {
 			t.Fatal(err)
@@ -167,9 +153,9 @@ func TestLimit_SaturatedWorkerTakesNoMore(t *testing.T) {
 func TestLimit_BorrowsWhenTheQueueWaits(t *testing.T) {
 	clk := NewManualClock(time.Unix(10000, 0))
 	now := clk.Now()
-	fs := fakeStats{"w": levels(now, [3]float64{80, 1, 5}, [3]float64{30, 1, 5})} // learned 1
+	fs := fakeStats{"w": learnedOne(now)}
 	s := newSched(t, Config{MaxQueue: 5, QueueTimeout: time.Minute, Stats: fs, Clock: clk,
-		Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
+		Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
 		WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
 	held, err := s.Admit(context.Background(), Request{Model: "m"})
 	if err != nil {
@@ -226,17 +212,17 @@ func TestLease_MeanConcurrency(t *testing.T) {
 func TestLimit_SaysWhyItLastMoved(t *testing.T) {
 	clk := NewManualClock(time.Unix(10000, 0))
 	now := clk.Now()
-	fs := fakeStats{"w": levels(now, [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5})}
-	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: clk, Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3}},
+	fs := fakeStats{"w": withTTFT(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5}), 400, 200, 300, 400)}
+	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: clk, Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
 		WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 8})
-	if got := s.Workers()[0].Learned; got != 4 {
-		t.Fatalf("learned %d, want 4 (probing past three good levels)", got)
+	if got := s.Workers()[0].Learned; got != 8 {
+		t.Fatalf("learned %d, want 8 (the cap: every level holds)", got)
 	}
 	clk.Advance(time.Minute)
-	fs["w"] = levels(clk.Now(), [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{45, 1, 5}) // level 3 slowed
+	fs["w"] = withTTFT(levels(clk.Now(), [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{45, 1, 5}), 400, 200, 300, 900) // level 3 slowed
 	m := s.Workers()[0].LimitMoved
-	if m == nil || m.From != 4 || m.To != 2 || !m.At.Equal(clk.Now()) || !strings.Contains(m.Why, "at 3 streams the slowest decode 44.0") {
-		t.Fatalf("limit_moved %+v, want from 4 to 2 now, because of level 3", m)
+	if m == nil || m.From != 8 || m.To != 2 || !m.At.Equal(clk.Now()) || !strings.Contains(m.Why, "at 3 streams the slowest decode 44.0") {
+		t.Fatalf("limit_moved %+v, want from 8 to 2 now, because of level 3", m)
 	}
 }
 
@@ -272,7 +258,7 @@ func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
 		}
 		other := WorkerSpec{Name: "other", Models: []string{"x"}, MaxConcurrency: 2} // never eligible
 		s := newSched(t, Config{MaxQueue: 10, Stats: tr, Clock: clk, Recorder: record,
-			Limits: LimitConfig{DecodeFirst: true, MinSamples: 1, BorrowAfter: time.Second}}, append(ws, other)...)
+			Limits: LimitConfig{MinSamples: 1, BorrowAfter: time.Second}}, append(ws, other)...)
 		var held []*Lease
 		for i := range 24 {
 			tk := s.Submit(Request{Model: "m", PromptTokens: 10 + i}, nil)
@@ -329,7 +315,7 @@ func (f stableStats) Stats(w string) *stats.WorkerStats { return f[w] }
 // moves past verdicts' expiry and readings' freshness, requests come,
 // wait and go, under both controllers.
 func TestLimit_KeptIsComputedAfresh(t *testing.T) {
-	for _, decodeFirst := range []bool{false, true} {
+	for _, decodeFirst := range []bool{false} {
 		rng := rand.New(rand.NewPCG(7, 8))
 		clk := NewManualClock(time.Unix(10000, 0))
 		names := []string{"a", "b", "c"}
@@ -350,7 +336,7 @@ func TestLimit_KeptIsComputedAfresh(t *testing.T) {
 			ws = append(ws, WorkerSpec{Name: n, Models: []string{"m"}, MaxConcurrency: 4, Source: srcs[n]})
 		}
 		s := newSched(t, Config{MaxQueue: 100, Stats: fs, Clock: clk, StaleAfter: 3 * time.Second,
-			Limits: LimitConfig{DecodeFirst: decodeFirst, MinSamples: 3, ProbeAfter: time.Minute, BorrowAfter: 5 * time.Second}}, ws...)
+			Limits: LimitConfig{MinSamples: 3, ProbeAfter: time.Minute, BorrowAfter: 5 * time.Second}}, ws...)
 		var held []*Lease
 		var waiting []*Ticket
 		kept := 0
@@ -408,10 +394,10 @@ func TestLimit_KeptIsComputedAfresh(t *testing.T) {
 // the next: that one is held to the learned limit again.
 func TestLimit_RaisedForAPrefixIsNotKept(t *testing.T) {
 	clk := NewManualClock(time.Unix(10000, 0))
-	solo := levels(clk.Now(), [3]float64{80, 1, 5}) // probing 2 streams: a limit that holds while nothing changes
-	fs := stableStats{"w0": &solo}
+	two := withTTFT(levels(clk.Now(), [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{30, 1, 5}), 400, 200, 300, 900) // learned 2
+	fs := stableStats{"w0": &two}
 	s := newSched(t, Config{MaxQueue: 10, Clock: clk, Stats: fs, PrefixIndex: prefix.NewIndex(prefix.Options{}),
-		Limits: LimitConfig{DecodeFirst: true, MinStreamTokS: 50, MinSamples: 3}}, workers(1, 4, "m")...)
+		Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, ProbeAfter: time.Hour}}, workers(1, 4, "m")...)
 	conv := []uint64{1, 2, 3, 4}
 	for range 2 {
 		defer admitNow(t, s, Request{Model: "m", Prefix: conv}).Release()

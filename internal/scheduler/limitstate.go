@@ -56,7 +56,7 @@ type limitKey struct {
 // whether a high queue or KV reading is fresh).
 func (st *limitState) timeless(snap *Snapshot) bool {
 	switch st.why {
-	case whyBad, whyReprobe, whySoloSlow:
+	case whyBad, whyReprobe:
 		return false
 	}
 	return snap.QueueLen.Value < 1 && snap.KVPressure.Value < 0.95
@@ -92,13 +92,8 @@ func (s limitSource) String() string {
 
 const (
 	whyFixed uint8 = iota
-	whyNoFloor
-	whyNoFloorProbe
-	whyProbe
 	whyReprobe
-	whySoloSlow
 	whyBad
-	whyCap
 	whyUnmeasured // first tokens first: no level measured worse on both counts
 )
 
@@ -114,16 +109,8 @@ func (st limitState) String() string {
 	switch st.why {
 	case whyFixed:
 		out = fmt.Sprintf("fixed at %d (%s)", st.limit, st.source)
-	case whyNoFloor:
-		out = fmt.Sprintf("1: measuring the solo rate (%d samples)", st.n)
-	case whyNoFloorProbe:
-		out = "2: no floor yet (no worker measured alone); probing 2"
-	case whyProbe:
-		out = fmt.Sprintf("%d: probing from %d streams (%d samples there so far); floor %.1f tok/s", st.learned, st.level, st.n, st.floor)
 	case whyReprobe:
 		out = fmt.Sprintf("%d: re-probing; the verdict on %d streams (p16 %.1f < floor %.1f tok/s) is %.0fs old", st.learned, st.level, st.p, st.floor, st.age.Seconds())
-	case whySoloSlow:
-		out = fmt.Sprintf("1: alone it decodes %.1f tok/s (p16), under the floor %.1f", st.p, st.floor)
 	case whyBad:
 		out = fmt.Sprintf("%d: at %d streams the slowest decode %.1f tok/s (p16), under the floor %.1f", st.learned, st.level, st.p, st.floor)
 		if st.ttftHeld > 0 {
@@ -134,8 +121,6 @@ func (st limitState) String() string {
 		if st.floor > 0 {
 			out += fmt.Sprintf(" (floor %.1f tok/s)", st.floor)
 		}
-	case whyCap:
-		out = fmt.Sprintf("%d, the cap (%s): every level holds the floor %.1f tok/s", st.learned, st.source, st.floor)
 	}
 	switch st.sat {
 	case satQueue:

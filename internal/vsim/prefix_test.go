@@ -8,8 +8,8 @@ import (
 	"github.com/sluice-router/sluice/internal/sim"
 )
 
-// Multi-turn chat at 95% of the demo fleet's capacity, with the
-// floor-only limits (limits.policy: decode_first), keeps a backlog in
+// Multi-turn chat at 95% of the demo fleet's capacity, with every worker
+// capped at three streams, keeps a backlog in
 // Sluice's queue, where affinity used to have no say: a waiting request
 // was bound to whichever worker freed first, and a worker at its learned
 // limit took nobody. With the prefix term the turns now find their cache
@@ -28,8 +28,8 @@ func TestRun_PrefixAffinityHoldsUnderABacklog(t *testing.T) {
 	}
 	run := func(prefixWeight float64) ([]bench.Result, bench.Summary) {
 		cfg := DefaultConfig(fleet)
-		// The floor-only limits keep the backlog this test is about.
-		cfg.Concurrency.DecodeFirst = true
+		// Low caps keep the backlog this test is about.
+		cfg.MaxConcurrency = 3
 		w := *cfg.Weights
 		w.Prefix = prefixWeight
 		cfg.Weights = &w
