@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/prefix"
 )
 
@@ -52,7 +53,7 @@ func TestAffinity_HolderFirstFromTheQueue(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := NewManualClock(time.Unix(10000, 0))
+			clk := clocktest.NewManualClock(time.Unix(10000, 0))
 			w := DefaultWeights()
 			w.Prefix = tt.weight
 			s := newSched(t, Config{MaxQueue: 10, Clock: clk, PrefixIndex: prefix.NewIndex(prefix.Options{}), Weights: w,
@@ -88,7 +89,7 @@ func TestAffinity_HolderFirstFromTheQueue(t *testing.T) {
 // prefix it holds, because that request has little to prefill; not two,
 // not a request it does not hold, and not while another worker has room.
 func TestAffinity_CachedPrefixRunsOneOverTheLearnedLimit(t *testing.T) {
-	clk := NewManualClock(time.Unix(10000, 0))
+	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	now := clk.Now()
 	learned1 := learnedOne(now)
 	fs := fakeStats{"w0": learned1, "w1": learned1}
@@ -130,7 +131,7 @@ func TestAffinity_CachedPrefixRunsOneOverTheLearnedLimit(t *testing.T) {
 // prompt is too long for the holder: the head's pick does not rule the
 // holder out for a shorter prompt.
 func TestAffinity_OneOverBehindAHeadTooLongForTheHolder(t *testing.T) {
-	clk := NewManualClock(time.Unix(10000, 0))
+	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	learned1 := learnedOne(clk.Now())
 	small := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 1000})
 	large := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 32768})

@@ -7,11 +7,13 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 )
 
 // countingClock is a ManualClock that counts the timers armed on it.
 type countingClock struct {
-	*ManualClock
+	*clocktest.ManualClock
 	armed atomic.Int64
 }
 
@@ -24,7 +26,7 @@ func (c *countingClock) NewTimer(d time.Duration) Timer {
 // one timer is armed and one sweep made for the model, however many wait.
 func TestAdmit_OneBorrowStepPerModel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		clk := &countingClock{ManualClock: NewManualClock(time.Unix(10000, 0))}
+		clk := &countingClock{ManualClock: clocktest.NewManualClock(time.Unix(10000, 0))}
 		s := newSched(t, Config{MaxQueue: 64, QueueTimeout: time.Minute, Clock: clk,
 			Limits: LimitConfig{MinSamples: 3, BorrowAfter: 2 * time.Second}},
 			WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 1}) // at its cap: nobody borrows
@@ -68,7 +70,7 @@ func TestAdmit_OneBorrowStepPerModel(t *testing.T) {
 // its wait, not the one that left, says when workers may borrow again.
 func TestAdmit_BorrowStepFollowsTheOldestWaiter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		clk := NewManualClock(time.Unix(10000, 0))
+		clk := clocktest.NewManualClock(time.Unix(10000, 0))
 		t0 := clk.Now()
 		at := func(d time.Duration) {
 			t.Helper()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
 )
 
@@ -186,7 +187,7 @@ func TestScheduler_RequestedClassNeverRaisesPriority(t *testing.T) {
 
 // Admit waits no longer than the request's class deadline.
 func TestScheduler_AdmitTimesOutAtClassDeadline(t *testing.T) {
-	clk := NewManualClock(time.Unix(1000, 0))
+	clk := clocktest.NewManualClock(time.Unix(1000, 0))
 	classes := []Class{{Name: "interactive", MaxQueueWait: 5 * time.Second}, {Name: "batch", Priority: 1}}
 	s := newSched(t, Config{MaxQueue: 5, QueueTimeout: time.Minute, Clock: clk, Classes: classes}, workers(1, 1, "m")...)
 	held, err := s.Admit(context.Background(), Request{Model: "m"})

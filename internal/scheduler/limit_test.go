@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/stats"
@@ -151,7 +152,7 @@ func TestLimit_SaturatedWorkerTakesNoMore(t *testing.T) {
 // A request that waits long enough lets a worker run one stream over its
 // learned limit, and nothing but the wait has to happen for it.
 func TestLimit_BorrowsWhenTheQueueWaits(t *testing.T) {
-	clk := NewManualClock(time.Unix(10000, 0))
+	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	now := clk.Now()
 	fs := fakeStats{"w": learnedOne(now)}
 	s := newSched(t, Config{MaxQueue: 5, QueueTimeout: time.Minute, Stats: fs, Clock: clk,
@@ -192,7 +193,7 @@ func TestLimit_BorrowsWhenTheQueueWaits(t *testing.T) {
 // MeanConcurrency is the time-weighted number in flight over a lease's
 // life: what its measurements are filed under.
 func TestLease_MeanConcurrency(t *testing.T) {
-	clk := NewManualClock(time.Unix(10000, 0))
+	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	s := newSched(t, Config{MaxQueue: 5, Clock: clk, Limits: LimitConfig{Fixed: true}}, WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
 	a, _ := s.Admit(context.Background(), Request{Model: "m"})
 	clk.Advance(time.Second) // alone for 1s
@@ -210,7 +211,7 @@ func TestLease_MeanConcurrency(t *testing.T) {
 
 // /api/workers says when the learned limit last moved, from what and why.
 func TestLimit_SaysWhyItLastMoved(t *testing.T) {
-	clk := NewManualClock(time.Unix(10000, 0))
+	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	now := clk.Now()
 	fs := fakeStats{"w": withTTFT(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5}), 400, 200, 300, 400)}
 	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: clk, Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
@@ -233,7 +234,7 @@ func TestLimit_SaysWhyItLastMoved(t *testing.T) {
 // every record at once and one only at the end, must agree.
 func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
 	run := func(readAtOnce bool) []string {
-		clk := NewManualClock(time.Unix(10000, 0))
+		clk := clocktest.NewManualClock(time.Unix(10000, 0))
 		tr, err := stats.NewTracker(0.5, nil, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -317,7 +318,7 @@ func (f stableStats) Stats(w string) *stats.WorkerStats { return f[w] }
 func TestLimit_KeptIsComputedAfresh(t *testing.T) {
 	for _, decodeFirst := range []bool{false} {
 		rng := rand.New(rand.NewPCG(7, 8))
-		clk := NewManualClock(time.Unix(10000, 0))
+		clk := clocktest.NewManualClock(time.Unix(10000, 0))
 		names := []string{"a", "b", "c"}
 		fs, srcs := stableStats{}, map[string]*mutableSource{}
 		stat := func() *stats.WorkerStats {
@@ -393,7 +394,7 @@ func TestLimit_KeptIsComputedAfresh(t *testing.T) {
 // A limit the affinity relaxation raised for one request is not kept for
 // the next: that one is held to the learned limit again.
 func TestLimit_RaisedForAPrefixIsNotKept(t *testing.T) {
-	clk := NewManualClock(time.Unix(10000, 0))
+	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	two := withTTFT(levels(clk.Now(), [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{30, 1, 5}), 400, 200, 300, 900) // learned 2
 	fs := stableStats{"w0": &two}
 	s := newSched(t, Config{MaxQueue: 10, Clock: clk, Stats: fs, PrefixIndex: prefix.NewIndex(prefix.Options{}),

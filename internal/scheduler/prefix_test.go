@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/prefix"
 )
@@ -137,7 +138,7 @@ func TestPrefix_BaselinesDoNotAsk(t *testing.T) {
 func reporting(reps []*CacheReport, kv int) []WorkerSpec {
 	ws := workers(len(reps), 4, "m")
 	for i := range ws {
-		ws[i].Source = StaticSource{S: &Snapshot{Health: HealthOK, CacheReport: reps[i], KVCacheTokens: kv}}
+		ws[i].Source = newSource(Snapshot{Health: HealthOK, CacheReport: reps[i], KVCacheTokens: kv})
 	}
 	return ws
 }
@@ -189,7 +190,7 @@ func TestPrefix_WorkerReport(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			clk := NewManualClock(t0)
+			clk := clocktest.NewManualClock(t0)
 			idx := prefix.NewIndex(prefix.Options{Now: clk.Now})
 			if tt.seed != "" {
 				idx.Record("m", conv, tt.seed)
@@ -213,7 +214,7 @@ func TestPrefix_WorkerReport(t *testing.T) {
 	}
 
 	// The stale case's record names the report it set aside.
-	clk := NewManualClock(t0)
+	clk := clocktest.NewManualClock(t0)
 	s := newSched(t, Config{MaxQueue: 10, PrefixIndex: prefix.NewIndex(prefix.Options{Now: clk.Now}), Clock: clk, StaleAfter: 3 * time.Second},
 		reporting(tests[2].reps, 0)...)
 	l := admitNow(t, s, Request{Model: "m", Prefix: conv})

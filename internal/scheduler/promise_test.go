@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -21,9 +22,9 @@ var cards = map[string]float64{"slowcard": 1000, "fastcard": 10000}
 // Lease.Complete on 24 requests each, one at a time, of prompts of 100 to
 // 4,000 tokens: TTFT is 20 ms plus the prompt at the card's prefill
 // speed, decode 40 tok/s.
-func promiseSched(t *testing.T, mode string, slo predict.SLO) (*Scheduler, *ManualClock) {
+func promiseSched(t *testing.T, mode string, slo predict.SLO) (*Scheduler, *clocktest.ManualClock) {
 	t.Helper()
-	clk := NewManualClock(time.Unix(10000, 0))
+	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	tr, err := stats.NewTracker(0.2, nil, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -40,9 +41,9 @@ func TestFloorChance(t *testing.T) {
 // tokens/s, its predictor and stats trained through Lease.Complete:
 // alone and in pairs every stream decodes at a steady 40 and 36 tokens/s;
 // three at once decode at level3 (one rate per stream of each round).
-func spreadSched(t *testing.T, level3 [3]float64) (*Scheduler, *ManualClock, *stats.Tracker) {
+func spreadSched(t *testing.T, level3 [3]float64) (*Scheduler, *clocktest.ManualClock, *stats.Tracker) {
 	t.Helper()
-	clk := NewManualClock(time.Unix(10000, 0))
+	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	tr, err := stats.NewTracker(0.2, nil, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
 )
 
@@ -143,7 +144,7 @@ func TestRecord_RefusalRanksWhoCouldHaveGone(t *testing.T) {
 // a worker full at the later picks shows the earlier one, and one scored
 // again shows the new one.
 func TestWorkers_LastTermsAreOfTheLatestDecisionScoringEach(t *testing.T) {
-	clk := NewManualClock(time.Unix(10000, 0))
+	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	s := newSched(t, Config{MaxQueue: 5, Clock: clk}, workers(3, 1, "m")...)
 	check := func(want map[string]time.Time) {
 		t.Helper()

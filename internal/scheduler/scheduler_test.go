@@ -13,6 +13,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -421,7 +422,7 @@ func TestScheduler_BaselinePolicies(t *testing.T) {
 
 // Admit's queue timeout runs on the injected clock, not the wall clock.
 func TestScheduler_AdmitTimesOutOnInjectedClock(t *testing.T) {
-	clk := NewManualClock(time.Unix(1000, 0))
+	clk := clocktest.NewManualClock(time.Unix(1000, 0))
 	s := newSched(t, Config{MaxQueue: 5, QueueTimeout: 30 * time.Second, Clock: clk}, workers(1, 1, "m")...)
 	held, err := s.Admit(context.Background(), Request{Model: "m"})
 	if err != nil {

@@ -89,8 +89,8 @@ func TestSessions_TableIsBounded(t *testing.T) {
 	tb.record("m", "a", "w0", 10, 0, t0)
 	tb.record("m", "b", "w1", 10, 0, t0)
 	tb.record("m", "c", "w0", 10, 0, t0) // evicts a
-	if tb.len() != 2 || tb.lookup("m", "a", t0) != nil {
-		t.Fatalf("after 3 sessions in a table of 2: %d kept, a found %v", tb.len(), tb.lookup("m", "a", t0) != nil)
+	if tb.ll.Len() != 2 || tb.lookup("m", "a", t0) != nil {
+		t.Fatalf("after 3 sessions in a table of 2: %d kept, a found %v", tb.ll.Len(), tb.lookup("m", "a", t0) != nil)
 	}
 	if e := tb.lookup("m", "b", t0.Add(30*time.Second)); e == nil || e.worker != "w1" {
 		t.Fatalf("b within its TTL: %+v", e)

@@ -119,10 +119,3 @@ type Snapshot struct {
 type Source interface {
 	Snapshot() *Snapshot
 }
-
-// StaticSource is a Source whose Snapshot never changes; used where no
-// telemetry is scraped (tests, the virtual-time simulation's defaults).
-type StaticSource struct{ S *Snapshot }
-
-// Snapshot returns the fixed snapshot.
-func (s StaticSource) Snapshot() *Snapshot { return s.S }

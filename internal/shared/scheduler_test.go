@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
@@ -219,7 +220,7 @@ func TestScheduler_RedisDownServesLocalShareThenResyncs(t *testing.T) {
 
 // levelReplica builds a scheduler over one worker w0 of the given limit
 // sharing a Redis ledger named name on srv, on clock.
-func levelReplica(t *testing.T, url, name string, limit int, clock *scheduler.ManualClock) (*Ledger, *scheduler.Scheduler) {
+func levelReplica(t *testing.T, url, name string, limit int, clock *clocktest.ManualClock) (*Ledger, *scheduler.Scheduler) {
 	t.Helper()
 	l := newLedger(t, url, name, ledgerOpts{})
 	s, err := scheduler.New(scheduler.Config{
@@ -240,7 +241,7 @@ func levelReplica(t *testing.T, url, name string, limit int, clock *scheduler.Ma
 // it at this replica's picks. The record shows the count it scored.
 func TestScheduler_ConcurrencyLevelCountsOtherReplicas(t *testing.T) {
 	srv := startRedis(t)
-	clock := scheduler.NewManualClock(time.Unix(1_700_000_000, 0))
+	clock := clocktest.NewManualClock(time.Unix(1_700_000_000, 0))
 	_, a := levelReplica(t, srv.URL(0), "a", 4, clock)
 	_, b := levelReplica(t, srv.URL(0), "b", 4, clock)
 	req := scheduler.Request{Model: "m"}
@@ -277,7 +278,7 @@ func TestScheduler_ConcurrencyLevelCountsOtherReplicas(t *testing.T) {
 // own count, the only one it knows.
 func TestScheduler_ConcurrencyLevelFromFullAndDegraded(t *testing.T) {
 	srv := startRedis(t)
-	clock := scheduler.NewManualClock(time.Unix(1_700_000_000, 0))
+	clock := clocktest.NewManualClock(time.Unix(1_700_000_000, 0))
 	_, a := levelReplica(t, srv.URL(0), "a", 3, clock)
 	lb, b := levelReplica(t, srv.URL(0), "b", 3, clock)
 	req := scheduler.Request{Model: "m"}
@@ -313,7 +314,7 @@ func TestScheduler_ConcurrencyLevelFromFullAndDegraded(t *testing.T) {
 // the wake-up round trip (this replica gets none: no Run).
 func TestScheduler_ReleaseHandsTheSlotToItsOwnQueue(t *testing.T) {
 	srv := startRedis(t)
-	clock := scheduler.NewManualClock(time.Unix(1_700_000_000, 0))
+	clock := clocktest.NewManualClock(time.Unix(1_700_000_000, 0))
 	_, s := levelReplica(t, srv.URL(0), "a", 1, clock)
 	req := scheduler.Request{Model: "m"}
 	first := bound(t, s.Submit(req, nil))
@@ -337,7 +338,7 @@ func TestScheduler_ReleaseHandsTheSlotToItsOwnQueue(t *testing.T) {
 // a score.
 func TestScheduler_RefusalRecordChoosesNobody(t *testing.T) {
 	srv := startRedis(t)
-	clock := scheduler.NewManualClock(time.Unix(1_700_000_000, 0))
+	clock := clocktest.NewManualClock(time.Unix(1_700_000_000, 0))
 	_, a := levelReplica(t, srv.URL(0), "a", 1, clock)
 	var got *decisions.Record
 	l := newLedger(t, srv.URL(0), "b", ledgerOpts{})
