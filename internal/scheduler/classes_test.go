@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/stats"
 )
 
 func TestScheduler_PriorityClassesWithAgingBound(t *testing.T) {
@@ -76,8 +77,7 @@ func TestScheduler_RecordsClassTenantAndEstimate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.Observe(80)
-	l.Release()
+	l.Complete(stats.Observation{OutputTokens: 80}, nil, time.Time{})
 	l2, _ := s.Submit(Request{Model: "m", PromptTokens: 50}, nil).Result()
 	l2.Release()
 	l3, _ := s.Submit(Request{Model: "m", PromptTokens: 50, MaxTokens: 10}, nil).Result()

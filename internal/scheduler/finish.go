@@ -69,40 +69,5 @@ func (l *Lease) complete(o stats.Observation, obs Observer, now time.Time) (stat
 	if !l.released.CompareAndSwap(false, true) {
 		return o, nil
 	}
-	return o, s.finishLocked(l, o.OutputTokens, s.clock.Now())
-}
-
-// Finish is Observe(outputTokens) followed by Release, under one
-// acquisition of the scheduler's lock instead of two: it teaches the
-// output estimate and the drain rate the tokens the answer produced, gives
-// the slot back and places the next queued request. outputTokens of 0 or
-// less means the count is unknown (an answer without usage), and teaches
-// nothing. Like Release, it has an effect only the first time the lease
-// is ended: a Release after it does nothing, nor does a Finish after a
-// Release.
-func (l *Lease) Finish(outputTokens int) {
-	if !l.released.CompareAndSwap(false, true) {
-		return
-	}
-	s := l.s
-	s.finish(s.finishLease(l, outputTokens, s.clock.Now()))
-}
-
-// finishLease is finishLocked under s.mu.
-func (s *Scheduler) finishLease(l *Lease, outputTokens int, now time.Time) []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.finishLocked(l, outputTokens, now)
-}
-
-// finishLocked is Finish under s.mu, for a lease whose release the
-// caller has won.
-func (s *Scheduler) finishLocked(l *Lease, outputTokens int, now time.Time) []*Ticket {
-	if outputTokens > 0 {
-		s.est.observe(&l.req, outputTokens)
-		l.out = outputTokens
-	}
-	done := s.releaseLocked(l, now)
-	s.notifyLocked()
-	return done
+	return o, s.endLocked(l, o.OutputTokens, s.clock.Now())
 }

@@ -64,28 +64,20 @@ func backlogRun(t *testing.T, end func(*Lease)) finishTrace {
 	return tr
 }
 
-func TestLease_FinishLearnsAsObserveThenRelease(t *testing.T) {
+// Complete teaches the output estimate the tokens an answer produced; a
+// count of 0 or less is an answer without usage and teaches nothing.
+func TestLease_CompleteTeachesTheOutputEstimate(t *testing.T) {
 	for _, tt := range []struct {
-		name   string
-		tokens int
-		// old is the two calls Finish replaces.
-		old func(l *Lease, tokens int)
-		// expected is the estimate the last decision shows.
-		expected int
+		name             string
+		tokens, expected int
 	}{
-		{"tokens counted", 80, func(l *Lease, n int) { l.Observe(n); l.Release() }, 80},
-		{"one token", 1, func(l *Lease, n int) { l.Observe(n); l.Release() }, 1},
-		// The proxy called Observe only for a positive count: 0 is an
-		// answer without usage, not an empty answer.
-		{"count unknown", 0, func(l *Lease, _ int) { l.Release() }, 200},
-		{"negative", -3, func(l *Lease, n int) { l.Observe(n); l.Release() }, 200},
+		{"tokens counted", 80, 80},
+		{"one token", 1, 1},
+		{"count unknown", 0, 200},
+		{"negative", -3, 200},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			want := backlogRun(t, func(l *Lease) { tt.old(l, tt.tokens) })
-			got := backlogRun(t, func(l *Lease) { l.Finish(tt.tokens) })
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Fatalf("Finish learnt otherwise than Observe+Release (-old +Finish):\n%s", diff)
-			}
+			got := backlogRun(t, func(l *Lease) { l.Complete(stats.Observation{OutputTokens: tt.tokens}, nil, time.Time{}) })
 			if n := len(got.Expected); n == 0 || got.Expected[n-1] != tt.expected {
 				t.Fatalf("expected outputs %v, want the last %d", got.Expected, tt.expected)
 			}
@@ -93,7 +85,9 @@ func TestLease_FinishLearnsAsObserveThenRelease(t *testing.T) {
 	}
 }
 
-func TestLease_FinishReleasesOnce(t *testing.T) {
+// A lease ends once: a Release or Complete after it ended gives nothing
+// back and teaches nothing.
+func TestLease_EndsOnce(t *testing.T) {
 	var mu sync.Mutex
 	var recs []*decisions.Record
 	s := newSched(t, Config{MaxQueue: 5, DefaultOutputTokens: 200, Recorder: func(r *decisions.Record) {
@@ -101,11 +95,12 @@ func TestLease_FinishReleasesOnce(t *testing.T) {
 		recs = append(recs, r)
 		mu.Unlock()
 	}}, workers(1, 1, "m")...)
+	answered := func(n int) stats.Observation { return stats.Observation{OutputTokens: n} }
 	a := admitNow(t, s, Request{Model: "m"})
-	a.Finish(10)
-	b := admitNow(t, s, Request{Model: "m"}) // a's slot is free
-	a.Release()                              // no effect: a ended
-	a.Finish(10)                             // nor this
+	a.Complete(answered(10), nil, time.Time{})
+	b := admitNow(t, s, Request{Model: "m"})   // a's slot is free
+	a.Release()                                // no effect: a ended
+	a.Complete(answered(10), nil, time.Time{}) // nor this
 	c := s.Submit(Request{Model: "m"}, nil)
 	if c.Done() {
 		l, err := c.Result()
@@ -117,13 +112,13 @@ func TestLease_FinishReleasesOnce(t *testing.T) {
 		t.Fatalf("queued request not placed when b ended: %v", err)
 	}
 	lc.Release()
-	lc.Finish(999) // after Release it must teach nothing
+	lc.Complete(answered(999), nil, time.Time{}) // after Release it must teach nothing
 	admitNow(t, s, Request{Model: "m"}).Release()
 	mu.Lock()
 	defer mu.Unlock()
 	last := recs[len(recs)-1]
 	if got, want := last.ExpectedOutputTokens, 10; got != want {
-		t.Fatalf("expected output %d after Finish(10) and Finish(999) of a released lease, want %d", got, want)
+		t.Fatalf("expected output %d after Complete with 10 and 999 tokens of a released lease, want %d", got, want)
 	}
 }
 
@@ -173,17 +168,16 @@ func TestLease_CompleteObservesBeforeRelease(t *testing.T) {
 	}
 }
 
-// BenchmarkLease_End measures ending a lease of an answered request, with
-// Observe and Release (two acquisitions of the scheduler's lock) and with
-// Finish (one). The leases are made in batches off the clock, so only
-// their ends are timed.
+// BenchmarkLease_End measures ending a lease, with Release and with
+// Complete. The leases are made in batches off the clock, so only their
+// ends are timed.
 func BenchmarkLease_End(b *testing.B) {
 	for _, bm := range []struct {
 		name string
 		end  func(*Lease)
 	}{
-		{"Observe+Release", func(l *Lease) { l.Observe(100); l.Release() }},
-		{"Finish", func(l *Lease) { l.Finish(100) }},
+		{"Release", func(l *Lease) { l.Release() }},
+		{"Complete", func(l *Lease) { l.Complete(stats.Observation{OutputTokens: 100}, nil, time.Time{}) }},
 	} {
 		b.Run(bm.name, func(b *testing.B) {
 			s := newSched(b, Config{MaxQueue: 10}, workers(8, 1<<20, "m")...)

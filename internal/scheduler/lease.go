@@ -50,7 +50,8 @@ func (t *Ticket) Wait() <-chan struct{} { return t.done }
 // Result returns the lease or the refusal; valid once Done.
 func (t *Ticket) Result() (*Lease, error) { return t.lease, t.err }
 
-// Lease is a reservation of one slot on a worker. Release gives it back.
+// Lease is a reservation of one slot on a worker. Release gives it back;
+// Complete, for an answer relayed in full, files its measurements first.
 type Lease struct {
 	s        *Scheduler
 	w        *worker
@@ -58,7 +59,6 @@ type Lease struct {
 	model    string
 	shared   string // the Ledger's lease, "" without one
 	req      Request
-	out      int // output tokens observed; -1 until Observe
 	released atomic.Bool
 
 	// Worker is the chosen worker's name.
@@ -84,28 +84,31 @@ type Lease struct {
 }
 
 // Release gives the slot back and places the next queued request. Calling
-// it more than once has no further effect.
+// it more than once, or after Complete, has no further effect.
 func (l *Lease) Release() {
 	if !l.released.CompareAndSwap(false, true) {
 		return
 	}
 	s := l.s
-	s.finish(s.release(l, s.clock.Now()))
+	s.finish(s.end(l, 0))
 }
 
-// release is releaseLocked under s.mu, and wakes whoever waits on Changed.
-func (s *Scheduler) release(l *Lease, now time.Time) []*Ticket {
+// end is endLocked under s.mu.
+func (s *Scheduler) end(l *Lease, outputTokens int) []*Ticket {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	done := s.releaseLocked(l, now)
-	s.notifyLocked()
-	return done
+	return s.endLocked(l, outputTokens, s.clock.Now())
 }
 
-// releaseLocked gives l's slot back and places the queued requests that
-// can now go, returning the tickets that ended for s.finish. The caller
-// has won l.released and holds s.mu.
-func (s *Scheduler) releaseLocked(l *Lease, now time.Time) []*Ticket {
+// endLocked gives l's slot back and places the queued requests that can
+// now go, returning the tickets that ended for s.finish. outputTokens,
+// when positive, is what the answer produced: the output estimate learns
+// it and the drain rate counts it. The caller has won l.released and
+// holds s.mu.
+func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Ticket {
+	if outputTokens > 0 {
+		s.est.observe(&l.req, outputTokens)
+	}
 	// The shared slot first: the dispatch below asks the ledger, which
 	// must already count it free, or this replica's own queue could not
 	// take the slot it just freed and would wait for the wake-up. The
@@ -120,8 +123,10 @@ func (s *Scheduler) releaseLocked(l *Lease, now time.Time) []*Ticket {
 		l.w.cost = 0 // no float drift on an idle worker
 	}
 	s.retireLocked(l.w)
-	s.drainedLocked(l, now)
-	return s.dispatchLocked()
+	s.drainedLocked(l, outputTokens, now)
+	done := s.dispatchLocked()
+	s.notifyLocked()
+	return done
 }
 
 // expectedCost estimates the tokens a request will keep a worker busy
@@ -153,24 +158,10 @@ func (s *Scheduler) expectedCost(w *worker, req Request) float64 {
 // simulation compares it with what the worker found.
 func (l *Lease) ExpectedCachedTokens() int { return l.found.CachedTokens }
 
-// Observe records that the lease's request produced outputTokens tokens;
-// call it before Release for an answer that completed. The scheduler
-// learns output lengths from it (see Config.DefaultOutputTokens) and
-// measures its drain rate in the tokens actually produced.
-func (l *Lease) Observe(outputTokens int) {
-	if outputTokens < 0 || l.released.Load() {
-		return
-	}
-	s := l.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.est.observe(&l.req, outputTokens)
-	l.out = outputTokens
-}
-
 // drainedLocked accounts a released lease in its model's drain rate, if
-// requests of the model are waiting.
-func (s *Scheduler) drainedLocked(l *Lease, now time.Time) {
+// requests of the model are waiting: the tokens it produced when known
+// (out > 0), else what it was expected to cost.
+func (s *Scheduler) drainedLocked(l *Lease, out int, now time.Time) {
 	q := s.queues[l.model]
 	if q == nil {
 		return // no backlog: an idle spell says nothing about the drain rate
@@ -181,8 +172,8 @@ func (s *Scheduler) drainedLocked(l *Lease, now time.Time) {
 		s.rates[l.model] = d
 	}
 	work := l.cost
-	if l.out >= 0 {
-		work = float64(l.req.PromptTokens + l.out)
+	if out > 0 {
+		work = float64(l.req.PromptTokens + out)
 	}
 	d.drained(work, q.since, now)
 }
@@ -205,7 +196,7 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 		rec.QueueDepth = t.depth
 	}
 	s.recordPrefixLocked(t.req, w)
-	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, out: -1, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
+	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
 		Limit: c.limit, bound: now, busyAtBind: w.busy.integral, Prediction: c.pred, found: c.found}
 	if state := s.bindAdapterLocked(t.lease); state != "" && rec != nil && rec.Adapter != nil {
 		rec.Adapter.State = state

@@ -273,8 +273,7 @@ func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
 			clk.Advance(700 * time.Millisecond)
 			if i%3 == 2 {
 				for _, l := range held {
-					l.Observe(40)
-					l.Release()
+					l.Complete(stats.Observation{OutputTokens: 40}, nil, clk.Now())
 				}
 				held = nil
 			}
