@@ -125,9 +125,7 @@ func (s *Scheduler) adapterOfLocked(model string) *adapterPick {
 		return nil
 	}
 	if spec, ok := s.adapters[model]; ok {
-		ap := &s.pk.adapterBuf
-		*ap = adapterPick{spec: spec, configured: true, max: s.adapterMax(), onDemand: s.cfg.Adapters.LoadOnDemand && s.cfg.Adapters.Loader != nil}
-		return ap
+		return &adapterPick{spec: spec, configured: true, max: s.adapterMax(), onDemand: s.cfg.Adapters.LoadOnDemand && s.cfg.Adapters.Loader != nil}
 	}
 	return nil
 }

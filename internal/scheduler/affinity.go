@@ -139,25 +139,20 @@ func (q *queue) behind(buf []*Ticket, head *Ticket, bound time.Duration) []*Tick
 	})
 	slices.SortFunc(buf, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
 	if len(buf) > affinityScan {
-		clear(buf[affinityScan:]) // the buffer is kept: it must not keep tickets
 		buf = buf[:affinityScan]
 	}
 	return buf
 }
 
-// affinityOvertakeLocked applies the holder-first rule to q's head, which
-// would be bound to w (nil: to nobody). It returns the request to bind
+// affinityOvertakeLocked applies the holder-first rule to q's head, whose
+// pick chose headPick.w (nil: nobody). It returns the request to bind
 // instead, its worker and record, or nil to bind the head as planned.
-func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, now time.Time) (*Ticket, choice) {
+func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choice, now time.Time) (*Ticket, choice) {
 	if !s.affinityOn() {
 		return nil, choice{}
 	}
-	// The head's pick, the latest, is still in s.pk: the workers it found
-	// full are read from there before any other pick is made.
-	headViews := s.pk.views
-	waiting := q.behind(s.behindBuf[:0], head, s.order.overtake)
-	s.behindBuf = waiting[:0]
-	defer clear(waiting)
+	w, headViews := headPick.w, headPick.views
+	waiting := q.behind(nil, head, s.order.overtake)
 	if len(waiting) == 0 {
 		return nil, choice{}
 	}
@@ -185,14 +180,12 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, w *worker, no
 	// at their learned limit can be that holder (or too short for the
 	// head's prompt but at their learned limit: a shorter one may fit): a
 	// cheap test before a pick, within a budget of lookups.
-	room := s.affBuf[:0]
+	var room []*worker
 	for i := range headViews {
 		if v := &headViews[i]; (v.why == whyFull || v.why == whyContext) && atLearnedLimit(v) {
 			room = append(room, v.w)
 		}
 	}
-	s.affBuf = room[:0]
-	defer clear(room)
 	budget := affinityMatchBudget
 	for _, t := range waiting {
 		if !s.affine(&t.req) {

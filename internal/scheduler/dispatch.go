@@ -126,7 +126,7 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 		c := s.pickQueuedLocked(t, now)
 		// A request behind the head may go first where its prefix is
 		// cached, within the aging bound (see affinity.go).
-		if u, uc := s.affinityOvertakeLocked(q, t, c.w, now); u != nil {
+		if u, uc := s.affinityOvertakeLocked(q, t, c, now); u != nil {
 			return u, uc
 		}
 		if c.w != nil || c.refuse {

@@ -16,7 +16,7 @@ import "fmt"
 // rule, in rulesWhy).
 type filter interface {
 	keep(p *pick, in []int32, why uint8) []int32
-	explain(pr *pickRecord, sl *slot, ref *slotRefs) string
+	explain(pr *pickRecord, sl *slot) string
 }
 
 // A rule is a filter whose verdict on a view depends on the view and the
@@ -136,8 +136,8 @@ type drainingFilter struct{}
 func (f drainingFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	return keepRule(p, in, why, f)
 }
-func (drainingFilter) passes(_ *pick, v *view) bool                 { return !v.w.draining }
-func (drainingFilter) explain(*pickRecord, *slot, *slotRefs) string { return "draining" }
+func (drainingFilter) passes(_ *pick, v *view) bool      { return !v.w.draining }
+func (drainingFilter) explain(*pickRecord, *slot) string { return "draining" }
 
 // healthFilter keeps out a worker the fleet judged down (failed probes or
 // requests in a row); a worker not yet probed is eligible.
@@ -147,8 +147,8 @@ func (f healthFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	return keepRule(p, in, why, f)
 }
 func (healthFilter) passes(_ *pick, v *view) bool { return v.snap.Health != HealthDown }
-func (healthFilter) explain(_ *pickRecord, _ *slot, ref *slotRefs) string {
-	return "unhealthy: " + ref.snap.HealthReason
+func (healthFilter) explain(_ *pickRecord, sl *slot) string {
+	return "unhealthy: " + sl.snap.HealthReason
 }
 
 // modelFilter keeps the workers that serve the requested model: loaded
@@ -159,7 +159,7 @@ func (f modelFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	return keepRule(p, in, why, f)
 }
 func (modelFilter) passes(_ *pick, v *view) bool { return v.serving }
-func (modelFilter) explain(pr *pickRecord, _ *slot, _ *slotRefs) string {
+func (modelFilter) explain(pr *pickRecord, _ *slot) string {
 	return fmt.Sprintf("does not serve model %q", pr.req.Model)
 }
 
@@ -170,7 +170,7 @@ func (f excludedFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	return keepRule(p, in, why, f)
 }
 func (excludedFilter) passes(p *pick, v *view) bool { return !excluded(&p.req, v.w) }
-func (excludedFilter) explain(*pickRecord, *slot, *slotRefs) string {
+func (excludedFilter) explain(*pickRecord, *slot) string {
 	return "already failed this request"
 }
 
@@ -183,8 +183,8 @@ func (f contextFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	return keepRule(p, in, why, f)
 }
 func (contextFilter) passes(p *pick, v *view) bool { return !tooLong(v.snap, &p.req) }
-func (contextFilter) explain(pr *pickRecord, _ *slot, ref *slotRefs) string {
-	return fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, ref.snap.ContextTokens)
+func (contextFilter) explain(pr *pickRecord, sl *slot) string {
+	return fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, sl.snap.ContextTokens)
 }
 
 // limitFilter keeps a worker only while Sluice runs fewer requests there
@@ -199,6 +199,6 @@ func (f limitFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	return keepRule(p, in, why, f)
 }
 func (limitFilter) passes(p *pick, v *view) bool { return p.baseline || v.w.active < v.lim.limit }
-func (limitFilter) explain(_ *pickRecord, sl *slot, _ *slotRefs) string {
+func (limitFilter) explain(_ *pickRecord, sl *slot) string {
 	return fmt.Sprintf("at max_concurrency (%d/%d)", sl.active, sl.limit)
 }

@@ -28,7 +28,7 @@ func (adapterFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	return keepIf(p, in, why, func(v *view) bool { return v.loadable })
 }
 
-func (adapterFilter) explain(pr *pickRecord, sl *slot, _ *slotRefs) string {
+func (adapterFilter) explain(pr *pickRecord, sl *slot) string {
 	a := pr.adapter // set: a view is dropped by this rule only when the request names an adapter
 	switch {
 	case sl.loadable:

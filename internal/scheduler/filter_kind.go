@@ -19,7 +19,7 @@ func (f kindFilter) keep(p *pick, in []int32, why uint8) []int32 {
 }
 func (kindFilter) passes(p *pick, v *view) bool { return kindAllowed(&p.req, v.w) }
 
-func (kindFilter) explain(pr *pickRecord, _ *slot, _ *slotRefs) string {
+func (kindFilter) explain(pr *pickRecord, _ *slot) string {
 	return fmt.Sprintf("its kind cannot serve this request (wants %s)", strings.Join(pr.req.Kinds, " or "))
 }
 

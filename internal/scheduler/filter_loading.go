@@ -22,8 +22,8 @@ func (f loadingFilter) keep(p *pick, in []int32, why uint8) []int32 {
 }
 func (loadingFilter) passes(p *pick, v *view) bool { return !loading(v.snap, p.req.Model) }
 
-func (loadingFilter) explain(pr *pickRecord, _ *slot, ref *slotRefs) string {
-	if ref.snap.Health == HealthLoading {
+func (loadingFilter) explain(pr *pickRecord, sl *slot) string {
+	if sl.snap.Health == HealthLoading {
 		return "loading model"
 	}
 	return fmt.Sprintf("loading model %q", pr.req.Model)

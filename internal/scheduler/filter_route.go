@@ -21,7 +21,7 @@ func (f routeFilter) keep(p *pick, in []int32, why uint8) []int32 {
 }
 func (routeFilter) passes(p *pick, v *view) bool { return v.w.servesRoute(p.req.Route) }
 
-func (routeFilter) explain(pr *pickRecord, _ *slot, _ *slotRefs) string {
+func (routeFilter) explain(pr *pickRecord, _ *slot) string {
 	return fmt.Sprintf("its engine does not serve %s", pr.req.Route)
 }
 

@@ -143,8 +143,8 @@ func (kvFitFilter) keep(p *pick, in []int32, why uint8) []int32 {
 
 // explain puts the estimate in words from the job cost the rule read,
 // which the record's slot keeps.
-func (kvFitFilter) explain(pr *pickRecord, sl *slot, ref *slotRefs) string {
-	room := kvRoomOf(ref.snap, sl.jobCost, int(sl.active), pr.env.Now, pr.env.StaleAfter)
+func (kvFitFilter) explain(pr *pickRecord, sl *slot) string {
+	room := kvRoomOf(sl.snap, sl.jobCost, int(sl.active), pr.env.Now, pr.env.StaleAfter)
 	return room.why(pr.req.PromptTokens)
 }
 
@@ -169,9 +169,7 @@ func (s *Scheduler) passHeadLocked(q *queue, head *Ticket, now time.Time, why st
 	if s.cfg.Ledger != nil {
 		return nil, choice{}
 	}
-	waiting := q.behind(s.behindBuf[:0], head, s.order.overtake)
-	s.behindBuf = waiting[:0]
-	defer clear(waiting)
+	waiting := q.behind(nil, head, s.order.overtake)
 	for _, t := range waiting {
 		if c := s.pickQueuedLocked(t, now); c.w != nil {
 			if rec := c.rec; rec != nil {

@@ -104,10 +104,10 @@ func (s *Scheduler) activeWeight() float64 {
 // local choice when a Ledger is set and the pick will be bound: the
 // totals without the active term go to the ledger, outside the lock
 // (startReserveLocked, reserver.go); the local choice is held until it
-// answers. The totals are the picker's, in s.scratch.
+// answers. The totals are the picker's, in p.total.
 func (s *Scheduler) pendingSharedLocked(p *pick, pr *pickRecord) {
 	aw := s.activeWeight()
-	cands, tot := p.cands, s.scratch.total[:len(p.cands)]
+	cands, tot := p.cands, p.total
 	res := &reservation{pr: pr, aw: aw,
 		sc:      make([]SharedCandidate, len(cands)),
 		elig:    make([]*worker, len(cands)),

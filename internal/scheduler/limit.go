@@ -189,38 +189,46 @@ func bestSolo(best float64, ws *stats.WorkerStats) float64 {
 // floor, given how long that model's oldest queued request has waited; ws
 // is w's stats.
 func (s *Scheduler) limitLocked(w *worker, snap *Snapshot, ws *stats.WorkerStats, floor float64, waited time.Duration, now time.Time) limitState {
-	var st limitState
-	s.limitInto(&st, w, snap, ws, floor, waited, now)
-	return st
+	capN, src := s.capOf(w, snap)
+	return s.limits.limitOf(limitInput{cap: capN, source: src, active: w.active, ws: ws, snap: snap,
+		floor: floor, waited: waited, now: now, staleAfter: s.cfg.StaleAfter})
 }
 
-// limitInto is limitLocked writing into st, for the pick's loop.
-func (s *Scheduler) limitInto(st *limitState, w *worker, snap *Snapshot, ws *stats.WorkerStats, floor float64, waited time.Duration, now time.Time) {
-	capN, src := s.capOf(w, snap)
-	s.limits.limitOf(st, s.cfg.StaleAfter, capN, src, w.active, ws, snap, floor, waited, now)
+// limitInput is what a limit is computed from: the worker's cap and its
+// source, its in-flight count, stats and telemetry (both immutable
+// values), the model's floor and its queue's wait, the time and how old a
+// reading may be.
+type limitInput struct {
+	cap        int
+	source     limitSource
+	active     int
+	ws         *stats.WorkerStats
+	snap       *Snapshot
+	floor      float64
+	waited     time.Duration
+	now        time.Time
+	staleAfter time.Duration
 }
 
 // limitOf computes a limit from its inputs alone, so that a decision
-// record can redo it from the values it kept when it is read: the cap and
-// its source, the worker's in-flight count, stats and telemetry (both
-// immutable values), the floor and the queue wait.
-func (c *LimitConfig) limitOf(st *limitState, staleAfter time.Duration, capN int, src limitSource, active int, ws *stats.WorkerStats, snap *Snapshot, floor float64, waited time.Duration, now time.Time) {
+// record can redo it from the values it kept when it is read.
+func (c *LimitConfig) limitOf(in limitInput) limitState {
 	if c.Fixed {
-		*st = limitState{limit: capN, learned: capN, cap: capN, source: src, why: whyFixed}
-		return
+		return limitState{limit: in.cap, learned: in.cap, cap: in.cap, source: in.source, why: whyFixed}
 	}
-	*st = limitState{cap: capN, source: srcLearned, floor: floor}
-	c.learn(st, ws, now)
+	st := limitState{cap: in.cap, source: srcLearned, floor: in.floor}
+	c.learn(&st, in.ws, in.now)
 	st.limit = st.learned
-	if kind, v := saturated(snap, now, staleAfter); kind != satNone && active < st.limit {
+	if kind, v := saturated(in.snap, in.now, in.staleAfter); kind != satNone && in.active < st.limit {
 		st.sat, st.satVal = kind, v
-		st.limit = max(active, 1)
+		st.limit = max(in.active, 1)
 	}
-	if waited >= c.BorrowAfter && st.limit < capN {
-		n := min(st.limit+int(waited/c.BorrowAfter), capN)
-		st.borrow, st.waited = n-st.limit, waited
+	if in.waited >= c.BorrowAfter && st.limit < in.cap {
+		n := min(st.limit+int(in.waited/c.BorrowAfter), in.cap)
+		st.borrow, st.waited = n-st.limit, in.waited
 		st.limit = n
 	}
+	return st
 }
 
 // learn walks the levels from 1 upwards and sets st.learned and why. See

@@ -3,8 +3,6 @@ package scheduler
 import (
 	"context"
 	"encoding/json"
-	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -309,86 +307,6 @@ func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
 type stableStats map[string]*stats.WorkerStats
 
 func (f stableStats) Stats(w string) *stats.WorkerStats { return f[w] }
-
-// A limit kept from an earlier pick (limitsLocked) is the one computed
-// afresh: while workers' telemetry and stats stay and change, the time
-// moves past verdicts' expiry and readings' freshness, requests come,
-// wait and go, under both controllers.
-func TestLimit_KeptIsComputedAfresh(t *testing.T) {
-	for _, decodeFirst := range []bool{false} {
-		rng := rand.New(rand.NewPCG(7, 8))
-		clk := clocktest.NewManualClock(time.Unix(10000, 0))
-		names := []string{"a", "b", "c"}
-		fs, srcs := stableStats{}, map[string]*mutableSource{}
-		stat := func() *stats.WorkerStats {
-			now := clk.Now().Add(-time.Duration(rng.IntN(70)) * time.Second)
-			ws := withTTFT(levels(now, [3]float64{80, 1, 5}, [3]float64{float64(20 + rng.IntN(60)), 1, 5}, [3]float64{float64(30 + rng.IntN(50)), 4, float64(rng.IntN(6))}),
-				300, 100, float64(100+rng.IntN(400)), float64(100+rng.IntN(400)))
-			return &ws
-		}
-		snap := func() Snapshot {
-			at := clk.Now().Add(-time.Duration(rng.IntN(6)) * time.Second)
-			return Snapshot{Health: HealthOK, QueueLen: Reading{Value: float64(rng.IntN(3)) * 0.7, At: at, Source: "t"}, KVPressure: Reading{Value: []float64{0.2, 0.3, 0.5, 0.96}[rng.IntN(4)], At: at, Source: "t"}}
-		}
-		var ws []WorkerSpec
-		for _, n := range names {
-			fs[n], srcs[n] = stat(), newSource(snap())
-			ws = append(ws, WorkerSpec{Name: n, Models: []string{"m"}, MaxConcurrency: 4, Source: srcs[n]})
-		}
-		s := newSched(t, Config{MaxQueue: 100, Stats: fs, Clock: clk, StaleAfter: 3 * time.Second,
-			Limits: LimitConfig{MinSamples: 3, ProbeAfter: time.Minute, BorrowAfter: 5 * time.Second}}, ws...)
-		var held []*Lease
-		var waiting []*Ticket
-		kept := 0
-		for iter := range 2000 {
-			// Stats change seldom, so that verdicts on bad levels grow
-			// old while kept; most requests end before the next comes,
-			// so that the queue's wait seldom changes the inputs.
-			switch rng.IntN(20) {
-			case 0:
-				n := names[rng.IntN(len(names))]
-				fs[n] = stat()
-			case 1, 2, 3:
-				srcs[names[rng.IntN(len(names))]].Set(snap())
-			}
-			clk.Advance(time.Duration(rng.IntN(4000)) * time.Millisecond)
-			held = slices.DeleteFunc(held, func(l *Lease) bool {
-				if rng.IntN(2) == 0 {
-					l.Release()
-					return true
-				}
-				return false
-			})
-			waiting = append(waiting, s.Submit(Request{Model: "m"}, nil))
-			waiting = slices.DeleteFunc(waiting, func(tk *Ticket) bool {
-				if !tk.Done() {
-					return false
-				}
-				if l, err := tk.Result(); err == nil {
-					held = append(held, l)
-				}
-				return true
-			})
-			s.mu.Lock()
-			p := &s.pk
-			for i := range p.views {
-				v := &p.views[i]
-				if v.limFor != (limitKey{}) {
-					kept++
-				}
-				want := s.limitLocked(v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
-				if diff := cmp.Diff(want, v.lim, cmp.AllowUnexported(limitState{})); diff != "" {
-					s.mu.Unlock()
-					t.Fatalf("decode first %v, pick %d, %s: limit (-afresh +kept):\n%s", decodeFirst, iter, v.w.spec.Name, diff)
-				}
-			}
-			s.mu.Unlock()
-		}
-		if kept == 0 {
-			t.Fatalf("decode first %v: no limit was ever kept", decodeFirst)
-		}
-	}
-}
 
 // A limit the affinity relaxation raised for one request is not kept for
 // the next: that one is held to the learned limit again.

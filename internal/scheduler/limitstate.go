@@ -5,8 +5,6 @@ package scheduler
 import (
 	"fmt"
 	"time"
-
-	"github.com/sluice-router/sluice/internal/stats"
 )
 
 // limitState is a worker's limit at one moment, with the facts behind it;
@@ -31,35 +29,6 @@ type limitState struct {
 	borrow   int           // streams borrowed over the learned limit
 	waited   time.Duration // the queue wait that allowed borrowing
 	prefix   float64       // >0: one stream over the learned limit for a request this much of whose prefix is cached (affinity.go)
-}
-
-// limitKey is what a worker's limitState is computed from at a pick
-// besides the scheduler's configuration, the time and the worker's
-// in-flight count (limitInto): the worker, its telemetry and stats
-// (immutable values), its max_concurrency (a reload may change it), the
-// model's floor and its queue's wait. The in-flight count is read only
-// when a reading caps the limit, and such a state is never kept
-// (timeless).
-type limitKey struct {
-	w              *worker
-	snap           *Snapshot
-	st             *stats.WorkerStats
-	maxConcurrency int
-	floor          float64
-	waited         time.Duration
-}
-
-// timeless reports whether st, computed from snap at one time, is what
-// limitOf computes from the same inputs at any other: the controller's
-// verdict looked at no level's age (a bad level's, which expires into a
-// re-probe), and no reading of snap can cap the limit (saturated asks
-// whether a high queue or KV reading is fresh).
-func (st *limitState) timeless(snap *Snapshot) bool {
-	switch st.why {
-	case whyBad, whyReprobe:
-		return false
-	}
-	return snap.QueueLen.Value < 1 && snap.KVPressure.Value < 0.95
 }
 
 // limitSource is where a limit came from, one of the Limit* sources as a

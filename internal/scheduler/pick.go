@@ -3,7 +3,6 @@ package scheduler
 import (
 	"slices"
 	"time"
-	"unsafe"
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/predict"
@@ -26,10 +25,9 @@ import (
 // With a shared Ledger a pick that will be bound then holds its choice
 // and the reserver asks the ledger, outside the lock (reserver.go).
 //
-// The stages pass one value, the pick, from one to the next instead of
-// leaving scratch on the Scheduler or its workers; its buffers are kept
-// for the next pick, so a pick that finds nobody allocates nothing. What
-// a caller needs of a pick once it is made is its choice.
+// The stages pass one value, the pick, made afresh for each request, from
+// one to the next; what a caller needs of it once it is made is its
+// choice.
 type pick struct {
 	req Request
 	env Env // of the decision; env.Req is &req
@@ -45,6 +43,7 @@ type pick struct {
 	views []view      // every worker, in configuration order
 	elig  []int32     // the eligible ones (indexes into views), in order
 	cands []Candidate // what the terms see of elig[i]
+	total []float64   // the score's totals of cands, when scored
 
 	// kvHeld says the KV-fit rule passed over every eligible worker.
 	kvHeld bool
@@ -62,21 +61,17 @@ type pick struct {
 	// pending is the reservation the ledger is to make (ledger.go).
 	pending *reservation
 	// adapter is the request's LoRA adapter, nil when its model is none
-	// (adapter.go); adapterBuf is its space.
-	adapter    *adapterPick
-	adapterBuf adapterPick
+	// (adapter.go).
+	adapter *adapterPick
 }
 
 // view is one worker as a pick sees it: what the pick resolved of it once
 // (its telemetry, stats and limit) and why it is or is not eligible.
 type view struct {
-	w    *worker
-	snap *Snapshot
-	st   *stats.WorkerStats
-	lim  limitState
-	// limFor is what lim was computed from while lim holds for as long
-	// as they stay the same (limitKey); zero otherwise.
-	limFor  limitKey
+	w       *worker
+	snap    *Snapshot
+	st      *stats.WorkerStats
+	lim     limitState
 	why     uint8 // whyEligible, or the code of the filter that dropped it
 	serving bool  // it serves the requested model
 	// For a request naming a LoRA adapter: the worker holds it (or is
@@ -107,12 +102,13 @@ type choice struct {
 	// found is what the request found on the chosen worker, for its
 	// outcome (Lease.Complete); only with a Predictor.
 	found predict.Input
+	// views are the pick's views of every worker, for the rules that
+	// look past a head that could not be placed (affinity.go).
+	views []view
 }
 
 // pickLocked runs a pick for req. When no worker is eligible it returns
-// no record unless always is set (a refusal needs one): under a backlog
-// every arrival and release asks, and most answers are "nobody", which
-// must cost no allocation.
+// no record unless always is set (a refusal needs one).
 func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
 	return s.pickForLocked(req, now, now, always)
 }
@@ -120,23 +116,68 @@ func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
 // pickForLocked is pickLocked for a request that arrived at arrived: the
 // promise stage counts its objective from then.
 func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bool) choice {
-	p := s.startPickLocked(req, now, !always)
+	p := s.newPickLocked(req, now, !always)
 	p.arrived = arrived
+	s.eligibleLocked(p)
+	if len(p.elig) == 0 && (!always || s.cfg.NoRecords) {
+		return choice{kvHeld: p.kvHeld, views: p.views}
+	}
+	s.candidatesLocked(p)
+	if p.bySLO && len(p.elig) > 0 && !always {
+		s.startPromiseLocked(p)
+		s.promiseLocked(p)
+		if p.promise.verdict == verdictRefuse {
+			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now), views: p.views}
+		}
+		if len(p.elig) == 0 {
+			// It waits (verdictWait, or every worker at its learned limit).
+			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait, views: p.views}
+		}
+	}
+	var pr *pickRecord
+	if !s.cfg.NoRecords {
+		pr = s.newPickRecordLocked(p)
+	}
+	c := choice{kvHeld: p.kvHeld, views: p.views}
+	if always && pr != nil && !p.baseline {
+		// A refusal's record: who could have taken the request, scored
+		// when the record is read, not under the lock.
+		pr.unscored = len(p.elig) > 0
+	} else if len(p.elig) > 0 {
+		c = s.chooseLocked(p, pr, always)
+	}
+	if pr == nil {
+		return c
+	}
+	if len(p.elig) == 0 {
+		pr.rec.Reason = "no eligible worker"
+	}
+	pr.keepLocked(p)
+	pr.rec.SetExplain(pr.explain)
+	c.rec = &pr.rec
+	return c
+}
+
+// eligibleLocked runs the stages up to the candidates: it resolves every
+// worker, computes its limit and leaves in p.elig the workers the
+// filters keep.
+func (s *Scheduler) eligibleLocked(p *pick) {
 	s.resolveLocked(p)
 	if !p.baseline {
-		s.limitsLocked(p)
+		for i := range p.views {
+			v := &p.views[i]
+			v.lim = s.limitLocked(v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
+			v.w.noteLimitLocked(&v.lim, p.env.Now)
+		}
 	}
-	p.elig = p.elig[:0]
-	for i := range p.views {
-		p.elig = append(p.elig, int32(i))
+	p.elig = make([]int32, len(p.views))
+	for i := range p.elig {
+		p.elig[i] = int32(i)
 	}
 	p.elig = keepRules(p, p.elig) // whyDraining through whyFull
 	p.elig = filters[whyAdapter].keep(p, p.elig, whyAdapter)
-	if len(p.elig) == 0 && p.learning && s.affine(&req) && s.affinityOn() {
+	if len(p.elig) == 0 && p.learning && s.affine(&p.req) && s.affinityOn() {
 		s.affinityBorrowLocked(p)
-		for _, i := range p.elig { // their limits, raised for this request, are not limitsLocked's
-			p.views[i].limFor = limitKey{}
-		}
 		if p.adapter != nil { // a borrowed worker must hold the adapter too
 			p.elig = filters[whyAdapter].keep(p, p.elig, whyAdapter)
 		}
@@ -144,97 +185,57 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	if !p.baseline && s.cfg.KVFit {
 		p.elig = filters[whyKVFit].keep(p, p.elig, whyKVFit)
 	}
-	if len(p.elig) == 0 && (!always || s.cfg.NoRecords) {
-		return choice{kvHeld: p.kvHeld}
+}
+
+// chooseLocked lets the policy's picker choose among p's eligible
+// workers and completes the choice: the ledger's reservation, the
+// prediction and what the record says of them.
+func (s *Scheduler) chooseLocked(p *pick, pr *pickRecord, always bool) choice {
+	best := s.picker.choose(p, pr)
+	if s.ledger != nil && p.binding && !p.baseline {
+		// The ledger chooses, outside the lock; best is held meanwhile.
+		s.pendingSharedLocked(p, pr)
 	}
-	s.candidatesLocked(p)
-	if p.bySLO && len(p.elig) > 0 && !always {
-		s.startPromiseLocked(p)
-		s.promiseLocked(p)
-		if p.promise.verdict == verdictRefuse {
-			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now)}
+	v := p.at(best)
+	c := choice{w: v.w, limit: v.lim.limit, pending: p.pending, kvHeld: p.kvHeld, views: p.views}
+	if s.cfg.Predictor != nil && !p.baseline && !always {
+		c.found = s.inputFor(p, v, &p.cands[best])
+		if p.bySLO && len(p.preds) > best {
+			c.pred = &p.preds[best]
+		} else if p.pending == nil {
+			pred := s.cfg.Predictor.Predict(v.w.spec.Name, c.found)
+			c.pred = &pred
 		}
-		if len(p.elig) == 0 {
-			// It waits (verdictWait, or every worker at its learned limit).
-			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait}
-		}
-	}
-	var pr *pickRecord
-	if !s.cfg.NoRecords {
-		pr = s.newPickRecordLocked(p)
-	}
-	c := choice{kvHeld: p.kvHeld}
-	if always && pr != nil && !p.baseline {
-		// A refusal's record: who could have taken the request, scored
-		// when the record is read, not under the lock.
-		pr.unscored = len(p.elig) > 0
-	} else if len(p.elig) > 0 {
-		best := s.picker.choose(p, pr)
-		if s.ledger != nil && p.binding && !p.baseline {
-			// The ledger chooses, outside the lock; best is held meanwhile.
-			s.pendingSharedLocked(p, pr)
-		}
-		v := p.at(best)
-		c.w, c.limit, c.pending = v.w, v.lim.limit, p.pending
-		if s.cfg.Predictor != nil && !p.baseline && !always {
-			c.found = s.inputFor(p, v, &p.cands[best])
-			if p.bySLO && len(p.preds) > best {
-				pred := p.preds[best] // a copy: the buffer is the next pick's
-				c.pred = &pred
-			} else if p.pending == nil {
-				pred := s.cfg.Predictor.Predict(v.w.spec.Name, c.found)
-				c.pred = &pred
-			}
-		}
-		if pr != nil {
-			pr.rec.Chosen, pr.chosen = v.w.spec.Name, v.w.order
-			if p.adapter != nil {
-				state := "loaded"
-				if !v.holds {
-					state = "loading on demand"
-				}
-				pr.rec.Adapter = adapterRecord(p.adapter, state)
-			}
-			if c.pred != nil {
-				_, why := s.cfg.Predictor.Trusted(v.w.spec.Name)
-				pr.rec.Promise = promiseRecord(&p.promise, c.pred, why)
-				pr.rec.Promise.ExpectedCachedTokens = c.found.CachedTokens
-			}
-		}
-	}
-	if len(p.elig) == 0 && pr != nil {
-		pr.rec.Reason = "no eligible worker"
 	}
 	if pr == nil {
 		return c
 	}
-	pr.keepLocked(s, p)
-	pr.rec.SetExplain(pr.explain)
-	c.rec = &pr.rec
+	pr.rec.Chosen, pr.chosen = v.w.spec.Name, v.w.order
+	if p.adapter != nil {
+		state := "loaded"
+		if !v.holds {
+			state = "loading on demand"
+		}
+		pr.rec.Adapter = adapterRecord(p.adapter, state)
+	}
+	if c.pred != nil {
+		_, why := s.cfg.Predictor.Trusted(v.w.spec.Name)
+		pr.rec.Promise = promiseRecord(&p.promise, c.pred, why)
+		pr.rec.Promise.ExpectedCachedTokens = c.found.CachedTokens
+	}
 	return c
 }
 
-// startPickLocked readies the scheduler's pick for req: the request, the
-// time, the policy's mode, and buffers for every worker.
-func (s *Scheduler) startPickLocked(req Request, now time.Time, binding bool) *pick {
-	p := &s.pk
-	p.req = req
+// newPickLocked starts a pick for req: the request, the time, the
+// policy's mode, and a view of every worker.
+func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pick {
+	p := &pick{req: req, binding: binding, baseline: s.cfg.Policy != PolicySluice}
 	p.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &p.req}
-	p.binding = binding
-	p.baseline = s.cfg.Policy != PolicySluice
 	p.learning = !p.baseline && !s.limits.Fixed
 	p.shared = s.cfg.Ledger != nil
 	p.bySLO = s.promiseOn(p)
-	p.promise = promiseState{}
-	p.out = 0 // the request's expected output: estimated when first needed
-	p.floor, p.waited = 0, 0
-	p.kvHeld, p.pending = false, nil
 	p.adapter = s.adapterOfLocked(req.Model)
-	n := len(s.workers)
-	if cap(p.views) < n {
-		p.views, p.elig, p.cands = make([]view, n), make([]int32, 0, n), make([]Candidate, 0, n)
-	}
-	p.views = p.views[:n]
+	p.views = make([]view, len(s.workers))
 	return p
 }
 
@@ -247,15 +248,8 @@ func (s *Scheduler) resolveLocked(p *pick) {
 	best := 0.0
 	for i, w := range s.workers {
 		v := &p.views[i]
-		setPtr(&v.w, w)
-		setPtr(&v.snap, w.snapshot())
-		setPtr(&v.st, s.statsOf(w))
+		v.w, v.snap, v.st = w, w.snapshot(), s.statsOf(w)
 		v.serving = w.serves(v.snap, p.req.Model)
-		v.why = whyEligible
-		if p.baseline {
-			v.lim, v.limFor = limitState{}, limitKey{} // none; else limitsLocked writes it whole
-		}
-		v.holds, v.loadable = false, false
 		if p.learning && v.serving {
 			best = bestSolo(best, v.st)
 		}
@@ -273,27 +267,6 @@ func (s *Scheduler) resolveLocked(p *pick) {
 	p.waited = s.oldestWaitLocked(p.req.Model, p.env.Now)
 }
 
-// limitsLocked computes every worker's concurrency limit for the pick
-// (limit.go), and notes any change of a learned limit. The baselines
-// have none: they neither queue nor respect max_concurrency. A view
-// whose limit was computed from the same inputs at an earlier pick, and
-// does not depend on the time, keeps it: from one pick to the next most
-// workers' telemetry, stats and counts are the same.
-func (s *Scheduler) limitsLocked(p *pick) {
-	for i := range p.views {
-		v := &p.views[i]
-		key := limitKey{w: v.w, snap: v.snap, st: v.st, maxConcurrency: v.w.spec.MaxConcurrency, floor: p.floor, waited: p.waited}
-		if v.limFor != key {
-			s.limitInto(&v.lim, v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
-			v.limFor = limitKey{}
-			if v.lim.timeless(v.snap) {
-				v.limFor = key
-			}
-		}
-		v.w.noteLimitLocked(&v.lim, p.env.Now)
-	}
-}
-
 // candidatesLocked writes what the terms see of each eligible worker,
 // with its prefix match when the prefix term counts; an index that
 // answers for all candidates at once is asked once.
@@ -301,47 +274,21 @@ func (s *Scheduler) candidatesLocked(p *pick) {
 	prefixOn := s.prefixWeighted && s.affine(&p.req) && !p.baseline
 	kvOn := s.prefixWeighted && len(p.req.KVBlocks) > 0 && !p.baseline && s.cfg.KVIndex != nil
 	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)
-	cands := p.cands[:0]
-	for _, i := range p.elig {
-		v := &p.views[i]
-		cands = cands[:len(cands)+1]
-		// Field by field, every one, over the previous pick's: a struct
-		// literal (or a zeroed append) is copied in with a bulk write barrier.
-		c := &cands[len(cands)-1]
-		setStr(&c.Name, v.w.spec.Name)
-		setPtr(&c.Snap, v.snap)
-		setPtr(&c.Stats, v.st)
-		setStr(&c.PrefixSource, "")
-		c.Active, c.JobCost, c.PrefixMatch, c.KVSeq = v.w.active, v.w.cost, 0, 0
+	p.cands = make([]Candidate, len(p.elig))
+	for j := range p.elig {
+		v, c := p.at(j), &p.cands[j]
+		*c = Candidate{Name: v.w.spec.Name, Snap: v.snap, Stats: v.st, Active: v.w.active, JobCost: v.w.cost}
 		if prefixOn && batch == nil {
 			s.prefixMatchLocked(&p.req, c)
 		}
 	}
-	p.cands = cands
-	if prefixOn && batch != nil && len(cands) > 0 {
-		s.prefixMatchesLocked(&p.req, cands, batch)
+	if prefixOn && batch != nil && len(p.cands) > 0 {
+		s.prefixMatchesLocked(&p.req, p.cands, batch)
 	}
 	if kvOn {
-		for i := range cands {
-			s.kvMatchLocked(&p.req, &cands[i])
+		for i := range p.cands {
+			s.kvMatchLocked(&p.req, &p.cands[i])
 		}
-	}
-}
-
-// setPtr and setStr write a pointer or string only when it changes. A
-// pick rewrites every worker's view, candidate and slot over the previous
-// pick's, and from one pick to the next most of them point where they
-// did; an unconditional write of a pointer costs a write barrier while the
-// GC runs, which made up a third of a pick's time.
-func setPtr[T any](dst **T, v *T) {
-	if *dst != v {
-		*dst = v
-	}
-}
-
-func setStr(dst *string, v string) {
-	if unsafe.StringData(*dst) != unsafe.StringData(v) || len(*dst) != len(v) {
-		*dst = v
 	}
 }
 

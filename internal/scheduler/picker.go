@@ -36,7 +36,7 @@ type picker interface {
 // newPicker returns the picker of a policy. The random ones draw from a
 // source seeded by seed, so a benchmark's baselines are reproducible;
 // consistent-hash bounds each worker's load by bound (1 or more).
-func newPicker(policy Policy, terms []WeightedTerm, sc *scratch, seed uint64, bound float64) picker {
+func newPicker(policy Policy, terms []WeightedTerm, seed uint64, bound float64) picker {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	switch policy {
 	case PolicyRoundRobin:
@@ -50,22 +50,22 @@ func newPicker(policy Policy, terms []WeightedTerm, sc *scratch, seed uint64, bo
 	case PolicyConsistentHash:
 		return &consistentHash{bound: bound}
 	}
-	return &scorePicker{terms: terms, sc: sc}
+	return &scorePicker{terms: terms}
 }
 
 // scorePicker is Sluice's policy: the lowest weighted sum of the terms
 // (totals, terms.go) wins; ties go to the least recently picked worker,
 // then to the first in configuration order, so the choice is never
-// random. The totals are left in sc for the record (keepLocked) and the
-// shared ledger (pendingSharedLocked); ranks, the per-term breakdown and
-// the reason in words are computed when the record is read.
+// random. The totals are left in p.total for the record (keepLocked) and
+// the shared ledger (pendingSharedLocked); ranks, the per-term breakdown
+// and the reason in words are computed when the record is read.
 type scorePicker struct {
 	terms []WeightedTerm
-	sc    *scratch
 }
 
 func (sp *scorePicker) choose(p *pick, pr *pickRecord) int {
-	tot := totals(sp.terms, &p.env, p.cands, sp.sc)
+	tot := totals(sp.terms, &p.env, p.cands)
+	p.total = tot
 	best := 0
 	// A view's index is its worker's order (configuration order).
 	bk := rankKey{tot[0], p.at(0).w.lastPick, int(p.elig[0])}

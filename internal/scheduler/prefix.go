@@ -176,13 +176,9 @@ func (s *Scheduler) prefixMatchLocked(req *Request, c *Candidate) {
 // prefixMatchesLocked is prefixMatchLocked for every one of cands, asking
 // b about them all at once.
 func (s *Scheduler) prefixMatchesLocked(req *Request, cands []Candidate, b prefixBatcher) {
-	sc := &s.scratch
-	if cap(sc.frac) < len(cands) {
-		sc.names, sc.frac, sc.remote = make([]string, len(cands)), make([]float64, len(cands)), make([]bool, len(cands))
-	}
-	names, frac, remote := sc.names[:len(cands)], sc.frac[:len(cands)], sc.remote[:len(cands)]
+	names, frac, remote := make([]string, len(cands)), make([]float64, len(cands)), make([]bool, len(cands))
 	for i := range cands {
-		setStr(&names[i], cands[i].Name) // mostly the name there at the last pick
+		names[i] = cands[i].Name
 	}
 	b.MatchSources(req.Model, req.Prefix, names, frac, remote)
 	// The session hint can only apply to a request naming a session with

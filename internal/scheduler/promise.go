@@ -358,6 +358,6 @@ func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisec
 type sloFilter struct{}
 
 func (sloFilter) keep(_ *pick, in []int32, _ uint8) []int32 { return in }
-func (sloFilter) explain(*pickRecord, *slot, *slotRefs) string {
+func (sloFilter) explain(*pickRecord, *slot) string {
 	return "predicted to miss this request's SLO (its objective, or the decode floor of its stream or of those running there)"
 }

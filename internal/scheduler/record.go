@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"time"
-	"unsafe"
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/stats"
@@ -22,15 +21,8 @@ import (
 // is of decision time and never changes afterwards: snapshots and stats
 // are immutable values.
 type pickRecord struct {
-	rec decisions.Record
-	// The slots and their refs, chunkLen workers a chunk, in
-	// configuration order; n is how many workers. slotBuf and refBuf hold
-	// the chunks of up to 64 workers, saving two allocations.
-	slots   []*slotChunk
-	refs    []*refChunk
-	n       int
-	slotBuf [8]*slotChunk
-	refBuf  [8]*refChunk
+	rec   decisions.Record
+	slots []slot // one per worker, in configuration order
 
 	// What the terms and limits are recomputed from.
 	env    Env     // of the decision; env.Req is &req
@@ -48,125 +40,35 @@ type pickRecord struct {
 	shared   bool // the shared ledger chose: its choice ranks first
 	pending  bool // the ledger has yet to choose (patchShared completes it)
 	// adapter is the request's LoRA adapter as the pick saw it (nil
-	// when it names none), for the adapter rule's words: a copy, kept
-	// apart so that a record without one is smaller.
+	// when it names none), for the adapter rule's words: a copy.
 	adapter *adapterPick
 }
 
-// slot is what a record keeps of one worker besides its slotRefs: what
-// its limit was computed from and, for an eligible worker, what it was
-// scored on. It is 72 bytes.
+// slot is what a record keeps of one worker: its name, telemetry and
+// stats (immutable values), what its limit was computed from and, for an
+// eligible worker, what it was scored on.
 type slot struct {
+	name        string
+	snap        *Snapshot
+	st          *stats.WorkerStats
 	jobCost     float64 // Candidate.JobCost as scored
 	prefixMatch float64 // Candidate.PrefixMatch as scored
+	prefixSrc   string  // Candidate.PrefixSource as scored
+	kvSeq       int64   // Candidate.KVSeq as scored
 	total       float64 // the score, when scored
 	prefix      float64 // limitState.prefix: one more stream for a cached prefix
 	lastPick    uint64  // for the rank's tie-break
 	limit, cap  int
-	active      int32 // Sluice's in-flight count (the record's Active)
-	scored      int32 // the in-flight count as scored (the shared ledger's, when it answered)
-	why         uint8 // one of the why* reasons
+	active      int // Sluice's in-flight count (the record's Active)
+	scored      int // the in-flight count as scored (the shared ledger's, when it answered)
+	why         uint8
 	source      limitSource
-	prefixSrc   uint8 // Candidate.PrefixSource, an index into prefixSources
-	loadable    bool  // it could load the request's adapter (adapter.go)
-	kvSeq       int64 // Candidate.KVSeq as scored
-}
-
-// slotRefs is what a record keeps of one worker by reference: its name,
-// telemetry and stats (immutable values).
-type slotRefs struct {
-	name string
-	snap *Snapshot
-	st   *stats.WorkerStats
-}
-
-// chunkLen is how many workers' slots a slotChunk holds, and refs a
-// refChunk.
-const chunkLen = 8
-
-// slotChunk and refChunk are the slots and refs of chunkLen consecutive
-// workers, as a record keeps them. A chunk is never written once a
-// record holds it, so records share one where nothing in it changed
-// between their picks: from one pick to the next most workers' slots are
-// the same (an idle worker's all are; the chosen one's last pick moves),
-// and a pick then allocates a chunk or two instead of every worker's
-// slots. Slots and refs are chunked apart because they change apart: a
-// pick moves numbers, a scrape replaces a snapshot; and a slotChunk holds
-// no pointer, so the one a pick allocates costs the GC nothing to scan.
-// The GC frees a chunk when no record holds it.
-type (
-	slotChunk [chunkLen]slot
-	refChunk  [chunkLen]slotRefs
-)
-
-// holdsSlots reports whether ch holds exactly sl (at most chunkLen), and
-// holdsRefs whether rc holds exactly rf, bit for bit: the same numbers,
-// and the same name, snapshot and stats by address. They compare memory,
-// padding included, which is always zero: slots are only ever written
-// field by field or copied, into the zeroed memory of make and new.
-// (Were it not, the chunk would be copied anew: equal bytes are equal
-// values either way.)
-func (ch *slotChunk) holdsSlots(sl []slot) bool {
-	return string(bytesOf(ch[:len(sl)])) == string(bytesOf(sl))
-}
-
-func (rc *refChunk) holdsRefs(rf []slotRefs) bool {
-	return string(bytesOf(rc[:len(rf)])) == string(bytesOf(rf))
-}
-
-// bytesOf is the memory of s, to be compared, never written.
-func bytesOf[T any](s []T) []byte {
-	if len(s) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
-}
-
-// slot returns worker i's slot; ref its refs.
-func (pr *pickRecord) slot(i int) *slot    { return &pr.slots[i/chunkLen][i%chunkLen] }
-func (pr *pickRecord) ref(i int) *slotRefs { return &pr.refs[i/chunkLen][i%chunkLen] }
-
-// prefixSources are the values of Candidate.PrefixSource, as a slot keeps
-// them: a number instead of a string. A source prefixMatchLocked may set
-// must be listed here and in prefixSourceCode; the last, a source that
-// is not, is what the record says of one that was forgotten.
-var prefixSources = [9]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared, prefixSourceSession, prefixSourceKV, prefixSourceKVLost, prefixSourceKVSent, prefixSourceUnlisted}
-
-// prefixSourceUnlisted is a source missing from prefixSources.
-const prefixSourceUnlisted = "unlisted source (a slip in the scheduler: please report it)"
-
-func prefixSourceCode(src string) uint8 {
-	switch src { // a switch, not a loop: it runs for every eligible worker
-	case "":
-		return 0
-	case prefixSourceIndex:
-		return 1
-	case prefixSourceReport:
-		return 2
-	case prefixSourceShared:
-		return 3
-	case prefixSourceSession:
-		return 4
-	case prefixSourceKV:
-		return 5
-	case prefixSourceKVLost:
-		return 6
-	case prefixSourceKVSent:
-		return 7
-	}
-	// Not a panic: it runs under the scheduler's lock, in a pick, and a
-	// forgotten source is a word missing from a record, not a reason to
-	// fail the request (TestPrefixSourceCode_RoundTrips keeps the list).
-	return 8
+	loadable    bool // it could load the request's adapter (adapter.go)
 }
 
 // newPickRecordLocked starts the record of pick p.
 func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
-	pr := &pickRecord{req: p.req, terms: s.terms, floor: p.floor, waited: p.waited, chosen: -1}
-	if p.adapter != nil {
-		a := *p.adapter
-		pr.adapter = &a
-	}
+	pr := &pickRecord{req: p.req, terms: s.terms, floor: p.floor, waited: p.waited, chosen: -1, adapter: p.adapter}
 	pr.env = Env{Now: p.env.Now, StaleAfter: s.cfg.StaleAfter, Req: &pr.req}
 	if p.learning {
 		pr.limits = s.limits
@@ -175,122 +77,66 @@ func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
 	return pr
 }
 
-// keepLocked writes every worker's slot of the record, in one pass over
-// p's views: what its limit was computed from and why it is or is not
-// eligible and, for an eligible worker, what it was chosen among on and,
-// when pr was scored, its total in s.scratch. Then it gives pr its chunks
-// of them: the latest record's where they hold the same, new ones
-// elsewhere. It runs once the picker has chosen, before anything about
-// the pick changes a worker.
-func (pr *pickRecord) keepLocked(s *Scheduler, p *pick) {
-	n := len(p.views)
-	sc := &s.scratch
-	if cap(sc.slots) < n {
-		sc.slots, sc.refs = make([]slot, n), make([]slotRefs, n)
-	}
-	slots, refs := sc.slots[:n], sc.refs[:n]
-	// A record that scores workers becomes the latest to have scored each
-	// of them (lastScoredLocked): a number on each, not a pointer written
-	// to every worker at every pick, and a worker it does not score keeps
-	// the previous one by pointer.
+// keepLocked writes every worker's slot of the record from p's views:
+// what its limit was computed from and why it is or is not eligible and,
+// for an eligible worker, what it was chosen among on and, when pr was
+// scored, its total. It runs once the picker has chosen, before anything
+// about the pick changes a worker.
+func (pr *pickRecord) keepLocked(p *pick) {
+	pr.slots = make([]slot, len(p.views))
 	scoring := pr.scored && !pr.pending
-	seq := s.scoredSeq + 1
 	j := 0 // p.elig[j] is the next eligible view: elig is in view order
 	for i := range p.views {
 		v := &p.views[i]
-		// Field by field, every one: a struct literal would be copied in
-		// with a bulk write barrier, slow while the GC runs, and the
-		// slots are the previous pick's.
-		ref, sl := &refs[i], &slots[i]
-		setStr(&ref.name, v.w.spec.Name)
-		setPtr(&ref.snap, v.snap)
-		setPtr(&ref.st, v.st)
-		sl.prefix, sl.lastPick, sl.limit, sl.cap = v.lim.prefix, v.w.lastPick, v.lim.limit, v.lim.cap
-		sl.active, sl.why, sl.source = int32(v.w.active), v.why, v.lim.source
-		sl.loadable = v.loadable
-		sl.total = 0
+		pr.slots[i] = slot{name: v.w.spec.Name, snap: v.snap, st: v.st, prefix: v.lim.prefix, lastPick: v.w.lastPick,
+			limit: v.lim.limit, cap: v.lim.cap, active: v.w.active, why: v.why, source: v.lim.source, loadable: v.loadable}
+		sl := &pr.slots[i]
 		if j < len(p.elig) && int(p.elig[j]) == i {
 			c := &p.cands[j]
-			sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc = c.JobCost, c.PrefixMatch, int32(c.Active), prefixSourceCode(c.PrefixSource)
-			sl.kvSeq = c.KVSeq
+			sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc, sl.kvSeq = c.JobCost, c.PrefixMatch, c.Active, c.PrefixSource, c.KVSeq
 			if pr.scored {
-				sl.total = sc.total[j]
+				sl.total = p.total[j]
 				if scoring {
-					v.w.lastSeq, v.w.lastIdx = seq, i
+					v.w.last, v.w.lastIdx = &pr.rec, i
 				}
 			}
 			j++
-			continue
-		}
-		if scoring && v.w.lastSeq == s.scoredSeq && v.w.lastSeq != 0 {
-			v.w.last, v.w.lastSeq = s.lastScored, 0 // scored by the latest until now
-		}
-		sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc, sl.kvSeq = 0, 0, 0, 0, 0
-		if v.why == whyKVFit {
+		} else if v.why == whyKVFit {
 			sl.jobCost = v.w.cost // what the rule read, for the record's words
 		}
 	}
-	prevSlots, prevRefs := sc.slotChunks, sc.refChunks
-	nc := (n + chunkLen - 1) / chunkLen
-	slotChunks, refChunks := pr.slotBuf[:0], pr.refBuf[:0]
-	if nc > len(pr.slotBuf) {
-		slotChunks, refChunks = make([]*slotChunk, 0, nc), make([]*refChunk, 0, nc)
-	}
-	for c := range nc {
-		lo, hi := c*chunkLen, min(n, (c+1)*chunkLen)
-		if c < len(prevSlots) && prevSlots[c].holdsSlots(slots[lo:hi]) {
-			slotChunks = append(slotChunks, prevSlots[c])
-		} else {
-			ch := new(slotChunk)
-			copy(ch[:], slots[lo:hi])
-			slotChunks = append(slotChunks, ch)
-		}
-		if c < len(prevRefs) && prevRefs[c].holdsRefs(refs[lo:hi]) {
-			refChunks = append(refChunks, prevRefs[c])
-		} else {
-			rc := new(refChunk)
-			copy(rc[:], refs[lo:hi])
-			refChunks = append(refChunks, rc)
-		}
-	}
-	pr.slots, pr.refs, pr.n = slotChunks, refChunks, n
-	sc.slotChunks, sc.refChunks = slotChunks, refChunks
-	if scoring {
-		s.lastScored, s.scoredSeq = &pr.rec, seq
-	}
-	pr.rec.Summary = decisions.Summary{Candidates: n, Eligible: len(p.cands)}
+	pr.rec.Summary = decisions.Summary{Candidates: len(p.views), Eligible: len(p.cands)}
 	if pr.scored && pr.chosen >= 0 && !pr.pending {
-		pr.rec.Summary.Score = slots[pr.chosen].total
+		pr.rec.Summary.Score = pr.slots[pr.chosen].total
 	}
 }
 
 // explain builds r's candidates from pr's slots; r is &pr.rec.
 func (pr *pickRecord) explain(r *decisions.Record) {
-	cs := make([]decisions.Candidate, pr.n)
+	cs := make([]decisions.Candidate, len(pr.slots))
 	var cands []Candidate // the eligible ones as scored
 	var at []int          // their indexes in cs
-	for i := range pr.n {
-		sl, ref, c := pr.slot(i), pr.ref(i), &cs[i]
-		c.Worker, c.Active, c.Limit, c.Eligible = ref.name, int(sl.active), sl.limit, sl.why == whyEligible
+	for i := range pr.slots {
+		sl, c := &pr.slots[i], &cs[i]
+		c.Worker, c.Active, c.Limit, c.Eligible = sl.name, sl.active, sl.limit, sl.why == whyEligible
 		c.LimitSource = sl.source.String()
 		if sl.why == whyEligible {
-			cands = append(cands, Candidate{Name: ref.name, Active: int(sl.scored), JobCost: sl.jobCost, Snap: ref.snap, Stats: ref.st,
-				PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc], KVSeq: sl.kvSeq})
+			cands = append(cands, Candidate{Name: sl.name, Active: sl.scored, JobCost: sl.jobCost, Snap: sl.snap, Stats: sl.st,
+				PrefixMatch: sl.prefixMatch, PrefixSource: sl.prefixSrc, KVSeq: sl.kvSeq})
 			at = append(at, i)
 			if pr.scored {
 				// Active as scored: with a Ledger, the count across replicas.
-				c.Active, c.Total = int(sl.scored), sl.total
+				c.Active, c.Total = sl.scored, sl.total
 			}
 		} else {
-			c.Why = filters[sl.why].explain(pr, sl, ref)
+			c.Why = filters[sl.why].explain(pr, sl)
 		}
 		if pr.limits != nil {
 			// This replica's in-flight count, which the limit saw.
-			active := int(sl.active)
-			var st limitState
-			pr.limits.limitOf(&st, pr.env.StaleAfter, sl.cap, srcLearned, active, ref.st, ref.snap, pr.floor, pr.waited, pr.env.Now)
+			st := pr.limits.limitOf(limitInput{cap: sl.cap, source: srcLearned, active: sl.active, ws: sl.st, snap: sl.snap,
+				floor: pr.floor, waited: pr.waited, now: pr.env.Now, staleAfter: pr.env.StaleAfter})
 			if sl.prefix > 0 { // made one stream over by affinityBorrowLocked
-				st.limit, st.prefix = active+1, sl.prefix
+				st.limit, st.prefix = sl.active+1, sl.prefix
 			}
 			c.LimitReason = st.String()
 		}
@@ -300,14 +146,13 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 	case pr.scored:
 		tot := make([]float64, len(at))
 		for j, i := range at {
-			tot[j] = pr.slot(i).total
+			tot[j] = pr.slots[i].total
 		}
 		pr.explainScores(r, cands, at, tot)
 	case pr.unscored && len(cands) > 0:
 		// A refusal's pick scored nobody: the score is the same computed
 		// now, from the same values (terms are pure).
-		var sc scratch
-		tot := totals(pr.terms, &pr.env, cands, &sc)
+		tot := totals(pr.terms, &pr.env, cands)
 		for j, i := range at {
 			cs[i].Total = tot[j]
 		}
@@ -324,8 +169,7 @@ func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at [
 	keys := make([]rankKey, len(at))
 	won := -1 // with a Ledger, its choice: ties and shared limits were its
 	for j, i := range at {
-		sl := pr.slot(i)
-		keys[j] = rankKey{tot[j], sl.lastPick, i}
+		keys[j] = rankKey{tot[j], pr.slots[i].lastPick, i}
 		if pr.shared && i == pr.chosen {
 			won = j
 		}

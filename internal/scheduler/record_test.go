@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,31 +11,6 @@ import (
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
 )
-
-func TestPrefixSourceCode_RoundTrips(t *testing.T) {
-	for i, src := range prefixSources {
-		if got := prefixSourceCode(src); got != uint8(i) || prefixSources[got] != src {
-			t.Errorf("source %q coded %d, listed at %d", src, got, i)
-		}
-	}
-}
-
-// A source missing from prefixSources is a slip in the code that sets it:
-// a record must name it as such, not panic (under the scheduler's lock,
-// in the middle of a pick).
-func TestPrefixSourceCode_UnlistedSourceIsNamedNotPanicked(t *testing.T) {
-	code := func() (c uint8, panicked any) {
-		defer func() { panicked = recover() }()
-		return prefixSourceCode("a source nobody listed"), nil
-	}
-	c, panicked := code()
-	if panicked != nil {
-		t.Fatalf("prefixSourceCode panicked: %v", panicked)
-	}
-	if got, want := prefixSources[c], prefixSourceUnlisted; got != want {
-		t.Fatalf("an unlisted source reads %q, want %q", got, want)
-	}
-}
 
 // A record lists the workers configured when it was made, read after the
 // fleet changed.
@@ -69,43 +43,6 @@ func TestRecord_ListsTheFleetOfItsDecision(t *testing.T) {
 	}
 	if got, want := strings.Join(names(after), ","), "w0,w2,x"; got != want {
 		t.Errorf("record made after the change lists %s, want %s", got, want)
-	}
-}
-
-// A record shares the chunks of slots that did not change since the
-// previous record: picking again over an idle fleet copies only the chunk
-// of the worker picked last, whose last pick moved, and none of the refs.
-func TestRecord_SharesTheChunksThatDidNotChange(t *testing.T) {
-	s := newSched(t, Config{MaxQueue: 5}, workers(2*chunkLen+3, 4, "m")...)
-	pick := func() ([]*slotChunk, []*refChunk, string) {
-		l, err := s.Admit(context.Background(), Request{Model: "m"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.Release()
-		return s.scratch.slotChunks, s.scratch.refChunks, l.Worker
-	}
-	first, firstRefs, chosen := pick()
-	second, secondRefs, _ := pick()
-	if len(firstRefs) != 3 || len(secondRefs) != 3 {
-		t.Fatalf("%d and %d chunks of refs of 19 workers, want 3", len(firstRefs), len(secondRefs))
-	}
-	for c := range firstRefs {
-		if firstRefs[c] != secondRefs[c] {
-			t.Errorf("chunk %d of refs copied, with no name, telemetry or stats changed", c)
-		}
-	}
-	if len(first) != 3 || len(second) != 3 {
-		t.Fatalf("%d and %d chunks of 19 workers, want 3", len(first), len(second))
-	}
-	var at int
-	if _, err := fmt.Sscanf(chosen, "w%d", &at); err != nil {
-		t.Fatalf("chosen %q: %v", chosen, err)
-	}
-	for c := range first {
-		if shared, want := first[c] == second[c], c != at/chunkLen; shared != want {
-			t.Errorf("chunk %d shared %t after %s was picked, want %t", c, shared, chosen, want)
-		}
 	}
 }
 

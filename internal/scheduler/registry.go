@@ -58,11 +58,9 @@ type worker struct {
 	removed  bool
 	retired  bool // removed and no stream left: nothing learns from it any more
 	lastPick uint64
-	// The latest decision that scored it is the scheduler's lastScored
-	// while lastSeq is its scoredSeq (not 0), else last; lastIdx is its
-	// index among that decision's candidates (lastScoredLocked).
+	// last is the latest decision that scored it, lastIdx its index
+	// among that decision's candidates.
 	last    *decisions.Record
-	lastSeq uint64
 	lastIdx int
 	statsAt stats.Handle // where its stats are, for statsOf
 	// prefixKV is the KV cache size (tokens) last passed to the prefix

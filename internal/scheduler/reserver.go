@@ -273,21 +273,12 @@ func (s *Scheduler) bindReservedLocked(res *reservation, i int, lease string, ac
 // patchShared rewrites the record of a reserved pick with the ledger's
 // answer: each candidate's in-flight count as scored (active: across
 // replicas, or this replica's while the ledger is down) and its total,
-// the choice (candidate i), and the score. The record's chunks of slots
-// are shared with other records, so those it changes are copied first
-// (its refs are not changed).
+// the choice (candidate i), and the score.
 func (pr *pickRecord) patchShared(s *Scheduler, res *reservation, i int, active []int) {
-	copied := map[int]bool{}
 	for j, at := range res.slotIdx {
-		c := at / chunkLen
-		if !copied[c] {
-			ch := *pr.slots[c]
-			pr.slots[c] = &ch
-			copied[c] = true
-		}
-		sl := pr.slot(at)
-		sl.total, sl.scored = res.tot[j], int32(active[j])
-		res.elig[j].last, res.elig[j].lastSeq, res.elig[j].lastIdx = &pr.rec, 0, at
+		sl := &pr.slots[at]
+		sl.total, sl.scored = res.tot[j], active[j]
+		res.elig[j].last, res.elig[j].lastIdx = &pr.rec, at
 	}
 	pr.scored, pr.shared, pr.pending = true, true, false
 	pr.chosen = res.slotIdx[i]

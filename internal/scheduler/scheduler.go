@@ -240,17 +240,8 @@ type Scheduler struct {
 	picks   uint64 // reservations made
 	ids     uint64 // decision records made
 	picker  picker // the policy's choice (picker.go)
-	pk      pick   // the pick in progress; its buffers are kept (pick.go)
-	// lastScored is the latest record that scored workers, the scoredSeq-th
-	// (worker.lastSeq).
-	lastScored *decisions.Record
-	scoredSeq  uint64
-	scratch    scratch   // the terms' and the record's space (terms.go, record.go)
-	affBuf     []*worker // workers with room for one stream more (affinity.go)
-	// behindBuf holds the requests that may overtake the head (affinity.go).
-	behindBuf []*Ticket
-	closed    bool
-	changed   chan struct{} // closed at the next state change; nil when nobody waits
+	closed  bool
+	changed chan struct{} // closed at the next state change; nil when nobody waits
 	// ledger makes cfg.Ledger's calls outside the lock (reserver.go); nil
 	// without one. reserving holds, per model, the pick waiting for its
 	// answer: no other request of the model is placed meanwhile.
@@ -330,7 +321,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	if cfg.HashLoadBound < 1 || math.IsNaN(cfg.HashLoadBound) || math.IsInf(cfg.HashLoadBound, 0) {
 		return nil, fmt.Errorf("scheduler: hash load bound %v: must be 1 or more", cfg.HashLoadBound)
 	}
-	s.picker = newPicker(cfg.Policy, s.terms, &s.scratch, cfg.Seed, cfg.HashLoadBound)
+	s.picker = newPicker(cfg.Policy, s.terms, cfg.Seed, cfg.HashLoadBound)
 	if cfg.SessionAffinity {
 		s.sessions = newSessionTable(cfg.SessionTTL, cfg.MaxSessions)
 	}

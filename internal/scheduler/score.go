@@ -10,41 +10,15 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 )
 
-// scratch is reusable space for scoring, owned by the scheduler's lock.
-type scratch struct {
-	raw, norm, total []float64
-	order            []int
-	// slots and refs are the slots of the pick in progress (keepLocked);
-	// slotChunks and refChunks are the latest record's, which the next
-	// record shares where nothing changed.
-	slots      []slot
-	refs       []slotRefs
-	slotChunks []*slotChunk
-	refChunks  []*refChunk
-	// names, frac and remote are prefixMatchesLocked's space.
-	names  []string
-	frac   []float64
-	remote []bool
-}
-
-func (sc *scratch) grow(n int) {
-	if cap(sc.raw) < n {
-		sc.raw, sc.norm, sc.total, sc.order = make([]float64, n), make([]float64, n), make([]float64, n), make([]int, n)
-	}
-	sc.raw, sc.norm, sc.total, sc.order = sc.raw[:n], sc.norm[:n], sc.total[:n], sc.order[:n]
-}
-
 // totals runs every term over cands and returns each candidate's weighted
 // sum. It is the one place weights are applied; it builds no records.
-// The result lives in sc.
-func totals(terms []WeightedTerm, env *Env, cands []Candidate, sc *scratch) []float64 {
-	sc.grow(len(cands))
-	out := sc.total
-	clear(out)
+func totals(terms []WeightedTerm, env *Env, cands []Candidate) []float64 {
+	out := make([]float64, len(cands))
+	raw, norm := make([]float64, len(cands)), make([]float64, len(cands))
 	for _, wt := range terms {
-		wt.Term.Score(env, cands, sc.raw, sc.norm)
+		wt.Term.Score(env, cands, raw, norm)
 		w := signedWeight(wt)
-		for i, n := range sc.norm {
+		for i, n := range norm {
 			out[i] += w * n
 		}
 	}
@@ -60,14 +34,13 @@ func explain(terms []WeightedTerm, env *Env, cands []Candidate) [][]decisions.Te
 	for i := range recs {
 		recs[i] = slab[i*len(terms) : i*len(terms) : (i+1)*len(terms)]
 	}
-	var sc scratch
-	sc.grow(len(cands))
+	raw, norm := make([]float64, len(cands)), make([]float64, len(cands))
 	for _, wt := range terms {
-		wt.Term.Score(env, cands, sc.raw, sc.norm)
+		wt.Term.Score(env, cands, raw, norm)
 		w := signedWeight(wt)
 		for i := range cands {
 			src, at, neutral := wt.Term.Provenance(env, &cands[i])
-			t := decisions.Term{Name: wt.Term.Name(), Raw: sc.raw[i], Norm: sc.norm[i], Weight: w, Weighted: noNegZero(w * sc.norm[i]), Source: src, Neutral: neutral}
+			t := decisions.Term{Name: wt.Term.Name(), Raw: raw[i], Norm: norm[i], Weight: w, Weighted: noNegZero(w * norm[i]), Source: src, Neutral: neutral}
 			if !at.IsZero() {
 				age := env.Now.Sub(at)
 				t.AgeMs = float64(age) / float64(time.Millisecond)

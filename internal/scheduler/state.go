@@ -109,7 +109,7 @@ func (s *Scheduler) Workers() []WorkerState {
 				Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, LimitSource: lim.source.String(), Floor: lim.floor,
 				Snapshot: snap, Adapters: w.adaptersOfLocked(snap),
 			})
-			lasts = append(lasts, last{s.lastScoredLocked(w), w.lastIdx})
+			lasts = append(lasts, last{w.last, w.lastIdx})
 			lims = append(lims, lim)
 			if !s.limits.Fixed {
 				w.noteLimitLocked(&lim, now)
@@ -161,16 +161,6 @@ func (s *Scheduler) Models() []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-// lastScoredLocked returns the latest decision that scored w (nil when
-// none has): the latest that scored any worker while w's number is its
-// (keepLocked), else the one w keeps.
-func (s *Scheduler) lastScoredLocked(w *worker) *decisions.Record {
-	if w.lastSeq != 0 && w.lastSeq == s.scoredSeq {
-		return s.lastScored
-	}
-	return w.last
 }
 
 // Changed returns a channel that is closed at the next change of admission
