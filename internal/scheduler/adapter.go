@@ -117,10 +117,10 @@ type adapterPick struct {
 	onDemand   bool
 }
 
-// adapterOfLocked returns what the pick must know of model when it names
+// adapterOf returns what the pick must know of model when it names
 // an adapter, configured or reported by a worker; nil otherwise. A name
 // that is also some worker's base model is a model, not an adapter.
-func (s *Scheduler) adapterOfLocked(model string) *adapterPick {
+func (s *Scheduler) adapterOf(model string) *adapterPick {
 	if s.adapters == nil {
 		return nil
 	}
@@ -195,7 +195,7 @@ func (s *Scheduler) resolveAdapterLocked(p *pick) {
 // not hold the request's adapter yet: the load running or due there, or
 // a new one (made at Lease.Ready). It returns what the record says.
 func (s *Scheduler) bindAdapterLocked(l *Lease) string {
-	ap := s.adapterOfLocked(l.req.Model)
+	ap := s.adapterOf(l.req.Model)
 	if ap == nil {
 		return ""
 	}

@@ -169,7 +169,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		if best == nil {
 			return nil, choice{}
 		}
-		if c := s.pickQueuedLocked(best, now); c.w == w {
+		if c := s.pickLocked(best.req, best.enq, now, false); c.w == w {
 			explainOvertake(c.rec, head, best, w.spec.Name, bestMatch, headMatch)
 			return best, c
 		}
@@ -205,7 +205,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		if !holds {
 			continue
 		}
-		if c := s.pickQueuedLocked(t, now); c.w != nil {
+		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil {
 			explainOvertake(c.rec, head, t, c.w.spec.Name, s.matchOnLocked(t.req, c.w), s.matchOnLocked(head.req, c.w))
 			return t, c
 		}

@@ -88,5 +88,5 @@ func (s *Scheduler) runStep(model string, st *borrowStep) {
 // waited another BorrowAfter (a whole BorrowAfter when none waits).
 func (s *Scheduler) stepInLocked(model string, now time.Time) time.Duration {
 	every := s.limits.BorrowAfter
-	return every - s.oldestWaitLocked(model, now)%every
+	return every - s.queues[model].oldestWait(now)%every
 }

@@ -73,7 +73,7 @@ func (s *Scheduler) Gauges() []WorkerGauges {
 		if ms := w.models(snap); len(ms) > 0 && !s.limits.Fixed {
 			var ok bool
 			if m, ok = models[ms[0]]; !ok {
-				m = byModel{s.floorFor(ms[0]), s.oldestWaitLocked(ms[0], now)}
+				m = byModel{s.floorFor(ms[0]), s.queues[ms[0]].oldestWait(now)}
 				models[ms[0]] = m
 			}
 		}

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -115,7 +116,7 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 // it.
 func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 	for _, t := range q.retries {
-		if c := s.pickQueuedLocked(t, now); c.w != nil || c.refuse {
+		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil || c.refuse {
 			return t, c
 		}
 		if len(t.req.Exclude) == 0 {
@@ -123,7 +124,7 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 		}
 	}
 	if t := q.next(s.order); t != nil {
-		c := s.pickQueuedLocked(t, now)
+		c := s.pickLocked(t.req, t.enq, now, false)
 		// A request behind the head may go first where its prefix is
 		// cached, within the aging bound (see affinity.go).
 		if u, uc := s.affinityOvertakeLocked(q, t, c, now); u != nil {
@@ -133,10 +134,10 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 			return t, c
 		}
 		if c.kvHeld { // the head's prompt fits no cache now (kvfit.go)
-			return s.kvOvertakeLocked(q, t, now)
+			return s.passHeadLocked(q, t, now, fmt.Sprintf("whose prompt of ~%d tokens no eligible worker's free KV cache could take", t.req.PromptTokens))
 		}
 		if c.sloWait { // the head waits for a worker that keeps its promise (promise.go)
-			return s.promiseOvertakeLocked(q, t, now)
+			return s.passHeadLocked(q, t, now, "that waits for a worker predicted to keep its promise")
 		}
 	}
 	return nil, choice{}

@@ -55,7 +55,7 @@ import (
 // Sluice's to wait for. A held request at the head of the queue does not
 // hold back those behind it: one that a worker can take goes first,
 // within the queue's aging bound (MaxOvertake), as for prefix affinity
-// (kvOvertakeLocked). With a shared Ledger nothing is held (its waiting
+// (passHeadLocked). With a shared Ledger nothing is held (its waiting
 // list orders binds across replicas): the rule only passes over. The
 // baseline policies never apply it. The record of each decision says of
 // every worker passed over how big the prompt was, the room estimated
@@ -148,19 +148,6 @@ func (kvFitFilter) explain(pr *pickRecord, sl *slot) string {
 	return room.why(pr.req.PromptTokens)
 }
 
-// kvOvertakeLocked lets a request waiting behind q's head go first when
-// the head could not be placed because of the KV-fit rule alone (no
-// eligible worker had room in its cache for its prompt, see
-// choice.kvHeld): the first of them, in arrival order, arrived no
-// more than MaxOvertake after the head (the queue's aging bound, as for
-// prefix affinity), that a worker can take now. Without it a long prompt
-// at the head would hold back every request behind it while slots are
-// free. Not with a shared Ledger, whose waiting list orders binds across
-// replicas. It returns the request, its worker and record, or nil.
-func (s *Scheduler) kvOvertakeLocked(q *queue, head *Ticket, now time.Time) (*Ticket, choice) {
-	return s.passHeadLocked(q, head, now, fmt.Sprintf("whose prompt of ~%d tokens no eligible worker's free KV cache could take", head.req.PromptTokens))
-}
-
 // passHeadLocked places the first request behind q's head, in order and
 // within the aging bound, that some worker can take now, while the head
 // itself cannot be placed (why, for the record: "whose …" or "that …").
@@ -171,7 +158,7 @@ func (s *Scheduler) passHeadLocked(q *queue, head *Ticket, now time.Time, why st
 	}
 	waiting := q.behind(nil, head, s.order.overtake)
 	for _, t := range waiting {
-		if c := s.pickQueuedLocked(t, now); c.w != nil {
+		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil {
 			if rec := c.rec; rec != nil {
 				longer := t.enq.Sub(head.enq).Seconds()
 				rec.AddExplain(func(r *decisions.Record) {

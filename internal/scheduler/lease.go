@@ -123,7 +123,20 @@ func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Tick
 		l.w.cost = 0 // no float drift on an idle worker
 	}
 	s.retireLocked(l.w)
-	s.drainedLocked(l, outputTokens, now)
+	if q := s.queues[l.model]; q != nil {
+		// A backlog drains at the tokens produced when known, else at
+		// what they were expected to cost; an idle spell says nothing.
+		d := s.rates[l.model]
+		if d == nil {
+			d = &drainRate{}
+			s.rates[l.model] = d
+		}
+		work := l.cost
+		if outputTokens > 0 {
+			work = float64(l.req.PromptTokens + outputTokens)
+		}
+		d.drained(work, q.since, now)
+	}
 	done := s.dispatchLocked()
 	s.notifyLocked()
 	return done
@@ -157,26 +170,6 @@ func (s *Scheduler) expectedCost(w *worker, req Request) float64 {
 // Predictor, for the baselines, or when nothing was expected. The
 // simulation compares it with what the worker found.
 func (l *Lease) ExpectedCachedTokens() int { return l.found.CachedTokens }
-
-// drainedLocked accounts a released lease in its model's drain rate, if
-// requests of the model are waiting: the tokens it produced when known
-// (out > 0), else what it was expected to cost.
-func (s *Scheduler) drainedLocked(l *Lease, out int, now time.Time) {
-	q := s.queues[l.model]
-	if q == nil {
-		return // no backlog: an idle spell says nothing about the drain rate
-	}
-	d := s.rates[l.model]
-	if d == nil {
-		d = &drainRate{}
-		s.rates[l.model] = d
-	}
-	work := l.cost
-	if out > 0 {
-		work = float64(l.req.PromptTokens + out)
-	}
-	d.drained(work, q.since, now)
-}
 
 // bindLocked binds t to c's worker: the slot is reserved, the lease made
 // (with the shared ledger's lease id, "" without one) and the record
@@ -233,7 +226,8 @@ func (s *Scheduler) refuseWithLocked(t *Ticket, rec *decisions.Record, cause err
 func (s *Scheduler) refuseLocked(t *Ticket, cause error, reason string) {
 	var rec *decisions.Record
 	if !s.cfg.NoRecords {
-		rec = s.newRecordLocked(t.req, s.clock.Now())
+		rec = new(decisions.Record)
+		s.fillRecordLocked(rec, t.req, s.clock.Now())
 		rec.Reason = reason
 	}
 	s.refuseWithLocked(t, rec, cause)

@@ -85,11 +85,6 @@ var (
 
 func ticketWaitID(t *Ticket) string { return strconv.FormatUint(t.seq, 10) }
 
-// pickQueuedLocked picks for a queued ticket.
-func (s *Scheduler) pickQueuedLocked(t *Ticket, now time.Time) choice {
-	return s.pickForLocked(t.req, t.enq, now, false)
-}
-
 // activeWeight is the weight of the active-requests term, 0 without one.
 func (s *Scheduler) activeWeight() float64 {
 	for _, wt := range s.terms {

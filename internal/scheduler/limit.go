@@ -322,11 +322,10 @@ func fresh(r *Reading, now time.Time, staleAfter time.Duration) bool {
 	return r.Known() && (staleAfter <= 0 || now.Sub(r.At) <= staleAfter)
 }
 
-// oldestWaitLocked is how long the oldest request queued for model has
-// waited; 0 when none waits.
-func (s *Scheduler) oldestWaitLocked(model string, now time.Time) time.Duration {
-	q, ok := s.queues[model]
-	if !ok {
+// oldestWait is how long the oldest request queued in q has waited; 0
+// when none waits (q nil).
+func (q *queue) oldestWait(now time.Time) time.Duration {
+	if q == nil {
 		return 0
 	}
 	var oldest time.Time

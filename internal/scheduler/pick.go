@@ -107,15 +107,10 @@ type choice struct {
 	views []view
 }
 
-// pickLocked runs a pick for req. When no worker is eligible it returns
-// no record unless always is set (a refusal needs one).
-func (s *Scheduler) pickLocked(req Request, now time.Time, always bool) choice {
-	return s.pickForLocked(req, now, now, always)
-}
-
-// pickForLocked is pickLocked for a request that arrived at arrived: the
-// promise stage counts its objective from then.
-func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bool) choice {
+// pickLocked runs a pick for req, which arrived at arrived (the promise
+// stage counts its objective from then). When no worker is eligible it
+// returns no record unless always is set (a refusal needs one).
+func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool) choice {
 	p := s.newPickLocked(req, now, !always)
 	p.arrived = arrived
 	s.eligibleLocked(p)
@@ -124,7 +119,6 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	}
 	s.candidatesLocked(p)
 	if p.bySLO && len(p.elig) > 0 && !always {
-		s.startPromiseLocked(p)
 		s.promiseLocked(p)
 		if p.promise.verdict == verdictRefuse {
 			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now), views: p.views}
@@ -136,7 +130,8 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 	}
 	var pr *pickRecord
 	if !s.cfg.NoRecords {
-		pr = s.newPickRecordLocked(p)
+		pr = newPickRecord(p, s.terms, s.limits)
+		s.fillRecordLocked(&pr.rec, p.req, p.env.Now)
 	}
 	c := choice{kvHeld: p.kvHeld, views: p.views}
 	if always && pr != nil && !p.baseline {
@@ -162,7 +157,6 @@ func (s *Scheduler) pickForLocked(req Request, arrived, now time.Time, always bo
 // worker, computes its limit and leaves in p.elig the workers the
 // filters keep.
 func (s *Scheduler) eligibleLocked(p *pick) {
-	s.resolveLocked(p)
 	if !p.baseline {
 		for i := range p.views {
 			v := &p.views[i]
@@ -227,24 +221,20 @@ func (s *Scheduler) chooseLocked(p *pick, pr *pickRecord, always bool) choice {
 }
 
 // newPickLocked starts a pick for req: the request, the time, the
-// policy's mode, and a view of every worker.
+// policy's mode, and a view of every worker with its telemetry and
+// stats; with learned limits also the model's floor (configured, or
+// FloorFraction of the best solo decode rate among its workers) and how
+// long its oldest queued request has waited.
 func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pick {
 	p := &pick{req: req, binding: binding, baseline: s.cfg.Policy != PolicySluice}
 	p.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &p.req}
 	p.learning = !p.baseline && !s.limits.Fixed
 	p.shared = s.cfg.Ledger != nil
 	p.bySLO = s.promiseOn(p)
-	p.adapter = s.adapterOfLocked(req.Model)
+	p.adapter = s.adapterOf(req.Model)
 	p.views = make([]view, len(s.workers))
-	return p
-}
-
-// resolveLocked reads each worker's telemetry and stats once for the
-// whole pick: the floor, the limits, the filters and the terms all read
-// them. With learned limits it also finds the model's floor (configured,
-// or FloorFraction of the best solo decode rate among its workers) and
-// how long its oldest queued request has waited.
-func (s *Scheduler) resolveLocked(p *pick) {
+	// Each worker's telemetry and stats are read once for the whole pick:
+	// the floor, the limits, the filters and the terms all read them.
 	best := 0.0
 	for i, w := range s.workers {
 		v := &p.views[i]
@@ -258,13 +248,14 @@ func (s *Scheduler) resolveLocked(p *pick) {
 		s.resolveAdapterLocked(p)
 	}
 	if !p.learning {
-		return
+		return p
 	}
 	var ok bool
 	if p.floor, ok = s.configuredFloor(p.req.Model); !ok {
 		p.floor = s.limits.FloorFraction * best
 	}
-	p.waited = s.oldestWaitLocked(p.req.Model, p.env.Now)
+	p.waited = s.queues[p.req.Model].oldestWait(p.env.Now)
+	return p
 }
 
 // candidatesLocked writes what the terms see of each eligible worker,
@@ -299,7 +290,7 @@ func (s *Scheduler) refusalRecordLocked(req Request, now time.Time) *decisions.R
 	if s.cfg.NoRecords {
 		return nil
 	}
-	return s.pickLocked(req, now, true).rec
+	return s.pickLocked(req, now, now, true).rec
 }
 
 // excluded reports whether req already failed on w.

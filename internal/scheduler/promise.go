@@ -121,23 +121,6 @@ type derived struct {
 // sloRefresh is how often a model's derived default SLO is derived again.
 const sloRefresh = 10 * time.Second
 
-// startPromiseLocked resolves p's SLO, its objective and its expected
-// output for the promise stage.
-func (s *Scheduler) startPromiseLocked(p *pick) {
-	pm := &p.promise
-	pm.slo = s.sloOfLocked(&p.req, p.env.Now)
-	cached := 0
-	for j := range p.cands {
-		cached = max(cached, int(clamp01(p.cands[j].PrefixMatch)*float64(p.req.PromptTokens)))
-	}
-	// The objective allows for the prefill of what no worker is expected
-	// to hold: the most cached anywhere is what it could skip.
-	pm.objective = pm.slo.Deadline(p.req.PromptTokens, cached)
-	if pm.objective <= 0 {
-		pm.objective = math.MaxInt64 / 4 // no TTFT objective: any time meets it
-	}
-}
-
 // inputFor describes p's request on the worker of candidate c.
 func (s *Scheduler) inputFor(p *pick, v *view, c *Candidate) predict.Input {
 	if p.out == 0 {
@@ -153,8 +136,8 @@ func (s *Scheduler) inputFor(p *pick, v *view, c *Candidate) predict.Input {
 	}
 }
 
-// promiseLocked is the promise stage: it keeps the workers predicted to
-// keep p's promise, or decides that the request waits, is served where
+// promiseLocked is the promise stage: it resolves p's SLO and objective,
+// then keeps the workers predicted to keep p's promise, or decides that the request waits, is served where
 // it misses least, or is refused.
 //
 // A decode floor is a promise kept by most streams, not a median: the
@@ -169,41 +152,28 @@ func (s *Scheduler) inputFor(p *pick, v *view, c *Candidate) predict.Input {
 // one level lower. A chance of at least surelyKept binds at once. Among the workers that keep its first token in time
 // the score chooses as ever; only when waiting beats all of them does the
 // request wait, and requests behind it may take the room it declined
-// (promiseOvertakeLocked). No margin is tuned here: the comparison is of
+// (passHeadLocked). No margin is tuned here: the comparison is of
 // two predicted chances.
 func (s *Scheduler) promiseLocked(p *pick) {
 	pm := &p.promise
+	pm.slo = s.sloOfLocked(&p.req, p.env.Now)
+	cached := 0
+	for j := range p.cands {
+		cached = max(cached, int(clamp01(p.cands[j].PrefixMatch)*float64(p.req.PromptTokens)))
+	}
+	// The objective allows for the prefill of what no worker is expected
+	// to hold: the most cached anywhere is what it could skip.
+	pm.objective = pm.slo.Deadline(p.req.PromptTokens, cached)
+	if pm.objective <= 0 {
+		pm.objective = math.MaxInt64 / 4 // no TTFT objective: any time meets it
+	}
 	remaining := pm.objective - p.env.Now.Sub(p.arrived)
 	n := len(p.elig)
-	if cap(p.preds) < n {
-		p.preds = make([]predict.Prediction, n)
-		p.meets = make([]bool, n)
-	}
-	preds, meets := p.preds[:n], p.meets[:n]
+	p.preds, p.meets = make([]predict.Prediction, n), make([]bool, n)
+	preds, meets := p.preds, p.meets
 	floor := pm.slo.MinDecode
-	bestNow, bestWait := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
-	waitChance := 0.0 // the best chance of keeping the promise by waiting
-	for j := range n {
-		v, c := p.at(j), &p.cands[j]
-		preds[j] = s.cfg.Predictor.Predict(c.Name, s.inputFor(p, v, c))
-		pr := &preds[j]
-		// meets holds whether the worker is judged by prediction until
-		// the loop below decides it (Trusted sorts its last errors: once
-		// per worker).
-		ok, _ := s.cfg.Predictor.Trusted(c.Name)
-		meets[j] = pr.Known && ok
-		if !meets[j] || pr.FreeIn <= 0 {
-			continue
-		}
-		after := pr.FreeIn + pr.TTFTAfterOne
-		bestWait = min(bestWait, after)
-		if after <= remaining {
-			inTime := 1 - math.Exp(-float64(remaining-pr.TTFTAfterOne)/float64(pr.FreeIn))
-			waitChance = max(waitChance, inTime*
-				floorChance(pr.DecodeAfterOne, pr.DecodeCVAfterOne, floor)*
-				floorChance(pr.DecodeOthersAfterOne, pr.DecodeCVAfterOne, floor))
-		}
-	}
+	bestWait, waitChance := s.predictLocked(p, remaining)
+	bestNow := time.Duration(math.MaxInt64)
 	any, judged := false, 0
 	nowChance := 0.0 // the best chance of keeping it by binding now
 	for j := range n {
@@ -261,6 +231,37 @@ func (s *Scheduler) promiseLocked(p *pick) {
 		p.at(j).why = whySLO
 	}
 	p.elig, p.cands, p.preds = p.elig[:keep], p.cands[:keep], preds[:keep]
+}
+
+// predictLocked predicts p's request on each eligible worker into p.preds
+// and marks in p.meets those judged by prediction (known and trusted);
+// it returns the soonest first token predicted after waiting for a
+// stream to end, and the best chance of keeping the promise by waiting.
+func (s *Scheduler) predictLocked(p *pick, remaining time.Duration) (bestWait time.Duration, waitChance float64) {
+	preds, meets, floor := p.preds, p.meets, p.promise.slo.MinDecode
+	bestWait = time.Duration(math.MaxInt64)
+	for j := range preds {
+		v, c := p.at(j), &p.cands[j]
+		preds[j] = s.cfg.Predictor.Predict(c.Name, s.inputFor(p, v, c))
+		pr := &preds[j]
+		// meets holds whether the worker is judged by prediction until
+		// the loop below decides it (Trusted sorts its last errors: once
+		// per worker).
+		ok, _ := s.cfg.Predictor.Trusted(c.Name)
+		meets[j] = pr.Known && ok
+		if !meets[j] || pr.FreeIn <= 0 {
+			continue
+		}
+		after := pr.FreeIn + pr.TTFTAfterOne
+		bestWait = min(bestWait, after)
+		if after <= remaining {
+			inTime := 1 - math.Exp(-float64(remaining-pr.TTFTAfterOne)/float64(pr.FreeIn))
+			waitChance = max(waitChance, inTime*
+				floorChance(pr.DecodeAfterOne, pr.DecodeCVAfterOne, floor)*
+				floorChance(pr.DecodeOthersAfterOne, pr.DecodeCVAfterOne, floor))
+		}
+	}
+	return bestWait, waitChance
 }
 
 // surelyKept is the chance of keeping its floor at which a request binds
@@ -337,16 +338,6 @@ func promiseRecord(pm *promiseState, pr *predict.Prediction, trusted string) *de
 		out.Verdict = "no worker meets it, now or after waiting: refused (on_miss: refuse)"
 	}
 	return out
-}
-
-// promiseOvertakeLocked places a request behind q's head, which chose to
-// wait for a worker predicted to keep its promise: the free room it
-// declined may keep another's (a short prompt where the head's long
-// prefill would stall the streams running there). The first request
-// behind it, in order and within the aging bound, that some worker is
-// predicted to serve now is placed; nil when none is.
-func (s *Scheduler) promiseOvertakeLocked(q *queue, head *Ticket, now time.Time) (*Ticket, choice) {
-	return s.passHeadLocked(q, head, now, "that waits for a worker predicted to keep its promise")
 }
 
 // millis is d in milliseconds, as records give times.

@@ -66,14 +66,14 @@ type slot struct {
 	loadable    bool // it could load the request's adapter (adapter.go)
 }
 
-// newPickRecordLocked starts the record of pick p.
-func (s *Scheduler) newPickRecordLocked(p *pick) *pickRecord {
-	pr := &pickRecord{req: p.req, terms: s.terms, floor: p.floor, waited: p.waited, chosen: -1, adapter: p.adapter}
-	pr.env = Env{Now: p.env.Now, StaleAfter: s.cfg.StaleAfter, Req: &pr.req}
+// newPickRecord starts the record of pick p, scored by terms, with
+// limits learned by limits; its header is the caller's (fillRecordLocked).
+func newPickRecord(p *pick, terms []WeightedTerm, limits *LimitConfig) *pickRecord {
+	pr := &pickRecord{req: p.req, terms: terms, floor: p.floor, waited: p.waited, chosen: -1, adapter: p.adapter}
+	pr.env = Env{Now: p.env.Now, StaleAfter: p.env.StaleAfter, Req: &pr.req}
 	if p.learning {
-		pr.limits = s.limits
+		pr.limits = limits
 	}
-	s.fillRecordLocked(&pr.rec, p.req, p.env.Now)
 	return pr
 }
 
@@ -214,12 +214,6 @@ func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at [
 	default:
 		r.Reason = fmt.Sprintf("lowest score %.2f (next: %s at %.2f)", first, cands[order[1]].Name, keys[order[1]].total)
 	}
-}
-
-func (s *Scheduler) newRecordLocked(req Request, now time.Time) *decisions.Record {
-	rec := new(decisions.Record)
-	s.fillRecordLocked(rec, req, now)
-	return rec
 }
 
 // fillRecordLocked fills in a new record's header: its ID and what it

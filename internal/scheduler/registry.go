@@ -279,7 +279,7 @@ func (s *Scheduler) whyNotWaitLocked(req Request) error {
 // worker's models are still being discovered.
 func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) {
 	serves, undiscovered, fits, routeless := false, false, false, false
-	ap := s.adapterOfLocked(req.Model)
+	ap := s.adapterOf(req.Model)
 	for _, w := range s.workers {
 		snap := w.snapshot()
 		if snap.Models == nil && len(w.spec.Models) == 0 && snap.Health != HealthDown {

@@ -263,16 +263,17 @@ type Scheduler struct {
 	queuedBytes int64
 }
 
-// New returns a Scheduler with the given workers.
-func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
+// withDefaults fills in cfg's defaults and checks what New cannot work
+// with.
+func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Policy == "" {
 		cfg.Policy = PolicySluice
 	}
 	if !slices.Contains(Policies, cfg.Policy) {
-		return nil, fmt.Errorf("scheduler: unknown policy %q", cfg.Policy)
+		return cfg, fmt.Errorf("scheduler: unknown policy %q", cfg.Policy)
 	}
 	if cfg.NoRecords && cfg.Recorder != nil {
-		return nil, fmt.Errorf("scheduler: NoRecords with a Recorder: the recorder would receive nothing")
+		return cfg, fmt.Errorf("scheduler: NoRecords with a Recorder: the recorder would receive nothing")
 	}
 	if cfg.DefaultOutputTokens <= 0 {
 		cfg.DefaultOutputTokens = 256
@@ -283,7 +284,24 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	if cfg.MaxOvertake == 0 {
 		cfg.MaxOvertake = DefaultMaxOvertake
 	}
-	if err := checkClasses(cfg.Classes); err != nil {
+	if cfg.HashLoadBound == 0 {
+		cfg.HashLoadBound = DefaultHashLoadBound
+	}
+	if cfg.HashLoadBound < 1 || math.IsNaN(cfg.HashLoadBound) || math.IsInf(cfg.HashLoadBound, 0) {
+		return cfg, fmt.Errorf("scheduler: hash load bound %v: must be 1 or more", cfg.HashLoadBound)
+	}
+	for _, a := range cfg.Adapters.Adapters {
+		if a.Name == "" || a.Base == "" {
+			return cfg, fmt.Errorf("scheduler: adapter %q: name and base are required", a.Name)
+		}
+	}
+	return cfg, checkClasses(cfg.Classes)
+}
+
+// New returns a Scheduler with the given workers.
+func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
 		return nil, err
 	}
 	classes, def := sortClasses(cfg.Classes)
@@ -307,19 +325,10 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		s.terms = DefaultTerms(cfg.Weights)
 	}
 	for _, a := range cfg.Adapters.Adapters {
-		if a.Name == "" || a.Base == "" {
-			return nil, fmt.Errorf("scheduler: adapter %q: name and base are required", a.Name)
-		}
 		if s.adapters == nil {
 			s.adapters = map[string]AdapterSpec{}
 		}
 		s.adapters[a.Name] = a
-	}
-	if cfg.HashLoadBound == 0 {
-		cfg.HashLoadBound = DefaultHashLoadBound
-	}
-	if cfg.HashLoadBound < 1 || math.IsNaN(cfg.HashLoadBound) || math.IsInf(cfg.HashLoadBound, 0) {
-		return nil, fmt.Errorf("scheduler: hash load bound %v: must be 1 or more", cfg.HashLoadBound)
 	}
 	s.picker = newPicker(cfg.Policy, s.terms, cfg.Seed, cfg.HashLoadBound)
 	if cfg.SessionAffinity {

@@ -99,7 +99,7 @@ func (s *Scheduler) Workers() []WorkerState {
 			snap := w.snapshot()
 			var lim limitState
 			if models := w.models(snap); len(models) > 0 && !s.limits.Fixed {
-				lim = s.limitLocked(w, snap, s.statsOf(w), s.floorFor(models[0]), s.oldestWaitLocked(models[0], now), now)
+				lim = s.limitLocked(w, snap, s.statsOf(w), s.floorFor(models[0]), s.queues[models[0]].oldestWait(now), now)
 			} else {
 				lim = s.limitLocked(w, snap, s.statsOf(w), 0, 0, now)
 			}

@@ -124,7 +124,7 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 		return s.queueLocked(t, now, false)
 	}
 	if mayJump {
-		c := s.pickLocked(t.req, now, false)
+		c := s.pickLocked(t.req, now, now, false)
 		if c.refuse {
 			s.refuseWithLocked(t, c.rec, ErrSLOUnmeetable)
 			return []*Ticket{t}
