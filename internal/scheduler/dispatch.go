@@ -50,7 +50,7 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 				if c.refuse {
 					s.unqueueLocked(t, false)
 					s.sharedGoneLocked(t)
-					s.refuseWithLocked(t, c.rec, ErrSLOUnmeetable)
+					s.refuseLocked(t, c.rec, ErrSLOUnmeetable)
 					done = append(done, t)
 				} else if c.pending != nil {
 					s.startReserveLocked(t, c)
@@ -103,7 +103,7 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 		s.unqueueLocked(t, false)
 		s.sharedGoneLocked(t)
 		rec := s.refusalRecordLocked(t.req, now)
-		s.refuseWithLocked(t, rec, cause)
+		s.refuseLocked(t, rec, cause)
 		done = append(done, t)
 	}
 	return done

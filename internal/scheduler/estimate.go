@@ -23,6 +23,15 @@ type drainRate struct {
 	rate   stats.EMA // tokens/s
 }
 
+// timeFor is how long work (tokens) takes at the measured rate; false
+// while the rate is unmeasured (d nil).
+func (d *drainRate) timeFor(work float64) (time.Duration, bool) {
+	if d == nil || !d.rate.Known() || d.rate.Value <= 0 {
+		return 0, false
+	}
+	return time.Duration(work / d.rate.Value * float64(time.Second)), true
+}
+
 // minDrainWindow is the shortest window a drain-rate sample is taken over,
 // so that two releases a moment apart do not read as an infinite rate.
 const minDrainWindow = time.Second

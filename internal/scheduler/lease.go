@@ -200,13 +200,27 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 	t.queued = false
 }
 
-func (s *Scheduler) refuseWithLocked(t *Ticket, rec *decisions.Record, cause error) {
+// refuseLocked ends t with a Refusal for cause, completing rec, the
+// record of the pick that found nobody for it; with records on and no
+// pick made (rec nil), a record of the request alone.
+func (s *Scheduler) refuseLocked(t *Ticket, rec *decisions.Record, cause error) {
+	if rec == nil && !s.cfg.NoRecords {
+		rec = new(decisions.Record)
+		s.fillRecordLocked(rec, t.req, s.clock.Now())
+	}
 	if t.res != nil {
 		t.res.gone = true // the ledger's answer gives back what it reserved
 		t.res = nil
 	}
 	wait := s.clock.Now().Sub(t.enq)
-	ref := &Refusal{Err: cause, Reason: reasonOf(cause), RetryAfter: s.retryAfterLocked(t), QueueWait: wait}
+	// Retry-After: the work waiting for its model plus its own at the
+	// model's drain rate, measured while requests waited; else the queue
+	// timeout.
+	retry, ok := s.rates[t.req.Model].timeFor(t.cost + s.queues[t.req.Model].workOrZero())
+	if !ok {
+		retry = s.cfg.QueueTimeout
+	}
+	ref := &Refusal{Err: cause, Reason: reasonOf(cause), RetryAfter: clampRetryAfter(retry), QueueWait: wait}
 	if rec != nil {
 		// The record's pick chose nobody for it: it reserves nothing, and
 		// with a Ledger it saw only this replica's view, by which a worker
@@ -221,31 +235,6 @@ func (s *Scheduler) refuseWithLocked(t *Ticket, rec *decisions.Record, cause err
 	t.rec = rec
 	t.err = ref
 	t.queued = false
-}
-
-func (s *Scheduler) refuseLocked(t *Ticket, cause error, reason string) {
-	var rec *decisions.Record
-	if !s.cfg.NoRecords {
-		rec = new(decisions.Record)
-		s.fillRecordLocked(rec, t.req, s.clock.Now())
-		rec.Reason = reason
-	}
-	s.refuseWithLocked(t, rec, cause)
-}
-
-// retryAfterLocked estimates when t would be served: the work waiting for
-// its model plus its own over the model's drain rate, measured while
-// requests waited. Without a measured rate it is the queue timeout.
-func (s *Scheduler) retryAfterLocked(t *Ticket) time.Duration {
-	d := s.cfg.QueueTimeout
-	if r := s.rates[t.req.Model]; r != nil && r.rate.Known() && r.rate.Value > 0 {
-		work := t.cost
-		if q := s.queues[t.req.Model]; q != nil {
-			work += q.work
-		}
-		d = time.Duration(work / r.rate.Value * float64(time.Second))
-	}
-	return clampRetryAfter(d)
 }
 
 // clampRetryAfter keeps a Retry-After between a second and ten minutes.

@@ -126,7 +126,7 @@ func (s *Scheduler) pendingSharedLocked(p *pick, pr *pickRecord) {
 // or a refusal because every candidate was full — and stays until the
 // next: a refusal for another replica's turn carries no counts, and
 // releases elsewhere are not pushed.
-func (s *Scheduler) setRemoteLocked(w *worker, n int, now time.Time) {
+func (w *worker) setRemoteLocked(n int, now time.Time) {
 	n = max(n, 0)
 	if n == w.remote {
 		return
@@ -192,9 +192,9 @@ func (s *Scheduler) sharedReleaseLocked(l *Lease) {
 	}
 }
 
-// stampSharedLocked marks a record with the replica and the shared
-// state's health.
-func (s *Scheduler) stampSharedLocked(rec *decisions.Record) {
+// stampShared marks a record with the replica and the shared state's
+// health, as the Ledger (safe for concurrent use) tells them.
+func (s *Scheduler) stampShared(rec *decisions.Record) {
 	if l := s.cfg.Ledger; l != nil {
 		rec.Replica = l.Replica()
 		rec.Degraded = l.Degraded()

@@ -192,6 +192,14 @@ type order struct {
 	overtake time.Duration
 }
 
+// workOrZero is the work waiting in q, 0 in no queue (q nil).
+func (q *queue) workOrZero() float64 {
+	if q == nil {
+		return 0
+	}
+	return q.work
+}
+
 // head returns the request that goes next, nil when none waits.
 func (q *queue) head(o order) *Ticket {
 	if len(q.retries) > 0 {
@@ -301,9 +309,12 @@ func (q *queue) each(fn func(*Ticket)) {
 // class what fair share lets through while t's flow works off its own
 // backlog (the fluid picture of fair queueing: each other flow of its
 // tenant gets as much, each other tenant weight/weight(t) as much as t's
-// tenant).
+// tenant). Nothing is ahead in no queue (q nil).
 func (q *queue) ahead(t *Ticket, weight float64) float64 {
 	w := 0.0
+	if q == nil {
+		return w
+	}
 	for _, r := range q.retries {
 		w += r.cost
 	}

@@ -201,7 +201,7 @@ func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at [
 	switch {
 	case r.Chosen == "":
 		// A refusal's record: the ranks say who would have gone first,
-		// its reason why nobody did (refuseWithLocked).
+		// its reason why nobody did (refuseLocked).
 	case len(order) == 1:
 		r.Reason = fmt.Sprintf("only eligible worker (score %.2f)", first)
 	case won >= 0 && keys[order[1]].total < first:
@@ -234,7 +234,7 @@ func (s *Scheduler) fillRecordLocked(rec *decisions.Record, req Request, now tim
 		Tenant:       req.Tenant,
 		Session:      sessionLabel(&req),
 	}
-	s.stampSharedLocked(rec)
+	s.stampShared(rec)
 	out, src := s.est.estimate(&req)
 	rec.ExpectedOutputTokens, rec.EstimateSource = int(math.Round(out)), src
 }

@@ -194,7 +194,7 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 	case ok && !res.elig[pick.Index].removed && !res.elig[pick.Index].draining:
 		for i, e := range res.elig {
 			res.tot[i] = res.sc[i].Score + res.aw*float64(pick.Active[i])
-			s.setRemoteLocked(e, pick.Active[i]-e.active, now)
+			e.setRemoteLocked(pick.Active[i]-e.active, now)
 		}
 		s.bindReservedLocked(res, pick.Index, pick.Lease, pick.Active, now)
 		done = append(done, t)
@@ -205,7 +205,7 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 		// The local view is all there is: levels count this replica's
 		// streams only until the ledger answers again.
 		for _, e := range s.workers {
-			s.setRemoteLocked(e, 0, now)
+			e.setRemoteLocked(0, now)
 		}
 		best := -1
 		for i, e := range res.elig {
@@ -227,7 +227,7 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 			// Full: the counts are the fleet at its busiest, the levels
 			// its streams run at now.
 			for i, e := range res.elig {
-				s.setRemoteLocked(e, pick.Active[i]-e.active, now)
+				e.setRemoteLocked(pick.Active[i]-e.active, now)
 			}
 		}
 		done = s.waitLocked(t, now)
@@ -284,7 +284,7 @@ func (pr *pickRecord) patchShared(s *Scheduler, res *reservation, i int, active 
 	pr.chosen = res.slotIdx[i]
 	pr.rec.Chosen = res.elig[i].spec.Name
 	pr.rec.Summary.Score = res.tot[i]
-	s.stampSharedLocked(&pr.rec)
+	s.stampShared(&pr.rec)
 }
 
 // FlushLedger returns when every call to the shared ledger queued so far

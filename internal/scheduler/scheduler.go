@@ -394,7 +394,7 @@ func (s *Scheduler) refuseAll() []*Ticket {
 		}
 	}
 	for _, t := range done {
-		s.refuseLocked(t, ErrClosed, "shutting down")
+		s.refuseLocked(t, nil, ErrClosed)
 	}
 	s.notifyLocked()
 	return done

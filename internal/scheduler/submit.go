@@ -97,7 +97,7 @@ func (s *Scheduler) submit(t *Ticket, now time.Time) []*Ticket {
 
 func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 	if s.closed {
-		s.refuseLocked(t, ErrClosed, "shutting down")
+		s.refuseLocked(t, nil, ErrClosed)
 		return []*Ticket{t}
 	}
 	cls, ok := s.classOf(t.req.Class)
@@ -107,7 +107,7 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 		for i, c := range s.classes {
 			names[i] = c.Name
 		}
-		s.refuseWithLocked(t, rec, fmt.Errorf("%w %q (configured: %s)", ErrUnknownClass, t.req.Class, strings.Join(names, ", ")))
+		s.refuseLocked(t, rec, fmt.Errorf("%w %q (configured: %s)", ErrUnknownClass, t.req.Class, strings.Join(names, ", ")))
 		return []*Ticket{t}
 	}
 	t.cls, t.req.Class = cls, s.classes[cls].Name
@@ -126,7 +126,7 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 	if mayJump {
 		c := s.pickLocked(t.req, now, now, false)
 		if c.refuse {
-			s.refuseWithLocked(t, c.rec, ErrSLOUnmeetable)
+			s.refuseLocked(t, c.rec, ErrSLOUnmeetable)
 			return []*Ticket{t}
 		}
 		if c.w != nil {
@@ -138,7 +138,7 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 			return []*Ticket{t}
 		} else if s.cfg.Policy != PolicySluice {
 			rec := s.refusalRecordLocked(t.req, now)
-			s.refuseWithLocked(t, rec, s.unplaceable(t.req))
+			s.refuseLocked(t, rec, s.unplaceable(t.req))
 			return []*Ticket{t}
 		}
 	}
@@ -167,13 +167,14 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 	case !t.front && s.cfg.MaxQueueBytes > 0 && s.queuedBytes+int64(t.req.BodyBytes) > s.cfg.MaxQueueBytes:
 		why = fmt.Errorf("%w (%d MiB)", ErrQueueBytesFull, s.cfg.MaxQueueBytes>>20)
 	case !t.front:
-		if wait, ok := s.predictedWaitLocked(q, t); ok && wait > deadlineMargin*s.maxWait(t.req.Class) {
+		// The work that would be bound before it, at the drain rate.
+		if wait, ok := s.rates[t.req.Model].timeFor(q.ahead(t, s.weightOf(t.req.Tenant))); ok && wait > deadlineMargin*s.maxWait(t.req.Class) {
 			why, retryAfter = ErrDeadlineUnmeetable, wait-s.maxWait(t.req.Class)
 		}
 	}
 	if why != nil {
 		rec := s.refusalRecordLocked(t.req, now)
-		s.refuseWithLocked(t, rec, why)
+		s.refuseLocked(t, rec, why)
 		if retryAfter > 0 {
 			t.err.(*Refusal).RetryAfter = clampRetryAfter(retryAfter)
 		}
@@ -203,20 +204,6 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 // the deadline sheds load that would time out while keeping work that
 // would have made it.
 const deadlineMargin = 2
-
-// predictedWaitLocked predicts how long t would wait in q: the work that
-// would be bound before it over the model's drain rate. It reports false
-// while the drain rate is unmeasured.
-func (s *Scheduler) predictedWaitLocked(q *queue, t *Ticket) (time.Duration, bool) {
-	r := s.rates[t.req.Model]
-	if r == nil || !r.rate.Known() || r.rate.Value <= 0 {
-		return 0, false
-	}
-	if q == nil {
-		return 0, true
-	}
-	return time.Duration(q.ahead(t, s.weightOf(t.req.Tenant)) / r.rate.Value * float64(time.Second)), true
-}
 
 // speculativeLocked counts the requests waiting for models no worker was
 // known to serve when they came.
@@ -251,7 +238,7 @@ func (s *Scheduler) cancel(t *Ticket, cause error, now time.Time) ([]*Ticket, bo
 		s.sharedGoneLocked(t)
 	}
 	rec := s.refusalRecordLocked(t.req, now)
-	s.refuseWithLocked(t, rec, cause)
+	s.refuseLocked(t, rec, cause)
 	// The head may have changed: a retry blocked by its exclusions can
 	// have been holding back requests that fit now.
 	done := append(s.dispatchLocked(), t)
