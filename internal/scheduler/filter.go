@@ -190,9 +190,8 @@ func (contextFilter) explain(pr *pickRecord, sl *slot) string {
 // limitFilter keeps a worker only while Sluice runs fewer requests there
 // than its concurrency limit (limit.go). The baselines have no limit.
 // Under admission by promise too: judging trusted workers up to their
-// cap instead cost 7 points of SLO attainment on the Azure trace at 80%
-// load in virtual time (docs/benchmarks.md), so the learned limit stays
-// the bound, and the promise stage chooses within it.
+// cap instead lost SLO attainment, so the learned limit stays the bound
+// and the promise stage chooses within it.
 type limitFilter struct{}
 
 func (f limitFilter) keep(p *pick, in []int32, why uint8) []int32 {

@@ -152,8 +152,8 @@ func (s *Scheduler) expectedCost(w *worker, req Request) float64 {
 	out, _ := s.est.estimate(&req)
 	if w != nil && s.cfg.Stats != nil {
 		// Placing on a worker: its own measured mean output, when it has
-		// one, weighs in the job-cost term as before the estimator (the
-		// estimate there raised p99 TTFT in virtual time, see docs/routing.md).
+		// one, weighs in the job-cost term (the estimate there raised the
+		// tail of first tokens, see docs/routing.md).
 		if st := s.cfg.Stats.Stats(w.spec.Name); st != nil && st.OutputTokens.Known() {
 			out = st.OutputTokens.Value
 			if req.MaxTokens > 0 {

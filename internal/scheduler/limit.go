@@ -13,76 +13,52 @@ import (
 // # The controller
 //
 // A GPU does not degrade gracefully: one more stream on a busy card can
-// slow every stream on it unpredictably. So the limit is learned per
-// worker from what its streams really achieved at each concurrency level
-// (stats.Level: the moving average and spread of per-stream decode rates
-// of requests that ran with k requests in flight on the worker), against
-// a floor, the per-stream decode rate every stream should keep:
-//
-//   - level k is good when it has at least MinSamples samples and its
-//     pessimistic rate, mean minus one standard deviation (about the 16th
-//     percentile), is at or above the floor; bad when below;
-//   - the limit is the highest good level reached from 1 upwards with no
-//     bad level below it, plus one level still unmeasured: that is the
-//     probe. A probe level is taken only after the one below proved good,
-//     so the limit climbs one stream at a time, each step only after its
-//     predecessor held;
-//   - a bad level stops the climb: when measured rates fall (a noisy
-//     neighbour, KV pressure, a card that slows down) the level's average
-//     drops under the floor within a few samples and the limit backs off
-//     below it;
-//   - a bad level's verdict expires after ProbeAfter without samples, so
-//     a worker that recovered is probed again instead of being held down
-//     by old measurements;
-//   - the worker's own telemetry caps the limit at what is in flight when
-//     it says it is saturated: requests waiting in its own queue, or its
-//     KV cache nearly full.
-//
-// Why it is stable: the limit is a pure function of measured averages, so
-// it moves only when the measurements do. Going up needs MinSamples good
-// samples at the new level and goes one level at a time; going down needs
-// the level's average to fall below the floor. Between the two the
-// pessimistic rate must cross the floor, and the averages move by at most
-// alpha of a sample's gap each time, so the limit cannot oscillate faster
-// than samples arrive, and a level that is comfortably above or below the
-// floor is never revisited. This is the shape of TCP Vegas and of the
-// gradient limiters (Netflix concurrency-limits, Envoy's adaptive
-// concurrency filter), which compare a measured rate or latency with a
-// target to decide whether one more in flight is worth it, with the
-// target here being the user's promise — per-stream tokens/s — rather
-// than a latency ratio.
-//
-// The floor, when not set, is FloorFraction of the best solo decode rate
-// (level 1) measured among the workers of the model, so a fleet is judged
-// against its own fastest card without hand tuning.
-//
-// # First tokens before decode rates
+// slow every stream on it. So the limit is learned per worker from what
+// its streams achieved at each concurrency level (stats.Level: the moving
+// averages of per-stream decode rate, its spread, and time to first token
+// of requests that ran with k in flight on the worker), against a floor,
+// the per-stream decode rate every stream should keep.
 //
 // Holding a request in Sluice's queue costs it its wait for a free stream;
 // admitting it costs the streams beside it some decode rate. On traffic of
 // long prompts each prefill stalls its neighbours, so a floor on decode
 // rates alone would settle on one or two streams per card and make every
-// request wait for its first token. So the controller lowers a limit only
-// where a level is measured worse on both counts:
+// request wait for its first token. So a worker starts at its cap (its
+// reported slots, else DefaultCap) and the limit is lowered only where a
+// level is measured worse on both counts:
 //
-//   - a level with fewer than MinSamples samples is assumed good: a
-//     worker with no history runs at its cap (its reported slots) from
-//     the start rather than climbing from one stream;
-//   - level k ≥ 2 is bad only when its pessimistic decode rate is under
-//     the floor and its mean time to first token is longer than a
-//     request held at k-1 streams would see: level k-1's time to first
-//     token plus the wait for one of its k-1 streams to end, estimated
-//     as the worker's mean end-to-end time over k-1 (the first of k-1
-//     streams to finish, each with a memoryless remaining time).
+//   - a level with fewer than MinSamples samples is assumed good;
+//   - level k ≥ 2 is bad when its pessimistic decode rate (mean minus one
+//     standard deviation, about the 16th percentile) is under the floor
+//     and its mean time to first token is longer than a request held at
+//     k-1 streams would see: level k-1's time to first token plus the
+//     wait for one of its k-1 streams to end, the worker's mean
+//     end-to-end time over k-1;
+//   - the limit is then k-1 for the lowest bad level; a bad level's
+//     verdict expires after ProbeAfter without samples, so a worker that
+//     recovered is tried at that level again;
+//   - the worker's own telemetry caps the limit at what is in flight when
+//     it says it is saturated: requests waiting in its own queue, or its
+//     KV cache nearly full.
+//
+// The limit is a pure function of measured averages, so it moves only
+// when the measurements do, and the averages move by a fraction of each
+// sample's gap: it cannot oscillate faster than samples arrive. This is
+// the shape of TCP Vegas and of gradient limiters (Netflix
+// concurrency-limits, Envoy's adaptive concurrency), with the target here
+// the user's promise, per-stream tokens/s, rather than a latency ratio.
+//
+// The floor, when not set, is FloorFraction of the best solo decode rate
+// (level 1) measured among the workers of the model, so a fleet is judged
+// against its own fastest card without hand tuning.
 //
 // # Borrowing under a backlog
 //
-// A floor that holds at every load would turn a burst into queue
-// timeouts. When the oldest request waiting for a model has waited
-// BorrowAfter or longer, each worker may take one more stream than its
-// learned limit for every BorrowAfter waited, up to its cap: the fleet
-// trades some decode rate for time to first token only while requests
-// are actually waiting, and the decision record says so.
+// When the oldest request waiting for a model has waited BorrowAfter or
+// longer, each worker may take one more stream than its learned limit
+// for every BorrowAfter waited, up to its cap: the fleet trades some
+// decode rate for time to first token only while requests are actually
+// waiting, and the decision record says so.
 type LimitConfig struct {
 	// Fixed turns learning off: every worker's limit is its
 	// max_concurrency, else its reported slots, else 1.

@@ -17,31 +17,25 @@
 //
 // # Stages
 //
-// A pick (pick.go) runs as stages passing one value: resolve each
-// worker's telemetry and stats once; compute its limit (limit.go); the
-// filters, one type per rule, each with a reason code the decision record
-// puts in words (filter.go: draining, health, model loading, model,
-// excluded, context, limit, then the KV-fit rule, kvfit.go); the
-// affinity relaxation when nobody is left (affinity.go); the candidates
-// the terms see; the picker (picker.go: the score, terms.go and score.go,
-// or a baseline); the record's slots, explained when read (record.go).
-// Around it: the registry of workers and their counters (registry.go),
-// the queue and what it learns (queue.go, estimate.go), submission and
-// dispatch (submit.go, dispatch.go), leases (lease.go) and, with a
-// shared Ledger, the reserver (reserver.go).
+// A pick (pick.go) runs as stages passing one value, made afresh for each
+// request: resolve each worker's telemetry and stats once, compute its
+// limit (limit.go), filter (filter*.go, kvfit.go), relax for a cached
+// prefix (affinity.go), score (terms.go) or let a baseline choose
+// (picker.go), and keep the record's slots (record.go), explained when
+// the record is read.
 //
 // # Concurrency Model
 //
 // A Scheduler is safe for concurrent use. One mutex guards the state that
 // admission changes: the registry's counters (in flight, outstanding
 // cost, last pick, draining), the queues, the drain rates, the output
-// estimator, the pickers' positions and the buffers a pick reuses. The
-// stages read that state and immutable values only: telemetry from each
-// worker's Source, which returns an immutable snapshot without blocking,
-// and measured averages from a StatsReader; neither is written here. The
-// filters, terms and pickers are functions of the pick value, testable
-// without a Scheduler. Callbacks (Recorder, a ticket's notify) run after
-// the lock is released, and a record's words are built when it is read.
+// estimator and the pickers' positions. The stages read that state and
+// immutable values only: telemetry from each worker's Source, which
+// returns an immutable snapshot without blocking, and measured averages
+// from a StatsReader; neither is written here. The filters, terms and
+// pickers are functions of the pick value, testable without a Scheduler.
+// Callbacks (Recorder, a ticket's notify) run after the lock is released,
+// and a record's words are built when it is read.
 // Every unlock is deferred, and nothing under the lock panics on purpose:
 // a term, predictor or observer that panics fails the call it ran in
 // (the lease it held, if any, stays its owner's to release), never the
@@ -141,9 +135,7 @@ type Config struct {
 	// cache cannot take the request's prompt now is passed over, and the
 	// request waits in the queue rather than inside a worker when none
 	// can. The zero Config leaves it off; the router's configuration
-	// (admission.kv_fit) turns it on by default: with the simulators'
-	// chunked prefill it shortened p99 TTFT on most rows of the virtual
-	// benchmarks, at a cost on a few (docs/benchmarks.md, KV fit).
+	// (admission.kv_fit) turns it on by default.
 	KVFit bool
 	// Seed seeds the random baselines; Sluice's own policy uses no
 	// randomness.

@@ -198,11 +198,8 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 
 // deadlineMargin is how far past its class's deadline a request's
 // predicted wait must be before it is refused at once. The prediction is
-// noisy: in the virtual-time simulation at 90% of capacity (vsim's
-// synthetic load of TestCapacity_ScalesWithSpeedAndSlots), requests
-// predicted to wait 20-30 s waited 17-19 s on average. Refusing at twice
-// the deadline sheds load that would time out while keeping work that
-// would have made it.
+// noisy and errs long under load, so refusing at twice the deadline sheds
+// load that would time out while keeping work that would have made it.
 const deadlineMargin = 2
 
 // speculativeLocked counts the requests waiting for models no worker was
