@@ -58,15 +58,23 @@ type WorkerGauges struct {
 // is computed as Workers computes it, for a request of the worker's first
 // model, with each model's floor and queue wait found once.
 func (s *Scheduler) Gauges() []WorkerGauges {
+	now := s.clock.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out, _ := s.gaugesLocked(now)
+	return out
+}
+
+// gaugesLocked returns every worker's gauges and its limit, as Gauges
+// says.
+func (s *Scheduler) gaugesLocked(now time.Time) ([]WorkerGauges, []limitState) {
 	type byModel struct {
 		floor  float64
 		waited time.Duration
 	}
-	now := s.clock.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	models := map[string]byModel{}
 	out := make([]WorkerGauges, 0, len(s.workers))
+	lims := make([]limitState, 0, len(s.workers))
 	for _, w := range s.workers {
 		snap := w.snapshot()
 		var m byModel
@@ -80,6 +88,7 @@ func (s *Scheduler) Gauges() []WorkerGauges {
 		lim := s.limitLocked(w, snap, s.statsOf(w), m.floor, m.waited, now)
 		out = append(out, WorkerGauges{WorkerBrief: w.briefLocked(snap), Active: w.active, OtherReplicas: w.remote,
 			Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, Floor: lim.floor, Snapshot: snap})
+		lims = append(lims, lim)
 	}
-	return out
+	return out, lims
 }

@@ -92,27 +92,19 @@ func (s *Scheduler) Workers() []WorkerState {
 	func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		out = make([]WorkerState, 0, len(s.workers))
-		lasts = make([]last, 0, len(s.workers))
-		lims = make([]limitState, 0, len(s.workers))
-		for _, w := range s.workers {
-			snap := w.snapshot()
-			var lim limitState
-			if models := w.models(snap); len(models) > 0 && !s.limits.Fixed {
-				lim = s.limitLocked(w, snap, s.statsOf(w), s.floorFor(models[0]), s.queues[models[0]].oldestWait(now), now)
-			} else {
-				lim = s.limitLocked(w, snap, s.statsOf(w), 0, 0, now)
-			}
+		var gs []WorkerGauges
+		gs, lims = s.gaugesLocked(now)
+		for i, w := range s.workers {
+			g, snap := &gs[i], gs[i].Snapshot
 			out = append(out, WorkerState{
-				Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Reason: snap.HealthReason,
-				Draining: w.draining, Active: w.active, OtherReplicas: w.remote, JobCost: w.cost,
-				Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, LimitSource: lim.source.String(), Floor: lim.floor,
+				Name: g.Name, Models: g.Models, Health: g.Health, Reason: snap.HealthReason,
+				Draining: g.Draining, Active: g.Active, OtherReplicas: g.OtherReplicas, JobCost: w.cost,
+				Limit: g.Limit, Learned: g.Learned, Cap: g.Cap, LimitSource: lims[i].source.String(), Floor: g.Floor,
 				Snapshot: snap, Adapters: w.adaptersOfLocked(snap),
 			})
 			lasts = append(lasts, last{w.last, w.lastIdx})
-			lims = append(lims, lim)
 			if !s.limits.Fixed {
-				w.noteLimitLocked(&lim, now)
+				w.noteLimitLocked(&lims[i], now)
 				moves = append(moves, w.moved)
 			}
 		}
