@@ -113,7 +113,7 @@ func (r *kvRoom) why(prompt int) string {
 // drops those that cannot take the request's prompt now (all of them when
 // none can, but those with nothing of this replica's in flight; none when
 // none can and a shared Ledger orders the waiting), and sets the pick's
-// kvHeld when it dropped every one. It allocates nothing.
+// kvHeld when it dropped every one.
 type kvFitFilter struct{}
 
 func (kvFitFilter) keep(p *pick, in []int32, why uint8) []int32 {
