@@ -65,15 +65,14 @@
 //
 // A record reaches the other replicas after the publisher's XADD and the
 // follower's blocked XREAD returning: about two round trips to Redis plus
-// the time a record waits behind the batch being sent. On loopback, from
-// Record on one replica to Match on another, BenchmarkPropagation
-// measured a median of 156–202 µs and a p99 of 0.47–0.61 ms on a quiet
-// 2-core machine (load average 1), and p99s up to 4.2 ms when it was busy
-// with other work (load average 6); over a network add two round trips. While Redis is down nothing propagates; afterwards the
-// follower catches up within MaxBackoff. The follower reports, per
-// applied entry, the time from its XADD (on Redis's clock, corrected by an
-// offset measured with TIME at each connection) to its application (Lag);
-// entry IDs count milliseconds, so Lag is up to a millisecond high.
+// the time a record waits behind the batch being sent. BenchmarkPropagation
+// measures it on loopback, from Record on one replica to Match on another;
+// over a network add two round trips. While Redis is down nothing
+// propagates; afterwards the follower catches up within MaxBackoff. The
+// follower reports, per applied entry, the time from its XADD (on Redis's
+// clock, corrected by an offset measured with TIME at each connection) to
+// its application (Lag); entry IDs count milliseconds, so Lag is up to a
+// millisecond high.
 //
 // # Redis down, slow, back
 //
