@@ -159,6 +159,14 @@ func FuzzParseInference(f *testing.F) {
 	})
 }
 
+// feed parses the next bytes of the stream and reports whether they held
+// its first content (the relay feeds its own parser: part.feed).
+func (m *streamMeter) feed(b []byte) (first bool) {
+	m.first = false
+	m.parser.Feed(b, m.event)
+	return m.first
+}
+
 // FuzzStreamMeter checks the meter on any stream: at most one first
 // content, no negative count, and the same reading whether the stream
 // comes whole, line by line, or split at any byte.

@@ -203,14 +203,6 @@ type streamMeter struct {
 	first    bool // the last feed or end held the stream's first content
 }
 
-// feed parses the next bytes of the stream and reports whether they held
-// its first content.
-func (m *streamMeter) feed(b []byte) (first bool) {
-	m.first = false
-	m.parser.Feed(b, m.event)
-	return m.first
-}
-
 // end ends the stream (see sse.Parser.End) and reports whether what was
 // pending held its first content.
 func (m *streamMeter) end() (first bool) {
