@@ -389,7 +389,7 @@ func TestContinuation_WhenItDoesNotHappen(t *testing.T) {
 // the deadline: the stream reads as uninterrupted, its continuation says
 // "drain", and the drained worker is not blamed for it.
 func TestContinuation_DrainDeadlineMovesStreams(t *testing.T) {
-	ws := startSimWorkers(t, contParams(4), 20, "llamacpp", "llamacpp")
+	ws := startSimWorkers(t, contParams(4), 2, "llamacpp", "llamacpp")
 	r := startRouter(t, contConfig(t, ws, 4, nil))
 	deadline := make(chan time.Time)
 	asked := make(chan time.Duration, 1)
