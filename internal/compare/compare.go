@@ -368,7 +368,9 @@ func Run(ctx context.Context, o Options, logw *os.File) error {
 		}
 		fmt.Fprintf(&md, "```\n\n")
 		writeGoals(&md, sc, runs, o.Virtual, o.TimeScale, floor)
-		writeSlowdowns(&md, fleet, runs)
+		if err := writeSlowdowns(&md, o, fleet, runs, sc.items); err != nil {
+			return err
+		}
 		if o.Seeds > 1 {
 			first[sc.name] = ratiosOf(summaryOf(runs, scheduler.PolicySluice), summaryOf(runs, scheduler.PolicyLeastConnections))
 		}

@@ -6,11 +6,14 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/bench"
+	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
+	"github.com/sluice-router/sluice/internal/vsim"
 )
 
 // A card that slows down mid-run (a fleet file's slowdowns: a thermal
@@ -195,10 +198,21 @@ func quantile(xs []float64, q float64) float64 {
 
 // writeSlowdowns writes the slowdown report of one scenario's runs, for
 // every slowdown of the fleet; nothing when it has none.
-func writeSlowdowns(md *bytes.Buffer, fleet []sim.WorkerSpec, runs []bench.NamedRun) {
+// In virtual time, with Sluice among the runs, it adds what Sluice's
+// decisions saw of the card (recordSpell).
+func writeSlowdowns(md *bytes.Buffer, o Options, fleet []sim.WorkerSpec, runs []bench.NamedRun, items []bench.Item) error {
 	for _, sp := range spellsOf(fleet) {
 		writeSpell(md, sp, runs)
+		if !o.Virtual || !slices.ContainsFunc(runs, func(r bench.NamedRun) bool { return r.Name == string(scheduler.PolicySluice) }) {
+			continue
+		}
+		st, err := recordSpell(o, fleet, items, sp)
+		if err != nil {
+			return fmt.Errorf("slowing card: %w", err)
+		}
+		writeSpellTerms(md, st, sp)
 	}
+	return nil
 }
 
 func writeSpell(md *bytes.Buffer, sp spell, runs []bench.NamedRun) {
@@ -279,4 +293,147 @@ func verdictOf(met bool) string {
 		return "met"
 	}
 	return "**not met**"
+}
+
+// How Sluice saw the card slow: its decision records replayed (the same
+// virtual run again, deterministic by seed, with a recorder), each score
+// term of the slowed card against the mean of the other eligible cards',
+// averaged over the decisions before, during and after the slowdown, and
+// how often the card was not eligible at all (its learned limit, the
+// KV-fit rule) — which of the router's inputs moved, and by how much.
+
+// termGap accumulates one term's values over the decisions of a phase.
+type termGap struct {
+	raw, gap [3]float64 // the card's raw value; its weighted value minus the others' mean
+	n        [3]int
+}
+
+// phaseOf is 0 before the spell, 1 during, 2 within one spell's length
+// after, -1 otherwise.
+func phaseOf(at time.Duration, sp spell) int {
+	span := sp.to - sp.from
+	switch {
+	case at >= sp.from-span && at < sp.from:
+		return 0
+	case at >= sp.from && at < sp.to:
+		return 1
+	case at >= sp.to && at < sp.to+span:
+		return 2
+	}
+	return -1
+}
+
+// spellTerms is what the records of a Sluice run say of the slowed card.
+type spellTerms struct {
+	order      []string
+	terms      map[string]*termGap
+	decisions  [3]int
+	ineligible [3]int
+	why        [3]map[string]int
+}
+
+// recordSpell reruns Sluice's virtual run of items with a recorder and
+// gathers what its decisions saw of sp's card.
+func recordSpell(o Options, fleet []sim.WorkerSpec, items []bench.Item, sp spell) (*spellTerms, error) {
+	var ready time.Duration
+	for _, w := range fleet {
+		ready = max(ready, w.Params.StartupDelay)
+	}
+	st := &spellTerms{terms: map[string]*termGap{}}
+	for i := range st.why {
+		st.why[i] = map[string]int{}
+	}
+	cfg := vsim.DefaultConfig(fleet)
+	if o.Router != nil {
+		cfg = vsim.FromRouterConfig(*o.Router, fleet)
+	}
+	cfg.Policy, cfg.Seed, cfg.MaxConcurrency = scheduler.PolicySluice, o.Seed, o.MaxConcurrency
+	cfg.Recorder = func(rec *decisions.Record) {
+		ph := phaseOf(rec.Time.Sub(vsim.Epoch)-ready, sp)
+		if ph < 0 || rec.Outcome != "bound" {
+			return
+		}
+		rec.Explain()
+		st.add(rec, sp.worker, ph)
+	}
+	_, err := vsim.Run(cfg, items)
+	return st, err
+}
+
+func (st *spellTerms) add(rec *decisions.Record, worker string, ph int) {
+	var card *decisions.Candidate
+	for i := range rec.Candidates {
+		if rec.Candidates[i].Worker == worker {
+			card = &rec.Candidates[i]
+		}
+	}
+	if card == nil {
+		return
+	}
+	st.decisions[ph]++
+	if !card.Eligible {
+		st.ineligible[ph]++
+		st.why[ph][card.Why]++
+		return
+	}
+	for ti, t := range card.Terms {
+		sum, n := 0.0, 0
+		for _, c := range rec.Candidates {
+			if c.Worker != worker && c.Eligible && ti < len(c.Terms) {
+				sum += c.Terms[ti].Weighted
+				n++
+			}
+		}
+		if n == 0 {
+			continue
+		}
+		g := st.terms[t.Name]
+		if g == nil {
+			g = &termGap{}
+			st.terms[t.Name] = g
+			st.order = append(st.order, t.Name)
+		}
+		g.raw[ph] += t.Raw
+		g.gap[ph] += t.Weighted - sum/float64(n)
+		g.n[ph]++
+	}
+}
+
+func meanOf(sum float64, n int) float64 {
+	if n == 0 {
+		return math.NaN()
+	}
+	return sum / float64(n)
+}
+
+// writeSpellTerms writes what Sluice's decisions saw of the slowed card.
+func writeSpellTerms(md *bytes.Buffer, st *spellTerms, sp spell) {
+	fmt.Fprintf(md, "How Sluice saw %s slow, from its decision records (the same run replayed with a recorder): each score term of the card, its raw value and its weighted value against the mean of the other eligible cards' (positive counts against the card), averaged over the decisions of the %v before, the slowdown and the %v after:\n\n",
+		sp.worker, sp.to-sp.from, sp.to-sp.from)
+	fmt.Fprintf(md, "| term | raw before | raw while slow | raw after | against the card before | while slow | after |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	moved, most := "", 0.0
+	for _, name := range st.order {
+		g := st.terms[name]
+		var raw, gap [3]float64
+		for i := range 3 {
+			raw[i], gap[i] = meanOf(g.raw[i], g.n[i]), meanOf(g.gap[i], g.n[i])
+		}
+		fmt.Fprintf(md, "| %s | %.3g | %.3g | %.3g | %+.2f | %+.2f | %+.2f |\n", name, raw[0], raw[1], raw[2], gap[0], gap[1], gap[2])
+		if d := gap[1] - gap[0]; d > most {
+			moved, most = name, d
+		}
+	}
+	fmt.Fprintln(md)
+	for i, phase := range []string{"before", "while slow", "after"} {
+		var whys []string
+		for w, n := range st.why[i] {
+			whys = append(whys, fmt.Sprintf("%s ×%d", w, n))
+		}
+		slices.Sort(whys)
+		fmt.Fprintf(md, "- %s: %d decisions, the card not eligible in %d (%s)\n", phase, st.decisions[i], st.ineligible[i], strings.Join(whys, ", "))
+	}
+	if moved != "" {
+		fmt.Fprintf(md, "- the term that moved most against the card while it was slow: %s (%+.2f points against the other cards, from before to during)\n", moved, most)
+	}
+	fmt.Fprintln(md)
 }

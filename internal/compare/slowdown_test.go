@@ -74,15 +74,52 @@ func TestJudgeSpell_TimesTheTurnAwayAndTheReturn(t *testing.T) {
 func TestWriteSlowdowns_ReportsOnlyFleetsWithASlowdown(t *testing.T) {
 	runs := []bench.NamedRun{{Name: "sluice", Results: routedRun(64*time.Second, 2*time.Minute)}, {Name: "least-connections", Results: routedRun(0, 0)}}
 	var md bytes.Buffer
-	writeSlowdowns(&md, slowFleet(), runs)
+	if err := writeSlowdowns(&md, Options{}, slowFleet(), runs, nil); err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{"slowing card: slow at ×0.5", "routed around within 5s of the start: 1 s — met", "back within 30s of the end: 0 s — met"} {
 		if !strings.Contains(md.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, md.String())
 		}
 	}
 	md.Reset()
-	writeSlowdowns(&md, sim.DemoFleet(), runs)
+	if err := writeSlowdowns(&md, Options{}, sim.DemoFleet(), runs, nil); err != nil {
+		t.Fatal(err)
+	}
 	if md.Len() != 0 {
 		t.Errorf("a fleet without slowdowns got a report:\n%s", md.String())
+	}
+}
+
+// TestRecordSpell_SeesTheCardsDecodeRateFall replays a virtual Sluice run
+// on slowFleet and checks that its records show the slowed card's
+// measured decode rate fall while it is slow, and every phase decided.
+func TestRecordSpell_SeesTheCardsDecodeRateFall(t *testing.T) {
+	items, err := bench.Synthesize(bench.Synthetic{Arrivals: bench.Arrivals{Rate: 1.5}, Count: 300, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := spellsOf(slowFleet())[0]
+	st, err := recordSpell(Options{Seed: 1}, slowFleet(), items, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range st.decisions {
+		if n == 0 {
+			t.Fatalf("no decisions in phase %d: %+v", i, st.decisions)
+		}
+	}
+	g := st.terms["throughput"]
+	if g == nil {
+		t.Fatalf("no throughput term in the records: %v", st.order)
+	}
+	before, during := meanOf(g.raw[0], g.n[0]), meanOf(g.raw[1], g.n[1])
+	if !(during < 0.8*before) {
+		t.Errorf("the slowed card's decode-rate average %.1f tok/s before, %.1f while slow: want a clear fall", before, during)
+	}
+	var md bytes.Buffer
+	writeSpellTerms(&md, st, sp)
+	if !strings.Contains(md.String(), "| throughput |") || !strings.Contains(md.String(), "moved most against the card") {
+		t.Errorf("report:\n%s", md.String())
 	}
 }
