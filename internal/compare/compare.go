@@ -372,7 +372,7 @@ func Run(ctx context.Context, o Options, logw *os.File) error {
 			return err
 		}
 		if o.Seeds > 1 {
-			first[sc.name] = ratiosOf(summaryOf(runs, scheduler.PolicySluice), summaryOf(runs, scheduler.PolicyLeastConnections))
+			first[sc.name] = withSpell(ratiosOf(summaryOf(runs, scheduler.PolicySluice), summaryOf(runs, scheduler.PolicyLeastConnections)), fleet, runs)
 		}
 		writeReplicas(&md, runs, one, many)
 		if o.KVEvents {

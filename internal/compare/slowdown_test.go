@@ -2,6 +2,7 @@ package compare
 
 import (
 	"bytes"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -121,5 +122,20 @@ func TestRecordSpell_SeesTheCardsDecodeRateFall(t *testing.T) {
 	writeSpellTerms(&md, st, sp)
 	if !strings.Contains(md.String(), "| throughput |") || !strings.Contains(md.String(), "moved most against the card") {
 		t.Errorf("report:\n%s", md.String())
+	}
+}
+
+func TestWithSpell_SetsTheSlowingCardsFigures(t *testing.T) {
+	runs := []bench.NamedRun{{Name: "sluice", Results: routedRun(64*time.Second, 2*time.Minute)}, {Name: "least-connections", Results: routedRun(0, 0)}}
+	r := withSpell(ratios{}, slowFleet(), runs)
+	if !r.slowing || r.routed != 1 || r.back != 0 || r.slowP99 != 1 {
+		t.Errorf("got %+v, want slowing, routed around after 1 s, back after 0 s, p99 ratio 1", r)
+	}
+	if r := withSpell(ratios{}, sim.DemoFleet(), runs); r.slowing {
+		t.Errorf("a fleet without slowdowns got slowing-card figures: %+v", r)
+	}
+	never := withSpell(ratios{}, slowFleet(), []bench.NamedRun{{Name: "sluice", Results: routedRun(0, 0)}, {Name: "least-connections", Results: routedRun(0, 0)}})
+	if !math.IsInf(never.routed, 1) {
+		t.Errorf("a Sluice run that never avoided the card: routed %v, want +Inf (never)", never.routed)
 	}
 }
