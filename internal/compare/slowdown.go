@@ -202,7 +202,7 @@ func quantile(xs []float64, q float64) float64 {
 // decisions saw of the card (recordSpell).
 func writeSlowdowns(md *bytes.Buffer, o Options, fleet []sim.WorkerSpec, runs []bench.NamedRun, items []bench.Item) error {
 	for _, sp := range spellsOf(fleet) {
-		writeSpell(md, sp, runs)
+		writeSpell(md, sp, runs, o.Virtual)
 		if !o.Virtual || !slices.ContainsFunc(runs, func(r bench.NamedRun) bool { return r.Name == string(scheduler.PolicySluice) }) {
 			continue
 		}
@@ -215,7 +215,7 @@ func writeSlowdowns(md *bytes.Buffer, o Options, fleet []sim.WorkerSpec, runs []
 	return nil
 }
 
-func writeSpell(md *bytes.Buffer, sp spell, runs []bench.NamedRun) {
+func writeSpell(md *bytes.Buffer, sp spell, runs []bench.NamedRun, virtual bool) {
 	var js []spellRun
 	for _, r := range runs {
 		js = append(js, judgeSpell(r, sp))
@@ -229,6 +229,9 @@ func writeSpell(md *bytes.Buffer, sp spell, runs []bench.NamedRun) {
 		"Routed around: seconds from the start until its share stays at or below the threshold over the next %v and the rest of the slowdown; "+
 		"back: seconds from the end until it stays at or above it over the next %v and the %v after.\n\n",
 		sp.to-sp.from, sp.to-sp.from, slowWindow, slowWindow, sp.to-sp.from)
+	if !virtual {
+		fmt.Fprintf(md, "Over HTTP the run's first request leaves once the routers are up, a little after the workers have loaded, while the slowdown counts from the workers' start: the windows are placed as if the run began when the last worker had loaded, so the windows start a little after the card really slows and recovers.\n\n")
+	}
 	fmt.Fprintf(md, "| policy | share before | while slow | after | threshold | routed around | back | TTFT p99 while slow (ms) | run TTFT p50 / p99 (ms) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for i, j := range js {
 		sum := runs[i].Summary()
