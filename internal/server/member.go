@@ -81,9 +81,8 @@ func (s *Server) newMember(w config.Worker) (*member, error) {
 }
 
 // join makes m the member of its name and installs its transport,
-// returning the member it replaced, if any; what that one held that m
-// does not share (another host's transport) is gone, and its drain
-// deadline is the caller's.
+// returning the member it replaced, if any; that one's transport goes
+// unless m shares it, and its drain deadline is the caller's.
 func (s *Server) join(m *member) (old *member) {
 	s.members.mu.Lock()
 	defer s.members.mu.Unlock()
@@ -101,45 +100,20 @@ func (s *Server) join(m *member) (old *member) {
 	return old
 }
 
-// inherit gives m the drain deadline of old, the member it replaced in
-// place (a reload that changed the worker's settings).
-func (s *Server) inherit(m, old *member) {
-	s.members.mu.Lock()
-	defer s.members.mu.Unlock()
-	m.drain, old.drain = old.drain, nil
-}
-
-// ended cancels the drain deadline of old, the member of a life that
-// ended: a worker added again under its name has its streams still
-// running counted against its limit, not moved.
-func (s *Server) ended(old *member) {
-	s.members.mu.Lock()
-	drain := old.drain
-	old.drain = nil
-	s.members.mu.Unlock()
-	if drain != nil {
-		drain()
-	}
-}
-
 // leave undoes join for a member that never served: the one it replaced,
 // if any, comes back.
 func (s *Server) leave(m, old *member) {
-	s.members.mu.Lock()
-	defer s.members.mu.Unlock()
-	if s.members.all[m.cfg.Name] != m {
+	if old != nil {
+		s.join(old)
 		return
 	}
-	if old != nil {
-		s.members.all[m.cfg.Name] = old
-		if old.host != nil {
-			s.transport.install(old.hostKey, old.host)
-		}
-	} else {
+	s.members.mu.Lock()
+	defer s.members.mu.Unlock()
+	if s.members.all[m.cfg.Name] == m {
 		delete(s.members.all, m.cfg.Name)
-	}
-	if m.host != nil {
-		s.dropHostLocked(m)
+		if m.host != nil {
+			s.dropHostLocked(m)
+		}
 	}
 }
 
@@ -186,11 +160,9 @@ func (s *Server) retire(name string) {
 	}
 	s.metrics.forget(name)
 	s.lora.forget(name)
-	drain := m.drain
-	m.drain = nil
 	s.members.mu.Unlock()
-	if drain != nil {
-		drain()
+	if stop := s.takeDrain(m); stop != nil {
+		stop()
 	}
 }
 
@@ -212,26 +184,31 @@ func (s *Server) setDrain(name string, stop func() bool) {
 	}
 }
 
-// stopDrain cancels name's pending drain deadline, if any.
-func (s *Server) stopDrain(name string) { s.takeDrains(name) }
-
-// stopDrains cancels every pending drain deadline (Close).
-func (s *Server) stopDrains() { s.takeDrains("") }
-
-// takeDrains cancels the pending drain deadline of name, or of every
-// member when name is "".
-func (s *Server) takeDrains(name string) {
-	var stops []func() bool
+// takeDrain takes m's pending drain deadline off it: its cancel, nil for
+// none.
+func (s *Server) takeDrain(m *member) func() bool {
 	s.members.mu.Lock()
+	defer s.members.mu.Unlock()
+	stop := m.drain
+	m.drain = nil
+	return stop
+}
+
+// stopDrains cancels the pending drain deadline of the member name, or of
+// every member when name is "" (Close).
+func (s *Server) stopDrains(name string) {
+	s.members.mu.RLock()
+	var ms []*member
 	for n, m := range s.members.all {
-		if (name == "" || n == name) && m.drain != nil {
-			stops = append(stops, m.drain)
-			m.drain = nil
+		if name == "" || n == name {
+			ms = append(ms, m)
 		}
 	}
-	s.members.mu.Unlock()
-	for _, stop := range stops {
-		stop()
+	s.members.mu.RUnlock()
+	for _, m := range ms {
+		if stop := s.takeDrain(m); stop != nil {
+			stop()
+		}
 	}
 }
 

@@ -303,7 +303,7 @@ func (s *Server) Decisions() *decisions.Log { return s.dlog }
 
 // Close stops probes, flushes the averages and closes the stores.
 func (s *Server) Close() error {
-	s.stopDrains()
+	s.stopDrains("")
 	s.sched.Close()
 	if s.kv != nil {
 		s.kv.close() // every subscriber's goroutine ends here
@@ -427,7 +427,11 @@ func (s *Server) addWorkerLocked(w config.Worker) error {
 		return err
 	}
 	if old != nil {
-		s.ended(old) // back under its name: its streams still running stay there, counted against its limit
+		// Back under its name: its streams still running stay there,
+		// counted against its limit, instead of moving at a deadline.
+		if stop := s.takeDrain(old); stop != nil {
+			stop()
+		}
 	}
 	s.kv.start(w)
 	return nil
@@ -452,7 +456,7 @@ func (s *Server) replaceWorkerLocked(w config.Worker) error {
 		return err
 	}
 	if old != nil {
-		s.inherit(m, old)
+		s.setDrain(w.Name, s.takeDrain(old))
 	}
 	s.kv.stop(w.Name) // its endpoints may have changed: the index starts over
 	s.kv.start(w)
