@@ -87,7 +87,7 @@ func demo(args []string, banner io.Writer) error {
 	}
 	// The fleet outlives the router's shutdown so requests in flight can
 	// finish; the deferred Close stops it after the router is done.
-	fleet, err := sim.StartFleetLogged(context.WithoutCancel(ctx), specs, "127.0.0.1", *firstPort, nil)
+	fleet, err := sim.StartFleet(context.WithoutCancel(ctx), specs, "127.0.0.1", *firstPort, nil)
 	if err != nil {
 		return err
 	}

@@ -74,8 +74,8 @@ func TestFromBody_ChatTurnsSharePrefix(t *testing.T) {
 	sys := strings.Repeat("You are a careful assistant. ", 30)
 	q1 := strings.Repeat("What is a KV cache? ", 20)
 	a1 := strings.Repeat("It stores keys and values. ", 20)
-	turn1 := FromBody(chatBody(t, "system", sys, "user", q1), 64)
-	turn2 := FromBody(chatBody(t, "system", sys, "user", q1, "assistant", a1, "user", "And why?"), 64)
+	turn1 := fromBody(chatBody(t, "system", sys, "user", q1), 64)
+	turn2 := fromBody(chatBody(t, "system", sys, "user", q1, "assistant", a1, "user", "And why?"), 64)
 	if len(turn1) == 0 || len(turn2) <= len(turn1) {
 		t.Fatalf("blocks: turn 1 %d, turn 2 %d; want turn 2 longer and both non-empty", len(turn1), len(turn2))
 	}
@@ -86,7 +86,7 @@ func TestFromBody_ChatTurnsSharePrefix(t *testing.T) {
 	}
 	// Another conversation with the same system prompt shares only the
 	// system prompt's blocks.
-	other := FromBody(chatBody(t, "system", sys, "user", strings.Repeat("Tell me a joke. ", 30)), 64)
+	other := fromBody(chatBody(t, "system", sys, "user", strings.Repeat("Tell me a joke. ", 30)), 64)
 	shared := 0
 	for shared < min(len(other), len(turn1)) && other[shared] == turn1[shared] {
 		shared++
@@ -99,8 +99,8 @@ func TestFromBody_ChatTurnsSharePrefix(t *testing.T) {
 
 func TestFromBody_RolesMatter(t *testing.T) {
 	text := strings.Repeat("same words ", 30)
-	a := FromBody(chatBody(t, "user", text), 32)
-	b := FromBody(chatBody(t, "assistant", text), 32)
+	a := fromBody(chatBody(t, "user", text), 32)
+	b := fromBody(chatBody(t, "assistant", text), 32)
 	if len(a) == 0 || a[0] == b[0] {
 		t.Fatalf("the same content under different roles shares its first block")
 	}
@@ -116,7 +116,7 @@ func TestFromBody_Shapes(t *testing.T) {
 		want []uint64
 	}{
 		{"raw prompt is its text", fmt.Sprintf(`{"prompt":%q}`, long), Text(long, 32)},
-		{"content parts render as their text", parts, FromBody([]byte(plain), 32)},
+		{"content parts render as their text", parts, fromBody([]byte(plain), 32)},
 		{"token prompt hashes its JSON", `{"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18]}`, Text("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18]", 32)},
 		{"no prompt", `{"model":"m","input":"embed me"}`, nil},
 		{"not JSON", `{"model":`, nil},
@@ -124,7 +124,7 @@ func TestFromBody_Shapes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if diff := cmp.Diff(FromBody([]byte(tt.body), 32), tt.want); diff != "" {
+			if diff := cmp.Diff(fromBody([]byte(tt.body), 32), tt.want); diff != "" {
 				t.Fatalf("hashes (-got +want):\n%s", diff)
 			}
 		})
@@ -265,7 +265,7 @@ func BenchmarkFromBody(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		FromBody(body, BlockBytes)
+		fromBody(body, BlockBytes)
 	}
 }
 

@@ -83,7 +83,7 @@ func runSoak(tb testing.TB, n int, seed uint64) soakResult {
 		p.InterferenceScale = 0
 		specs[i] = sim.WorkerSpec{Name: fmt.Sprintf("sim-%d", i), Params: p, TimeScale: 100}
 	}
-	fl, err := sim.StartFleet(ctx, specs, "127.0.0.1", 0)
+	fl, err := sim.StartFleet(ctx, specs, "127.0.0.1", 0, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func TestRunHTTP_AgreesWithVirtualTime(t *testing.T) {
 	virt := mustRun(t, cfg, items)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	real, err := RunHTTP(ctx, HTTPConfig{Router: cfg, TimeScale: 2}, items)
+	real, _, err := RunHTTPStats(ctx, HTTPConfig{Router: cfg, TimeScale: 2}, items)
 	if err != nil {
 		t.Fatal(err)
 	}
