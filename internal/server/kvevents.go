@@ -342,12 +342,6 @@ func (c *tokenCache) put(key uint64, keys []uint64) {
 	}
 }
 
-func (c *tokenCache) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.ll.Len()
-}
-
 // tokenKey digests what a prompt's token blocks depend on.
 func tokenKey(model string, bs int, in proxy.TokenizeInput) uint64 {
 	h := fnv.New64a()

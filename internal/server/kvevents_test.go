@@ -302,3 +302,10 @@ func TestKVEvents_WorkerBackFromDownConnectsAgain(t *testing.T) {
 		t.Fatalf("view %+v, want synced after a second connection", v)
 	}
 }
+
+// len is the number of prompts whose block keys are held.
+func (c *tokenCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ll.Len()
+}
