@@ -406,23 +406,3 @@ func matchSource(x interface {
 	x.MatchSources(model, hashes, []string{worker}, frac, remote)
 	return frac[0], remote[0]
 }
-
-// body is what FromBody reads of an inference request.
-type body struct {
-	Messages []Message       `json:"messages"`
-	Prompt   json.RawMessage `json:"prompt"`
-}
-
-// FromBody returns, for the tests, the chained block hashes (blocks of blockBytes bytes)
-// of an OpenAI-style inference request body: the rendered `messages` of a
-// chat request, else its `prompt` (a string as its text; an array of
-// strings or of token ids by its JSON, which is stable for equal prompts).
-// A body it cannot read, or one without a prompt, has no hashes: prefix
-// matching is a hint, and the proxy has validated the body already.
-func FromBody(b []byte, blockBytes int) []uint64 {
-	var in body
-	if json.Unmarshal(b, &in) != nil {
-		return nil
-	}
-	return hashPrompt(in.Messages, in.Prompt, blockBytes)
-}
