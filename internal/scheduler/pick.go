@@ -295,12 +295,8 @@ func (s *Scheduler) limitsLocked(p *pick) {
 }
 
 // candidatesLocked writes what the terms see of each eligible worker,
-// with its prefix match when the prefix term counts; an index that
-// answers for all candidates at once is asked once.
+// with its Belief when the prefix term counts.
 func (s *Scheduler) candidatesLocked(p *pick) {
-	prefixOn := s.prefixWeighted && s.affine(&p.req) && !p.baseline
-	kvOn := s.prefixWeighted && len(p.req.KVBlocks) > 0 && !p.baseline && s.cfg.KVIndex != nil
-	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)
 	cands := p.cands[:0]
 	for _, i := range p.elig {
 		v := &p.views[i]
@@ -313,18 +309,10 @@ func (s *Scheduler) candidatesLocked(p *pick) {
 		setPtr(&c.Stats, v.st)
 		setStr(&c.PrefixSource, "")
 		c.Active, c.JobCost, c.PrefixMatch, c.KVSeq = v.w.active, v.w.cost, 0, 0
-		if prefixOn && batch == nil {
-			s.prefixMatchLocked(&p.req, c)
-		}
 	}
 	p.cands = cands
-	if prefixOn && batch != nil && len(cands) > 0 {
-		s.prefixMatchesLocked(&p.req, cands, batch)
-	}
-	if kvOn {
-		for i := range cands {
-			s.kvMatchLocked(&p.req, &cands[i])
-		}
+	if s.prefixWeighted && !p.baseline && len(cands) > 0 {
+		s.beliefsLocked(&p.req, cands)
 	}
 }
 

@@ -127,7 +127,7 @@ func (pr *pickRecord) slot(i int) *slot    { return &pr.slots[i/chunkLen][i%chun
 func (pr *pickRecord) ref(i int) *slotRefs { return &pr.refs[i/chunkLen][i%chunkLen] }
 
 // prefixSources are the values of Candidate.PrefixSource, as a slot keeps
-// them: a number instead of a string. A source prefixMatchLocked may set
+// them: a number instead of a string. A source beliefsLocked may set
 // must be listed here and in prefixSourceCode; the last, a source that
 // is not, is what the record says of one that was forgotten.
 var prefixSources = [9]string{"", prefixSourceIndex, prefixSourceReport, prefixSourceShared, prefixSourceSession, prefixSourceKV, prefixSourceKVLost, prefixSourceKVSent, prefixSourceUnlisted}
@@ -275,7 +275,7 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 		c.LimitSource = sl.source.String()
 		if sl.why == whyEligible {
 			cands = append(cands, Candidate{Name: ref.name, Active: int(sl.scored), JobCost: sl.jobCost, Snap: ref.snap, Stats: ref.st,
-				PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc], KVSeq: sl.kvSeq})
+				Belief: Belief{PrefixMatch: sl.prefixMatch, PrefixSource: prefixSources[sl.prefixSrc], KVSeq: sl.kvSeq}})
 			at = append(at, i)
 			if pr.scored {
 				// Active as scored: with a Ledger, the count across replicas.

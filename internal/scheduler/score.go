@@ -21,7 +21,7 @@ type scratch struct {
 	refs       []slotRefs
 	slotChunks []*slotChunk
 	refChunks  []*refChunk
-	// names, frac and remote are prefixMatchesLocked's space.
+	// names, frac and remote are guessesLocked's space.
 	names  []string
 	frac   []float64
 	remote []bool

@@ -110,14 +110,6 @@ func (t *sessionTable) record(model, session, worker string, tokens int, first u
 	t.m[k] = t.ll.PushFront(&sessionEntry{key: k, worker: worker, tokens: tokens, first: first, at: now})
 }
 
-// len is the number of sessions remembered.
-func (t *sessionTable) len() int {
-	if t == nil {
-		return 0
-	}
-	return t.ll.Len()
-}
-
 // affine reports whether req has anything the prefix term can match: prompt
 // blocks, or a session the table may know.
 func (s *Scheduler) affine(req *Request) bool {
