@@ -206,7 +206,8 @@ func checkBundle(t *testing.T, objs []runtime.Object) {
 	if !slices.Contains(c.Args, "/etc/sluice/sluice.yaml") || !mounts(c, "/etc/sluice") {
 		t.Errorf("args %v and mounts %v: the config file is not where serve looks", c.Args, c.VolumeMounts)
 	}
-	cfg, err := config.Parse(strings.NewReader(cm.Data["sluice.yaml"]))
+	rep := config.Check("sluice.yaml", []byte(cm.Data["sluice.yaml"]))
+	cfg, err := rep.Config, rep.Err()
 	if err != nil {
 		t.Fatalf("ConfigMap sluice.yaml is not a valid Sluice config:\n%v", err)
 	}
@@ -478,7 +479,7 @@ func TestChart_ValuesOverride(t *testing.T) {
 	bad := renderChart(t, map[string]any{"config": map[string]any{"workers": []any{map[string]any{"name": "x", "url": "ftp://x"}}}})
 	for _, o := range bad {
 		if cm, ok := o.(*corev1.ConfigMap); ok {
-			if _, err := config.Parse(strings.NewReader(cm.Data["sluice.yaml"])); err == nil || !strings.Contains(err.Error(), "workers[0].url") {
+			if err := config.Check("sluice.yaml", []byte(cm.Data["sluice.yaml"])).Err(); err == nil || !strings.Contains(err.Error(), "workers[0].url") {
 				t.Errorf("bad config in values: err %v, want one naming workers[0].url", err)
 			}
 		}

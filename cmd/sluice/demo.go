@@ -87,7 +87,7 @@ func demo(args []string, banner io.Writer) error {
 	}
 	// The fleet outlives the router's shutdown so requests in flight can
 	// finish; the deferred Close stops it after the router is done.
-	fleet, err := sim.StartFleetLogged(context.WithoutCancel(ctx), specs, "127.0.0.1", *firstPort, nil)
+	fleet, err := sim.StartFleet(context.WithoutCancel(ctx), specs, "127.0.0.1", *firstPort, nil)
 	if err != nil {
 		return err
 	}
@@ -188,13 +188,13 @@ var demoOutputs = []int{16, 32, 64, 128, 256, 1024}
 // capacity to demoHighShare and back every demoCycle of simulated time.
 // The estimate counts every slot busy; the learned limits may run fewer
 // streams for a faster decode, so requests already wait in Sluice's queue
-// a little under 100%. At a steady 60% nothing waited once the limits were
-// learnt: the queue, the one thing Sluice does that a load balancer does
-// not, never showed. Rising past capacity in the first minutes of each
-// cycle, and falling back under it so the queue drains, it shows requests
-// held and then placed as cards free, then the fleet recovering. A much
-// higher peak swamps the fleet instead: the queue grows for minutes and
-// requests wait out admission.queue_timeout.
+// a little under 100%. At a steady load well under capacity nothing waits
+// once the limits are learnt: the queue, the one thing Sluice does that a
+// load balancer does not, never shows. Rising past capacity in the first
+// minutes of each cycle, and falling back under it so the queue drains, it
+// shows requests held and then placed as cards free, then the fleet
+// recovering. A much higher peak swamps the fleet instead: the queue grows
+// for minutes and requests wait out admission.queue_timeout.
 const (
 	demoCycle     = 4 * time.Minute
 	demoLowShare  = 0.5

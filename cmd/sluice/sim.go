@@ -92,7 +92,7 @@ func runSim(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fleet, err := sim.StartFleetLogged(ctx, specs, *host, *firstPort, log)
+	fleet, err := sim.StartFleet(ctx, specs, *host, *firstPort, log)
 	if err != nil {
 		return err
 	}

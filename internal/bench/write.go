@@ -3,7 +3,6 @@ package bench
 import (
 	"encoding/csv"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -106,65 +105,6 @@ func WriteCSV(w io.Writer, results []Result) error {
 		return fmt.Errorf("write requests csv: %w", err)
 	}
 	return nil
-}
-
-// ReadCSV reads results written by WriteCSV, so that a comparison can be
-// built from runs made earlier. Times come back rounded to microseconds.
-func ReadCSV(r io.Reader, name string) ([]Result, error) {
-	cr := csv.NewReader(r)
-	header, err := cr.Read()
-	if err != nil {
-		return nil, fmt.Errorf("%s: header: %w", name, err)
-	}
-	col := map[string]int{}
-	for i, h := range header {
-		col[h] = i
-	}
-	for _, h := range csvHeader {
-		if _, ok := col[h]; !ok {
-			return nil, fmt.Errorf("%s:1: missing column %q", name, h)
-		}
-	}
-	var out []Result
-	for {
-		rec, err := cr.Read()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", name, err)
-		}
-		line, _ := cr.FieldPos(0)
-		var errs []error
-		get := func(h string) string { return rec[col[h]] }
-		atoi := func(h string) int {
-			n, err := strconv.Atoi(get(h))
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: not a number", h))
-			}
-			return n
-		}
-		num := func(h string) float64 {
-			f, err := strconv.ParseFloat(get(h), 64)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s: not a number", h))
-			}
-			return f
-		}
-		dur := func(h string) time.Duration { return time.Duration(math.Round(num(h) * float64(time.Millisecond))) }
-		res := Result{Index: atoi("index"), Row: atoi("row"), Scheduled: dur("scheduled_ms"), Start: dur("start_ms"),
-			Lateness: dur("lateness_ms"), PromptTokens: atoi("prompt_tokens"), MaxTokens: atoi("max_tokens"),
-			TTFT: dur("ttft_ms"), E2E: dur("e2e_ms"), TPOT: dur("tpot_ms"), OutputTokens: atoi("output_tokens"),
-			DecodeRate: num("decode_tokens_per_s"), Status: atoi("status"), Kind: Kind(get("kind")),
-			Reason: get("reason"), RetryAfter: get("retry_after"), Worker: get("worker"), QueueMs: -1, Err: get("error")}
-		if q := get("queue_ms"); q != "" {
-			res.QueueMs = num("queue_ms")
-		}
-		if len(errs) > 0 {
-			return nil, fmt.Errorf("%s:%d: %w", name, line, errors.Join(errs...))
-		}
-		out = append(out, res)
-	}
 }
 
 // NamedRun is one labelled result set, e.g. the run of one routing policy

@@ -368,8 +368,11 @@ func Run(ctx context.Context, o Options, logw *os.File) error {
 		}
 		fmt.Fprintf(&md, "```\n\n")
 		writeGoals(&md, sc, runs, o.Virtual, o.TimeScale, floor)
+		if err := writeSlowdowns(&md, o, fleet, runs, sc.items); err != nil {
+			return err
+		}
 		if o.Seeds > 1 {
-			first[sc.name] = ratiosOf(summaryOf(runs, scheduler.PolicySluice), summaryOf(runs, scheduler.PolicyLeastConnections))
+			first[sc.name] = withSpell(ratiosOf(summaryOf(runs, scheduler.PolicySluice), summaryOf(runs, scheduler.PolicyLeastConnections)), fleet, runs)
 		}
 		writeReplicas(&md, runs, one, many)
 		if o.KVEvents {

@@ -10,7 +10,13 @@
 // floor no router can beat (Options.IdleFloor), a row of Sluice replicas
 // sharing the fleet through Redis (Options.Replicas), a row with the
 // engines' KV-cache events (Options.KVEvents), and how Sluice's ratios to
-// least-connections' spread over several seeds (Options.Seeds).
+// least-connections' spread over several seeds (Options.Seeds). On a
+// fleet whose file gives a card slowdowns (a throttle, a noisy
+// neighbour), the summary also says where each policy sent its requests
+// before, during and after each slowdown, how soon it turned away from
+// the card and came back, its p99 time to first token while the card
+// was slow, and, in virtual time, which of Sluice's score terms moved
+// against the card (slowdown.go).
 //
 // # Concurrency Model
 //

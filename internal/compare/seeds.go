@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -36,6 +37,39 @@ func checkSeeds(o Options) error {
 type ratios struct {
 	p50, p99, p1 float64 // Sluice's ÷ least-connections'
 	attainment   float64 // Sluice's − least-connections', in points
+	// On a fleet with a slowing card (its first slowdown): how many
+	// seconds Sluice took to route around it and to come back (+Inf:
+	// never), and its p99 TTFT while the card was slow ÷
+	// least-connections'.
+	slowing      bool
+	routed, back float64
+	slowP99      float64
+}
+
+// withSpell adds the slowing card's figures of runs (Sluice's and
+// least-connections') to r, when the fleet has a slowdown.
+func withSpell(r ratios, fleet []sim.WorkerSpec, runs []bench.NamedRun) ratios {
+	sp := spellsOf(fleet)
+	if len(sp) == 0 {
+		return r
+	}
+	var s, lc spellRun
+	for _, run := range runs {
+		switch run.Name {
+		case string(scheduler.PolicySluice):
+			s = judgeSpell(run, sp[0])
+		case string(scheduler.PolicyLeastConnections):
+			lc = judgeSpell(run, sp[0])
+		}
+	}
+	r.slowing, r.routed, r.back, r.slowP99 = true, math.Inf(1), math.Inf(1), s.p99During/lc.p99During
+	if s.routedOK {
+		r.routed = s.routed.Seconds()
+	}
+	if s.backOK {
+		r.back = s.back.Seconds()
+	}
+	return r
 }
 
 func ratiosOf(s, lc bench.Summary) ratios {
@@ -78,20 +112,28 @@ func writeSeeds(ctx context.Context, md *bytes.Buffer, o Options, fleet []sim.Wo
 				continue
 			}
 			var sum [2]bench.Summary
+			var runs []bench.NamedRun
 			for i, p := range []scheduler.Policy{scheduler.PolicySluice, scheduler.PolicyLeastConnections} {
 				fmt.Fprintf(logw, "seed %d: %s: %s (%d requests)\n", seed, sc.name, p, len(sc.items))
 				res, _, _, err := runPolicy(ctx, so, fleet, p, 1, false, sc.items, logw)
 				if err != nil {
 					return fmt.Errorf("seed %d, %s, policy %s: %w", seed, sc.name, p, err)
 				}
-				sum[i] = bench.NamedRun{Name: string(p), Results: res, SLO: o.SLO}.Summary()
+				runs = append(runs, bench.NamedRun{Name: string(p), Results: res, SLO: o.SLO})
+				sum[i] = runs[i].Summary()
 			}
-			all[sc.name] = append(all[sc.name], ratiosOf(sum[0], sum[1]))
+			all[sc.name] = append(all[sc.name], withSpell(ratiosOf(sum[0], sum[1]), fleet, runs))
 		}
 	}
 	fmt.Fprintf(md, "## Across seeds %d–%d\n\n", o.Seed, o.Seed+uint64(o.Seeds)-1)
 	fmt.Fprintf(md, "Each load run again as `--seed S` would run it (its own arrivals and synthetic lengths; a trace with its own arrival times is the same for every seed), Sluice against least-connections: min–max (median) over the %d seeds. One seed at a load near the fleet's ceiling can move a tail by a factor of two, so a goal judged on one seed is judged here too.\n\n", o.Seeds)
-	fmt.Fprintf(md, "| load | p50 TTFT ÷ least-conn. | p99 TTFT ÷ least-conn. | p1 decode ÷ least-conn. | SLO attainment − least-conn. (points) |\n| --- | --- | --- | --- | --- |\n")
+	slowing := len(spellsOf(fleet)) > 0
+	fmt.Fprintf(md, "| load | p50 TTFT ÷ least-conn. | p99 TTFT ÷ least-conn. | p1 decode ÷ least-conn. | SLO attainment − least-conn. (points) |")
+	if slowing {
+		fmt.Fprintf(md, " slowing card: routed around (s) | back (s) | p99 TTFT while slow ÷ least-conn. |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	} else {
+		fmt.Fprintf(md, "\n| --- | --- | --- | --- | --- |\n")
+	}
 	for _, name := range names {
 		rs := all[name]
 		col := func(get func(ratios) float64, format string) string {
@@ -110,11 +152,19 @@ func writeSeeds(ctx context.Context, md *bytes.Buffer, o Options, fleet []sim.Wo
 		if name == "burst" {
 			label = name
 		}
-		fmt.Fprintf(md, "| %s | %s | %s | %s | %s |\n", label,
+		fmt.Fprintf(md, "| %s | %s | %s | %s | %s |", label,
 			col(func(r ratios) float64 { return r.p50 }, "%.2f"),
 			col(func(r ratios) float64 { return r.p99 }, "%.2f"),
 			col(func(r ratios) float64 { return r.p1 }, "%.2f"),
 			col(func(r ratios) float64 { return r.attainment }, "%+.1f"))
+		if slowing {
+			never := func(s string) string { return strings.ReplaceAll(s, "+Inf", "never") }
+			fmt.Fprintf(md, " %s | %s | %s |",
+				never(col(func(r ratios) float64 { return r.routed }, "%.0f")),
+				never(col(func(r ratios) float64 { return r.back }, "%.0f")),
+				col(func(r ratios) float64 { return r.slowP99 }, "%.2f"))
+		}
+		fmt.Fprintln(md)
 	}
 	fmt.Fprintln(md)
 	return nil

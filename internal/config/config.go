@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -620,20 +619,6 @@ func Load(path string) (Config, error) {
 		return Config{}, err
 	}
 	return r.Config, nil
-}
-
-// Parse decodes YAML over DefaultConfig, rejecting unknown keys, and
-// validates the result. Its error is a Problems with every problem found.
-func Parse(r io.Reader) (Config, error) {
-	data, err := io.ReadAll(r)
-	if err != nil {
-		return Config{}, err
-	}
-	rep := Check("", data)
-	if err := rep.Err(); err != nil {
-		return Config{}, err
-	}
-	return rep.Config, nil
 }
 
 // Validate reports every problem in cfg, each with its key path: nil, or

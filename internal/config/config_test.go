@@ -29,7 +29,7 @@ admission:
 `
 
 func TestParse_DefaultsFillWhatIsLeftOut(t *testing.T) {
-	cfg, err := Parse(strings.NewReader(good))
+	cfg, err := parse(good)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,14 +51,14 @@ func TestParse_DefaultsFillWhatIsLeftOut(t *testing.T) {
 }
 
 func TestParse_AdmissionClasses(t *testing.T) {
-	cfg, err := Parse(strings.NewReader("workers: [{name: a, url: 'http://h:1'}]"))
+	cfg, err := parse("workers: [{name: a, url: 'http://h:1'}]")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := cfg.Admission.Classes; len(got) != 2 || got[0].Name != "interactive" || got[1].Name != "batch" {
 		t.Fatalf("default classes %+v, want interactive then batch", got)
 	}
-	cfg, err = Parse(strings.NewReader("workers: [{name: a, url: 'http://h:1'}]\nadmission:\n  classes: [{name: bulk, priority: 5, max_queue_wait: 2m}]\n  tenant_weights: {acme: 2}\n  max_overtake: 3s\n"))
+	cfg, err = parse("workers: [{name: a, url: 'http://h:1'}]\nadmission:\n  classes: [{name: bulk, priority: 5, max_queue_wait: 2m}]\n  tenant_weights: {acme: 2}\n  max_overtake: 3s\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestParse_KVFitOnUnlessTurnedOff(t *testing.T) {
 		{"workers: [{name: a, url: 'http://h:1'}]\nadmission: {max_queue: 9}", true},
 		{"workers: [{name: a, url: 'http://h:1'}]\nadmission: {kv_fit: false}", false},
 	} {
-		cfg, err := Parse(strings.NewReader(tc.yaml))
+		cfg, err := parse(tc.yaml)
 		if err != nil {
 			t.Fatalf("%q: %v", tc.yaml, err)
 		}
@@ -130,7 +130,7 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Parse(strings.NewReader(tt.yaml))
+			_, err := parse(tt.yaml)
 			if err == nil {
 				t.Fatal("accepted a bad config")
 			}
@@ -150,7 +150,7 @@ func TestParse_RedisStatsStore(t *testing.T) {
 		"rediss://user:s3cret@redis.internal:6380/0?dial_timeout=2s",
 	} {
 		yml := "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: '" + store + "'}"
-		c, err := Parse(strings.NewReader(yml))
+		c, err := parse(yml)
 		if err != nil {
 			t.Errorf("%s: %v", store, err)
 			continue
@@ -169,9 +169,10 @@ func TestLoad_ExampleConfigsAreValid(t *testing.T) {
 	}
 }
 
-// FuzzParse holds Parse to two things on any input: what it accepts,
-// Validate accepts; and where a strict yaml.v3 decode (unknown keys
-// refused) of the same text succeeds, Parse's own decoding, which goes on
+// FuzzParse holds Check, the decoding Load runs, to two things on any
+// input: what it accepts, Validate accepts; and where a strict yaml.v3
+// decode (unknown keys refused) of the same text succeeds, Check's own
+// decoding, which goes on
 // past problems to report them all, gives the same config. Inputs with
 // merge keys are left out of the comparison: yaml.v3's order of merged
 // keys is its own.
@@ -182,15 +183,16 @@ func FuzzParse(f *testing.F) {
 	f.Add("workers:\n  - &w {name: a, url: 'http://h:1'}\nweights: {latency: ~}\ndiscovery: {kubernetes: {selector: a=b}}\nstats: ~")
 	f.Add("workers: [{name: a, url: 'http://h:1', max_concurency: 3}]\nadmission: {queue_timeout: '30'}")
 	f.Fuzz(func(t *testing.T, s string) {
-		cfg, err := Parse(strings.NewReader(s))
+		rep := Check("", []byte(s))
+		cfg, err := rep.Config, rep.Err()
 		if err == nil {
 			if verr := cfg.Validate(); verr != nil {
-				t.Fatalf("Parse accepted a config Validate rejects: %v", verr)
+				t.Fatalf("Check accepted a config Validate rejects: %v", verr)
 			}
 		} else {
 			var ps Problems
 			if !errors.As(err, &ps) || len(ps) == 0 {
-				t.Fatalf("Parse failed with %T %v, want Problems", err, err)
+				t.Fatalf("Check failed with %T %v, want Problems", err, err)
 			}
 		}
 		if strings.Contains(s, "<<") {
@@ -207,7 +209,6 @@ func FuzzParse(f *testing.F) {
 				strict.Workers[i].Kind = "llamacpp"
 			}
 		}
-		rep := Check("", []byte(s))
 		for _, p := range rep.Problems {
 			if strings.HasPrefix(p.Msg, "must be a whole number") || p.Msg == emptyKey || p.Msg == emptyItem {
 				return // yaml.v3 cuts 2.5 to 2 and drops empty keys and items; Check refuses them
@@ -239,7 +240,7 @@ func TestParse_MaxConcurrencyAutoOrCap(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
-			cfg, err := Parse(strings.NewReader("workers:\n  - {name: a, url: http://127.0.0.1:1, max_concurrency: " + tt.in + "}\n"))
+			cfg, err := parse("workers:\n  - {name: a, url: http://127.0.0.1:1, max_concurrency: " + tt.in + "}\n")
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err %v, want one containing %q", err, tt.wantErr)
@@ -257,25 +258,25 @@ func TestParse_MaxConcurrencyAutoOrCap(t *testing.T) {
 }
 
 func TestParse_LimitsDefaultsAndValidation(t *testing.T) {
-	cfg, err := Parse(strings.NewReader("workers:\n  - {name: a, url: http://127.0.0.1:1}\n"))
+	cfg, err := parse("workers:\n  - {name: a, url: http://127.0.0.1:1}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !cfg.Limits.Adaptive || cfg.Limits.Scheduler().Fixed {
 		t.Fatal("adaptive concurrency is not the default")
 	}
-	_, err = Parse(strings.NewReader("workers:\n  - {name: a, url: http://127.0.0.1:1}\nlimits: {policy: decode_first}\n"))
+	_, err = parse("workers:\n  - {name: a, url: http://127.0.0.1:1}\nlimits: {policy: decode_first}\n")
 	if err == nil || !strings.Contains(err.Error(), "limits.policy: removed") {
 		t.Fatalf("limits.policy: decode_first gave %v; want an error saying the key was removed", err)
 	}
-	_, err = Parse(strings.NewReader(`workers:
+	_, err = parse(`workers:
   - {name: a, url: "http://127.0.0.1:1"}
 limits:
   floor_fraction: 2
   min_samples: 0
   borrow_after: -1s
   models: {m: {min_stream_tok_s: -3}}
-`))
+`)
 	for _, key := range []string{"limits.floor_fraction", "limits.min_samples", "limits.borrow_after", "limits.models.m.min_stream_tok_s"} {
 		if err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("error %v does not name %s", err, key)
@@ -284,7 +285,7 @@ limits:
 }
 
 func TestParse_IdleConnTimeoutPerKind(t *testing.T) {
-	cfg, err := Parse(strings.NewReader("workers: [{name: a, url: 'http://h:1'}]\nproxy:\n  idle_conn_timeout: {vllm: 2s}\n"))
+	cfg, err := parse("workers: [{name: a, url: 'http://h:1'}]\nproxy:\n  idle_conn_timeout: {vllm: 2s}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,9 +303,19 @@ func TestParse_IdleConnTimeoutPerKind(t *testing.T) {
 		{"proxy: {idle_conn_timeout: {llamacpp: 0s}}", "proxy.idle_conn_timeout.llamacpp: must be positive"},
 		{"proxy: {idle_conn_timeout: {llama: 3s}}", `proxy.idle_conn_timeout.llama: "llama" is not a worker kind`},
 	} {
-		_, err := Parse(strings.NewReader("workers: [{name: a, url: 'http://h:1'}]\n" + tc.yaml))
+		_, err := parse("workers: [{name: a, url: 'http://h:1'}]\n" + tc.yaml)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.yaml, err, tc.want)
 		}
 	}
+}
+
+// parse is Load without the file: yaml decoded over DefaultConfig,
+// unknown keys refused, then validated; the error is a Problems.
+func parse(yaml string) (Config, error) {
+	rep := Check("", []byte(yaml))
+	if err := rep.Err(); err != nil {
+		return Config{}, err
+	}
+	return rep.Config, nil
 }

@@ -54,7 +54,7 @@ func TestValidate_HardeningKeysNameTheirPath(t *testing.T) {
 
 func TestParse_AuthSectionFromYAML(t *testing.T) {
 	good := strings.Repeat("0f", 32)
-	cfg, err := Parse(strings.NewReader(`
+	cfg, err := parse(`
 workers: [{name: w, url: "http://w:1"}]
 auth:
   keys:
@@ -62,7 +62,7 @@ auth:
   admin_token_file: /run/secrets/admin
 server: {max_connections: 100, read_header_timeout: 3s}
 shutdown: {drain_delay: 1s, grace: 10s}
-`))
+`)
 	if err != nil {
 		t.Fatal(err)
 	}

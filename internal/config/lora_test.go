@@ -22,7 +22,7 @@ func TestLoRA_Validate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := Parse(strings.NewReader(workers + tt.yaml))
+			_, err := parse(workers + tt.yaml)
 			if len(tt.want) == 0 {
 				if err != nil {
 					t.Fatalf("err = %v, want none", err)
@@ -53,7 +53,7 @@ func TestWorker_KVEventsValidate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		y := "workers:\n  - {name: a, url: 'http://127.0.0.1:1', kind: vllm, kv_events: '" + tt.kv + "', kv_events_replay: '" + tt.replay + "'}\n"
-		_, err := Parse(strings.NewReader(y))
+		_, err := parse(y)
 		switch {
 		case tt.want == "" && err != nil:
 			t.Errorf("%s %s: %v", tt.kv, tt.replay, err)

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"strings"
 	"testing"
 	"time"
 
@@ -11,7 +10,7 @@ import (
 )
 
 func TestParse_SLOPerClassAndKey(t *testing.T) {
-	cfg, err := Parse(strings.NewReader(`
+	cfg, err := parse(`
 workers: [{name: a, url: 'http://h:1'}]
 admission:
   slo:
@@ -20,7 +19,7 @@ admission:
 auth:
   keys:
     - {key_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, tenant: ide, class: interactive, slo: {ttft: 500ms}}
-`))
+`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +37,7 @@ auth:
 }
 
 func TestParse_NoSLOByDefault(t *testing.T) {
-	cfg, err := Parse(strings.NewReader(good))
+	cfg, err := parse(good)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func startRouter(t *testing.T, n int, scale float64, tune func(*config.Config)) 
 		specs[i].TimeScale = scale
 		specs[i].Params.StartupDelay = 0
 	}
-	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0)
+	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -112,6 +112,34 @@ type Record struct {
 	// continuation is set on the record of a lease that continued a
 	// stream another worker broke (SetContinuation).
 	continuation atomic.Pointer[Continuation]
+	// prefix is what the chosen worker said it found cached, set when the
+	// request ends (SetPrefixOutcome).
+	prefix atomic.Pointer[PrefixOutcome]
+}
+
+// PrefixOutcome sets the belief of how much of the prompt the chosen
+// worker held in its prefix cache (the chosen candidate's prefix match and
+// source) against what the worker said it found, once the request ended.
+type PrefixOutcome struct {
+	// ExpectedCachedTokens is the belief at the decision: the chosen
+	// worker's prefix match times the prompt.
+	ExpectedCachedTokens int `json:"expected_cached_tokens"`
+	// CachedTokens is the worker's own count.
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// SetPrefixOutcome stores what the worker said it found cached; only the
+// first call counts. Safe while others read r.
+func (r *Record) SetPrefixOutcome(o PrefixOutcome) bool {
+	return r.prefix.CompareAndSwap(nil, &o)
+}
+
+// PrefixOutcome returns what SetPrefixOutcome stored, if anything.
+func (r *Record) PrefixOutcome() (PrefixOutcome, bool) {
+	if o := r.prefix.Load(); o != nil {
+		return *o, true
+	}
+	return PrefixOutcome{}, false
 }
 
 // Continuation says why a decision placed the rest of a stream another
@@ -268,14 +296,15 @@ func (r *Record) Explain() *Record {
 type plainRecord Record
 
 // MarshalJSON encodes the record with its full breakdown and, once the
-// request has one, its first token.
+// request has them, its first token and its prefix outcome.
 func (r *Record) MarshalJSON() ([]byte, error) {
 	r.Explain()
 	return json.Marshal(struct {
 		*plainRecord
-		*FirstToken                // nil until set: its fields are left out
-		Continuation *Continuation `json:"continuation,omitempty"`
-	}{(*plainRecord)(r), r.firstToken.Load(), r.continuation.Load()})
+		*FirstToken                  // nil until set: its fields are left out
+		Continuation  *Continuation  `json:"continuation,omitempty"`
+		PrefixOutcome *PrefixOutcome `json:"prefix_outcome,omitempty"`
+	}{(*plainRecord)(r), r.firstToken.Load(), r.continuation.Load(), r.prefix.Load()})
 }
 
 // UnmarshalJSON decodes what MarshalJSON wrote, first token included, so
@@ -283,8 +312,9 @@ func (r *Record) MarshalJSON() ([]byte, error) {
 func (r *Record) UnmarshalJSON(b []byte) error {
 	v := struct {
 		*plainRecord
-		*FirstToken                // allocated only when the JSON has its fields
-		Continuation *Continuation `json:"continuation,omitempty"`
+		*FirstToken                  // allocated only when the JSON has its fields
+		Continuation  *Continuation  `json:"continuation,omitempty"`
+		PrefixOutcome *PrefixOutcome `json:"prefix_outcome,omitempty"`
 	}{plainRecord: (*plainRecord)(r)}
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
@@ -294,6 +324,9 @@ func (r *Record) UnmarshalJSON(b []byte) error {
 	}
 	if v.Continuation != nil {
 		r.continuation.Store(v.Continuation)
+	}
+	if v.PrefixOutcome != nil {
+		r.prefix.Store(v.PrefixOutcome)
 	}
 	return nil
 }

@@ -231,19 +231,6 @@ func (w *Watcher) markDirty() {
 	}
 }
 
-// Owned returns the workers this Watcher has added and not removed, by
-// name.
-func (w *Watcher) Owned() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	names := make([]string, 0, len(w.owned))
-	for n := range w.owned {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
 // reconcile applies desired to the Sink: workers gone or changed are
 // removed, new or changed ones added. With all, workers this Watcher
 // owns but the Sink no longer has (a config reload dropped them) are

@@ -179,7 +179,7 @@ func TestWatcher_SlicesAddedChangedRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	sink.expect(t, "remove vllm-0", "remove vllm-1")
-	if diff := cmp.Diff([]string{"vllm-2"}, w.Owned()); diff != "" {
+	if diff := cmp.Diff([]string{"vllm-2"}, owned(w)); diff != "" {
 		t.Errorf("owned (-want +got):\n%s", diff)
 	}
 }
@@ -191,7 +191,7 @@ func TestWatcher_OtherServicesAndNamespacesIgnored(t *testing.T) {
 	elsewhere.Namespace = "staging"
 	_, sink, w := start(t, other, elsewhere, slice("vllm-abc", 8000, "vllm-0=10.0.0.1"))
 	sink.expect(t, "add vllm-0 http://10.0.0.1:8000")
-	if diff := cmp.Diff([]string{"vllm-0"}, w.Owned()); diff != "" {
+	if diff := cmp.Diff([]string{"vllm-0"}, owned(w)); diff != "" {
 		t.Errorf("owned (-want +got):\n%s", diff)
 	}
 }
@@ -292,4 +292,16 @@ func TestNew_Validation(t *testing.T) {
 	if err != nil || w.cfg.Namespace != "own" || w.cfg.Kind != "llamacpp" {
 		t.Errorf("defaults: %v %+v", err, w)
 	}
+}
+
+// owned returns the workers w has added and not removed, by name.
+func owned(w *Watcher) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	names := make([]string, 0, len(w.owned))
+	for n := range w.owned {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/prefix/prefixtest"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
@@ -86,7 +87,7 @@ func TestWorker_LlamaCPPSlotsReport(t *testing.T) {
 		t.Errorf("report blocks %v, want the router's blocks of the two prompts %v", slices.Sorted(maps.Keys(rep.Blocks)), slices.Sorted(maps.Keys(want)))
 	}
 	// The router's hashes of a request for the same raw prompt match.
-	req := prefix.FromBody([]byte(`{"prompt":`+mustJSON(t, sys+"What next?")+`}`), prefix.BlockBytes)
+	req := prefixtest.FromBody([]byte(`{"prompt":`+mustJSON(t, sys+"What next?")+`}`), prefix.BlockBytes)
 	if got := rep.Match(req); got != 1 {
 		t.Errorf("a request extending the held prompt matches %v, want 1 (%d blocks)", got, len(req))
 	}

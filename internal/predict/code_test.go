@@ -5,14 +5,13 @@ import (
 	"time"
 )
 
-// TestPredictor_CodeCompletionTraffic runs issue 25's failing traffic —
+// TestPredictor_CodeCompletionTraffic runs code-completion traffic —
 // long prompts (median 1,500 tokens), short answers (median 13) — on a
 // clean reference card at three loads and holds the TTFT predictions to
 // 20 %. The decode rate of such short streams is bimodal (a prompt that
 // arrives while one runs stalls it by its whole prefill, one that does
 // not leaves it at the solo rate), and which happens is decided after the
-// prediction, by later arrivals, so its error is logged, not bounded:
-// measured 0.14, 0.39 and 0.59 at the three loads.
+// prediction, by later arrivals, so its error is logged, not bounded.
 func TestPredictor_CodeCompletionTraffic(t *testing.T) {
 	for _, rate := range []float64{0.5, 1, 1.5} {
 		p := card(1, 4, 2048, 2)

@@ -35,14 +35,14 @@ func TestPredictor_ConvergesOnEachCard(t *testing.T) {
 		{"slow-a10", 0.6, 4, 2048, 0.15, 800, 180, false, 0.20, 0.10},
 		{"a100", 1, 4, 2048, 0.3, 800, 180, false, 0.20, 0.10},
 		{"h100-8slot", 2, 8, 2048, 0.8, 800, 180, false, 0.20, 0.10},
-		{"h100-chunked", 2, 4, 512, 1.2, 1500, 60, false, 0.20, 0.25}, // measured 0.06 / 0.19: late arrivals' stalls
+		{"h100-chunked", 2, 4, 512, 1.2, 1500, 60, false, 0.20, 0.25}, // late arrivals' stalls
 		// The interference factor alone, 1 + 0.1·(k−1)·L, leaves the best
 		// constant predictor a median relative error of 4 % at k = 2, 8 %
 		// at 3, 12 % at 4, 15 % at 5 and 18 % at 6 (computed from the
 		// log-normal); these bounds sit above what was measured.
-		{"slow-a10-noisy", 0.6, 4, 2048, 0.15, 800, 180, true, 0.20, 0.20}, // measured 0.09 / 0.12
-		{"a100-noisy", 1, 4, 2048, 0.3, 800, 180, true, 0.20, 0.20},        // measured 0.10 / 0.14
-		{"h100-8slot-noisy", 2, 8, 2048, 0.8, 800, 180, true, 0.25, 0.25},  // measured 0.22 / 0.22
+		{"slow-a10-noisy", 0.6, 4, 2048, 0.15, 800, 180, true, 0.20, 0.20},
+		{"a100-noisy", 1, 4, 2048, 0.3, 800, 180, true, 0.20, 0.20},
+		{"h100-8slot-noisy", 2, 8, 2048, 0.8, 800, 180, true, 0.25, 0.25},
 	}
 	l := newLearner(t)
 	for i, c := range cards {

@@ -207,10 +207,9 @@ var FallbackSLO = SLO{TTFT: 2 * time.Second, TTFTPer1k: 250 * time.Millisecond, 
 //
 // It is never stricter than the plain SLO: a default derived from an
 // idle fleet alone (2 × its unloaded first token, half its solo rate)
-// promised what no loaded fleet keeps, and in virtual time on the Azure
-// trace at 80 % load it cost 5 points of attainment of the plain SLO
-// against judging by the learned limits (docs/benchmarks.md). Each part
-// is taken over the workers that know it.
+// promised what no loaded fleet keeps, and in virtual time it kept fewer
+// of the plain SLO's promises than judging by the learned limits. Each
+// part is taken over the workers that know it.
 func DefaultSLO(fleet []Unloaded) SLO {
 	s := FallbackSLO
 	var fixed []time.Duration

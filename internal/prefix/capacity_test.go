@@ -23,7 +23,7 @@ func TestIndex_SetCapacity(t *testing.T) {
 		if got := x.Len(model, "a"); got != 2 {
 			t.Errorf("Len(%s, a) = %d after shrinking to 2", model, got)
 		}
-		if got := x.Match(model, conv[:4], "a"); got != 0.5 {
+		if got := match(x, model, conv[:4], "a"); got != 0.5 {
 			t.Errorf("Match(%s, a) = %v, want 0.5: the first two blocks stay", model, got)
 		}
 	}
@@ -32,7 +32,7 @@ func TestIndex_SetCapacity(t *testing.T) {
 	if got := x.Len("m", "a"); got != 2 {
 		t.Errorf("Len(m, a) = %d after recording 3 more blocks, want 2", got)
 	}
-	if got := x.Match("m", []uint64{100, 101}, "a"); got != 1 {
+	if got := match(x, "m", []uint64{100, 101}, "a"); got != 1 {
 		t.Errorf("Match of the new blocks = %v, want 1", got)
 	}
 

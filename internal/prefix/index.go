@@ -64,31 +64,14 @@ func NewIndex(o Options) *Index {
 	return &Index{capacity: o.Capacity, perWorker: o.WorkerCapacity, ttl: o.TTL, now: o.Now, caches: map[string]map[string]*lru{}}
 }
 
-// Match returns the fraction of hashes, counted from the first, that
-// worker is expected to hold for model: the longest run of leading blocks
-// it recently served, over len(hashes). It is 0 for no hashes. Asking
-// does not refresh anything.
-func (x *Index) Match(model string, hashes []uint64, worker string) float64 {
-	f, _ := x.MatchSource(model, hashes, worker)
-	return f
-}
-
-// MatchSource is Match, and also tells whether any of the matched blocks
-// was last recorded by another replica (through Apply) rather than by this
-// router's own Record.
-func (x *Index) MatchSource(model string, hashes []uint64, worker string) (frac float64, remote bool) {
-	if len(hashes) == 0 {
-		return 0, false
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	var oldest ttlCut
-	return x.matchLocked(model, hashes, worker, &oldest)
-}
-
-// MatchSources is MatchSource for each of workers at once, under one lock
-// and one reading of the clock: frac[i] and remote[i] (both of
-// len(workers)) are workers[i]'s. A pick asks it about every candidate.
+// MatchSources sets frac[i] (both of len(workers)) to the fraction of
+// hashes, counted from the first, that workers[i] is expected to hold for
+// model: the longest run of leading blocks it recently served, over
+// len(hashes); 0 for no hashes. remote[i] tells whether any of the matched
+// blocks was last recorded by another replica (through Apply) rather than
+// by this router's own Record. It answers for every worker under one lock
+// and one reading of the clock (a pick asks about every candidate), and
+// refreshes nothing.
 func (x *Index) MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool) {
 	if len(hashes) == 0 {
 		clear(frac[:len(workers)])
@@ -111,14 +94,9 @@ type ttlCut struct {
 	read bool
 }
 
-// matchLocked is MatchSource under x.mu, hashes not empty, with the TTL's
-// cut read into oldest the first time it is needed.
-func (x *Index) matchLocked(model string, hashes []uint64, worker string, oldest *ttlCut) (frac float64, remote bool) {
-	return x.matchInLocked(x.caches[model][worker], hashes, oldest)
-}
-
-// matchInLocked is matchLocked in c, the worker's cache of the model (nil
-// when none).
+// matchInLocked is one worker's answer of MatchSources in c, its cache of
+// the model (nil when none), hashes not empty, with the TTL's cut read
+// into oldest the first time it is needed.
 func (x *Index) matchInLocked(c *lru, hashes []uint64, oldest *ttlCut) (frac float64, remote bool) {
 	if c == nil {
 		return 0, false
@@ -153,7 +131,7 @@ func (x *Index) Record(model string, hashes []uint64, worker string) {
 // Apply notes, as Record does, that worker served hashes for model at
 // time at, as another replica reports it: a block keeps the later of its
 // own time and at, and a block whose time is at is marked as recorded
-// elsewhere (see MatchSource). A report older than the TTL is ignored;
+// elsewhere (see MatchSources). A report older than the TTL is ignored;
 // one from the future (clock skew) counts as now. The bounds are those of
 // Record.
 func (x *Index) Apply(model string, hashes []uint64, worker string, at time.Time) {
@@ -286,7 +264,7 @@ func (c *lru) touch(h uint64, at time.Time, remote bool) {
 // and keeps the slab dense by moving its last node into each hole. Record
 // keeps times in recency order; a block Apply refreshed with a time older
 // than its neighbours' is swept once it reaches the tail or is evicted by
-// capacity, and Match ignores it once expired, so the order matters to
+// capacity, and MatchSources ignores it once expired, so the order matters to
 // memory only, which capacity bounds anyway.
 func (c *lru) expire(oldest time.Time) {
 	for c.tail >= 0 && c.nodes[c.tail].at.Before(oldest) {

@@ -23,7 +23,7 @@
 //
 // An Index remembers, per model, which worker recently served which block
 // hashes; the scheduler asks it how much of a request's prefix each worker
-// is expected to hold (Match) and tells it where a request went (Record).
+// is expected to hold (MatchSources) and tells it where a request went (Record).
 // It is the router's guess of the workers' caches, not their state.
 //
 // What workers say of their own caches complements the guess:
@@ -254,28 +254,14 @@ func plainString(raw []byte) (text []byte, ok bool) {
 	return text, ascii || utf8.Valid(text)
 }
 
-// body is what FromBody reads of an inference request.
-type body struct {
-	Messages []Message       `json:"messages"`
-	Prompt   json.RawMessage `json:"prompt"`
-}
-
-// FromBody returns the chained block hashes (blocks of blockBytes bytes)
-// of an OpenAI-style inference request body: the rendered `messages` of a
-// chat request, else its `prompt` (a string as its text; an array of
-// strings or of token ids by its JSON, which is stable for equal prompts).
-// A body it cannot read, or one without a prompt, has no hashes: prefix
-// matching is a hint, and the proxy has validated the body already.
-func FromBody(b []byte, blockBytes int) []uint64 {
-	var in body
-	if json.Unmarshal(b, &in) != nil {
-		return nil
-	}
-	return hashPrompt(in.Messages, in.Prompt, blockBytes)
-}
-
-// FromFields is FromBody for a body already decoded: its `messages` and
-// `prompt` fields as they were sent (either may be empty).
+// FromFields returns the chained block hashes (blocks of blockBytes bytes)
+// of an OpenAI-style inference request already decoded, from its
+// `messages` and `prompt` fields as they were sent (either may be empty):
+// the rendered messages of a chat request, else its prompt (a string as
+// its text; an array of strings or of token ids by its JSON, which is
+// stable for equal prompts). Fields it cannot read, or no prompt, give no
+// hashes: prefix matching is a hint, and the proxy has validated the body
+// already.
 func FromFields(messages, prompt json.RawMessage, blockBytes int) []uint64 {
 	var msgs []Message
 	if len(messages) > 0 && string(messages) != "null" && json.Unmarshal(messages, &msgs) != nil {
@@ -284,8 +270,8 @@ func FromFields(messages, prompt json.RawMessage, blockBytes int) []uint64 {
 	return hashPrompt(msgs, prompt, blockBytes)
 }
 
-// FromMessages is FromBody for a body whose `messages` its caller has
-// decoded already (into msgs, as FromBody would) and whose `prompt` it
+// FromMessages is FromFields for a body whose `messages` its caller has
+// decoded already (into msgs) and whose `prompt` it
 // holds as sent: the proxy's one decode of a request yields both.
 func FromMessages(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
 	return hashPrompt(msgs, prompt, blockBytes)

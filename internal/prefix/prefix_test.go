@@ -74,8 +74,8 @@ func TestFromBody_ChatTurnsSharePrefix(t *testing.T) {
 	sys := strings.Repeat("You are a careful assistant. ", 30)
 	q1 := strings.Repeat("What is a KV cache? ", 20)
 	a1 := strings.Repeat("It stores keys and values. ", 20)
-	turn1 := FromBody(chatBody(t, "system", sys, "user", q1), 64)
-	turn2 := FromBody(chatBody(t, "system", sys, "user", q1, "assistant", a1, "user", "And why?"), 64)
+	turn1 := fromBody(chatBody(t, "system", sys, "user", q1), 64)
+	turn2 := fromBody(chatBody(t, "system", sys, "user", q1, "assistant", a1, "user", "And why?"), 64)
 	if len(turn1) == 0 || len(turn2) <= len(turn1) {
 		t.Fatalf("blocks: turn 1 %d, turn 2 %d; want turn 2 longer and both non-empty", len(turn1), len(turn2))
 	}
@@ -86,7 +86,7 @@ func TestFromBody_ChatTurnsSharePrefix(t *testing.T) {
 	}
 	// Another conversation with the same system prompt shares only the
 	// system prompt's blocks.
-	other := FromBody(chatBody(t, "system", sys, "user", strings.Repeat("Tell me a joke. ", 30)), 64)
+	other := fromBody(chatBody(t, "system", sys, "user", strings.Repeat("Tell me a joke. ", 30)), 64)
 	shared := 0
 	for shared < min(len(other), len(turn1)) && other[shared] == turn1[shared] {
 		shared++
@@ -99,8 +99,8 @@ func TestFromBody_ChatTurnsSharePrefix(t *testing.T) {
 
 func TestFromBody_RolesMatter(t *testing.T) {
 	text := strings.Repeat("same words ", 30)
-	a := FromBody(chatBody(t, "user", text), 32)
-	b := FromBody(chatBody(t, "assistant", text), 32)
+	a := fromBody(chatBody(t, "user", text), 32)
+	b := fromBody(chatBody(t, "assistant", text), 32)
 	if len(a) == 0 || a[0] == b[0] {
 		t.Fatalf("the same content under different roles shares its first block")
 	}
@@ -116,7 +116,7 @@ func TestFromBody_Shapes(t *testing.T) {
 		want []uint64
 	}{
 		{"raw prompt is its text", fmt.Sprintf(`{"prompt":%q}`, long), Text(long, 32)},
-		{"content parts render as their text", parts, FromBody([]byte(plain), 32)},
+		{"content parts render as their text", parts, fromBody([]byte(plain), 32)},
 		{"token prompt hashes its JSON", `{"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18]}`, Text("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18]", 32)},
 		{"no prompt", `{"model":"m","input":"embed me"}`, nil},
 		{"not JSON", `{"model":`, nil},
@@ -124,7 +124,7 @@ func TestFromBody_Shapes(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if diff := cmp.Diff(FromBody([]byte(tt.body), 32), tt.want); diff != "" {
+			if diff := cmp.Diff(fromBody([]byte(tt.body), 32), tt.want); diff != "" {
 				t.Fatalf("hashes (-got +want):\n%s", diff)
 			}
 		})
@@ -154,7 +154,7 @@ func TestIndex_MatchLongestLeadingRun(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := x.Match("m", tt.hashes, tt.worker); got != tt.want {
+			if got := match(x, "m", tt.hashes, tt.worker); got != tt.want {
 				t.Fatalf("Match(%v, %s) = %v, want %v", tt.hashes, tt.worker, got, tt.want)
 			}
 		})
@@ -164,10 +164,10 @@ func TestIndex_MatchLongestLeadingRun(t *testing.T) {
 func TestIndex_ModelsAreSeparate(t *testing.T) {
 	x := NewIndex(Options{})
 	x.Record("llama", []uint64{1, 2}, "a")
-	if got := x.Match("qwen", []uint64{1, 2}, "a"); got != 0 {
+	if got := match(x, "qwen", []uint64{1, 2}, "a"); got != 0 {
 		t.Fatalf("blocks recorded for llama match for qwen on the same worker: %v", got)
 	}
-	if got := x.Match("llama", []uint64{1, 2}, "a"); got != 1 {
+	if got := match(x, "llama", []uint64{1, 2}, "a"); got != 1 {
 		t.Fatalf("Match for llama = %v, want 1", got)
 	}
 }
@@ -182,14 +182,14 @@ func TestIndex_CapacityEvictsLeastRecentKeepingRoots(t *testing.T) {
 	if got, want := x.Len("m", "a"), 4; got != want {
 		t.Fatalf("blocks remembered: got %d, want the capacity %d", got, want)
 	}
-	if got, want := x.Match("m", []uint64{1, 2, 3}, "a"), 2.0/3; got != want {
+	if got, want := match(x, "m", []uint64{1, 2, 3}, "a"), 2.0/3; got != want {
 		t.Fatalf("Match of the old conversation = %v, want %v (block 3 evicted first)", got, want)
 	}
 	x.Record("m", []uint64{20, 21, 22, 23}, "a")
-	if got := x.Match("m", []uint64{1}, "a"); got != 0 {
+	if got := match(x, "m", []uint64{1}, "a"); got != 0 {
 		t.Fatalf("block 1 survived four newer blocks in a capacity of 4: Match = %v", got)
 	}
-	if got := x.Match("m", []uint64{20, 21, 22, 23}, "a"); got != 1 {
+	if got := match(x, "m", []uint64{20, 21, 22, 23}, "a"); got != 1 {
 		t.Fatalf("the newest conversation: Match = %v, want 1", got)
 	}
 }
@@ -201,10 +201,10 @@ func TestIndex_TTL(t *testing.T) {
 	clk.t = clk.t.Add(40 * time.Second)
 	x.Record("m", []uint64{1, 3}, "a") // block 1 refreshed, 2 not
 	clk.t = clk.t.Add(30 * time.Second)
-	if got, want := x.Match("m", []uint64{1, 2}, "a"), 0.5; got != want {
+	if got, want := match(x, "m", []uint64{1, 2}, "a"), 0.5; got != want {
 		t.Fatalf("after 70 s, block 2 (recorded once at 0 s) should have expired: Match = %v, want %v", got, want)
 	}
-	if got, want := x.Match("m", []uint64{1, 3}, "a"), 1.0; got != want {
+	if got, want := match(x, "m", []uint64{1, 3}, "a"), 1.0; got != want {
 		t.Fatalf("blocks recorded 30 s ago: Match = %v, want %v", got, want)
 	}
 	// Recording sweeps expired blocks.
@@ -217,7 +217,7 @@ func TestIndex_TTL(t *testing.T) {
 	if got, want := x.Len("m", "a"), 1; got != want {
 		t.Fatalf("blocks after everything expired and one was recorded: got %d, want %d", got, want)
 	}
-	if got := x.Match("m", []uint64{5}, "a"); got != 1 {
+	if got := match(x, "m", []uint64{5}, "a"); got != 1 {
 		t.Fatalf("Match of the fresh block = %v, want 1", got)
 	}
 }
@@ -227,7 +227,7 @@ func TestIndex_Forget(t *testing.T) {
 	x.Record("m", []uint64{1}, "a")
 	x.Record("m", []uint64{1}, "b")
 	x.Forget("a")
-	if x.Match("m", []uint64{1}, "a") != 0 || x.Match("m", []uint64{1}, "b") != 1 {
+	if match(x, "m", []uint64{1}, "a") != 0 || match(x, "m", []uint64{1}, "b") != 1 {
 		t.Fatalf("Forget(a) should drop a's blocks and keep b's")
 	}
 }
@@ -250,7 +250,7 @@ func TestIndex_BoundedUnderChurn(t *testing.T) {
 		if got := x.Len("m", "a"); got > 50 {
 			t.Fatalf("after %d records the index holds %d blocks, over its capacity of 50", i+1, got)
 		}
-		if got := x.Match("m", hs, "a"); got != 1 {
+		if got := match(x, "m", hs, "a"); got != 1 {
 			t.Fatalf("record %d: Match of what was just recorded = %v, want 1", i+1, got)
 		}
 	}
@@ -265,7 +265,7 @@ func BenchmarkFromBody(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		FromBody(body, BlockBytes)
+		fromBody(body, BlockBytes)
 	}
 }
 
@@ -275,7 +275,7 @@ func BenchmarkIndex_Match(b *testing.B) {
 	x.Record("m", hs, "a")
 	b.ReportAllocs()
 	for b.Loop() {
-		x.Match("m", hs, "a")
+		match(x, "m", hs, "a")
 	}
 }
 
@@ -304,7 +304,7 @@ func TestIndex_WorkerCapacity(t *testing.T) {
 	if got, want := x.Len("m", "small"), 2; got != want {
 		t.Errorf("small worker remembers %d blocks, want its capacity %d", got, want)
 	}
-	if got, want := x.Match("m", conv, "small"), 0.5; got != want {
+	if got, want := match(x, "m", conv, "small"), 0.5; got != want {
 		t.Errorf("Match on the small worker = %v, want %v (its first two blocks)", got, want)
 	}
 }
@@ -315,24 +315,24 @@ func TestIndex_Apply(t *testing.T) {
 	x := NewIndex(Options{Capacity: 4, TTL: time.Minute, Now: clk.now})
 	// A report 40 s old lives 20 s more, not a whole TTL.
 	x.Apply("m", []uint64{1, 2}, "a", t0.Add(-40*time.Second))
-	if got, remote := x.MatchSource("m", []uint64{1, 2}, "a"); got != 1 || !remote {
+	if got, remote := matchSource(x, "m", []uint64{1, 2}, "a"); got != 1 || !remote {
 		t.Fatalf("after Apply: MatchSource = %v, %v; want 1, true", got, remote)
 	}
 	// A local record of block 1 makes it local; block 2 stays remote.
 	x.Record("m", []uint64{1}, "a")
-	if _, remote := x.MatchSource("m", []uint64{1}, "a"); remote {
+	if _, remote := matchSource(x, "m", []uint64{1}, "a"); remote {
 		t.Errorf("block 1 recorded here after the report: MatchSource says remote")
 	}
-	if _, remote := x.MatchSource("m", []uint64{1, 2}, "a"); !remote {
+	if _, remote := matchSource(x, "m", []uint64{1, 2}, "a"); !remote {
 		t.Errorf("block 2 only reported: MatchSource says local")
 	}
 	// An older report does not set a newer block's time back.
 	x.Apply("m", []uint64{1}, "a", t0.Add(-50*time.Second))
 	clk.t = t0.Add(25 * time.Second)
-	if got, want := x.Match("m", []uint64{1, 2}, "a"), 0.5; got != want {
+	if got, want := match(x, "m", []uint64{1, 2}, "a"), 0.5; got != want {
 		t.Fatalf("25 s on: Match = %v, want %v (block 1 recorded at 0 s, block 2 reported at -40 s expired)", got, want)
 	}
-	if _, remote := x.MatchSource("m", []uint64{1}, "a"); remote {
+	if _, remote := matchSource(x, "m", []uint64{1}, "a"); remote {
 		t.Errorf("an older report made block 1 remote again")
 	}
 	// A report older than the TTL is ignored, one from the future counts as now.
@@ -342,7 +342,7 @@ func TestIndex_Apply(t *testing.T) {
 	}
 	x.Apply("m", []uint64{7}, "b", clk.t.Add(time.Hour))
 	clk.t = clk.t.Add(61 * time.Second)
-	if got := x.Match("m", []uint64{7}, "b"); got != 0 {
+	if got := match(x, "m", []uint64{7}, "b"); got != 0 {
 		t.Errorf("a report from the future outlived the TTL from now: Match = %v", got)
 	}
 	// Capacity bounds applied blocks as it bounds recorded ones.
@@ -350,7 +350,7 @@ func TestIndex_Apply(t *testing.T) {
 	if got, want := x.Len("m", "c"), 4; got != want {
 		t.Errorf("applied 6 blocks with capacity 4: %d remembered, want %d", got, want)
 	}
-	if got, want := x.Match("m", []uint64{10, 11, 12, 13, 14, 15}, "c"), 4.0/6; got != want {
+	if got, want := match(x, "m", []uint64{10, 11, 12, 13, 14, 15}, "c"), 4.0/6; got != want {
 		t.Errorf("the first blocks are the ones kept: Match = %v, want %v", got, want)
 	}
 }
@@ -380,11 +380,29 @@ func TestIndex_MatchSourcesIsMatchSourceForEach(t *testing.T) {
 				}
 				x.MatchSources(model, ask, workers, frac, remote)
 				for i, w := range workers {
-					if f, r := x.MatchSource(model, ask, w); f != frac[i] || r != remote[i] {
+					if f, r := matchSource(x, model, ask, w); f != frac[i] || r != remote[i] {
 						t.Fatalf("%s, %s, %v: MatchSources says %v, %t; MatchSource %v, %t", w, model, ask, frac[i], remote[i], f, r)
 					}
 				}
 			}
 		}
 	}
+}
+
+// match is MatchSources for one worker.
+func match(x interface {
+	MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool)
+}, model string, hashes []uint64, worker string) float64 {
+	f, _ := matchSource(x, model, hashes, worker)
+	return f
+}
+
+// matchSource is MatchSources for one worker, with whether the match came
+// from another replica.
+func matchSource(x interface {
+	MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool)
+}, model string, hashes []uint64, worker string) (float64, bool) {
+	frac, remote := make([]float64, 1), make([]bool, 1)
+	x.MatchSources(model, hashes, []string{worker}, frac, remote)
+	return frac[0], remote[0]
 }

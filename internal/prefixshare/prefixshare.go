@@ -5,9 +5,9 @@
 //
 // # Design
 //
-// Each replica keeps its own *prefix.Index, and picks read only it: Match
-// never leaves the process. Record updates the local index and hands a
-// copy of the record to a bounded queue without waiting (a full queue
+// Each replica keeps its own *prefix.Index, and picks read only it:
+// MatchSources never leaves the process. Record updates the local index
+// and hands a copy of the record to a bounded queue without waiting (a full queue
 // drops the record and counts it). A publisher goroutine appends what is
 // queued to one stream, prefix + "prefix:records", with XADD MAXLEN ~ N,
 // several records per round trip. A follower goroutine reads the stream
@@ -65,19 +65,18 @@
 //
 // A record reaches the other replicas after the publisher's XADD and the
 // follower's blocked XREAD returning: about two round trips to Redis plus
-// the time a record waits behind the batch being sent. On loopback, from
-// Record on one replica to Match on another, BenchmarkPropagation
-// measured a median of 156–202 µs and a p99 of 0.47–0.61 ms on a quiet
-// 2-core machine (load average 1), and p99s up to 4.2 ms when it was busy
-// with other work (load average 6); over a network add two round trips. While Redis is down nothing propagates; afterwards the
-// follower catches up within MaxBackoff. The follower reports, per
-// applied entry, the time from its XADD (on Redis's clock, corrected by an
-// offset measured with TIME at each connection) to its application (Lag);
-// entry IDs count milliseconds, so Lag is up to a millisecond high.
+// the time a record waits behind the batch being sent. BenchmarkPropagation
+// measures it on loopback, from Record on one replica to MatchSources on another;
+// over a network add two round trips. While Redis is down nothing
+// propagates; afterwards the follower catches up within MaxBackoff. The
+// follower reports, per applied entry, the time from its XADD (on Redis's
+// clock, corrected by an offset measured with TIME at each connection) to
+// its application (Lag); entry IDs count milliseconds, so Lag is up to a
+// millisecond high.
 //
 // # Redis down, slow, back
 //
-// Neither Match nor Record calls Redis or waits on anything Redis does. A
+// Neither MatchSources nor Record calls Redis or waits on anything Redis does. A
 // publish that fails drops its batch (counted) and the publisher backs off
 // (up to MaxBackoff, a second by default) while the queue fills and drops
 // further records; the follower reconnects with the same backoff from the
@@ -92,8 +91,8 @@
 //
 // # Concurrency Model
 //
-// An Index is safe for concurrent use. Match, Record and Forget run on the
-// caller's goroutine (the scheduler calls them under its lock) and touch
+// An Index is safe for concurrent use. MatchSources, Record and Forget run
+// on the caller's goroutine (the scheduler calls them under its lock) and touch
 // only the local *prefix.Index, which has its own mutex, and the queue,
 // with a non-blocking send. Run owns two goroutines: the publisher, the
 // queue's only reader, and the follower, the only writer of the remote
@@ -161,7 +160,7 @@ type Config struct {
 	// those of this Index only: a replica restarted under the same name
 	// warms up from what it recorded before.
 	Replica string
-	// Local is the replica's index: Match reads it, Record and the other
+	// Local is the replica's index: MatchSources reads it, Record and the other
 	// replicas' records update it. Its TTL is the stream's window.
 	Local *prefix.Index
 	// MaxLen bounds the stream's entries; DefaultMaxLen when zero.
@@ -182,7 +181,7 @@ type Config struct {
 }
 
 // Index is a prefix index shared with the other replicas: a
-// scheduler.PrefixIndex whose Match and Record are the local index's, with
+// scheduler.PrefixIndex whose MatchSources and Record are the local index's, with
 // Record also published (see the package doc).
 type Index struct {
 	cfg   Config
@@ -244,19 +243,8 @@ func New(cfg Config) (*Index, error) {
 // Key is the stream's key.
 func (x *Index) Key() string { return x.key }
 
-// Match is the local index's Match.
-func (x *Index) Match(model string, hashes []uint64, worker string) float64 {
-	return x.local.Match(model, hashes, worker)
-}
-
-// MatchSource is the local index's MatchSource: remote tells whether a
+// MatchSources is the local index's MatchSources: remote tells whether a
 // matched block was learnt from another replica.
-func (x *Index) MatchSource(model string, hashes []uint64, worker string) (float64, bool) {
-	return x.local.MatchSource(model, hashes, worker)
-}
-
-// MatchSources is the local index's MatchSources: MatchSource for each of
-// workers at once.
 func (x *Index) MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool) {
 	x.local.MatchSources(model, hashes, workers, frac, remote)
 }

@@ -99,26 +99,26 @@ func TestShare_RecordOnAMatchOnB(t *testing.T) {
 	b := replica(t, srv, "b", replicaOpts{})
 	turn := conv(1, 8)
 	a.Record("m", turn, "w1")
-	waitFor(t, b, "B sees A's record", func() bool { return b.Match("m", turn, "w1") == 1 })
-	if got, remote := b.MatchSource("m", turn, "w1"); got != 1 || !remote {
+	waitFor(t, b, "B sees A's record", func() bool { return match(b, "m", turn, "w1") == 1 })
+	if got, remote := matchSource(b, "m", turn, "w1"); got != 1 || !remote {
 		t.Errorf("B's MatchSource = %v, %v; want 1, true (learnt from A)", got, remote)
 	}
-	if got := b.Match("m", turn, "w2"); got != 0 {
+	if got := match(b, "m", turn, "w2"); got != 0 {
 		t.Errorf("another worker on B: Match = %v, want 0", got)
 	}
-	if got := b.Match("other", turn, "w1"); got != 0 {
+	if got := match(b, "other", turn, "w1"); got != 0 {
 		t.Errorf("another model on B: Match = %v, want 0", got)
 	}
 	// B's record reaches A; A applies B's and skips its own: once A has
 	// applied B's (after its own in the stream), it has applied one.
 	next := conv(2, 4)
 	b.Record("m", next, "w2")
-	waitFor(t, a, "A sees B's record", func() bool { return a.Match("m", next, "w2") == 1 })
+	waitFor(t, a, "A sees B's record", func() bool { return match(a, "m", next, "w2") == 1 })
 	waitFor(t, b, "B counts its publish", func() bool { return b.Stats().Published == 1 })
 	if got := a.Stats().Applied; got != 1 {
 		t.Errorf("A applied %d records, want 1 (B's; its own skipped)", got)
 	}
-	if _, remote := a.MatchSource("m", turn, "w1"); remote {
+	if _, remote := matchSource(a, "m", turn, "w1"); remote {
 		t.Errorf("A's own record came back as remote")
 	}
 	if s := b.Stats(); s.Published != 1 || s.Applied != 1 || s.Dropped != 0 || s.Failed != 0 || !s.Up {
@@ -140,8 +140,8 @@ func TestShare_Bounds(t *testing.T) {
 	}
 	// B may miss entries trimmed before it read them, never the last.
 	lastConv := conv(records-1, 3*capacity)
-	waitFor(t, b, "B applies A's last record", func() bool { return b.Match("m", lastConv, "w") > 0 })
-	waitFor(t, c, "C applies A's last record", func() bool { return c.Match("m", lastConv, "w") > 0 })
+	waitFor(t, b, "B applies A's last record", func() bool { return match(b, "m", lastConv, "w") > 0 })
+	waitFor(t, c, "C applies A's last record", func() bool { return match(c, "m", lastConv, "w") > 0 })
 	waitFor(t, a, "A publishes every record", func() bool { return a.Stats().Published == records })
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
@@ -166,10 +166,10 @@ func TestShare_Bounds(t *testing.T) {
 	if got := b.Stats().Applied; got > records {
 		t.Errorf("B applied %d records of %d", got, records)
 	}
-	if got, want := b.Match("m", lastConv, "w"), 1.0/3; got != want {
+	if got, want := match(b, "m", lastConv, "w"), 1.0/3; got != want {
 		t.Errorf("B's match of A's last conversation = %v, want %v (its first %d blocks, B's capacity)", got, want, capacity)
 	}
-	if got, want := c.Match("m", lastConv, "w"), 2.0/3; got != want {
+	if got, want := match(c, "m", lastConv, "w"), 2.0/3; got != want {
 		t.Errorf("C's match of A's last conversation = %v, want %v (its first %d blocks, an entry's)", got, want, maxHashes)
 	}
 }
@@ -183,7 +183,7 @@ func TestShare_QueueFullDrops(t *testing.T) {
 	if s := a.Stats(); s.Dropped != 6 {
 		t.Errorf("10 records into a queue of 4 with no publisher: %d dropped, want 6", s.Dropped)
 	}
-	if got := a.Match("m", conv(9, 2), "w"); got != 1 {
+	if got := match(a, "m", conv(9, 2), "w"); got != 1 {
 		t.Errorf("a dropped record is still in the local index: Match = %v, want 1", got)
 	}
 }
@@ -194,18 +194,18 @@ func TestShare_RedisDownThenBack(t *testing.T) {
 	b := replica(t, srv, "b", replicaOpts{})
 	before := conv(1, 4)
 	a.Record("m", before, "w")
-	waitFor(t, b, "B sees A's record before the outage", func() bool { return b.Match("m", before, "w") == 1 })
+	waitFor(t, b, "B sees A's record before the outage", func() bool { return match(b, "m", before, "w") == 1 })
 
 	srv.Kill()
 	// Record and Match run on local state only: with Redis gone they
 	// neither fail nor wait; records beyond the queue are dropped.
 	for i := range 1000 {
 		a.Record("m", conv(100+i, 4), "w")
-		if got := a.Match("m", conv(100+i, 4), "w"); got != 1 {
+		if got := match(a, "m", conv(100+i, 4), "w"); got != 1 {
 			t.Fatalf("A's Match of its own record during the outage = %v, want 1", got)
 		}
 	}
-	if got := b.Match("m", before, "w"); got != 1 {
+	if got := match(b, "m", before, "w"); got != 1 {
 		t.Errorf("B's index lost what it learnt before the outage: Match = %v", got)
 	}
 	waitFor(t, a, "A notices the outage", func() bool { s := a.Stats(); return !s.Up && s.Dropped > 0 && s.Failed > 0 })
@@ -218,7 +218,7 @@ func TestShare_RedisDownThenBack(t *testing.T) {
 		return a.Stats().Up && a.Stats().Published > 1
 	})
 	waitFor(t, b, "B sees A's record after Redis came back", func() bool {
-		if b.Match("m", after, "w") == 1 {
+		if match(b, "m", after, "w") == 1 {
 			return true
 		}
 		a.Record("m", after, "w") // in case the last one's publish failed
@@ -256,11 +256,11 @@ func TestShare_LateReplicaWarmsUp(t *testing.T) {
 	late := replica(t, srv, "late", replicaOpts{ttl: ttl})
 	waitFor(t, late, "the late replica applies the window", func() bool { return late.Stats().Applied == uint64(len(convs)) })
 	for i, c := range convs {
-		if got := late.Match("m", c, "w"); got != 1 {
+		if got := match(late, "m", c, "w"); got != 1 {
 			t.Errorf("conversation %d on the late replica: Match = %v, want 1", i, got)
 		}
 	}
-	if got := late.Match("m", old, "w"); got != 0 {
+	if got := match(late, "m", old, "w"); got != 0 {
 		t.Errorf("an entry older than the TTL was applied: Match = %v", got)
 	}
 	if s := late.Stats(); s.Lag != 0 {
@@ -272,7 +272,7 @@ func TestShare_LateReplicaWarmsUp(t *testing.T) {
 	again := replica(t, srv, "a", replicaOpts{ttl: ttl})
 	waitFor(t, again, "the restarted replica applies its earlier records", func() bool { return again.Stats().Applied == uint64(len(convs)) })
 	for i, c := range convs {
-		if got := again.Match("m", c, "w"); got != 1 {
+		if got := match(again, "m", c, "w"); got != 1 {
 			t.Errorf("conversation %d on the restarted replica: Match = %v, want 1", i, got)
 		}
 	}
@@ -291,7 +291,7 @@ func BenchmarkPropagation(b *testing.B) {
 		c := conv(i, 4)
 		start := time.Now()
 		a.Record("m", c, "w")
-		waitFor(b, r, "B sees the record", func() bool { return r.Match("m", c, "w") == 1 })
+		waitFor(b, r, "B sees the record", func() bool { return match(r, "m", c, "w") == 1 })
 		took = append(took, time.Since(start))
 	}
 	slices.Sort(took)
@@ -378,7 +378,7 @@ func TestShare_RedisThatNeverAnswers(t *testing.T) {
 	run(t, x)
 	for i := range 1000 {
 		x.Record("m", conv(i, 4), "w")
-		if got := x.Match("m", conv(i, 4), "w"); got != 1 {
+		if got := match(x, "m", conv(i, 4), "w"); got != 1 {
 			t.Fatalf("Match of record %d with Redis hung = %v, want 1", i, got)
 		}
 	}
@@ -386,4 +386,22 @@ func TestShare_RedisThatNeverAnswers(t *testing.T) {
 		t.Errorf("1000 records into a queue of 8 with Redis hung: none dropped (%+v)", s)
 	}
 	waitFor(t, x, "the publish times out", func() bool { s := x.Stats(); return s.Failed > 0 && !s.Up })
+}
+
+// match is MatchSources for one worker.
+func match(x interface {
+	MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool)
+}, model string, hashes []uint64, worker string) float64 {
+	f, _ := matchSource(x, model, hashes, worker)
+	return f
+}
+
+// matchSource is MatchSources for one worker, with whether the match came
+// from another replica.
+func matchSource(x interface {
+	MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool)
+}, model string, hashes []uint64, worker string) (float64, bool) {
+	frac, remote := make([]float64, 1), make([]bool, 1)
+	x.MatchSources(model, hashes, []string{worker}, frac, remote)
+	return frac[0], remote[0]
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/sluice-router/sluice/internal/auth"
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/scheduler"
-	"github.com/sluice-router/sluice/internal/stats"
 )
 
 // Continued is one continuation of a stream, for metrics and the
@@ -50,7 +49,7 @@ func (h *Handler) continuation(r *http.Request, body []byte, p parsed) (*contStr
 	if !ok {
 		return nil, nil
 	}
-	cs := &contStream{route: route, kinds: kinds, left: h.opt.MaxContinuations}
+	cs := &contStream{proto: p.proto, route: route, kinds: kinds, left: h.opt.MaxContinuations}
 	cs.canMove.Store(true)
 	return cs, nil
 }
@@ -58,68 +57,40 @@ func (h *Handler) continuation(r *http.Request, body []byte, p parsed) (*contStr
 // broke accounts a part that broke: its worker is blamed unless the
 // drain deadline moved it or the router's shutdown cut it, which was not
 // its fault.
-func (h *Handler) broke(lease *scheduler.Lease, brk *streamBreak, ctx context.Context, res *Result) {
-	switch cause := context.Cause(ctx); {
+func (h *Handler) broke(t *try, brk *streamBreak) {
+	switch cause := context.Cause(t.ctx); {
 	case errors.Is(cause, errDrained):
 		brk.reason, brk.err = breakDrain, errDrained
-	case errors.Is(cause, errShutdown):
+	case errors.Is(cause, errShutdown) || brk.reason == breakShutdown:
 		brk.reason, brk.err = breakShutdown, errShutdown
 	default:
-		h.report(lease.Worker, brk)
+		h.report(t.lease.Worker, brk)
 	}
-	res.Reason = "upstream_failed"
+	t.res.Reason = "upstream_failed"
 	switch brk.reason {
 	case breakIdle:
-		res.Reason = "stream_idle"
+		t.res.Reason = "stream_idle"
 	case breakShutdown:
-		res.Reason = "shutting_down"
+		t.res.Reason = "shutting_down"
 	}
-	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", lease.Worker, "decision", decisionID(lease.Decision), "reason", brk.reason, "err", brk.err)
-}
-
-// relayPart relays a continuation's answer (the client's headers are
-// sent) and classifies how it ended, as attempt does.
-func (h *Handler) relayPart(w http.ResponseWriter, r *http.Request, resp *http.Response, lease *scheduler.Lease, attemptStart time.Time, res *Result, cs *contStream, cancel context.CancelCauseFunc, ctx context.Context) (bool, *stats.Observation, error) {
-	answer := newIdleReader(ctx, resp.Body, h.opt.IdleTimeout, cancel)
-	defer answer.stop()
-	defer h.cutOnShutdown(cancel)()
-	m, err := cs.relay(w, answer, attemptStart)
-	res.Tokens = cs.emitted()
-	if m.promptTokens > 0 {
-		res.PromptTokens = m.promptTokens - cs.carried
-	}
-	var brk *streamBreak
-	switch {
-	case errors.Is(err, errClientGone) || (r.Context().Err() != nil && !m.complete):
-		res.Status, res.Reason = 499, "client_gone"
-		return true, nil, nil
-	case errors.As(err, &brk):
-		h.broke(lease, brk, ctx, res)
-		return true, nil, brk
-	}
-	h.report(lease.Worker, nil)
-	res.Reason = ""
-	o := observation(m, time.Since(attemptStart))
-	if o.DecodeTPS > 0 {
-		res.TPOT = time.Duration(float64(time.Second) / o.DecodeTPS)
-	}
-	return true, &o, nil
+	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", t.lease.Worker, "decision", decisionID(t.lease.Decision), "reason", brk.reason, "err", brk.err)
 }
 
 // continueStream places the rest of a broken stream on another worker
 // (the scheduler's admission, ahead of the queue as a retry is, on a kind
 // that can continue it) and relays it, as often as the stream's
-// continuations allow; a stream that cannot go on ends with the error
-// event it would have ended with without continuation. Each part is a
-// lease of its own, ended once as every lease is.
-func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []byte, p parsed, req scheduler.Request, from string, start time.Time, res *Result, cs *contStream, brk *streamBreak) {
+// continuations allow; a stream that cannot go on (or never could: c.cs
+// nil) ends with Sluice's error event (endStream). Each part is a lease
+// of its own, ended once as every lease is.
+func (h *Handler) continueStream(c *call, req scheduler.Request, from string, brk *streamBreak) {
+	cs, res := c.cs, c.res
 	for {
-		if r.Context().Err() != nil {
+		if c.r.Context().Err() != nil {
 			res.Status, res.Reason = 499, "client_gone"
 			return
 		}
-		if cs.stuck != "" || cs.left <= 0 || brk.reason == breakShutdown {
-			h.endBroken(w, p, res, brk)
+		if cs == nil || cs.stuck != "" || cs.left <= 0 || brk.reason == breakShutdown {
+			endStream(c.w, c.p.proto, failureOf(c.p.model, res.Decision), brk)
 			return
 		}
 		cs.left--
@@ -129,9 +100,9 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 		if cs.brokeAt.IsZero() {
 			cs.brokeAt = time.Now()
 		}
-		c := Continued{From: from, Reason: brk.reason, Carried: cs.carried}
+		cont := Continued{From: from, Reason: brk.reason, Carried: cs.carried}
 		cs.overshoot = 0
-		if _, ok, _ := continuationBody(body, cs.route, kindLlamaCPP, "", cs.carried); !ok {
+		if _, ok, _ := continuationBody(c.body, cs.route, kindLlamaCPP, "", cs.carried); !ok {
 			// Every token the limit allowed was sent: only the end is
 			// missing. A worker asked for one token more says it, with
 			// the usage; its token is not the client's.
@@ -140,32 +111,32 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 		req.Attempt++
 		req.Exclude = append(req.Exclude, from)
 		req.Kinds = cs.kinds
-		req.PromptTokens = p.promptTokens + cs.carried
+		req.PromptTokens = c.p.promptTokens + cs.carried
 		if req.MaxTokens > 0 {
 			req.MaxTokens = max(req.MaxTokens-cs.carried, 1)
 		}
-		lease, err := h.opt.Scheduler.Admit(r.Context(), req)
+		lease, err := h.opt.Scheduler.Admit(c.r.Context(), req)
 		if err != nil {
-			c.Outcome = "no_worker"
-			res.Continuations = append(res.Continuations, c)
+			cont.Outcome = "no_worker"
+			res.Continuations = append(res.Continuations, cont)
 			h.opt.Logger.Warn("no worker can continue the stream", "from", from, "decision", decisionID(res.Decision), "err", err)
 			if cs.overshoot > 0 { // Sluice can say the end itself
-				cs.endEarly(w)
+				cs.endEarly(c.w)
 				res.Reason = ""
 				return
 			}
-			h.endBroken(w, p, res, brk)
+			endStream(c.w, c.p.proto, failureOf(c.p.model, res.Decision), brk)
 			return
 		}
-		aerr := h.continuePart(w, r, body, p, lease, start, res, cs)
-		c.To, c.Decision, c.Gap = lease.Worker, lease.Decision, cs.gap
+		aerr := h.continuePart(c, lease)
+		cont.To, cont.Decision, cont.Gap = lease.Worker, lease.Decision, cs.gap
 		if aerr == nil {
-			c.Outcome = "ok"
-			res.Continuations = append(res.Continuations, c)
+			cont.Outcome = "ok"
+			res.Continuations = append(res.Continuations, cont)
 			return
 		}
-		c.Outcome = "failed"
-		res.Continuations = append(res.Continuations, c)
+		cont.Outcome = "failed"
+		res.Continuations = append(res.Continuations, cont)
 		var next *streamBreak
 		if !errors.As(aerr, &next) {
 			// It failed before answering: the stream is still broken
@@ -182,33 +153,17 @@ func (h *Handler) continueStream(w http.ResponseWriter, r *http.Request, body []
 // continuePart asks lease's worker for the rest of the stream and relays
 // it, ending the lease as attemptLease does (the release deferred, so a
 // panic cannot keep the slot).
-func (h *Handler) continuePart(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result, cs *contStream) error {
+func (h *Handler) continuePart(c *call, lease *scheduler.Lease) error {
 	defer lease.Release()
 	kind := ""
 	if h.opt.KindOf != nil {
 		kind = h.opt.KindOf(lease.Worker)
 	}
-	nb, _, err := continuationBody(body, cs.route, kind, cs.text.String(), cs.carried-cs.overshoot)
+	cs := c.cs
+	nb, _, err := continuationBody(c.body, cs.route, kind, cs.text.String(), cs.carried-cs.overshoot)
 	if err != nil {
 		return err
 	}
-	_, err = h.attemptLease(w, r, nb, p, lease, start, res, cs)
+	_, err = h.attemptLease(c, nb, lease)
 	return err
-}
-
-// endBroken ends a stream that breaks for good with Sluice's error
-// event, as a stream without continuation ends: what failed, in the
-// client's terms (brk.err, logged where it broke, says how).
-func (h *Handler) endBroken(w http.ResponseWriter, p parsed, res *Result, brk *streamBreak) {
-	rc := http.NewResponseController(w)
-	msg := failureOf(p.model, res.Decision).streamEnd(brk.reason, brk.err)
-	switch brk.reason {
-	case breakIdle:
-		writeStreamEnd(p.proto, w, rc, "stream_idle", msg)
-		return
-	case breakShutdown:
-		writeStreamEnd(p.proto, w, rc, "shutting_down", shutdownMessage)
-		return
-	}
-	writeStreamEnd(p.proto, w, rc, "upstream_failed", msg)
 }

@@ -78,7 +78,7 @@ func FuzzContinuationRelay(f *testing.F) {
 				ID *string `json:"id"`
 			}
 			data := bytes.TrimSpace(e.Data)
-			if !decodeEvent(data).valid || json.Unmarshal(data, &c) != nil || c.ID == nil {
+			if !readEvent(data).valid || json.Unmarshal(data, &c) != nil || c.ID == nil {
 				return
 			}
 			if *c.ID != first {

@@ -27,7 +27,7 @@ func TestContinueElsewhere_MovesOnlyStreamsThatCanMove(t *testing.T) {
 	stream("first", "w0", true)
 	tool, _ := stream("tool call", "w0", true)
 	data := []byte(`{"id":"x","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f"}}]}}]}`)
-	tool.follow(data, readEvent(data))
+	tool.follow(readEvent(data))
 	stream("used up", "w0", false)
 	_, remove := stream("gone", "w0", true)
 	remove()

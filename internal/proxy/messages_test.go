@@ -218,7 +218,8 @@ func TestMessages_NextTurnExtendsThePrefix(t *testing.T) {
 	}
 	ix := prefix.NewIndex(prefix.Options{})
 	ix.Record("m", p1.prefix, "w")
-	if got := ix.Match("m", p2.prefix, "w"); got == 0 {
+	got := []float64{0}
+	if ix.MatchSources("m", p2.prefix, []string{"w"}, got, []bool{false}); got[0] == 0 {
 		t.Errorf("turn 2 matches none of turn 1's blocks (%d and %d blocks)", len(p1.prefix), len(p2.prefix))
 	}
 }

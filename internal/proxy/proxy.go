@@ -309,40 +309,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.serve(w, r, body, p, start, &res)
 }
 
+// call is one client request on its way through the proxy: what each
+// attempt at it reads, and what it tells the client and the metrics.
+type call struct {
+	w     http.ResponseWriter
+	r     *http.Request
+	body  []byte // as the client sent it
+	p     parsed
+	start time.Time // its arrival
+	res   *Result
+	cs    *contStream // a stream that may be continued elsewhere; else nil
+}
+
 // serve places the request and relays it, retrying on another worker while
 // nothing has been written to the client.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
-	req := scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1, Route: p.proto.route,
-		BodyBytes: len(body)}
-	if id, ok := auth.FromContext(r.Context()); ok {
-		req.Tenant, req.Class, req.SLO = id.Tenant, id.Class, id.SLO
-	}
-	h.session(r, p, &req) // an agent's session: an affinity hint, maybe a fair-share flow
-	// A client may tighten its SLO, never loosen it (X-Sluice-TTFT-SLO,
-	// X-Sluice-Min-Decode).
-	slo, err := predict.Tighten(req.SLO, r.Header.Get)
-	if err != nil {
-		res.Status, res.Reason = p.proto.writeError(w, http.StatusBadRequest, "invalid_header", "", err.Error())
+	c := &call{w: w, r: r, body: body, p: p, start: start, res: res}
+	req, ok := h.prepare(c)
+	if !ok {
 		return
 	}
-	req.SLO = slo
-	cs, err := h.continuation(r, body, p)
-	if err != nil {
-		res.Status, res.Reason = writeError(w, http.StatusBadRequest, "invalid_header", err.Error())
-		return
-	}
-	if n, src, ok := h.ratio.estimate(p); ok {
-		req.PromptTokens, req.PromptSource = n, src
-		p.promptTokens = n
-	}
-	if n, ok := h.tokenize(r.Context(), p); ok {
-		req.PromptTokens, req.PromptSource = n, SourceTokenize
-		p.promptTokens = n
-	}
-	req.Prefix = p.prefix // where its prompt prefix may be cached
-	req.KVBlocks = h.kvBlocks(r.Context(), p)
-	res.PromptTokens = p.promptTokens
-	req.Class = h.opt.Scheduler.RequestedClass(req.Class, r.Header.Get("X-Sluice-Priority"))
 	var lastErr error
 	// moved counts the placements a drain deadline took back before the
 	// worker answered: they are no worker's failure, so they do not use
@@ -352,21 +338,21 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 	for ; req.Attempt <= h.opt.MaxAttempts+moved; req.Attempt++ {
 		lease, err := h.opt.Scheduler.Admit(r.Context(), req)
 		if !errors.Is(err, scheduler.ErrUnknownModel) {
-			res.Model = p.model // served by the fleet: safe as a label value
+			res.Model = c.p.model // served by the fleet: safe as a label value
 		}
 		if err != nil {
 			if lastErr != nil && errors.Is(err, scheduler.ErrNoHealthyWorker) {
 				break // nobody left to retry on: report the worker failure
 			}
-			res.Status, res.Reason = writeRefusal(p.proto, w, err, p.model)
+			res.Status, res.Reason = writeRefusal(c.p.proto, w, err, c.p.model)
 			return
 		}
 		res.Attempts = req.Attempt
 		res.Worker, res.QueueWait, res.Decision = lease.Worker, lease.QueueWait, lease.Decision
-		sent, err := h.attemptLease(w, r, body, p, lease, start, res, cs)
+		sent, err := h.attemptLease(c, body, lease)
 		var brk *streamBreak
 		if errors.As(err, &brk) {
-			h.continueStream(w, r, body, p, req, lease.Worker, start, res, cs, brk)
+			h.continueStream(c, req, lease.Worker, brk)
 			return
 		}
 		if err == nil || sent {
@@ -390,19 +376,57 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 	if id := decisionID(res.Decision); id != "" {
 		w.Header().Set("X-Sluice-Decision", id)
 	}
-	res.Status, res.Reason = p.proto.writeError(w, http.StatusBadGateway, "upstream_failed", "", failureOf(p.model, res.Decision).noAnswer())
+	res.Status, res.Reason = c.p.proto.writeError(w, http.StatusBadGateway, "upstream_failed", "", failureOf(c.p.model, res.Decision).noAnswer())
 }
 
-// attemptLease makes one attempt on lease (attempt) and ends the lease:
-// with Complete for an answer relayed in full (the finish sequence the
-// simulation follows too: observation, stats, output estimate, release),
-// else with Release. The release is deferred, so the slot is given back
-// also when anything panics meanwhile (net/http recovers a handler's
-// panic and would leave the slot taken for good); after Complete it does
-// nothing.
-func (h *Handler) attemptLease(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result, cs *contStream) (sent bool, err error) {
+// prepare makes the scheduler's request of a call, with its prompt size
+// as well as Sluice can tell it, and notes whether its stream may be
+// continued (c.cs). A bad header is answered here, and ok is false.
+func (h *Handler) prepare(c *call) (req scheduler.Request, ok bool) {
+	r, p, res := c.r, &c.p, c.res
+	req = scheduler.Request{Model: p.model, PromptTokens: p.promptTokens, PromptSource: SourceEstimate, MaxTokens: p.maxTokens, Attempt: 1, Route: p.proto.route,
+		BodyBytes: len(c.body)}
+	if id, ok := auth.FromContext(r.Context()); ok {
+		req.Tenant, req.Class, req.SLO = id.Tenant, id.Class, id.SLO
+	}
+	h.session(r, *p, &req) // an agent's session: an affinity hint, maybe a fair-share flow
+	// A client may tighten its SLO, never loosen it (X-Sluice-TTFT-SLO,
+	// X-Sluice-Min-Decode).
+	slo, err := predict.Tighten(req.SLO, r.Header.Get)
+	if err != nil {
+		res.Status, res.Reason = p.proto.writeError(c.w, http.StatusBadRequest, "invalid_header", "", err.Error())
+		return req, false
+	}
+	req.SLO = slo
+	if c.cs, err = h.continuation(r, c.body, *p); err != nil {
+		res.Status, res.Reason = writeError(c.w, http.StatusBadRequest, "invalid_header", err.Error())
+		return req, false
+	}
+	if n, src, ok := h.ratio.estimate(*p); ok {
+		req.PromptTokens, req.PromptSource = n, src
+		p.promptTokens = n
+	}
+	if n, ok := h.tokenize(r.Context(), *p); ok {
+		req.PromptTokens, req.PromptSource = n, SourceTokenize
+		p.promptTokens = n
+	}
+	req.Prefix = p.prefix // where its prompt prefix may be cached
+	req.KVBlocks = h.kvBlocks(r.Context(), *p)
+	res.PromptTokens = p.promptTokens
+	req.Class = h.opt.Scheduler.RequestedClass(req.Class, r.Header.Get("X-Sluice-Priority"))
+	return req, true
+}
+
+// attemptLease makes one attempt on lease (attempt) with body and ends
+// the lease: with Complete for an answer relayed in full (the finish
+// sequence the simulation follows too: observation, stats, output
+// estimate, release), else with Release. The release is deferred, so
+// the slot is given back also when anything panics meanwhile (net/http
+// recovers a handler's panic and would leave the slot taken for good);
+// after Complete it does nothing.
+func (h *Handler) attemptLease(c *call, body []byte, lease *scheduler.Lease) (sent bool, err error) {
 	defer lease.Release()
-	sent, done, err := h.attempt(w, r, body, p, lease, start, res, cs)
+	sent, done, err := h.attempt(c, body, lease)
 	if done != nil {
 		lease.Complete(*done, h.opt.Observer, time.Now())
 	}
@@ -464,41 +488,93 @@ func (h *Handler) kvBlocks(ctx context.Context, p parsed) []uint64 {
 	return h.opt.KVBlocks(ctx, p.model, TokenizeInput{Messages: p.messages, Template: p.template, Prompt: p.promptString})
 }
 
-// attempt sends the request to the lease's worker and relays the answer.
+// try is one attempt of a call on a lease's worker.
+type try struct {
+	*call
+	lease *scheduler.Lease
+	body  []byte // what the worker is sent
+	// ctx is the attempt's own context: the idle timer, a drain
+	// deadline and the router's shutdown end the attempt through cancel
+	// without touching the client's request.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	sent   time.Time // when the request went to the worker
+}
+
+// cont reports whether the attempt continues a broken stream, whose
+// client has its headers.
+func (t *try) cont() bool { return t.cs != nil && t.cs.cont }
+
+// attempt sends body to the lease's worker and relays the answer.
 // It reports whether anything was written to the client; when nothing
 // was and err is not nil, the caller may retry elsewhere. done is the
 // measurement of an answer that completed successfully, for the caller to
 // end the lease with (Lease.Complete); nil otherwise.
 //
-// With cs (a stream that may be continued) the answer is relayed whole
+// With c.cs (a stream that may be continued) the answer is relayed whole
 // events at a time, and a break after the first byte returns a
 // *streamBreak for the caller to continue elsewhere; a part that
-// continues a broken stream (cs.cont) writes no headers of its own.
+// continues a broken stream (cs.cont) writes no headers of its own. A
+// stream that cannot be continued returns its break too, for the caller
+// to end it.
 //
 // attempt is the one place that reports an attempt's outcome for health
 // (Reporter): once per attempt, a failure only where the worker failed,
 // never for a client that left, a drain deadline that took the request
 // back, or a request that could not be sent for want of an address.
-func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p parsed, lease *scheduler.Lease, start time.Time, res *Result, cs *contStream) (sent bool, done *stats.Observation, err error) {
+func (h *Handler) attempt(c *call, body []byte, lease *scheduler.Lease) (sent bool, done *stats.Observation, err error) {
+	t := &try{call: c, lease: lease, body: body}
+	t.ctx, t.cancel = context.WithCancelCause(c.r.Context())
+	defer t.cancel(nil)
+	if c.cs != nil {
+		defer h.live.add(lease.Worker, c.cs, t.cancel)()
+	}
+	resp, err := h.send(t)
+	if err != nil {
+		return false, nil, err
+	}
+	defer resp.Body.Close()
+	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if err := h.refused(t, resp, sse); err != nil {
+		return false, nil, err
+	}
+	if !t.cont() {
+		h.writeHeader(t, resp)
+	}
+	answer := newIdleReader(t.ctx, resp.Body, h.opt.IdleTimeout, t.cancel)
+	defer answer.stop()
+	var m measured
+	var st *contStream
+	if sse {
+		defer h.cutOnShutdown(t.cancel)()
+		if st = c.cs; st == nil {
+			st = &contStream{proto: c.p.proto} // one part, as it comes
+		}
+		m, err = st.relay(c.w, answer, t.sent)
+	} else {
+		m, err = relayWhole(c.w, answer, maxParse)
+	}
+	done, err = h.ended(t, resp.StatusCode, st, m, err)
+	return true, done, err
+}
+
+// send sends the attempt's request to its worker, once more on a
+// connection of its own when the pooled one it went on turns out closed
+// by the worker. A failure is reported for health unless the client
+// left or a drain deadline took the request back.
+func (h *Handler) send(t *try) (*http.Response, error) {
+	r, lease := t.r, t.lease
 	base, ok := h.opt.Resolve(lease.Worker)
 	if !ok {
-		return false, nil, fmt.Errorf("worker %s has no address", lease.Worker)
+		return nil, fmt.Errorf("worker %s has no address", lease.Worker)
 	}
-	// The attempt's own context lets the idle timer cut a stalled answer
-	// off without touching the client's request.
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	if cs != nil {
-		defer h.live.add(lease.Worker, cs, cancel)()
-	}
-	cont := cs != nil && cs.cont
 	var reused atomic.Bool // whether the connection used came from the pool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+	ctx := httptrace.WithClientTrace(t.ctx, &httptrace.ClientTrace{
 		GotConn: func(ci httptrace.GotConnInfo) { reused.Store(ci.Reused) },
 	})
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base.JoinPath(r.URL.Path).String(), bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, base.JoinPath(r.URL.Path).String(), bytes.NewReader(t.body))
 	if err != nil {
-		return false, nil, fmt.Errorf("build request for %s: %w", lease.Worker, err)
+		return nil, fmt.Errorf("build request for %s: %w", lease.Worker, err)
 	}
 	out.URL.RawQuery = r.URL.RawQuery
 	copyHeader(out.Header, r.Header)
@@ -510,118 +586,117 @@ func (h *Handler) attempt(w http.ResponseWriter, r *http.Request, body []byte, p
 	// Sluice must read the answer to meter it: let the transport negotiate
 	// compression with the worker and decompress, and relay plain bytes.
 	out.Header.Del("Accept-Encoding")
-	out.ContentLength = int64(len(body))
-	attemptStart := time.Now()
+	out.ContentLength = int64(len(t.body))
+	t.sent = time.Now()
 	resp, err := h.opt.Transport.RoundTrip(out)
 	if err != nil && reused.Load() && staleConn(err) && r.Context().Err() == nil {
 		// The worker had closed the pooled connection: not its fault.
 		h.opt.Logger.Debug("pooled connection closed by the worker; resending on a fresh one", "worker", lease.Worker, "err", err)
-		res.StaleRetries = append(res.StaleRetries, lease.Worker)
+		t.res.StaleRetries = append(t.res.StaleRetries, lease.Worker)
 		again := out.Clone(ctx)
-		again.Body = io.NopCloser(bytes.NewReader(body))
+		again.Body = io.NopCloser(bytes.NewReader(t.body))
 		resp, err = h.fresh(again)
 	}
 	if err != nil {
-		if errors.Is(context.Cause(ctx), errDrained) && r.Context().Err() == nil {
+		if errors.Is(context.Cause(t.ctx), errDrained) && r.Context().Err() == nil {
 			// Its worker's drain deadline passed before it answered: not
 			// the worker's failure (serve places it again, attempt kept).
-			return false, nil, fmt.Errorf("send to %s: %w", lease.Worker, errDrained)
+			return nil, fmt.Errorf("send to %s: %w", lease.Worker, errDrained)
 		}
 		if r.Context().Err() == nil {
 			h.report(lease.Worker, err)
 		}
-		return false, nil, fmt.Errorf("send to %s: %w", lease.Worker, err)
+		return nil, fmt.Errorf("send to %s: %w", lease.Worker, err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode >= 500 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		err := fmt.Errorf("worker %s answered %s: %s", lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
-		h.report(lease.Worker, err)
-		return false, nil, err
-	}
-	sse := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	if cont && (resp.StatusCode >= 300 || !sse) {
-		// The client's headers are long sent: a continuation that does
-		// not answer with a stream is a failure, relayed as nothing.
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		err := fmt.Errorf("worker %s answered the continuation with %s: %s", lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
-		h.report(lease.Worker, err)
-		return false, nil, err
-	}
-	if cont {
-		return h.relayPart(w, r, resp, lease, attemptStart, res, cs, cancel, ctx)
-	}
+	return resp, nil
+}
 
-	hdr := w.Header()
+// refused is the worker's failure to answer at all: a 5xx, or a
+// continuation not answered with a stream (the client's headers are
+// long sent, so any other answer is relayed as nothing).
+func (h *Handler) refused(t *try, resp *http.Response, sse bool) error {
+	if resp.StatusCode < 500 && (!t.cont() || resp.StatusCode < 300 && sse) {
+		return nil
+	}
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	err := fmt.Errorf("worker %s answered %s: %s", t.lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+	if resp.StatusCode < 500 {
+		err = fmt.Errorf("worker %s answered the continuation with %s: %s", t.lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	h.report(t.lease.Worker, err)
+	return err
+}
+
+// writeHeader sends the client the worker's status and headers, with
+// Sluice's own.
+func (h *Handler) writeHeader(t *try, resp *http.Response) {
+	hdr := t.w.Header()
 	copyHeader(hdr, resp.Header)
 	hdr.Del("Content-Length") // the relay may end a broken stream early
-	hdr.Set("X-Sluice-Worker", lease.Worker)
-	hdr.Set("X-Sluice-Queue-Ms", strconv.FormatInt(lease.QueueWait.Milliseconds(), 10))
-	if d := lease.Decision; d != nil {
+	hdr.Set("X-Sluice-Worker", t.lease.Worker)
+	hdr.Set("X-Sluice-Queue-Ms", strconv.FormatInt(t.lease.QueueWait.Milliseconds(), 10))
+	if d := t.lease.Decision; d != nil {
 		hdr.Set("X-Sluice-Decision", d.ID)
 		if d.Attempt > 1 {
 			hdr.Set("X-Sluice-Attempt", strconv.Itoa(d.Attempt))
 		}
 	}
-	w.WriteHeader(resp.StatusCode)
-	res.Status = resp.StatusCode
+	t.w.WriteHeader(resp.StatusCode)
+	t.res.Status = resp.StatusCode
+}
 
-	var m measured
-	answer := newIdleReader(ctx, resp.Body, h.opt.IdleTimeout, cancel)
-	defer answer.stop()
-	if sse {
-		defer h.cutOnShutdown(cancel)()
+// ended classifies how an attempt the worker answered ended, for every
+// answer alike: a whole one, a stream, a continuation's part (st is
+// the stream relayed, nil for a whole answer). It files what the relay
+// measured in the Result, reports the outcome for health, and returns
+// the observation of an answer that succeeded, or the *streamBreak of
+// a stream that broke.
+func (h *Handler) ended(t *try, status int, st *contStream, m measured, err error) (*stats.Observation, error) {
+	res, cont := t.res, t.cont()
+	res.Tokens = m.tokens
+	if st != nil && st.resumable() {
+		res.Tokens = st.emitted()
 	}
-	var brk *streamBreak
-	if sse && cs != nil {
-		m, err = cs.relay(w, answer, attemptStart)
-		errors.As(err, &brk)
-		res.Tokens = cs.emitted()
-	} else if sse {
-		m, err = relayStream(w, answer, attemptStart, p.proto, failureOf(p.model, res.Decision))
-	} else {
-		m, err = relayWhole(w, answer, maxParse)
-	}
-	if cs == nil {
-		res.Tokens = m.tokens
-	}
-	if m.ttft > 0 {
-		// m.ttft runs from attemptStart, on the monotonic clock as start:
+	if m.ttft > 0 && !cont {
+		// m.ttft runs from t.sent, on the monotonic clock as start:
 		// the client's view adds everything before the attempt.
 		res.WorkerTTFT = m.ttft
-		res.TTFT = attemptStart.Sub(start) + m.ttft
-	}
-	if m.promptTokens > 0 {
-		res.PromptTokens = m.promptTokens
-		h.ratio.observe(p, m.promptTokens) // also from a 400 that says the prompt was too long
+		res.TTFT = t.sent.Sub(t.start) + m.ttft
 	}
 	switch {
-	case errors.Is(err, errClientGone) || (r.Context().Err() != nil && !m.complete):
+	case m.promptTokens > 0 && cont:
+		res.PromptTokens = m.promptTokens - t.cs.carried
+	case m.promptTokens > 0:
+		res.PromptTokens = m.promptTokens
+		h.ratio.observe(t.p, m.promptTokens) // also from a 400 that says the prompt was too long
+	}
+	var brk *streamBreak
+	switch {
+	case errors.Is(err, errClientGone) || (t.r.Context().Err() != nil && !m.complete):
 		// The client left before the end; the worker did nothing wrong.
 		// One that left after the end (closing at [DONE], say) had the
 		// whole answer: that is a success, and teaches the averages.
 		res.Status, res.Reason = 499, "client_gone"
-	case brk != nil:
-		h.broke(lease, brk, ctx, res)
-		return true, nil, brk
-	case errors.Is(err, errShutdown):
-		res.Reason = "shutting_down" // the router's doing, not the worker's
-	case err != nil:
-		h.report(lease.Worker, err)
+	case errors.As(err, &brk):
+		h.broke(t, brk)
+		return nil, brk
+	case err != nil: // a whole answer cut off
+		h.report(t.lease.Worker, err)
 		res.Reason = "upstream_failed"
 		if errors.Is(err, ErrStreamIdle) {
 			res.Reason = "stream_idle"
 		}
-		h.opt.Logger.Warn("worker failed mid-response", "worker", lease.Worker, "decision", decisionID(lease.Decision), "err", err)
-	case resp.StatusCode < 300:
-		h.report(lease.Worker, nil)
-		o := observation(m, time.Since(attemptStart))
+		h.opt.Logger.Warn("worker failed mid-response", "worker", t.lease.Worker, "decision", decisionID(t.lease.Decision), "err", err)
+	case status < 300:
+		h.report(t.lease.Worker, nil)
+		res.Reason = ""
+		o := observation(m, time.Since(t.sent))
 		if o.DecodeTPS > 0 {
 			res.TPOT = time.Duration(float64(time.Second) / o.DecodeTPS)
 		}
-		done = &o
+		return &o, nil
 	}
-	return true, done, nil
+	return nil, nil
 }
 
 // staleConn reports whether a request's failure before any answer may be
@@ -735,78 +810,6 @@ type measured struct {
 // errClientGone is what a relay returns when writing to the client
 // failed: the client left, and nothing about the worker follows from it.
 var errClientGone = errors.New("the client went away")
-
-// relayStream copies an SSE stream as it arrives, flushing what each read
-// brought before the next read may wait (so every event reaches the
-// client at once, and events that arrive together go out in one write),
-// and follows it with a streamMeter. A worker's error event, a read that
-// fails before the stream delivered its end, or a stream that ends before
-// it (ErrStreamTruncated) is an error; the client then gets an error
-// event of Sluice's own. A stream that delivered its end ([DONE], or a
-// final chunk) is complete whatever happens after: many clients close
-// the body as soon as they see [DONE], without reading to EOF, and that
-// cancels the worker's request under the relay's last read. A write to
-// the client that fails before the end returns errClientGone. Sluice's
-// error event says what failed in ft's words; the error returned, for
-// the log, says how.
-func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *protocol, ft failureText) (measured, error) {
-	rc := http.NewResponseController(w)
-	bp := relayBuffers.Get().(*[]byte)
-	defer relayBuffers.Put(bp)
-	buf := *bp
-	m := streamMeter{read: proto.read}
-	var out measured
-	var readErr, writeErr error
-	for {
-		n, err := body.Read(buf)
-		if n > 0 {
-			if m.feed(buf[:n]) {
-				out.ttft = time.Since(start)
-			}
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				writeErr = werr
-				break
-			}
-			rc.Flush()
-		}
-		if err != nil {
-			if err != io.EOF {
-				readErr = err
-			}
-			break
-		}
-	}
-	if m.end() {
-		out.ttft = time.Since(start)
-	}
-	out.tokens = m.tokens()
-	out.promptTokens = m.prompt
-	out.complete = m.complete()
-	switch {
-	case m.failed:
-		rc.Flush()
-		return out, fmt.Errorf("worker sent an error event: %s", m.failure)
-	case out.complete:
-		rc.Flush()
-		return out, nil
-	case writeErr != nil:
-		return out, fmt.Errorf("%w: %v", errClientGone, writeErr)
-	}
-	rc.Flush()
-	switch {
-	case errors.Is(readErr, ErrStreamIdle):
-		writeStreamEnd(proto, w, rc, "stream_idle", ft.streamEnd(breakIdle, readErr))
-		return out, fmt.Errorf("read stream: %w", readErr)
-	case errors.Is(readErr, errShutdown):
-		writeStreamEnd(proto, w, rc, "shutting_down", shutdownMessage)
-		return out, fmt.Errorf("read stream: %w", readErr)
-	case readErr != nil:
-		writeStreamEnd(proto, w, rc, "upstream_failed", ft.streamEnd(breakUpstream, readErr))
-		return out, fmt.Errorf("read stream: %w", readErr)
-	}
-	writeStreamEnd(proto, w, rc, "upstream_failed", ft.streamEnd(breakUpstream, ErrStreamTruncated))
-	return out, ErrStreamTruncated
-}
 
 // relayBuffers holds the relays' read buffers: a stream's reads are
 // small, and a buffer per request would be garbage per request.

@@ -23,9 +23,9 @@ func chatStream(n int) []byte {
 }
 
 // BenchmarkRelay relays a 200-token chat stream as a worker would write
-// it, event by event: plain (relayStream, a route or kind that cannot be
-// continued) and continuable (contStream.relay, which also follows the
-// text sent so that another worker could be asked for the rest).
+// it, event by event: plain (a route or kind that cannot be continued,
+// relayed as it comes) and continuable (whole events at a time, the text
+// sent followed so that another worker could be asked for the rest).
 // ns/op is per stream.
 func BenchmarkRelay(b *testing.B) {
 	stream := chatStream(200)

@@ -2,8 +2,10 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
@@ -108,40 +110,6 @@ func TestRelayWhole_RelaysBeforeTheAnswerEnds(t *testing.T) {
 	}
 }
 
-func TestScanEvent_AnswersOrLeavesItToTheDecode(t *testing.T) {
-	tests := []struct {
-		name string
-		data string
-		ok   bool // the scan answers
-	}{
-		{"openai content chunk", `{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"r"}}],"created":1,"id":"c","model":"m","object":"chat.completion.chunk"}`, true},
-		{"role chunk, content null", `{"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}]}`, true},
-		{"final chunk, usage null", `{"choices":[{"finish_reason":"stop","delta":{}}],"usage":null}`, true},
-		{"reasoning", `{"choices":[{"delta":{"reasoning_content":"hm"}}]}`, true},
-		{"native event", `{"content":"x","tokens":[5],"stop":false,"id_slot":0,"tokens_predicted":3,"tokens_evaluated":2}`, true},
-		{"keys in another case", `{"Choices":[{"TEXT":"a"}],"STOP":true}`, true},
-		{"not JSON", `{"choices":`, false},
-		{"usage", `{"choices":[],"usage":{"completion_tokens":8}}`, false},
-		{"timings", `{"content":"","stop":true,"timings":{"predicted_n":3}}`, false},
-		{"error", `{"error":{"message":"x"}}`, false},
-		{"a key twice", `{"choices":[{"delta":{"content":"a"}}],"choices":[{"text":""}]}`, false},
-		{"escaped key", `{"\u0063ontent":"x"}`, false},
-		{"wrong type", `{"tokens_predicted":1.5}`, false},
-		{"not an object", `[1]`, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, ok := scanEvent([]byte(tt.data))
-			if ok != tt.ok {
-				t.Fatalf("scan answered %v, want %v", ok, tt.ok)
-			}
-			if want := decodeEvent([]byte(tt.data)); ok && got.metered() != want.metered() {
-				t.Fatalf("scan %+v, decode %+v", got, want)
-			}
-		})
-	}
-}
-
 // TestRelayStream_RealLlamaCppStream relays a stream a real llama-server
 // sent: unchanged, its usage read from the last chunk, complete.
 func TestRelayStream_RealLlamaCppStream(t *testing.T) {
@@ -177,4 +145,16 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 	n := copy(p[:min(len(p), c.size)], c.b)
 	c.b = c.b[n:]
 	return n, nil
+}
+
+// relayStream relays body as the handler relays a stream that cannot be
+// continued: as it comes, ended with Sluice's error event when it breaks.
+func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *protocol, ft failureText) (measured, error) {
+	cs := &contStream{proto: proto}
+	m, err := cs.relay(w, body, start)
+	var brk *streamBreak
+	if errors.As(err, &brk) {
+		endStream(w, proto, ft, brk)
+	}
+	return m, err
 }

@@ -361,10 +361,9 @@ func (c *promptCount) add(raw json.RawMessage) {
 	if len(raw) == 0 {
 		return
 	}
-	if raw[0] == '[' {
-		if first := skipSpace(raw, 1); first < len(raw) && raw[first] == '{' {
-			c.messages += countElems(raw)
-		}
+	var elems []json.RawMessage
+	if raw[0] == '[' && json.Unmarshal(raw, &elems) == nil && len(elems) > 0 && firstByte(elems[0]) == '{' {
+		c.messages += len(elems)
 	}
 	c.walkJSON(raw)
 }

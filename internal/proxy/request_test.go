@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/prefix/prefixtest"
 )
 
 // decodeTwice is how a request body was read before the proxy decoded it
@@ -53,7 +54,7 @@ func decodeTwice(body []byte) (messages, prompt json.RawMessage, blocks []uint64
 	if err != nil {
 		return nil, nil, nil, &badRequest{"", "request body could not be read as JSON: " + err.Error()}
 	}
-	return in.Messages, in.Prompt, prefix.FromBody(body, prefix.BlockBytes), nil
+	return in.Messages, in.Prompt, prefixtest.FromBody(body, prefix.BlockBytes), nil
 }
 
 // sameAsTwice fails t unless parsing body in one decode refuses it as the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"strings"
 
 	"github.com/sluice-router/sluice/internal/sse"
 )
@@ -15,12 +16,17 @@ import (
 var ErrStreamTruncated = errors.New("the worker's stream ended before its terminator ([DONE], a finish_reason or stop)")
 
 // chunk is what Sluice reads of one streamed event or a whole answer:
-// content to count tokens, usage when the worker reports it, and errors.
+// content to count tokens, usage when the worker reports it, errors, and
+// what a continuable stream follows (the id, the text, whether a tool
+// call or reasoning began).
 type chunk struct {
+	ID      json.RawMessage `json:"id"`
 	Choices []struct {
 		Delta struct {
-			Content          *string `json:"content"`
-			ReasoningContent *string `json:"reasoning_content"`
+			Content          *string         `json:"content"`
+			ReasoningContent *string         `json:"reasoning_content"`
+			ToolCalls        json.RawMessage `json:"tool_calls"`
+			FunctionCall     json.RawMessage `json:"function_call"`
 		} `json:"delta"`
 		Text         *string `json:"text"`
 		FinishReason *string `json:"finish_reason"`
@@ -44,6 +50,64 @@ type chunk struct {
 	Timings         *timings        `json:"timings"`
 	Error           json.RawMessage `json:"error"`
 }
+
+// eventInfo is what the relay takes from one streamed event's data.
+type eventInfo struct {
+	valid    bool   // the data decodes as a chunk
+	err      string // the worker's non-null "error" value, as it sent it
+	content  bool   // it carries generated text
+	final    bool   // it ends the answer (finish_reason, or native stop)
+	reported int    // output tokens the worker states, or 0 (may be negative: not believed)
+	prompt   int    // prompt tokens the worker states, or 0
+	usage    bool   // it carries a usage object, whose prompt count has the last word
+
+	// What a continuable stream follows (contStream.follow): the
+	// event's id when it is a string, the text it carries (content,
+	// then each choice's delta.content and text, in order), and whether
+	// a tool call or reasoning text began in it.
+	id, text        string
+	tool, reasoning bool
+}
+
+// readEvent reads one OpenAI-style event's data (or llama.cpp's native
+// one) by decoding it into a chunk.
+func readEvent(data []byte) eventInfo {
+	var c chunk
+	if json.Unmarshal(data, &c) != nil {
+		return eventInfo{}
+	}
+	if len(c.Error) > 0 && !bytes.Equal(c.Error, []byte("null")) {
+		return eventInfo{valid: true, err: string(c.Error)}
+	}
+	info := eventInfo{
+		valid:    true,
+		content:  c.hasContent(),
+		final:    c.final(),
+		reported: c.reportedTokens(),
+		prompt:   c.promptCount(),
+		usage:    c.Usage != nil,
+	}
+	json.Unmarshal(c.ID, &info.id) // a string, else none
+	var text strings.Builder
+	if c.Content != nil {
+		text.WriteString(*c.Content)
+	}
+	for _, ch := range c.Choices {
+		d := ch.Delta
+		info.tool = info.tool || isSet(d.ToolCalls) || isSet(d.FunctionCall)
+		info.reasoning = info.reasoning || d.ReasoningContent != nil && *d.ReasoningContent != ""
+		for _, s := range []*string{d.Content, ch.Text} {
+			if s != nil {
+				text.WriteString(*s)
+			}
+		}
+	}
+	info.text = text.String()
+	return info
+}
+
+// isSet reports whether a JSON value is present and not null.
+func isSet(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
 
 // timings is llama.cpp's per-request timing object, in milliseconds of
 // the worker's own clock: prompt_ms is prefill, predicted_ms the decode of
@@ -137,14 +201,6 @@ type streamMeter struct {
 	failed   bool // the worker sent an error event
 	failure  string
 	first    bool // the last feed or end held the stream's first content
-}
-
-// feed parses the next bytes of the stream and reports whether they held
-// its first content.
-func (m *streamMeter) feed(b []byte) (first bool) {
-	m.first = false
-	m.parser.Feed(b, m.event)
-	return m.first
 }
 
 // end ends the stream (see sse.Parser.End) and reports whether what was

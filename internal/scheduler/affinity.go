@@ -71,15 +71,15 @@ func (s *Scheduler) affinityOn() bool {
 	return false
 }
 
-// matchOnLocked is how much of req's prefix w is expected to hold, as the
-// prefix term sees it.
+// matchOnLocked is how much of req's prefix w is believed to hold: the
+// Belief the prefix term reads.
 func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
 	if !s.affine(&req) {
 		return 0
 	}
-	c := Candidate{Name: w.spec.Name, Active: w.active, Snap: w.snapshot()}
-	s.prefixMatchLocked(&req, &c)
-	return c.PrefixMatch
+	c := [1]Candidate{{Name: w.spec.Name, Active: w.active, Snap: w.snapshot()}}
+	s.beliefsLocked(&req, c[:])
+	return c[0].PrefixMatch
 }
 
 // affinityBorrowLocked is the relaxation stage of a pick that found no

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"time"
 
+	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -65,6 +66,9 @@ func (l *Lease) complete(o stats.Observation, obs Observer, now time.Time) (stat
 	}
 	if obs != nil {
 		obs.Observe(l.Worker, o, now)
+	}
+	if o.CachedKnown && l.Decision != nil {
+		l.Decision.SetPrefixOutcome(decisions.PrefixOutcome{ExpectedCachedTokens: l.found.CachedTokens, CachedTokens: o.CachedTokens})
 	}
 	if !l.released.CompareAndSwap(false, true) {
 		return o, nil

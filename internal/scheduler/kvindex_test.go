@@ -4,9 +4,12 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/kvevents"
 	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -127,5 +130,68 @@ func TestKVIndex_RecordSaysWhatItExpectedCached(t *testing.T) {
 	defer l.Release()
 	if p := l.Decision.Promise; p == nil || p.ExpectedCachedTokens != 8 || l.ExpectedCachedTokens() != 8 {
 		t.Errorf("record's promise %+v, lease %d: want 8 of the 12 prompt tokens expected cached", p, l.ExpectedCachedTokens())
+	}
+}
+
+// When the request ends, the worker's own count of cached tokens joins
+// the record beside the belief it was placed on, once.
+func TestKVIndex_RecordSetsTheBeliefAgainstTheWorkersCount(t *testing.T) {
+	x := kvevents.NewIndex()
+	toks := make([]uint32, 12)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	x.Apply("w1", kvevents.Batch{Seq: 5, Events: []kvevents.Event{{Kind: kvevents.KindStored,
+		BlockHashes: []kvevents.Hash{kvevents.IntHash(1), kvevents.IntHash(2)}, TokenIDs: toks[:8], BlockSize: 4}}})
+	tr, err := stats.NewTracker(0.2, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSched(t, Config{MaxQueue: 4, KVIndex: x, Stats: tr, Predictor: predict.New(tr)}, workers(2, 4, "m")...)
+	l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 12, KVBlocks: kvevents.BlockKeys(toks, 4)})
+	if err != nil || l.Worker != "w1" {
+		t.Fatalf("on %v (%v), want w1", l, err)
+	}
+	if _, ok := l.Decision.PrefixOutcome(); ok {
+		t.Fatal("the record has an outcome before the request ended")
+	}
+	l.Complete(stats.Observation{OutputTokens: 3, CachedTokens: 4, CachedKnown: true}, nil, time.Now())
+	got, ok := l.Decision.PrefixOutcome()
+	if want := (decisions.PrefixOutcome{ExpectedCachedTokens: 8, CachedTokens: 4}); !ok || got != want {
+		t.Fatalf("outcome %+v (%t), want %+v", got, ok, want)
+	}
+	b, err := l.Decision.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"prefix_outcome":{"expected_cached_tokens":8,"cached_tokens":4}`) {
+		t.Errorf("the record's JSON lacks the outcome: %s", b)
+	}
+	var back decisions.Record
+	if err := back.UnmarshalJSON(b); err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := back.PrefixOutcome(); !ok || o != got {
+		t.Errorf("read back: %+v (%t), want %+v", o, ok, got)
+	}
+}
+
+// The backlog rules (affinity.go) read the belief the prefix term reads:
+// a worker's KV events count there too, not the router's guess alone.
+func TestKVIndex_BacklogRulesReadTheSameBelief(t *testing.T) {
+	x := kvevents.NewIndex()
+	toks := make([]uint32, 12)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	x.Apply("w1", kvevents.Batch{Seq: 5, Events: []kvevents.Event{{Kind: kvevents.KindStored,
+		BlockHashes: []kvevents.Hash{kvevents.IntHash(1), kvevents.IntHash(2)}, TokenIDs: toks[:8], BlockSize: 4}}})
+	s := newSched(t, Config{MaxQueue: 4, KVIndex: x, PrefixIndex: prefix.NewIndex(prefix.Options{})}, workers(2, 4, "m")...)
+	req := Request{Model: "m", PromptTokens: 12, Prefix: []uint64{7, 8, 9}, KVBlocks: kvevents.BlockKeys(toks, 4)}
+	s.mu.Lock()
+	got := []float64{s.matchOnLocked(req, s.byName["w0"]), s.matchOnLocked(req, s.byName["w1"])}
+	s.mu.Unlock()
+	if got[0] != 0 || got[1] < 0.66 || got[1] > 0.67 {
+		t.Errorf("backlog rules' match on w0, w1: %v, want 0 and the events' 2/3", got)
 	}
 }

@@ -259,27 +259,15 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 }
 
 // candidatesLocked writes what the terms see of each eligible worker,
-// with its prefix match when the prefix term counts; an index that
-// answers for all candidates at once is asked once.
+// with its Belief when the prefix term counts.
 func (s *Scheduler) candidatesLocked(p *pick) {
-	prefixOn := s.prefixWeighted && s.affine(&p.req) && !p.baseline
-	kvOn := s.prefixWeighted && len(p.req.KVBlocks) > 0 && !p.baseline && s.cfg.KVIndex != nil
-	batch, _ := s.cfg.PrefixIndex.(prefixBatcher)
 	p.cands = make([]Candidate, len(p.elig))
 	for j := range p.elig {
-		v, c := p.at(j), &p.cands[j]
-		*c = Candidate{Name: v.w.spec.Name, Snap: v.snap, Stats: v.st, Active: v.w.active, JobCost: v.w.cost}
-		if prefixOn && batch == nil {
-			s.prefixMatchLocked(&p.req, c)
-		}
+		v := p.at(j)
+		p.cands[j] = Candidate{Name: v.w.spec.Name, Snap: v.snap, Stats: v.st, Active: v.w.active, JobCost: v.w.cost}
 	}
-	if prefixOn && batch != nil && len(p.cands) > 0 {
-		s.prefixMatchesLocked(&p.req, p.cands, batch)
-	}
-	if kvOn {
-		for i := range p.cands {
-			s.kvMatchLocked(&p.req, &p.cands[i])
-		}
+	if s.prefixWeighted && !p.baseline && len(p.cands) > 0 {
+		s.beliefsLocked(&p.req, p.cands)
 	}
 }
 

@@ -6,12 +6,15 @@ import (
 )
 
 // PrefixIndex tells where a request's prompt prefix is expected to be in a
-// worker's KV cache. *prefix.Index is one: the router's own record of which
-// worker served which block hashes.
+// worker's KV cache: the router's own record of which worker served which
+// block hashes (*prefix.Index), shared between replicas or not
+// (*prefixshare.Index). It is one source of a worker's Belief.
 type PrefixIndex interface {
-	// Match returns the fraction (0..1) of hashes, counted from the
-	// first, that worker is expected to hold for model.
-	Match(model string, hashes []uint64, worker string) float64
+	// MatchSources sets frac[i] to the fraction (0..1) of hashes, counted
+	// from the first, that workers[i] is expected to hold for model, and
+	// remote[i] to whether any of those blocks was recorded by another
+	// replica. A pick asks about all its candidates at once.
+	MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool)
 	// Record notes that worker now serves hashes for model.
 	Record(model string, hashes []uint64, worker string)
 }
@@ -35,7 +38,7 @@ type PrefixCapacity interface {
 //
 // # How the prefix term merges it with the router's index
 //
-// For each candidate the term takes the router index's guess g and, when
+// For each candidate the belief takes the router index's guess g and, when
 // the worker's report is no older than Config.StaleAfter, the report's
 // match r (the leading blocks of the request found in the report). The
 // match is max(r, g), and the record names the report as the source when
@@ -86,18 +89,50 @@ func (r *CacheReport) Match(hashes []uint64) float64 {
 	return float64(n) / float64(len(hashes))
 }
 
-// Where PrefixMatch came from (Candidate.PrefixSource); the record's
-// words are built from them in prefixMatch.Provenance.
+// Belief is what the scheduler believes a worker holds of one request's
+// prompt prefix in its KV cache. Every source feeds it, in one place
+// (beliefsLocked), and everything that weighs a cached prefix reads it:
+// the prefix term, the backlog rules (affinity.go), the prediction of the
+// time to first token (promise.go), and the decision record, which names
+// the source that set it (Provenance) and, once the worker answers, what
+// the worker says it found cached (Lease.Complete).
+//
+// The sources, in the order they are applied:
+//
+//  1. The guess: the router's index of where earlier requests went
+//     (PrefixIndex), "router index (guess)", or "(shared)" when another
+//     replica recorded some of the blocks.
+//  2. The worker's own report of its slots (CacheReport, llama.cpp's
+//     /slots) raises it when fresh and holding more.
+//  3. The session hint (sessions.go) raises it for the worker that served
+//     the request's session last.
+//  4. The worker's KV-cache events (KVIndex, vLLM's), when they can answer
+//     for the worker, replace it: they are exact. A request in flight
+//     there (kvsent.go) raises them by the blocks it has not published
+//     yet. When the events were lost since a gap, the belief stands and
+//     says so.
+type Belief struct {
+	// PrefixMatch is the fraction (0..1) of the request's leading prompt
+	// blocks the worker is believed to hold; PrefixSource names the source
+	// that set it (empty: nothing to match).
+	PrefixMatch  float64
+	PrefixSource string
+	// KVSeq is the seq of the last KV-event batch behind PrefixMatch,
+	// when the worker's KV events answered.
+	KVSeq int64
+}
+
+// The sources of a Belief (PrefixSource); the record's words are built
+// from them in prefixMatch.Provenance.
 const (
 	// prefixSourceIndex: the router's index, a guess from where earlier
 	// requests went (the worker reports nothing better).
 	prefixSourceIndex = "router index (guess)"
+	// prefixSourceShared is prefixSourceIndex when some of the matched
+	// blocks were recorded by another replica.
+	prefixSourceShared = "router index (shared)"
 	// prefixSourceReport: the worker's own report of its cache.
 	prefixSourceReport = "worker report"
-)
-
-// Sources of the exact index of KV-cache events (kvMatchLocked).
-const (
 	// prefixSourceKV: the worker's own KV-cache events, exact.
 	prefixSourceKV = "vLLM KV events"
 	// prefixSourceKVLost: the guess, the worker's events being lost since
@@ -115,72 +150,27 @@ type KVIndex interface {
 	Match(worker string, keys []uint64) (n int, seq int64, ok bool, why string)
 }
 
-// kvMatchLocked sets c's prefix match from the exact index when it can
-// answer for c's worker; else the guess stands, and the record says why
-// when events were lost.
-func (s *Scheduler) kvMatchLocked(req *Request, c *Candidate) {
-	n, seq, ok, why := s.cfg.KVIndex.Match(c.Name, req.KVBlocks)
-	switch {
-	case ok:
-		src := prefixSourceKV
-		if w := s.byName[c.Name]; w != nil {
-			if m := kvSentMatch(w, req.KVBlocks); m > n {
-				n, src = m, prefixSourceKVSent
-			}
+// beliefsLocked sets the Belief of each of cands, zeroed, about req, from
+// every source in the order Belief gives.
+func (s *Scheduler) beliefsLocked(req *Request, cands []Candidate) {
+	if s.cfg.PrefixIndex != nil && s.affine(req) {
+		s.guessesLocked(req, cands)
+	}
+	if len(req.KVBlocks) > 0 && s.cfg.KVIndex != nil {
+		for i := range cands {
+			s.kvBeliefLocked(req, &cands[i])
 		}
-		c.PrefixMatch, c.PrefixSource, c.KVSeq = float64(n)/float64(len(req.KVBlocks)), src, seq
-	case why != "" && why != "no KV events yet":
-		c.PrefixSource = prefixSourceKVLost
 	}
 }
 
-// prefixSourceShared is prefixSourceIndex when some of the matched blocks
-// were recorded by another replica (the index is shared through Redis).
-const prefixSourceShared = "router index (shared)"
-
-// prefixSourcer is a PrefixIndex that also tells whether a match came from
-// another replica's records (*prefix.Index and *prefixshare.Index are).
-type prefixSourcer interface {
-	MatchSource(model string, hashes []uint64, worker string) (float64, bool)
-}
-
-// prefixBatcher is a PrefixIndex that answers for several workers at once
-// (*prefix.Index and *prefixshare.Index are): a pick asks about all its
-// candidates under one lock instead of one each.
-type prefixBatcher interface {
-	MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool)
-}
-
-// prefixMatchLocked fills c's prefix match for req: how much of req's
-// prompt prefix c's worker is expected to hold (see CacheReport for the
-// merge with the worker's report).
-func (s *Scheduler) prefixMatchLocked(req *Request, c *Candidate) {
-	if s.cfg.PrefixIndex == nil || !s.affine(req) || s.cfg.Policy != PolicySluice {
-		return // the baselines do not score
-	}
-	defer s.sessionMatchLocked(req, c)
-	if ms, ok := s.cfg.PrefixIndex.(prefixSourcer); ok {
-		var remote bool
-		c.PrefixMatch, remote = ms.MatchSource(req.Model, req.Prefix, c.Name)
-		c.PrefixSource = prefixSourceIndex
-		if remote {
-			c.PrefixSource = prefixSourceShared
-		}
-	} else {
-		c.PrefixMatch = s.cfg.PrefixIndex.Match(req.Model, req.Prefix, c.Name)
-		c.PrefixSource = prefixSourceIndex
-	}
-	s.reportMatchLocked(req, c)
-}
-
-// prefixMatchesLocked is prefixMatchLocked for every one of cands, asking
-// b about them all at once.
-func (s *Scheduler) prefixMatchesLocked(req *Request, cands []Candidate, b prefixBatcher) {
+// guessesLocked is the guess of the index for every one of cands, asked
+// at once, raised by the worker's report and the session hint.
+func (s *Scheduler) guessesLocked(req *Request, cands []Candidate) {
 	names, frac, remote := make([]string, len(cands)), make([]float64, len(cands)), make([]bool, len(cands))
 	for i := range cands {
 		names[i] = cands[i].Name
 	}
-	b.MatchSources(req.Model, req.Prefix, names, frac, remote)
+	s.cfg.PrefixIndex.MatchSources(req.Model, req.Prefix, names, frac, remote)
 	// The session hint can only apply to a request naming a session with
 	// the table on (lookup finds nothing otherwise); asking regardless
 	// would read the clock once per candidate.
@@ -195,6 +185,25 @@ func (s *Scheduler) prefixMatchesLocked(req *Request, cands []Candidate, b prefi
 		if sessions {
 			s.sessionMatchLocked(req, c)
 		}
+	}
+}
+
+// kvBeliefLocked replaces c's belief with the worker's KV events when they
+// can answer for c's worker; else the belief stands, and the record says
+// why when events were lost.
+func (s *Scheduler) kvBeliefLocked(req *Request, c *Candidate) {
+	n, seq, ok, why := s.cfg.KVIndex.Match(c.Name, req.KVBlocks)
+	switch {
+	case ok:
+		src := prefixSourceKV
+		if w := s.byName[c.Name]; w != nil {
+			if m := kvSentMatch(w, req.KVBlocks); m > n {
+				n, src = m, prefixSourceKVSent
+			}
+		}
+		c.PrefixMatch, c.PrefixSource, c.KVSeq = float64(n)/float64(len(req.KVBlocks)), src, seq
+	case why != "" && why != "no KV events yet":
+		c.PrefixSource = prefixSourceKVLost
 	}
 }
 

@@ -1,11 +1,9 @@
 package scheduler
 
 import (
-	"context"
 	"encoding/json"
 	"math"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -58,8 +56,9 @@ func TestPrefix_HitWinsAmongEquallyLoaded(t *testing.T) {
 	}
 	l.Release()
 	// The index learnt turn 2 on w0.
-	if got := idx.Match("m", turn2, "w0"); got != 1 {
-		t.Errorf("after binding turn 2, Match on w0 = %v, want 1", got)
+	got := []float64{0}
+	if idx.MatchSources("m", turn2, []string{"w0"}, got, []bool{false}); got[0] != 1 {
+		t.Errorf("after binding turn 2, the match on w0 = %v, want 1", got[0])
 	}
 }
 
@@ -89,15 +88,15 @@ func TestPrefix_NoHerding(t *testing.T) {
 	}
 }
 
-// countingIndex counts the index's Match calls.
+// countingIndex counts the index's lookups.
 type countingIndex struct {
 	*prefix.Index
 	matches int
 }
 
-func (c *countingIndex) Match(model string, hashes []uint64, worker string) float64 {
+func (c *countingIndex) MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool) {
 	c.matches++
-	return c.Index.Match(model, hashes, worker)
+	c.Index.MatchSources(model, hashes, workers, frac, remote)
 }
 
 // With weights.prefix 0 the term counts for nothing, so no pick asks the
@@ -237,65 +236,6 @@ func TestPrefix_IndexSizedFromReportedKV(t *testing.T) {
 	}
 	if got := idx.Len("m", "w0"); got != 3 {
 		t.Errorf("index remembers %d blocks of w0, want 3", got)
-	}
-}
-
-// oneAtATime is a PrefixIndex that answers for one worker at a time (the
-// interface alone), as any index may.
-type oneAtATime struct{ x *prefix.Index }
-
-func (o oneAtATime) Match(model string, hashes []uint64, worker string) float64 {
-	return o.x.Match(model, hashes, worker)
-}
-
-func (o oneAtATime) Record(model string, hashes []uint64, worker string) {
-	o.x.Record(model, hashes, worker)
-}
-
-// A pick asks an index that answers for all candidates at once
-// (*prefix.Index) and one that answers one at a time the same, and makes
-// the same records of the answers.
-func TestPick_PrefixIndexAskedAtOnceOrOneByOne(t *testing.T) {
-	run := func(batched bool) []string {
-		clock := &fakeClock{t: time.Unix(1000, 0)}
-		x := prefix.NewIndex(prefix.Options{TTL: time.Minute, Now: clock.Now})
-		var ix PrefixIndex = x
-		if !batched {
-			ix = oneAtATime{x}
-		}
-		s := newSched(t, Config{MaxQueue: 5, Clock: clock, PrefixIndex: ix}, workers(5, 2, "m")...)
-		var out []string
-		var held []*Lease
-		for i := range 60 {
-			clock.t = clock.t.Add(time.Duration(i%4) * 10 * time.Second)
-			l, err := s.Admit(context.Background(), Request{Model: "m", Prefix: []uint64{uint64(i % 3), uint64(i % 4), 9}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := l.Decision.MarshalJSON()
-			if err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, string(b))
-			if held = append(held, l); len(held) > 3 {
-				held[0].Release()
-				held = held[1:]
-			}
-		}
-		return out
-	}
-	once, each := run(true), run(false)
-	matched := 0
-	for i := range once {
-		if once[i] != each[i] {
-			t.Fatalf("pick %d asking at once:\n%s\none by one:\n%s", i, once[i], each[i])
-		}
-		if strings.Contains(once[i], `"name":"prefix","raw":1,`) {
-			matched++
-		}
-	}
-	if matched == 0 {
-		t.Fatal("no candidate's whole prefix matched: the test asks nothing")
 	}
 }
 

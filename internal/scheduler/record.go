@@ -122,7 +122,7 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 		c.LimitSource = sl.source.String()
 		if sl.why == whyEligible {
 			cands = append(cands, Candidate{Name: sl.name, Active: sl.scored, JobCost: sl.jobCost, Snap: sl.snap, Stats: sl.st,
-				PrefixMatch: sl.prefixMatch, PrefixSource: sl.prefixSrc, KVSeq: sl.kvSeq})
+				Belief: Belief{PrefixMatch: sl.prefixMatch, PrefixSource: sl.prefixSrc, KVSeq: sl.kvSeq}})
 			at = append(at, i)
 			if pr.scored {
 				// Active as scored: with a Ledger, the count across replicas.

@@ -48,7 +48,8 @@ type WorkerSpec struct {
 // worker added again under its name meanwhile takes that entry back, so
 // the streams of its last life count against its limit and their
 // releases give its own slots back. When the last of them ends the life
-// is over (retireLocked): the predictor and the stats forget the name.
+// is over (retireLocked): the predictor and the stats forget the name,
+// and Config.Retired tells the worker's owner outside the scheduler.
 type worker struct {
 	spec     WorkerSpec
 	order    int // its index in configuration order
@@ -188,6 +189,9 @@ func (s *Scheduler) retireLocked(w *worker) {
 	}
 	if f, ok := s.cfg.Stats.(forgetter); ok {
 		f.Forget(name)
+	}
+	if s.cfg.Retired != nil {
+		s.cfg.Retired(name)
 	}
 }
 

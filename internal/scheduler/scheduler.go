@@ -186,6 +186,12 @@ type Config struct {
 	// the record and on the lease, and learns from each outcome
 	// (Lease.Complete). With Admission "slo" it decides admission.
 	Predictor *predict.Predictor
+	// Retired, when set, is told the name of a removed worker once none
+	// of Sluice's streams runs on it any more: its life is over, and what
+	// its owner keeps of it may go. A worker added again under the name
+	// before then goes on in the same life and is not retired. It is
+	// called under the scheduler's lock and must not call the scheduler.
+	Retired func(worker string)
 	// Admission is how workers are judged: AdmitByLimits (the learned
 	// limits, also when empty) or AdmitBySLO (the predicted promise; see
 	// promise.go).

@@ -129,3 +129,11 @@ func TestSessions_FlowSharesTheQueue(t *testing.T) {
 		l.Release()
 	}
 }
+
+// len is the number of sessions remembered.
+func (t *sessionTable) len() int {
+	if t == nil {
+		return 0
+	}
+	return t.ll.Len()
+}

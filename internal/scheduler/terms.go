@@ -42,14 +42,9 @@ type Candidate struct {
 	Snap *Snapshot
 	// Stats is what Sluice has measured of the worker.
 	Stats *stats.WorkerStats
-	// PrefixMatch is the fraction (0..1) of the request's leading prompt
-	// blocks the worker is expected to hold in KV cache; PrefixSource
-	// says who expects it (empty: the request has no prefix hashes).
-	PrefixMatch  float64
-	PrefixSource string
-	// KVSeq is the seq of the last KV-event batch behind PrefixMatch,
-	// when the exact index answered.
-	KVSeq int64
+	// Belief is how much of the request's prompt prefix the worker is
+	// believed to hold in KV cache, and who says so.
+	Belief
 }
 
 // Env is what a term sees of the decision besides the candidates: the

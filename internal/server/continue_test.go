@@ -390,6 +390,13 @@ func TestContinuation_WhenItDoesNotHappen(t *testing.T) {
 // "drain", and the drained worker is not blamed for it.
 func TestContinuation_DrainDeadlineMovesStreams(t *testing.T) {
 	ws := startSimWorkers(t, contParams(4), 20, "llamacpp", "llamacpp")
+	// w0 goes silent after the five tokens the drain is asked at, so the
+	// stream cannot end there before the deadline moves it, however the
+	// machine schedules the two; the idle timeout is the default, far
+	// longer than the test.
+	release := make(chan struct{})
+	defer close(release)
+	ws[0].srv.StallStreams(5, 1, release)
 	r := startRouter(t, contConfig(t, ws, 4, nil))
 	deadline := make(chan time.Time)
 	asked := make(chan time.Duration, 1)

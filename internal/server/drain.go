@@ -18,14 +18,9 @@ import (
 // /api/workers/{name} — gets one of proxy.drain_deadline. Streams that
 // cannot be continued are left to finish.
 
-// drains are the pending drain deadlines, by worker name.
-type drains struct {
-	mu   sync.Mutex
-	stop map[string]func() bool
-}
-
 // drainAt moves the streams on worker elsewhere after d (s.after, which
-// tests steer), replacing a pending deadline of the worker.
+// tests steer), replacing a pending deadline of the worker; the deadline
+// is its member's (member.go), and goes with it.
 func (s *Server) drainAt(worker string, d time.Duration) {
 	fire := make(chan struct{})
 	wait := s.afterFunc()(d)
@@ -44,38 +39,7 @@ func (s *Server) drainAt(worker string, d time.Duration) {
 		once.Do(func() { close(done) })
 		return stop()
 	}
-	s.drains.mu.Lock()
-	if s.drains.stop == nil {
-		s.drains.stop = map[string]func() bool{}
-	}
-	prev := s.drains.stop[worker]
-	s.drains.stop[worker] = cancel
-	s.drains.mu.Unlock()
-	if prev != nil {
-		prev()
-	}
-}
-
-// stopDrain cancels worker's pending drain deadline, if any.
-func (s *Server) stopDrain(worker string) {
-	s.drains.mu.Lock()
-	stop := s.drains.stop[worker]
-	delete(s.drains.stop, worker)
-	s.drains.mu.Unlock()
-	if stop != nil {
-		stop()
-	}
-}
-
-// stopDrains cancels every pending drain deadline (Close).
-func (s *Server) stopDrains() {
-	s.drains.mu.Lock()
-	all := s.drains.stop
-	s.drains.stop = nil
-	s.drains.mu.Unlock()
-	for _, stop := range all {
-		stop()
-	}
+	s.setDrain(worker, cancel)
 }
 
 func (s *Server) afterFunc() func(time.Duration) <-chan time.Time {
@@ -108,14 +72,6 @@ func (s *Server) drainWithDeadline(w http.ResponseWriter, r *http.Request) {
 		out["deadline"] = d.String()
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-// kindOf is the proxy's KindOf: a worker's engine kind.
-func (s *Server) kindOf(worker string) string {
-	if k, ok := s.kinds.Load(worker); ok {
-		return k.(string)
-	}
-	return ""
 }
 
 // fileContinuations puts each continuation of a request on the record of

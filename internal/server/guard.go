@@ -155,5 +155,5 @@ func (s *Server) guard(next http.Handler) http.Handler {
 // model: the request was never read).
 func (s *Server) refuse(w http.ResponseWriter, r *http.Request, status int, reason, msg string) {
 	proxy.WriteErrorFor(w, r.URL.Path, status, reason, msg)
-	s.metrics.observe(proxy.Result{Status: status, Reason: reason})
+	s.metrics.observe(proxy.Result{Status: status, Reason: reason}, nil)
 }

@@ -54,7 +54,7 @@ func TestRouter_StalledStreamIsCutOffAndFreesItsSlot(t *testing.T) {
 }
 
 func TestConfig_StreamIdleTimeoutMustBePositive(t *testing.T) {
-	_, err := config.Parse(strings.NewReader("workers: [{name: a, url: 'http://127.0.0.1:1'}]\nproxy: {stream_idle_timeout: 0s}\n"))
+	err := config.Check("", []byte("workers: [{name: a, url: 'http://127.0.0.1:1'}]\nproxy: {stream_idle_timeout: 0s}\n")).Err()
 	if err == nil || !strings.Contains(err.Error(), "proxy.stream_idle_timeout") {
 		t.Fatalf("err %v, want one naming proxy.stream_idle_timeout", err)
 	}

@@ -1,16 +1,12 @@
 package server
 
 import (
-	"bytes"
 	"container/list"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"log/slog"
-	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -227,58 +223,21 @@ func (s *Server) kvBlocks(ctx context.Context, model string, in proxy.TokenizeIn
 	// pays for no context or timer.
 	ctx, cancel := context.WithTimeout(ctx, k.timeout)
 	defer cancel()
-	tokens, err := s.tokenIDs(ctx, name, model, in)
+	out, err := s.postTokenize(ctx, name, tokenizeBody(model, in))
 	if err != nil {
 		s.log.Debug("KV events: no token ids; the prefix term keeps the guess", "worker", name, "err", err)
 		return nil
 	}
-	keys := kvevents.BlockKeys(tokens, bs)
+	keys := kvevents.BlockKeys(out.Tokens, bs)
 	k.cache.put(key, keys)
 	return keys
-}
-
-// tokenIDs asks worker's POST /tokenize for the token ids of in,
-// answered as {"count", "max_model_len", "tokens"}.
-func (s *Server) tokenIDs(ctx context.Context, worker, model string, in proxy.TokenizeInput) ([]uint32, error) {
-	base, ok := s.resolve(worker)
-	if !ok {
-		return nil, fmt.Errorf("worker %s has no address", worker)
-	}
-	body, err := tokenizeBody(model, in)
-	if err != nil {
-		return nil, err
-	}
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, base.JoinPath("/tokenize").String(), bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	hr.Header["Idempotency-Key"] = nil // safe to resend (see tokenize)
-	if key, _ := s.credentials(worker); key != "" {
-		hr.Header.Set("Authorization", "Bearer "+key)
-	}
-	resp, err := s.transport.RoundTrip(hr)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("tokenize on %s: HTTP %d", worker, resp.StatusCode)
-	}
-	var out struct {
-		Tokens []uint32 `json:"tokens"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&out); err != nil {
-		return nil, fmt.Errorf("tokenize on %s: %w", worker, err)
-	}
-	return out.Tokens, nil
 }
 
 // tokenizeBody is the /tokenize request for in: vLLM's
 // TokenizeChatRequest, {"model", "messages"} and the chat template's other
 // fields as the request sent them, or TokenizeCompletionRequest, {"model",
 // "prompt"}.
-func tokenizeBody(model string, in proxy.TokenizeInput) ([]byte, error) {
+func tokenizeBody(model string, in proxy.TokenizeInput) map[string]any {
 	body := map[string]any{"model": model}
 	if len(in.Messages) > 0 {
 		body["messages"] = in.Messages
@@ -288,7 +247,7 @@ func tokenizeBody(model string, in proxy.TokenizeInput) ([]byte, error) {
 	} else {
 		body["prompt"] = in.Prompt
 	}
-	return json.Marshal(body)
+	return body
 }
 
 // tokenCacheSize bounds the prompts whose block keys are remembered.
@@ -340,12 +299,6 @@ func (c *tokenCache) put(key uint64, keys []uint64) {
 		old := c.ll.Remove(c.ll.Back()).(*tokenEntry)
 		delete(c.at, old.key)
 	}
-}
-
-func (c *tokenCache) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.ll.Len()
 }
 
 // tokenKey digests what a prompt's token blocks depend on.

@@ -204,12 +204,12 @@ func TestTokenIDs_SendTheChatTemplatesInputs(t *testing.T) {
 	msgs := json.RawMessage(`[{"role":"user","content":"hi"}]`)
 	tools := json.RawMessage(`[{"type":"function","function":{"name":"f","parameters":{}}}]`)
 	in := proxy.TokenizeInput{Messages: msgs, Template: []proxy.Field{{Name: "tools", Value: tools}, {Name: "chat_template_kwargs", Value: json.RawMessage(`{"enable_thinking":false}`)}}}
-	ids, err := r.srv.tokenIDs(context.Background(), "w1", "m", in)
+	out, err := r.srv.postTokenize(context.Background(), "w1", tokenizeBody("m", in))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ids) != 3 {
-		t.Fatalf("token ids %v, want the worker's three", ids)
+	if len(out.Tokens) != 3 {
+		t.Fatalf("token ids %v, want the worker's three", out.Tokens)
 	}
 	got := <-bodies
 	want := map[string]string{
@@ -301,4 +301,11 @@ func TestKVEvents_WorkerBackFromDownConnectsAgain(t *testing.T) {
 	if v := k.view("w"); v.State != "synced" || v.Connects != 2 {
 		t.Fatalf("view %+v, want synced after a second connection", v)
 	}
+}
+
+// len is how many entries c holds.
+func (c *tokenCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ll.Len()
 }

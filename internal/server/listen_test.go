@@ -434,7 +434,7 @@ func TestServe_ShutdownEndsStreamsWithAnErrorEvent(t *testing.T) {
 	const shutdownMessage = "the router is shutting down and ended this stream at the end of its grace period; send the request again"
 	spec := sim.WorkerSpec{Name: "slow", Params: sim.DefaultParams()}
 	spec.Params.DecodeBase = time.Second
-	fl, err := sim.StartFleet(context.Background(), []sim.WorkerSpec{spec}, "127.0.0.1", 0)
+	fl, err := sim.StartFleet(context.Background(), []sim.WorkerSpec{spec}, "127.0.0.1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,14 +48,30 @@ func (l *loraLoader) LoadAdapter(ctx context.Context, worker string, a scheduler
 	}
 	already, err := fw.LoadAdapter(ctx, a)
 	if err != nil {
-		l.failures.WithLabelValues(worker, a.Name).Inc()
+		l.count(l.failures, worker, a.Name)
 		l.s.log.Warn("LoRA adapter load failed", "worker", worker, "adapter", a.Name, "err", err)
 		return err
 	}
 	if !already { // the worker held it already: nothing was loaded
-		l.loads.WithLabelValues(worker, a.Name).Inc()
+		l.count(l.loads, worker, a.Name)
 	}
 	return nil
+}
+
+// count adds one to c's series of worker and adapter unless the worker
+// was retired meanwhile (members): its series are deleted.
+func (l *loraLoader) count(c *prometheus.CounterVec, worker, adapter string) {
+	l.s.members.mu.RLock()
+	defer l.s.members.mu.RUnlock()
+	if l.s.members.liveLocked(worker) {
+		c.WithLabelValues(worker, adapter).Inc()
+	}
+}
+
+// forget drops a retired worker's series.
+func (l *loraLoader) forget(worker string) {
+	l.loads.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	l.failures.DeletePartialMatch(prometheus.Labels{"worker": worker})
 }
 
 // adapterConfig is the scheduler's LoRA configuration.

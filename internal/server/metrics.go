@@ -100,9 +100,15 @@ func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metr
 	return m
 }
 
-// observe records one finished request.
-func (m *metrics) observe(r proxy.Result) {
-	m.requests.WithLabelValues(r.Worker, r.Model, strconv.Itoa(r.Status), r.Reason).Inc()
+// observe records one finished request. live, when not nil, says which
+// workers are members: a retired worker's series are deleted, and a
+// result that ends after that adds none back.
+func (m *metrics) observe(r proxy.Result, live func(worker string) bool) {
+	known := func(w string) bool { return w == "" || live == nil || live(w) }
+	gone := !known(r.Worker) // its series are deleted: only the model's count it
+	if !gone {
+		m.requests.WithLabelValues(r.Worker, r.Model, strconv.Itoa(r.Status), r.Reason).Inc()
+	}
 	if r.Model != "" && r.Status != 0 {
 		m.queueWait.WithLabelValues(r.Model).Observe(r.QueueWait.Seconds())
 	}
@@ -110,7 +116,9 @@ func (m *metrics) observe(r proxy.Result) {
 		m.retries.WithLabelValues(r.Model).Add(float64(r.Attempts - 1))
 	}
 	for _, w := range r.StaleRetries {
-		m.staleRetries.WithLabelValues(w).Inc()
+		if known(w) {
+			m.staleRetries.WithLabelValues(w).Inc()
+		}
 	}
 	for _, c := range r.Continuations {
 		m.continuations.WithLabelValues(c.Reason, c.Outcome).Inc()
@@ -118,7 +126,7 @@ func (m *metrics) observe(r proxy.Result) {
 			m.gap.Observe(c.Gap.Seconds())
 		}
 	}
-	if r.Worker == "" {
+	if r.Worker == "" || gone {
 		return
 	}
 	if r.TTFT > 0 {
@@ -161,6 +169,7 @@ func (m *metrics) forget(worker string) {
 	m.tokens.DeletePartialMatch(l)
 	m.promptTokens.DeletePartialMatch(l)
 	m.staleRetries.DeletePartialMatch(l)
+	m.predError.DeletePartialMatch(l)
 }
 
 var (

@@ -87,7 +87,7 @@ func TestMetrics_NamesAndLabels(t *testing.T) {
 	specs := sim.DemoFleet()[:1]
 	specs[0].TimeScale = 50
 	specs[0].Params.StartupDelay = 0
-	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0)
+	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func TestRouter_WholeAnswersTeachTheAveragesAsStreamsDo(t *testing.T) {
 		specs[i].Params.StartupDelay = 0
 		specs[i].Params.InterferenceScale = 0
 	}
-	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0)
+	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

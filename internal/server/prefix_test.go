@@ -102,7 +102,7 @@ func TestRouter_WorkerReportBeatsTheGuess(t *testing.T) {
 		p.StartupDelay = 0
 		specs = append(specs, sim.WorkerSpec{Name: name, Params: p, TimeScale: 100})
 	}
-	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0)
+	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

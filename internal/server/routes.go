@@ -142,7 +142,7 @@ func (s *Server) drainWorker(drain bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
 		if !drain {
-			s.stopDrain(name)
+			s.stopDrains(name)
 		}
 		if err := s.sched.SetDraining(name, drain); err != nil {
 			proxy.WriteError(w, http.StatusNotFound, "worker_not_found", err.Error())

@@ -8,10 +8,12 @@
 // # Concurrency Model
 //
 // The Server itself holds only wiring; each part guards its own state.
-// Worker membership changes (admin API, config reload) are serialised by
-// one mutex, which keeps the fleet and the scheduler in step: a worker is
-// added to the fleet before the scheduler can pick it, and removed from
-// the scheduler before its scraper stops.
+// Worker membership changes (admin API, config reload, discovery) are
+// serialised by one mutex, which keeps the fleet and the scheduler in
+// step: a worker is added to the fleet before the scheduler can pick it,
+// and removed from the scheduler before its scraper stops. What the
+// router keeps of a worker outside the scheduler hangs from its member
+// (member.go), which the scheduler's retirement of the worker drops.
 package server
 
 import (
@@ -20,7 +22,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"reflect"
 	"slices"
 	"sync"
@@ -85,7 +86,6 @@ type Server struct {
 	stopBg      context.CancelFunc
 	bgDone      chan struct{}
 
-	drains drains // pending drain deadlines, by worker
 	// listenLoopback: cfg.Listen takes connections from this host alone.
 	// Only then do admin routes answer loopback clients without a token:
 	// on an address the network reaches, a loopback client may be
@@ -95,9 +95,7 @@ type Server struct {
 	listenLoopback bool
 
 	memberMu sync.Mutex // serialises worker membership changes
-	urls     sync.Map   // worker name -> *url.URL
-	creds    sync.Map   // worker name -> credentials
-	kinds    sync.Map   // worker name -> engine kind
+	members  members    // each worker's life outside the scheduler (member.go)
 }
 
 // Options are the parts a caller may supply instead of the defaults.
@@ -187,6 +185,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Predictor:       predict.New(s.tracker),
 		Admission:       cfg.Admission.Mode,
 		SLOs:            cfg.Admission.SLO,
+		Retired:         s.retire,
 	})
 	if err != nil {
 		s.shared.close()
@@ -234,7 +233,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Observer:    s.tracker,
 		Reporter:    s,
 		OnResult: func(r proxy.Result) {
-			s.metrics.observe(r)
+			s.observe(r)
 			s.dash.Observe(r)
 			s.fileFirstToken(r)
 			s.fileContinuations(r)
@@ -304,7 +303,7 @@ func (s *Server) Decisions() *decisions.Log { return s.dlog }
 
 // Close stops probes, flushes the averages and closes the stores.
 func (s *Server) Close() error {
-	s.stopDrains()
+	s.stopDrains("")
 	s.sched.Close()
 	if s.kv != nil {
 		s.kv.close() // every subscriber's goroutine ends here
@@ -386,29 +385,12 @@ func (s *Server) ReportRequest(worker string, err error) {
 	}
 }
 
-func (s *Server) resolve(worker string) (*url.URL, bool) {
-	u, ok := s.urls.Load(worker)
-	if !ok {
-		return nil, false
-	}
-	return u.(*url.URL), true
-}
-
-// credentials are what the proxy sends a worker in place of the client's
-// Authorization header.
-type credentials struct {
-	key     string // the worker's own API key; "" for none
-	forward bool   // forward the client's Authorization when key is ""
-}
-
-// credentials is the proxy's Credentials hook.
-func (s *Server) credentials(worker string) (key string, forwardClientAuth bool) {
-	c, ok := s.creds.Load(worker)
-	if !ok {
-		return "", false
-	}
-	cr := c.(credentials)
-	return cr.key, cr.forward
+// observe puts a result in the metrics. It holds the members' read lock:
+// a worker retired meanwhile gets no series back (members).
+func (s *Server) observe(r proxy.Result) {
+	s.members.mu.RLock()
+	defer s.members.mu.RUnlock()
+	s.metrics.observe(r, s.members.liveLocked)
 }
 
 func toFleet(w config.Worker, key string) fleet.WorkerConfig {
@@ -424,48 +406,35 @@ func (s *Server) addWorker(w config.Worker) error {
 }
 
 func (s *Server) addWorkerLocked(w config.Worker) error {
-	u, key, err := s.prepareWorkerLocked(w)
+	m, err := s.newMember(w)
 	if err != nil {
 		return err
 	}
-	fw, err := s.fleet.Add(context.Background(), s.fleetConfig(w, key))
+	old := s.join(m) // its transport before its first probe
+	fw, err := s.fleet.Add(context.Background(), s.fleetConfig(w, m.key))
 	if err != nil {
+		s.leave(m, old)
 		return err
 	}
-	s.urls.Store(w.Name, u)
-	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
-	s.kinds.Store(w.Name, w.Kind)
-	s.stopDrain(w.Name) // back under its name: its streams still running stay there, counted against its limit
 	// Its stored averages, before it serves: a worker known slow before a
 	// restart or a removal is still known slow.
 	if err := s.tracker.Track(context.Background(), w.Name); err != nil {
 		s.log.Error("could not load the worker's stored averages; it starts without them", "worker", w.Name, "err", err)
 	}
-	err = s.sched.AddWorker(workerSpec(w, fw))
-	if err != nil {
+	if err := s.sched.AddWorker(workerSpec(w, fw)); err != nil {
 		s.fleet.Remove(w.Name)
+		s.leave(m, old)
 		return err
+	}
+	if old != nil {
+		// Back under its name: its streams still running stay there,
+		// counted against its limit, instead of moving at a deadline.
+		if stop := s.takeDrain(old); stop != nil {
+			stop()
+		}
 	}
 	s.kv.start(w)
 	return nil
-}
-
-// prepareWorkerLocked checks what a worker needs before it is probed or
-// scheduled — its URL, its API key — and registers its TLS settings with
-// the transport.
-func (s *Server) prepareWorkerLocked(w config.Worker) (*url.URL, string, error) {
-	u, err := url.Parse(w.URL)
-	if err != nil {
-		return nil, "", fmt.Errorf("worker %s: url: %w", w.Name, err)
-	}
-	key, err := w.ResolveAPIKey()
-	if err != nil {
-		return nil, "", fmt.Errorf("worker %s: api key: %w", w.Name, err)
-	}
-	if err := s.transport.register(w, u); err != nil {
-		return nil, "", err
-	}
-	return u, key, nil
 }
 
 // replaceWorkerLocked applies a changed worker's settings: its scraper is
@@ -473,20 +442,22 @@ func (s *Server) prepareWorkerLocked(w config.Worker) (*url.URL, string, error) 
 // is updated in place, keeping its in-flight count. On a bad setting the
 // running worker is left as it was.
 func (s *Server) replaceWorkerLocked(w config.Worker) error {
-	u, key, err := s.prepareWorkerLocked(w)
+	m, err := s.newMember(w)
 	if err != nil {
 		return err
 	}
 	if err := s.fleet.Remove(w.Name); err != nil {
 		return err
 	}
-	fw, err := s.fleet.Add(context.Background(), s.fleetConfig(w, key))
+	old := s.join(m)
+	fw, err := s.fleet.Add(context.Background(), s.fleetConfig(w, m.key))
 	if err != nil {
+		s.leave(m, old)
 		return err
 	}
-	s.urls.Store(w.Name, u)
-	s.creds.Store(w.Name, credentials{key: key, forward: w.ForwardClientAuth})
-	s.kinds.Store(w.Name, w.Kind)
+	if old != nil {
+		s.setDrain(w.Name, s.takeDrain(old))
+	}
 	s.kv.stop(w.Name) // its endpoints may have changed: the index starts over
 	s.kv.start(w)
 	return s.sched.UpdateWorker(workerSpec(w, fw))
@@ -505,18 +476,20 @@ func (s *Server) workerChanged(name string) {
 }
 
 // removeWorkerLocked stops scheduling to a worker and stops probing it.
-// Requests in flight on it finish normally; the scheduler has its stats
-// and predictor forget it when the last of them ends.
+// Requests in flight on it finish normally; when the last of them ends
+// the scheduler retires it (Server.retire), and its stats and predictor
+// forget it.
 func (s *Server) removeWorkerLocked(name string) error {
+	s.setLeaving(name, true) // before the scheduler may retire it
 	if err := s.sched.RemoveWorker(name); err != nil {
+		s.setLeaving(name, false)
 		return err
 	}
 	s.fleet.Remove(name)
 	s.kv.stop(name)
-	s.metrics.forget(name)
 	s.prefix.Forget(name) // a worker added again under this name starts cold
-	// The URL stays resolvable for requests already bound to the worker,
-	// which keep streaming until the drain deadline moves them.
+	// Its member stays for requests already bound to the worker, which
+	// keep streaming until the drain deadline moves them.
 	s.drainAt(name, s.cfg.Proxy.DrainDeadline)
 	return nil
 }

@@ -115,7 +115,7 @@ func startFastSims(t *testing.T, specs []sim.WorkerSpec) *sim.Fleet {
 		specs[i].TimeScale = 50
 		specs[i].Params.StartupDelay = 0
 	}
-	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0)
+	fl, err := sim.StartFleet(context.Background(), specs, "127.0.0.1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func runSoak(tb testing.TB, n int, seed uint64) soakResult {
 		p.InterferenceScale = 0
 		specs[i] = sim.WorkerSpec{Name: fmt.Sprintf("sim-%d", i), Params: p, TimeScale: 100}
 	}
-	fl, err := sim.StartFleet(ctx, specs, "127.0.0.1", 0)
+	fl, err := sim.StartFleet(ctx, specs, "127.0.0.1", 0, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -448,11 +448,13 @@ func soakOverhead(b *testing.B, nginxPath string) {
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		io.WriteString(w, tok)
-		w.(http.Flusher).Flush()
 		relMu.Lock()
 		ch := release
 		relMu.Unlock()
+		// Counted before the first byte leaves: once the client has it,
+		// the stream is open here, however the goroutines are scheduled.
 		open.Add(1)
+		w.(http.Flusher).Flush()
 		<-ch // every stream stays open until the probes are done
 		io.WriteString(w, tok+"data: [DONE]\n\n")
 	})

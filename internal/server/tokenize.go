@@ -25,8 +25,7 @@ func (s *Server) tokenize(ctx context.Context, model, text string) (int, error) 
 			continue
 		}
 		fw := s.fleet.Get(ws.Name)
-		base, ok := s.resolve(ws.Name)
-		if fw == nil || !ok {
+		if _, ok := s.resolve(ws.Name); fw == nil || !ok {
 			continue
 		}
 		var req any
@@ -38,33 +37,9 @@ func (s *Server) tokenize(ctx context.Context, model, text string) (int, error) 
 		default:
 			continue
 		}
-		body, _ := json.Marshal(req)
-		hr, err := http.NewRequestWithContext(ctx, http.MethodPost, base.JoinPath("/tokenize").String(), bytes.NewReader(body))
+		out, err := s.postTokenize(ctx, ws.Name, req)
 		if err != nil {
-			return 0, fmt.Errorf("tokenize on %s: %w", ws.Name, err)
-		}
-		hr.Header.Set("Content-Type", "application/json")
-		// Counting tokens changes nothing: marked idempotent (the empty
-		// header is not sent), the transport resends it by itself when a
-		// pooled connection turns out closed by the worker.
-		hr.Header["Idempotency-Key"] = nil
-		if key, _ := s.credentials(ws.Name); key != "" {
-			hr.Header.Set("Authorization", "Bearer "+key)
-		}
-		resp, err := s.transport.RoundTrip(hr)
-		if err != nil {
-			return 0, fmt.Errorf("tokenize on %s: %w", ws.Name, err)
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return 0, fmt.Errorf("tokenize on %s: HTTP %d", ws.Name, resp.StatusCode)
-		}
-		var out struct {
-			Count  *int              `json:"count"`
-			Tokens []json.RawMessage `json:"tokens"`
-		}
-		if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&out); err != nil {
-			return 0, fmt.Errorf("tokenize on %s: %w", ws.Name, err)
+			return 0, err
 		}
 		if out.Count != nil {
 			return *out.Count, nil
@@ -72,4 +47,49 @@ func (s *Server) tokenize(ctx context.Context, model, text string) (int, error) 
 		return len(out.Tokens), nil
 	}
 	return 0, errors.New("no healthy llama.cpp or vLLM worker serves the model")
+}
+
+// tokenized is a worker's answer at POST /tokenize: llama.cpp's
+// {"tokens"}, vLLM's {"count", "tokens", "max_model_len"}.
+type tokenized struct {
+	Count  *int     `json:"count"`
+	Tokens []uint32 `json:"tokens"`
+}
+
+// postTokenize is the one client of the workers' POST /tokenize: it
+// sends body to worker, with the worker's key, and reads the answer.
+func (s *Server) postTokenize(ctx context.Context, worker string, body any) (tokenized, error) {
+	base, ok := s.resolve(worker)
+	if !ok {
+		return tokenized{}, fmt.Errorf("worker %s has no address", worker)
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return tokenized{}, err
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, base.JoinPath("/tokenize").String(), bytes.NewReader(b))
+	if err != nil {
+		return tokenized{}, fmt.Errorf("tokenize on %s: %w", worker, err)
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	// Counting tokens changes nothing: marked idempotent (the empty
+	// header is not sent), the transport resends it by itself when a
+	// pooled connection turns out closed by the worker.
+	hr.Header["Idempotency-Key"] = nil
+	if key, _ := s.credentials(worker); key != "" {
+		hr.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := s.transport.RoundTrip(hr)
+	if err != nil {
+		return tokenized{}, fmt.Errorf("tokenize on %s: %w", worker, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return tokenized{}, fmt.Errorf("tokenize on %s: HTTP %d", worker, resp.StatusCode)
+	}
+	var out tokenized
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&out); err != nil {
+		return tokenized{}, fmt.Errorf("tokenize on %s: %w", worker, err)
+	}
+	return out, nil
 }

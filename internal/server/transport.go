@@ -54,8 +54,11 @@ func noKeepAlives(tr *http.Transport) *http.Transport {
 	return f
 }
 
+// hostKey is u's scheme and host: the key of its transport.
+func hostKey(u *url.URL) string { return u.Scheme + "://" + u.Host }
+
 func (t *workerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if ht, ok := t.byHost.Load(r.URL.Scheme + "://" + r.URL.Host); ok {
+	if ht, ok := t.byHost.Load(hostKey(r.URL)); ok {
 		return ht.(*hostTransport).pooled.RoundTrip(r)
 	}
 	return t.base.RoundTrip(r)
@@ -63,7 +66,7 @@ func (t *workerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // RoundTripFresh sends r on a new connection, closed after the answer.
 func (t *workerTransport) RoundTripFresh(r *http.Request) (*http.Response, error) {
-	if ht, ok := t.byHost.Load(r.URL.Scheme + "://" + r.URL.Host); ok {
+	if ht, ok := t.byHost.Load(hostKey(r.URL)); ok {
 		return ht.(*hostTransport).fresh.RoundTrip(r)
 	}
 	if t.baseFresh != nil {
@@ -83,18 +86,19 @@ func (t *workerTransport) CloseIdleConnections() {
 	})
 }
 
-// register gives w's host its own transport: the idle-connection timeout
-// of w's kind and w's TLS settings. With a base transport that is not an
-// *http.Transport (a test's) only TLS settings are refused; the idle
-// timeout is then the base's business.
-func (t *workerTransport) register(w config.Worker, u *url.URL) error {
+// forWorker makes w's host a transport of its own: the idle-connection
+// timeout of w's kind and w's TLS settings; install puts it in use. With a
+// base transport that is not an *http.Transport (a test's) it is nil, and
+// only TLS settings are refused: the idle timeout is then the base's
+// business.
+func (t *workerTransport) forWorker(w config.Worker) (*hostTransport, error) {
 	tlsSet := w.TLSCAFile != "" || w.TLSInsecureSkipVerify
 	base, ok := t.base.(*http.Transport)
 	if !ok {
 		if tlsSet {
-			return fmt.Errorf("worker %s: tls settings need Sluice's own HTTP transport", w.Name)
+			return nil, fmt.Errorf("worker %s: tls settings need Sluice's own HTTP transport", w.Name)
 		}
-		return nil
+		return nil, nil
 	}
 	tr := base.Clone()
 	if t.idle != nil {
@@ -108,19 +112,35 @@ func (t *workerTransport) register(w config.Worker, u *url.URL) error {
 		if w.TLSCAFile != "" {
 			pem, err := os.ReadFile(w.TLSCAFile)
 			if err != nil {
-				return fmt.Errorf("worker %s: tls_ca_file: %w", w.Name, err)
+				return nil, fmt.Errorf("worker %s: tls_ca_file: %w", w.Name, err)
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return fmt.Errorf("worker %s: tls_ca_file %s: no PEM certificate in it", w.Name, w.TLSCAFile)
+				return nil, fmt.Errorf("worker %s: tls_ca_file %s: no PEM certificate in it", w.Name, w.TLSCAFile)
 			}
 			tc.RootCAs = pool
 		}
 		tr.TLSClientConfig = tc
 	}
-	ht := &hostTransport{pooled: tr, fresh: noKeepAlives(tr)}
-	if old, loaded := t.byHost.Swap(u.Scheme+"://"+u.Host, ht); loaded {
+	return &hostTransport{pooled: tr, fresh: noKeepAlives(tr)}, nil
+}
+
+// install sends the requests to host (a hostKey) through ht; the idle
+// connections of the transport it replaces are closed.
+func (t *workerTransport) install(host string, ht *hostTransport) {
+	if old, loaded := t.byHost.Swap(host, ht); loaded && old != ht {
 		old.(*hostTransport).pooled.CloseIdleConnections()
 	}
-	return nil
+}
+
+// uninstall takes ht out of use for host, which next (a transport of
+// another worker on the host) takes over, or with next nil, the base
+// transport; ht's idle connections are closed.
+func (t *workerTransport) uninstall(host string, ht, next *hostTransport) {
+	if next != nil {
+		t.byHost.CompareAndSwap(host, ht, next)
+	} else {
+		t.byHost.CompareAndDelete(host, ht)
+	}
+	ht.pooled.CloseIdleConnections()
 }

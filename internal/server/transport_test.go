@@ -30,9 +30,11 @@ func TestWorkerTransport_IdleTimeoutOfTheWorkersKind(t *testing.T) {
 		{"openai", "http://10.0.0.4:80", 7 * time.Second},
 	} {
 		u, _ := url.Parse(tc.url)
-		if err := wt.register(config.Worker{Name: tc.kind, URL: tc.url, Kind: tc.kind}, u); err != nil {
+		made, err := wt.forWorker(config.Worker{Name: tc.kind, URL: tc.url, Kind: tc.kind})
+		if err != nil {
 			t.Fatal(err)
 		}
+		wt.install(hostKey(u), made)
 		v, ok := wt.byHost.Load(u.Scheme + "://" + u.Host)
 		if !ok {
 			t.Fatalf("%s: no transport of its own", tc.kind)

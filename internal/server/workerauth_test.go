@@ -158,7 +158,7 @@ func TestConfig_WorkerAPIKeyValidation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := config.Parse(strings.NewReader("workers: [{name: a, url: 'http://127.0.0.1:1', " + tt.worker + "}]\n"))
+			err := config.Check("", []byte("workers: [{name: a, url: 'http://127.0.0.1:1', "+tt.worker+"}]\n")).Err()
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err %v, want %q", err, tt.want)
 			}

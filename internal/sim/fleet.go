@@ -53,16 +53,10 @@ type Fleet struct {
 }
 
 // StartFleet starts one Server per spec, listening on host at consecutive
-// ports from firstPort (firstPort 0 lets the system pick free ports). The
-// fleet closes when ctx ends or Close is called. On error, nothing is left
-// running.
-func StartFleet(ctx context.Context, specs []WorkerSpec, host string, firstPort int) (*Fleet, error) {
-	return StartFleetLogged(ctx, specs, host, firstPort, nil)
-}
-
-// StartFleetLogged is StartFleet with a logger for the workers (nil
-// discards).
-func StartFleetLogged(ctx context.Context, specs []WorkerSpec, host string, firstPort int, log *slog.Logger) (*Fleet, error) {
+// ports from firstPort (firstPort 0 lets the system pick free ports), its
+// workers logging to log (nil discards). The fleet closes when ctx ends or
+// Close is called. On error, nothing is left running.
+func StartFleet(ctx context.Context, specs []WorkerSpec, host string, firstPort int, log *slog.Logger) (*Fleet, error) {
 	if len(specs) == 0 {
 		return nil, errors.New("sim: a fleet needs at least one worker")
 	}

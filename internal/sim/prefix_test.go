@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/prefix/prefixtest"
 	"github.com/sluice-router/sluice/internal/telemetry"
 )
 
@@ -176,7 +177,7 @@ func TestServer_SlotsReportPrompts(t *testing.T) {
 				held[h] = true
 			}
 		}
-		hashes := prefix.FromBody([]byte(tt.body), prefix.BlockBytes)
+		hashes := prefixtest.FromBody([]byte(tt.body), prefix.BlockBytes)
 		if len(hashes) < 2 {
 			t.Fatalf("test prompt too short: %d blocks", len(hashes))
 		}

@@ -503,7 +503,7 @@ func TestFleet_StartsWorkersOnPorts(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	f, err := StartFleet(ctx, specs, "127.0.0.1", 0)
+	f, err := StartFleet(ctx, specs, "127.0.0.1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,9 @@
 // Package sse parses server-sent events (text/event-stream) as the WHATWG
 // HTML standard defines them (section 9.2, "Server-sent events"): lines
 // end at CRLF, LF or CR; a line starting with ':' is a comment; "data"
-// lines of one event are joined with "\n"; "event", "id" and "retry" set
-// the event's type, the last event ID and the reconnection time; an event
+// lines of one event are joined with "\n"; "event" and "id" set the
+// event's type and the last event ID ("retry", which only a reconnecting
+// browser reads, is ignored like any unknown field); an event
 // is dispatched at a blank line, and one without data is not dispatched.
 //
 // It is the one parser of the stream for both ends of Sluice: the proxy's
@@ -56,24 +57,18 @@ type Parser struct {
 	// Dropped counts the lines and events ignored for their size.
 	Dropped int
 
-	next     int    // Event.Next of an event dispatched now
-	line     []byte // a line not yet ended, carried from one Feed to the next
-	over     bool   // the line being carried is over Max: drop it at its end
-	cr       bool   // the last byte fed was a CR: a following LF ends nothing
-	started  bool   // past the stream's start, where a BOM is skipped
-	bomN     int    // bytes of a BOM seen at the start so far
-	data     []byte // data lines of the pending event, each followed by "\n"
-	hasData  bool
-	tooBig   bool // the pending event's data went over Max
-	typ      []byte
-	id       []byte
-	retry    int64 // reconnection time in ms, when retrySet
-	retrySet bool
+	next    int    // Event.Next of an event dispatched now
+	line    []byte // a line not yet ended, carried from one Feed to the next
+	over    bool   // the line being carried is over Max: drop it at its end
+	cr      bool   // the last byte fed was a CR: a following LF ends nothing
+	started bool   // past the stream's start, where a BOM is skipped
+	bomN    int    // bytes of a BOM seen at the start so far
+	data    []byte // data lines of the pending event, each followed by "\n"
+	hasData bool
+	tooBig  bool // the pending event's data went over Max
+	typ     []byte
+	id      []byte
 }
-
-// Retry returns the reconnection time the stream's last valid "retry"
-// field set, in milliseconds, and whether one did.
-func (p *Parser) Retry() (ms int64, ok bool) { return p.retry, p.retrySet }
 
 func (p *Parser) max() int {
 	if p.Max > 0 {
@@ -168,7 +163,6 @@ func (p *Parser) End(fn func(Event)) {
 	p.process(nil, fn)
 	p.line, p.over, p.cr, p.started, p.bomN = p.line[:0], false, false, false, 0
 	p.id = p.id[:0]
-	p.retry, p.retrySet = 0, false
 }
 
 // lineEnd returns the index of the first CR or LF in b, or -1.
@@ -218,26 +212,7 @@ func (p *Parser) process(l []byte, fn func(Event)) {
 		if bytes.IndexByte(value, 0) < 0 {
 			p.id = append(p.id[:0], value...)
 		}
-	case "retry":
-		if n, ok := digits(value); ok {
-			p.retry, p.retrySet = n, true
-		}
 	}
-}
-
-// digits parses a non-empty run of ASCII digits.
-func digits(b []byte) (int64, bool) {
-	if len(b) == 0 || len(b) > 18 {
-		return 0, false
-	}
-	var n int64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + int64(c-'0')
-	}
-	return n, true
 }
 
 // dispatch hands the pending event to fn, if it has data, and clears it.

@@ -61,16 +61,6 @@ func TestParser_FollowsTheStandard(t *testing.T) {
 	}
 }
 
-func TestParser_Retry(t *testing.T) {
-	var p Parser
-	parse(&p, "retry: 1500\n\nretry: 1x\n\n", 0)
-	// End resets the stream state: parse again without End to read it.
-	p.Feed([]byte("retry: 1500\nretry: 2x\n"), func(Event) {})
-	if ms, ok := p.Retry(); !ok || ms != 1500 {
-		t.Fatalf("Retry() = %d, %v; want 1500, true (the invalid one ignored)", ms, ok)
-	}
-}
-
 func TestParser_FeedReportsEventEnds(t *testing.T) {
 	var p Parser
 	fn := func(Event) {}

@@ -175,6 +175,11 @@ type Observation struct {
 	// Concurrency is the mean number of requests Sluice had in flight on
 	// the worker while this one ran (itself included); 0 if unknown.
 	Concurrency float64
+	// CachedTokens is how many of the prompt's tokens the worker said it
+	// found in its prefix cache (usage.prompt_tokens_details.cached_tokens,
+	// llama.cpp's timings.cache_n), when CachedKnown.
+	CachedTokens int
+	CachedKnown  bool
 }
 
 // level returns the 1-based concurrency level of an observation, or 0.

@@ -119,8 +119,8 @@ func agentRuns(t *testing.T, fleet []sim.WorkerSpec, seeds []uint64, load float6
 // pauses of seconds and user pauses of minutes, each request sent once
 // the answer before it has come) on the demo fleet at 50% and 80% of
 // capacity, seeds 1-3, with the routers of agentPolicies, and holds, on
-// the means over the seeds (a p99 over 3,000 requests moves by up to 15%
-// from one seed to the next between two routers this close):
+// the means over the seeds (a p99 over 3,000 requests moves more from one
+// seed to the next than two routers this close differ):
 //
 //   - Sluice with the session hint finds at least 1.1× least-connections'
 //     cached prompt tokens, within 2% of as many as without the hint,

@@ -8,7 +8,7 @@
 //
 // Run returns []bench.Result in the shape of the HTTP load generator's, so
 // bench.Summarize, bench.WriteReport and `sluice bench compare` treat a
-// virtual run and a real one alike. RunHTTP runs the same scenario through
+// virtual run and a real one alike. RunHTTPStats runs the same scenario through
 // the real router (server.New over a loopback sim fleet at a TimeScale) and
 // converts its times back to model time; the agreement test checks that the
 // two agree.

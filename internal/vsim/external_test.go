@@ -23,7 +23,7 @@ func TestRunHTTPStats_ExternalWorkers(t *testing.T) {
 	p.Model = "external-model"
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	fl, err := sim.StartFleet(ctx, []sim.WorkerSpec{{Name: "a", Params: p, TimeScale: 20}, {Name: "b", Params: p, TimeScale: 20}}, "127.0.0.1", 0)
+	fl, err := sim.StartFleet(ctx, []sim.WorkerSpec{{Name: "a", Params: p, TimeScale: 20}, {Name: "b", Params: p, TimeScale: 20}}, "127.0.0.1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

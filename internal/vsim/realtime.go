@@ -63,7 +63,7 @@ type HTTPConfig struct {
 	KVEvents bool
 }
 
-// RouterConfig returns the router configuration RunHTTP uses for the
+// RouterConfig returns the router configuration RunHTTPStats uses for the
 // scenario c against workers at urls, with its durations divided by
 // scale: policy, weights, admission, telemetry interval and staleness,
 // alpha and max_concurrency from c, and each worker's DCGM exporter path
@@ -172,18 +172,13 @@ func routerLimits(lc scheduler.LimitConfig, scale float64) config.Limits {
 	return l
 }
 
-// RunHTTP runs items through a fresh fleet and router and returns the
+// RunHTTPStats runs items through a fresh fleet and router and returns the
 // results converted to model time (Scheduled, Start, TTFT, E2E, TPOT and
-// QueueMs multiplied by the time scale, DecodeRate divided by it). It
-// starts the load once the router has scraped every worker as healthy.
-func RunHTTP(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]bench.Result, error) {
-	res, _, err := RunHTTPStats(ctx, hc, items)
-	return res, err
-}
-
-// RunHTTPStats is RunHTTP that also says what the routers did (HTTPStats):
-// with hc.Replicas above 1 it runs that many routers sharing the fleet
-// through Redis, behind a round-robin front.
+// QueueMs multiplied by the time scale, DecodeRate divided by it), and
+// what the routers did (HTTPStats). It starts the load once the router
+// has scraped every worker as healthy. With hc.Replicas above 1 it runs
+// that many routers sharing the fleet through Redis, behind a round-robin
+// front.
 func RunHTTPStats(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]bench.Result, HTTPStats, error) {
 	var st HTTPStats
 	c := hc.Router
@@ -218,7 +213,7 @@ func RunHTTPStats(ctx context.Context, hc HTTPConfig, items []bench.Item) ([]ben
 				specs[i].KVEvents, specs[i].KVEventsReplay = "127.0.0.1:0", "127.0.0.1:0"
 			}
 		}
-		fl, err := sim.StartFleetLogged(ctx, specs, "127.0.0.1", 0, log)
+		fl, err := sim.StartFleet(ctx, specs, "127.0.0.1", 0, log)
 		if err != nil {
 			return nil, st, fmt.Errorf("vsim: http: start fleet: %w", err)
 		}

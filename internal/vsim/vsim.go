@@ -754,7 +754,8 @@ func (r *run) finished(i int, at time.Time, sr sim.Result) {
 		first = at
 	}
 	res.TTFT = first.Sub(arrival)
-	obs := stats.Observation{TTFT: first.Sub(rq.bound), E2E: at.Sub(rq.bound), OutputTokens: sr.CompletionTokens}
+	obs := stats.Observation{TTFT: first.Sub(rq.bound), E2E: at.Sub(rq.bound), OutputTokens: sr.CompletionTokens,
+		CachedTokens: sr.CachedTokens, CachedKnown: true}
 	if res.OutputTokens >= 2 && res.E2E > res.TTFT {
 		decode := res.E2E - res.TTFT
 		res.TPOT = decode / time.Duration(res.OutputTokens-1)

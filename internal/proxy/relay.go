@@ -23,11 +23,12 @@ const (
 	breakShutdown   = "shutting_down"   // the router's shutdown grace ended
 )
 
-// streamBreak is a stream its worker broke after the first byte, where
-// the client has been sent whole events only: it may be continued.
+// streamBreak is a stream its worker broke after the first byte: one
+// relayed whole events at a time may be continued.
 type streamBreak struct {
 	reason string
 	err    error
+	told   bool // the client has the worker's own error event
 }
 
 func (b *streamBreak) Error() string { return fmt.Sprintf("stream broke (%s): %v", b.reason, b.err) }
@@ -36,13 +37,15 @@ func (b *streamBreak) Unwrap() error { return b.err }
 // contStream is the state of one client's stream across the workers that
 // write it: what the client has been sent, so the next worker can be
 // asked for exactly the rest, and what to rewrite in that worker's events
-// so they read as the first one's.
+// so they read as the first one's. A stream that cannot be continued
+// (no route: see continuation) has one part, relayed as it comes.
 //
 // Tokens sent are counted as llama.cpp streams them, one content event a
 // token, unless the worker states its count (usage's completion_tokens,
 // llama.cpp's tokens_predicted), which is believed over the events.
 type contStream struct {
-	route string
+	proto *protocol // how its events read; nil reads OpenAI chunks
+	route string    // how it is continued; "" when it cannot be
 	kinds []string
 	left  int // continuations left
 
@@ -69,6 +72,18 @@ type contStream struct {
 	gap     time.Duration // break to the first token of the continuation
 }
 
+// resumable reports whether the stream may be continued elsewhere,
+// and so is relayed whole events at a time.
+func (cs *contStream) resumable() bool { return cs.route != "" }
+
+// read is how the stream's events read (streamMeter.read).
+func (cs *contStream) read() func(typ, data []byte) eventInfo {
+	if cs.proto == nil {
+		return nil
+	}
+	return cs.proto.read
+}
+
 // movable reports whether the stream may be moved elsewhere now (by a
 // drain deadline): cutting one that cannot go on would only end it.
 func (cs *contStream) movable() bool { return cs.canMove.Load() }
@@ -87,66 +102,21 @@ func (cs *contStream) emitted() int {
 	return cs.carried + cs.part
 }
 
-// contChunk is what the relay reads of an event to follow the text.
-type contChunk struct {
-	ID      string `json:"id"`
-	Choices []struct {
-		Delta struct {
-			Content          *string         `json:"content"`
-			ReasoningContent *string         `json:"reasoning_content"`
-			ToolCalls        json.RawMessage `json:"tool_calls"`
-			FunctionCall     json.RawMessage `json:"function_call"`
-		} `json:"delta"`
-		Text *string `json:"text"`
-	} `json:"choices"`
-	Content *string `json:"content"` // llama.cpp native
-}
-
 // follow notes what one event the client is being sent holds.
-func (cs *contStream) follow(data []byte, info eventInfo) {
+func (cs *contStream) follow(info eventInfo) {
 	if !info.valid || info.err != "" {
 		return
 	}
-	if info.scanned && info.textOK && info.idOK {
-		// The quick scan read all of it: no decode (the common event).
-		if cs.id == "" && len(info.id) > 0 {
-			cs.id = string(info.id)
-		}
-		switch {
-		case info.tool:
-			cs.stick("a tool call began")
-		case info.reasoning:
-			cs.stick("reasoning text began")
-		}
-		cs.text.Write(info.text)
-		cs.counts(info)
-		return
+	if cs.id == "" {
+		cs.id = info.id
 	}
-	var c contChunk
-	if json.Unmarshal(data, &c) != nil {
-		return
+	switch {
+	case info.tool:
+		cs.stick("a tool call began")
+	case info.reasoning:
+		cs.stick("reasoning text began")
 	}
-	if cs.id == "" && c.ID != "" {
-		cs.id = c.ID
-	}
-	if c.Content != nil {
-		cs.text.WriteString(*c.Content)
-	}
-	for _, ch := range c.Choices {
-		d := ch.Delta
-		if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" || len(d.FunctionCall) > 0 && string(d.FunctionCall) != "null" {
-			cs.stick("a tool call began")
-		}
-		if d.ReasoningContent != nil && *d.ReasoningContent != "" {
-			cs.stick("reasoning text began")
-		}
-		if d.Content != nil {
-			cs.text.WriteString(*d.Content)
-		}
-		if ch.Text != nil {
-			cs.text.WriteString(*ch.Text)
-		}
-	}
+	cs.text.WriteString(info.text)
 	cs.counts(info)
 }
 
@@ -160,85 +130,41 @@ func (cs *contStream) counts(info eventInfo) {
 	}
 }
 
-// relay copies one part of the stream to the client, whole events only.
-// The first part's bytes go as they came; a continuation's events are
-// rewritten (rewrite). A part that breaks returns a *streamBreak, having
-// sent nothing of the event it broke in (nor an error event); one that
-// ends returns as relayStream does.
+// relay copies one worker's answer (one part of the stream) to the
+// client, flushing what each read brought before the next read may wait,
+// and follows it with a streamMeter.
+//
+// A stream that cannot be continued (see resumable) goes byte for
+// byte as it arrives, the worker's error events too. A continuable one
+// goes whole events at a time, so that a break leaves the client at an
+// event boundary: its first part's events as they came, a
+// continuation's rewritten (rewrite); a worker's error event is held
+// back, since another worker may yet write the rest.
+//
+// relay classifies how the part ended: nil when the stream delivered
+// its end ([DONE], or a final chunk) whatever happens after (many
+// clients close the body at [DONE], which cancels the worker's request
+// under the last read); errClientGone when a write to the client failed
+// before the end; else a *streamBreak saying why, for the caller to
+// continue the stream elsewhere or end it (endStream).
 func (cs *contStream) relay(w http.ResponseWriter, body io.Reader, start time.Time) (measured, error) {
 	rc := http.NewResponseController(w)
 	bp := relayBuffers.Get().(*[]byte)
 	defer relayBuffers.Put(bp)
 	buf := *bp
-	var m streamMeter
-	var out measured
-	var carry, wbuf []byte // bytes of an event not yet whole; what to write
+	pt := part{cs: cs, m: streamMeter{read: cs.read()}}
 	cs.part, cs.reported = 0, 0
-	broken := ""
-	commit := 0
-	// onEvent follows one whole event; commit is where it ended.
-	onEvent := func(e sse.Event) {
-		if broken != "" {
-			return
-		}
-		data := bytes.TrimSpace(e.Data)
-		if m.complete() { // after the end: usage, [DONE]; nothing can break
-			if cs.cont {
-				wbuf = cs.rewrite(wbuf, e, data, readEvent(data))
-			}
-			return
-		}
-		m.event(e)
-		if m.failed {
-			broken = breakErrorEvent
-			return
-		}
-		info := readEvent(data)
-		if cs.overshoot > 0 && info.content {
-			commit = e.Next // past the limit: not the client's
-			return
-		}
-		if cs.cont {
-			wbuf = cs.rewrite(wbuf, e, data, info)
-		}
-		cs.follow(data, info)
-		if info.content {
-			cs.part++
-			cs.lastTok = time.Now()
-			if cs.cont && cs.gap == 0 {
-				cs.gap = cs.lastTok.Sub(cs.brokeAt)
-			}
-		}
-		commit = e.Next
-	}
 	var readErr, writeErr error
-	for broken == "" && writeErr == nil {
+	for pt.broken == "" && writeErr == nil {
 		n, err := body.Read(buf)
 		if n > 0 {
-			b := buf[:n]
-			wasComplete := m.complete()
-			commit, wbuf, m.first = 0, wbuf[:0], false
-			m.parser.Feed(b, onEvent)
-			if m.first {
-				out.ttft = time.Since(start)
+			pt.feed(buf[:n])
+			if pt.m.first {
+				pt.out.ttft = time.Since(start)
 			}
-			if !cs.cont {
-				switch {
-				case wasComplete:
-					wbuf = append(wbuf, b...) // after the end, as it comes
-				case m.complete():
-					wbuf = append(append(wbuf, carry...), b...)
-					carry = carry[:0]
-				case commit > 0:
-					wbuf = append(append(wbuf, carry...), b[:commit]...)
-					carry = append(carry[:0], b[commit:]...)
-				default:
-					carry = append(carry, b...)
-				}
-			}
-			if len(wbuf) > 0 {
+			if len(pt.wbuf) > 0 {
 				cs.sentAny = true
-				if _, werr := w.Write(wbuf); werr != nil {
+				if _, werr := w.Write(pt.wbuf); werr != nil {
 					writeErr = werr
 				}
 				rc.Flush()
@@ -251,36 +177,154 @@ func (cs *contStream) relay(w http.ResponseWriter, body io.Reader, start time.Ti
 			break
 		}
 	}
-	if broken == "" && writeErr == nil && readErr == nil && !m.complete() {
-		// A clean EOF: what is pending may be a last event without its
-		// blank line, as relayStream would relay it.
-		wbuf = wbuf[:0]
+	if pt.end(readErr == nil && writeErr == nil) {
+		w.Write(pt.wbuf)
+	}
+	if pt.m.first {
+		pt.out.ttft = time.Since(start)
+	}
+	rc.Flush()
+	return pt.result(readErr, writeErr)
+}
+
+// part is the state of one relay: the meter, and for a whole-event relay
+// the bytes held back and the bytes to write after a read.
+type part struct {
+	cs     *contStream
+	m      streamMeter
+	out    measured
+	wbuf   []byte // what to write to the client after this read
+	carry  []byte // bytes of an event not yet whole
+	commit int    // where the last event the client gets ended, in this read
+	broken string // why the part broke, from its events
+}
+
+// feed reads the bytes b of a read and sets wbuf to what the client
+// gets of them.
+func (pt *part) feed(b []byte) {
+	cs := pt.cs
+	wasComplete := pt.m.complete()
+	pt.commit, pt.wbuf, pt.m.first = 0, pt.wbuf[:0], false
+	pt.m.parser.Feed(b, pt.event)
+	switch {
+	case cs.cont:
+		// Rewritten event by event.
+	case !cs.resumable() || wasComplete:
+		pt.wbuf = append(pt.wbuf, b...) // as it comes
+	case pt.m.complete():
+		pt.wbuf = append(append(pt.wbuf, pt.carry...), b...)
+		pt.carry = pt.carry[:0]
+	case pt.commit > 0:
+		pt.wbuf = append(append(pt.wbuf, pt.carry...), b[:pt.commit]...)
+		pt.carry = append(pt.carry[:0], b[pt.commit:]...)
+	default:
+		pt.carry = append(pt.carry, b...)
+	}
+}
+
+// event follows one whole event; commit is where it ended.
+func (pt *part) event(e sse.Event) {
+	cs := pt.cs
+	if !cs.resumable() {
+		pt.m.event(e)
+		return
+	}
+	if pt.broken != "" {
+		return
+	}
+	data := bytes.TrimSpace(e.Data)
+	if pt.m.complete() { // after the end: usage, [DONE]; nothing can break
 		if cs.cont {
-			m.parser.End(onEvent)
-		} else if m.end(); m.complete() {
-			wbuf = append(wbuf, carry...)
+			pt.wbuf = cs.rewrite(pt.wbuf, e, data, readEvent(data))
 		}
-		if len(wbuf) > 0 {
-			w.Write(wbuf)
-			rc.Flush()
+		return
+	}
+	pt.m.event(e)
+	if pt.m.failed {
+		pt.broken = breakErrorEvent
+		return
+	}
+	info := readEvent(data)
+	if cs.overshoot > 0 && info.content {
+		pt.commit = e.Next // past the limit: not the client's
+		return
+	}
+	if cs.cont {
+		pt.wbuf = cs.rewrite(pt.wbuf, e, data, info)
+	}
+	cs.follow(info)
+	if info.content {
+		cs.part++
+		cs.lastTok = time.Now()
+		if cs.cont && cs.gap == 0 {
+			cs.gap = cs.lastTok.Sub(cs.brokeAt)
 		}
 	}
-	out.tokens = m.tokens()
-	out.promptTokens = m.prompt
-	out.complete = m.complete()
+	pt.commit = e.Next
+}
+
+// end reads what is pending at the end of the answer: a last event
+// without its blank line. A stream relayed as it came has the bytes
+// already and meters them whatever ended it; a whole-event relay takes
+// them only at a clean end (clean), and returns with wbuf what the
+// client still gets.
+func (pt *part) end(clean bool) (write bool) {
+	cs := pt.cs
+	pt.m.first = false
 	switch {
+	case !cs.resumable():
+		pt.m.end()
+		return false
+	case !clean || pt.broken != "" || pt.m.complete():
+		return false
+	}
+	pt.wbuf = pt.wbuf[:0]
+	if cs.cont {
+		pt.m.parser.End(pt.event)
+	} else if pt.m.end(); pt.m.complete() {
+		pt.wbuf = append(pt.wbuf, pt.carry...)
+	}
+	return len(pt.wbuf) > 0
+}
+
+// result classifies how the part ended (see relay).
+func (pt *part) result(readErr, writeErr error) (measured, error) {
+	m, out := &pt.m, pt.out
+	out.tokens, out.promptTokens, out.complete = m.tokens(), m.prompt, m.complete()
+	switch {
+	case m.failed:
+		// A stream relayed as it came gave the client the worker's error
+		// event; a whole-event relay held it back.
+		return out, &streamBreak{reason: breakErrorEvent, told: !pt.cs.resumable(), err: fmt.Errorf("worker sent an error event: %s", m.failure)}
 	case out.complete:
 		return out, nil
 	case writeErr != nil:
 		return out, fmt.Errorf("%w: %v", errClientGone, writeErr)
-	case broken != "":
-		return out, &streamBreak{reason: broken, err: fmt.Errorf("worker sent an error event: %s", m.failure)}
 	case errors.Is(readErr, ErrStreamIdle):
 		return out, &streamBreak{reason: breakIdle, err: readErr}
+	case errors.Is(readErr, errShutdown):
+		return out, &streamBreak{reason: breakShutdown, err: readErr}
 	case readErr != nil:
 		return out, &streamBreak{reason: breakUpstream, err: fmt.Errorf("the worker's stream broke: %w", readErr)}
 	}
 	return out, &streamBreak{reason: breakUpstream, err: ErrStreamTruncated}
+}
+
+// endStream ends a stream that broke for good with Sluice's error event,
+// in the protocol's shape: what failed, in the client's terms (ft; brk's
+// error, logged where it broke, says how). A worker's error event the
+// client already has says it.
+func endStream(w http.ResponseWriter, proto *protocol, ft failureText, brk *streamBreak) {
+	rc := http.NewResponseController(w)
+	switch {
+	case brk.told:
+	case brk.reason == breakIdle:
+		writeStreamEnd(proto, w, rc, "stream_idle", ft.streamEnd(brk.reason, brk.err))
+	case brk.reason == breakShutdown:
+		writeStreamEnd(proto, w, rc, "shutting_down", shutdownMessage)
+	default:
+		writeStreamEnd(proto, w, rc, "upstream_failed", ft.streamEnd(brk.reason, brk.err))
+	}
 }
 
 // rewrite appends to out the event e of a continuation as the client's
