@@ -57,13 +57,25 @@ func TestRunCompare_KVEventsOverRealHTTP(t *testing.T) {
 	if m == nil || m[1] == "0" {
 		t.Fatalf("summary.md: no decision of the KV row read the exact index:\n%s", sum)
 	}
-	workers := regexp.MustCompile(`(?m)^\| (gpu-[\w-]+) \| (\d+) \| (\d+) \| 128 \| (true|false) \| (\d+) \| (\d+) \|$`).FindAllStringSubmatch(sum, -1)
+	// A worker the router sent nothing it could cache (over real HTTP the
+	// placement of 40 requests depends on the machine's timing) has no
+	// event yet: seq -1, no block size; it must still be in sync.
+	workers := regexp.MustCompile(`(?m)^\| (gpu-[\w-]+) \| (-1|\d+) \| (\d+) \| (128|0) \| (true|false) \| (\d+) \| (\d+) \|$`).FindAllStringSubmatch(sum, -1)
 	if len(workers) != 4 {
 		t.Fatalf("summary.md: want the 4 workers' subscribers, got %d:\n%s", len(workers), sum)
 	}
+	heard := 0
 	for _, w := range workers {
-		if w[4] != "true" {
-			t.Errorf("%s's index ended out of sync (gaps %s, repaired %s)", w[1], w[5], w[6])
+		if w[2] != "-1" && w[4] == "128" {
+			heard++
+		}
+	}
+	if heard == 0 {
+		t.Fatalf("summary.md: no subscriber heard an event:\n%s", sum)
+	}
+	for _, w := range workers {
+		if w[5] != "true" {
+			t.Errorf("%s's index ended out of sync (gaps %s, repaired %s)", w[1], w[6], w[7])
 		}
 	}
 	row := regexp.MustCompile(`\| sluice \+ KV events \| (\d+) \| (\d+) \([\d.]+%\) \| (\d+) \([\d.]+%\) \|`).FindStringSubmatch(sum)
