@@ -65,7 +65,7 @@ func TestConfigCheck_ReportsEveryProblemAtOnce(t *testing.T) {
 admission:
   queue_timeout: '30'
 weights:
-  latency: -1
+  prefix: -1
 stats:
   alpha: 3
 `)
@@ -80,7 +80,7 @@ stats:
 		path + ":4: workers[0].kind:",
 		path + ":5: workers[0].max_concurency: unknown key `max_concurency`; did you mean `max_concurrency`?",
 		path + ":7: admission.queue_timeout: must be a duration",
-		path + ":9: weights.latency:",
+		path + ":9: weights.prefix:",
 		path + ":11: stats.alpha:",
 	}
 	if len(lines) != len(want) {

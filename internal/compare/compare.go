@@ -270,17 +270,12 @@ func Run(ctx context.Context, o Options, logw *os.File) error {
 	fmt.Fprintf(&md, "- Mode: %s\n- Fleet: %s\n- Load: %s\n- Seed: %d\n", mode, fleetName, load, o.Seed)
 	fmt.Fprintf(&md, "- "+capacityLine+"\n", capacity)
 	mc := "auto (learned below each worker's slot count)"
-	switch {
-	case o.Router != nil && !o.Router.Limits.Adaptive && o.MaxConcurrency > 0:
-		mc = strconv.Itoa(o.MaxConcurrency) + ", fixed"
-	case o.Router != nil && !o.Router.Limits.Adaptive:
-		mc = "each worker's slot count, fixed"
-	case o.MaxConcurrency > 0:
+	if o.MaxConcurrency > 0 {
 		mc = "learned below a cap of " + strconv.Itoa(o.MaxConcurrency)
 	}
 	admission := "max_queue 256, queue_timeout 30s, default weights (config defaults)"
 	if o.Router != nil {
-		admission = fmt.Sprintf("max_queue %d, queue_timeout %v, weights %+v (from --config)", o.Router.Admission.MaxQueue, o.Router.Admission.QueueTimeout, o.Router.Weights)
+		admission = fmt.Sprintf("max_queue %d, queue_timeout %v, weights.prefix %v (from --config)", o.Router.Admission.MaxQueue, o.Router.Admission.QueueTimeout, o.Router.Weights.Prefix)
 		if !o.Router.Admission.KVFit {
 			admission += ", admission.kv_fit off"
 		}

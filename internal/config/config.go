@@ -43,8 +43,8 @@ type Config struct {
 	HashLoadBound float64 `yaml:"hash_load_bound"`
 	// Workers are the inference servers behind the router.
 	Workers []Worker `yaml:"workers"`
-	// Weights are the score weights; keys left out keep their defaults.
-	Weights scheduler.Weights `yaml:"weights"`
+	// Weights are the score weights that are settings: the prefix term's.
+	Weights Weights `yaml:"weights"`
 	// Admission bounds Sluice's own queue.
 	Admission Admission `yaml:"admission"`
 	// Stats configures the measured moving averages and their store.
@@ -78,32 +78,35 @@ type Config struct {
 	LoRA LoRA `yaml:"lora"`
 }
 
+// Weights are the score's weights an operator sets: the prefix term's
+// alone. Every other term keeps its weight of scheduler.DefaultWeights.
+type Weights struct {
+	// Prefix rewards a worker expected to hold the request's prompt
+	// prefix in KV cache; 0 turns prefix-cache affinity off.
+	Prefix float64 `yaml:"prefix"`
+}
+
+// Scheduler returns the scheduler's weights: its defaults, with the
+// prefix term's weight.
+func (w Weights) Scheduler() scheduler.Weights {
+	sw := scheduler.DefaultWeights()
+	sw.Prefix = w.Prefix
+	return sw
+}
+
 // Limits configures adaptive concurrency (see scheduler.LimitConfig for
 // the controller): each worker's limit is learned from the per-stream
 // decode rates its requests achieve at each concurrency level, against a
 // floor, below the worker's max_concurrency cap.
 type Limits struct {
-	// Adaptive learns the limits; false uses max_concurrency (else the
-	// reported slots, else 1) as a fixed limit.
-	Adaptive bool `yaml:"adaptive"`
 	// MinStreamTokS is the per-stream decode-rate floor in tokens/s; 0
-	// derives it as FloorFraction of the best solo rate measured.
+	// derives it from the best solo rate measured.
 	MinStreamTokS float64 `yaml:"min_stream_tok_s"`
-	// FloorFraction is the derived floor's fraction of the best solo
-	// decode rate among a model's workers.
-	FloorFraction float64 `yaml:"floor_fraction"`
-	// MinSamples is how many streams a concurrency level needs before it
-	// is judged.
-	MinSamples int `yaml:"min_samples"`
-	// ProbeAfter is how long a level judged too slow stays so without
-	// new samples before it is tried again.
-	ProbeAfter time.Duration `yaml:"probe_after"`
-	// BorrowAfter is the queue wait after which workers may run one
-	// stream more than learned per BorrowAfter waited, up to their cap.
-	BorrowAfter time.Duration `yaml:"borrow_after"`
-	// DefaultCap bounds the limit of a worker with neither
-	// max_concurrency nor reported slots (vLLM, OpenAI-compatible).
-	DefaultCap int `yaml:"default_cap"`
+	// Learning is the rest of the controller's settings, which are not
+	// configuration keys: DefaultConfig's values are the router's one
+	// behaviour. Only a router run on a faster clock than the fleet it
+	// models (the simulation harness) scales its durations.
+	Learning scheduler.LimitConfig `yaml:"-"`
 	// Models sets per-model targets.
 	Models map[string]ModelTargets `yaml:"models"`
 }
@@ -141,10 +144,8 @@ type ModelTargets struct {
 
 // Scheduler returns the scheduler's view of the limits.
 func (l Limits) Scheduler() scheduler.LimitConfig {
-	lc := scheduler.LimitConfig{
-		Fixed: !l.Adaptive, MinStreamTokS: l.MinStreamTokS, FloorFraction: l.FloorFraction,
-		MinSamples: l.MinSamples, ProbeAfter: l.ProbeAfter, BorrowAfter: l.BorrowAfter, DefaultCap: l.DefaultCap,
-	}
+	lc := l.Learning
+	lc.MinStreamTokS, lc.ModelFloors = l.MinStreamTokS, nil
 	for m, t := range l.Models {
 		if t.MinStreamTokS > 0 {
 			if lc.ModelFloors == nil {
@@ -209,9 +210,8 @@ type Worker struct {
 	Models []string `yaml:"models" json:"models,omitempty"`
 	// MaxConcurrency caps Sluice's in-flight requests on the worker:
 	// "auto" (the default, also 0 or unset) learns the limit below the
-	// slot count the worker reports (else limits.default_cap); a number
-	// is a cap the learned limit stays under (with limits.adaptive off,
-	// the limit itself).
+	// slot count the worker reports (else a cap of 64); a number is a cap
+	// the learned limit stays under.
 	MaxConcurrency Concurrency `yaml:"max_concurrency" json:"max_concurrency,omitempty"`
 	// GPUMetrics is an optional NVIDIA DCGM exporter /metrics URL.
 	GPUMetrics string `yaml:"gpu_metrics" json:"gpu_metrics,omitempty"`
@@ -334,16 +334,19 @@ type Admission struct {
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
 	// Classes are the priority classes a request names in
 	// X-Sluice-Priority, the first the default: strict priority (lower
-	// first), bounded by MaxOvertake, each with its own deadline.
+	// first), bounded by the queue's aging bound, each with its own
+	// deadline.
 	Classes []scheduler.Class `yaml:"classes"`
 	// TenantWeights are the fair-share weights of tenants by name; a
 	// tenant not listed weighs 1.
 	TenantWeights map[string]float64 `yaml:"tenant_weights"`
 	// MaxOvertake is the aging bound of the queue order: no request is
-	// overtaken by a higher class, by a cheaper request of its tenant, or
-	// by a request whose prompt prefix the freed worker holds, that
-	// arrived more than this after it.
-	MaxOvertake time.Duration `yaml:"max_overtake"`
+	// overtaken by a higher class, or by a request whose prompt prefix
+	// the freed worker holds, that arrived more than this after it. Not a
+	// configuration key: DefaultConfig's value is the router's one
+	// behaviour; only a router run on a faster clock than the fleet it
+	// models (the simulation harness) scales it.
+	MaxOvertake time.Duration `yaml:"-"`
 	// KVFit passes over a worker whose KV cache cannot take a request's
 	// prompt now, and holds the request in the queue when none can; on
 	// by default (see scheduler.Config.KVFit).
@@ -588,7 +591,7 @@ func DefaultConfig() Config {
 		LogFormat:     "text",
 		Policy:        string(scheduler.PolicySluice),
 		HashLoadBound: scheduler.DefaultHashLoadBound,
-		Weights:       scheduler.DefaultWeights(),
+		Weights:       Weights{Prefix: scheduler.DefaultWeights().Prefix},
 		Admission:     Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
 		Stats:         Stats{Alpha: 0.2, FlushInterval: time.Second},
 		Decisions:     Decisions{RingSize: 1024},
@@ -599,8 +602,8 @@ func DefaultConfig() Config {
 		Shutdown: Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
 		Shared:   Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
 		Sessions: defaultSessions(),
-		Limits: Limits{Adaptive: true, FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
-			BorrowAfter: 2 * time.Second, DefaultCap: 64},
+		Limits: Limits{Learning: scheduler.LimitConfig{FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
+			BorrowAfter: 2 * time.Second, DefaultCap: 64}},
 		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
 		LoRA:    defaultLoRA(),
 	}
@@ -654,14 +657,8 @@ func (c *Config) Validate() error {
 		}
 		seen[w.Name] = i
 	}
-	for name, v := range map[string]float64{
-		"active_requests": c.Weights.ActiveRequests, "queue_length": c.Weights.QueueLength,
-		"latency": c.Weights.Latency, "job_cost": c.Weights.JobCost, "throughput": c.Weights.Throughput,
-		"kv_pressure": c.Weights.KVPressure, "gpu_util": c.Weights.GPUUtil, "prefix": c.Weights.Prefix,
-	} {
-		if v < 0 {
-			bad("weights."+name, "negative weight %v (the throughput term is already a reward; use 0 to disable a term)", v)
-		}
+	if c.Weights.Prefix < 0 {
+		bad("weights.prefix", "negative weight %v (the term is already a reward; 0 turns it off)", c.Weights.Prefix)
 	}
 	if m := c.Admission.Mode; m != scheduler.AdmitByLimits && m != scheduler.AdmitBySLO {
 		bad("admission.mode", "unknown mode %q (limits or slo)", m)
@@ -721,9 +718,6 @@ func (c *Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.LoRA.validate(c.Workers)...)
-	if c.Admission.MaxOvertake <= 0 {
-		bad("admission.max_overtake", "must be positive, got %v", c.Admission.MaxOvertake)
-	}
 	if c.Stats.Alpha <= 0 || c.Stats.Alpha > 1 {
 		bad("stats.alpha", "%v is outside (0, 1]", c.Stats.Alpha)
 	}
@@ -803,32 +797,16 @@ func (c *Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.validateHardening()...)
-	if l := c.Limits; l.Adaptive {
-		if l.MinStreamTokS < 0 {
-			bad("limits.min_stream_tok_s", "negative (%v); 0 derives the floor from floor_fraction", l.MinStreamTokS)
+	l := c.Limits
+	if l.MinStreamTokS < 0 {
+		bad("limits.min_stream_tok_s", "negative (%v); 0 derives the floor from the best solo rate", l.MinStreamTokS)
+	}
+	for m, t := range l.Models {
+		if strings.TrimSpace(m) == "" {
+			bad("limits.models", "empty model name")
 		}
-		if l.FloorFraction <= 0 || l.FloorFraction > 1 {
-			bad("limits.floor_fraction", "%v is outside (0, 1]", l.FloorFraction)
-		}
-		if l.MinSamples < 1 {
-			bad("limits.min_samples", "must be at least 1, got %d", l.MinSamples)
-		}
-		if l.ProbeAfter <= 0 {
-			bad("limits.probe_after", "must be positive, got %v", l.ProbeAfter)
-		}
-		if l.BorrowAfter <= 0 {
-			bad("limits.borrow_after", "must be positive, got %v", l.BorrowAfter)
-		}
-		if l.DefaultCap < 1 {
-			bad("limits.default_cap", "must be at least 1, got %d", l.DefaultCap)
-		}
-		for m, t := range l.Models {
-			if strings.TrimSpace(m) == "" {
-				bad("limits.models", "empty model name")
-			}
-			if t.MinStreamTokS < 0 {
-				bad("limits.models."+m+".min_stream_tok_s", "negative (%v)", t.MinStreamTokS)
-			}
+		if t.MinStreamTokS < 0 {
+			bad("limits.models."+m+".min_stream_tok_s", "negative (%v)", t.MinStreamTokS)
 		}
 	}
 	if t := c.Tracing; t.OTLPEndpoint != "" {

@@ -23,7 +23,7 @@ workers:
     kind: vllm
     max_concurrency: 4
 weights:
-  latency: 0
+  prefix: 0
 admission:
   queue_timeout: 5s
 `
@@ -36,10 +36,10 @@ func TestParse_DefaultsFillWhatIsLeftOut(t *testing.T) {
 	if got, want := cfg.Workers[0].Kind, "llamacpp"; got != want {
 		t.Errorf("default kind %q, want %q", got, want)
 	}
-	if got := cfg.Weights.Latency; got != 0 {
-		t.Errorf("latency weight %v, want the explicit 0", got)
+	if got := cfg.Weights.Prefix; got != 0 {
+		t.Errorf("prefix weight %v, want the explicit 0", got)
 	}
-	if got, want := cfg.Weights.ActiveRequests, 100.0; got != want {
+	if got, want := cfg.Weights.Scheduler().ActiveRequests, 100.0; got != want {
 		t.Errorf("active weight %v, want default %v", got, want)
 	}
 	if got, want := cfg.Admission.QueueTimeout, 5*time.Second; got != want {
@@ -58,7 +58,7 @@ func TestParse_AdmissionClasses(t *testing.T) {
 	if got := cfg.Admission.Classes; len(got) != 2 || got[0].Name != "interactive" || got[1].Name != "batch" {
 		t.Fatalf("default classes %+v, want interactive then batch", got)
 	}
-	cfg, err = parse("workers: [{name: a, url: 'http://h:1'}]\nadmission:\n  classes: [{name: bulk, priority: 5, max_queue_wait: 2m}]\n  tenant_weights: {acme: 2}\n  max_overtake: 3s\n")
+	cfg, err = parse("workers: [{name: a, url: 'http://h:1'}]\nadmission:\n  classes: [{name: bulk, priority: 5, max_queue_wait: 2m}]\n  tenant_weights: {acme: 2}\n")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,8 +66,8 @@ func TestParse_AdmissionClasses(t *testing.T) {
 	if len(a.Classes) != 1 || a.Classes[0].Name != "bulk" || a.Classes[0].Priority != 5 || a.Classes[0].MaxQueueWait != 2*time.Minute {
 		t.Errorf("classes %+v, want only bulk", a.Classes)
 	}
-	if a.TenantWeights["acme"] != 2 || a.MaxOvertake != 3*time.Second {
-		t.Errorf("tenant weights %v, max_overtake %v", a.TenantWeights, a.MaxOvertake)
+	if a.TenantWeights["acme"] != 2 {
+		t.Errorf("tenant weights %v", a.TenantWeights)
 	}
 }
 
@@ -105,8 +105,8 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 		{"host alone", "workers: [{name: a, url: 'gpu1'}]", []string{`workers[0].url: "gpu1" has no scheme; add http:// (or https://)`}},
 		{"metrics url without a scheme", "workers: [{name: a, url: 'http://h:1', gpu_metrics: 'h:9400/metrics'}]", []string{`workers[0].gpu_metrics: "h:9400/metrics" has no scheme; add http:// (or https://)`}},
 		{"duplicate name", "workers: [{name: a, url: 'http://h:1'}, {name: a, url: 'http://h:2'}]", []string{"workers[1].name: duplicate worker name \"a\""}},
-		{"negative weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {kv_pressure: -1}", []string{"weights.kv_pressure: negative"}},
-		{"misspelt weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {kv_presure: 3}", []string{"weights.kv_presure: unknown key `kv_presure`; did you mean `kv_pressure`?"}},
+		{"negative weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {prefix: -1}", []string{"weights.prefix: negative"}},
+		{"misspelt weight", "workers: [{name: a, url: 'http://h:1'}]\nweights: {prefx: 3}", []string{"weights.prefx: unknown key `prefx`; did you mean `prefix`?"}},
 		{"bad kind", "workers: [{name: a, url: 'http://h:1', kind: triton}]", []string{"workers[0].kind", "triton"}},
 		{"bad duration", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: soon}", []string{"line 2: admission.queue_timeout: must be a duration", `got "soon"`}},
 		{"zero timeout", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: 0s}", []string{"admission.queue_timeout: must be positive"}},
@@ -124,9 +124,8 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 		{"no classes", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {classes: []}", []string{"admission.classes: at least one"}},
 		{"negative class wait", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {classes: [{name: x, max_queue_wait: -1s}]}", []string{"admission.classes[0].max_queue_wait"}},
 		{"tenant weight", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {tenant_weights: {acme: 0}}", []string{"admission.tenant_weights.acme: must be positive"}},
-		{"zero overtake", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {max_overtake: 0s}", []string{"admission.max_overtake: must be positive"}},
 		{"key class", "workers: [{name: a, url: 'http://h:1'}]\nauth: {keys: [{key_sha256: '0000000000000000000000000000000000000000000000000000000000000000', tenant: t, class: gold}]}", []string{"auth.keys[0].class", "gold"}},
-		{"several at once", "workers: [{name: '', url: ''}]\nweights: {gpu_util: -2}", []string{"workers[0].name: missing", "workers[0].url: missing", "weights.gpu_util"}},
+		{"several at once", "workers: [{name: '', url: ''}]\nweights: {prefix: -2}", []string{"workers[0].name: missing", "workers[0].url: missing", "weights.prefix"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -262,7 +261,7 @@ func TestParse_LimitsDefaultsAndValidation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !cfg.Limits.Adaptive || cfg.Limits.Scheduler().Fixed {
+	if cfg.Limits.Scheduler().Fixed {
 		t.Fatal("adaptive concurrency is not the default")
 	}
 	_, err = parse("workers:\n  - {name: a, url: http://127.0.0.1:1}\nlimits: {policy: decode_first}\n")
@@ -272,12 +271,10 @@ func TestParse_LimitsDefaultsAndValidation(t *testing.T) {
 	_, err = parse(`workers:
   - {name: a, url: "http://127.0.0.1:1"}
 limits:
-  floor_fraction: 2
-  min_samples: 0
-  borrow_after: -1s
+  min_stream_tok_s: -1
   models: {m: {min_stream_tok_s: -3}}
 `)
-	for _, key := range []string{"limits.floor_fraction", "limits.min_samples", "limits.borrow_after", "limits.models.m.min_stream_tok_s"} {
+	for _, key := range []string{"limits.min_stream_tok_s", "limits.models.m.min_stream_tok_s"} {
 		if err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("error %v does not name %s", err, key)
 		}

@@ -524,7 +524,21 @@ func yamlFields(t reflect.Type) map[string]int {
 // instead: a config naming one fails with that word rather than with a
 // guess at a key it might have meant.
 var removedKeys = map[string]string{
-	"limits.policy": "removed: a learned limit is lowered only where a level is worse for both the first token and the decode rate; delete the key",
+	"limits.policy":           "removed; a learned limit is lowered only where a level is worse for both the first token and the decode rate; delete the key",
+	"weights.active_requests": "removed; the score weighs each request in flight at 100 (of the weights, only weights.prefix is a setting); delete the key",
+	"weights.queue_length":    "removed; the score weighs the worker's own queue at 10 (of the weights, only weights.prefix is a setting); delete the key",
+	"weights.latency":         "removed; the score weighs the worker's measured latency at 5 (of the weights, only weights.prefix is a setting); delete the key",
+	"weights.job_cost":        "removed; the score weighs the worker's outstanding tokens at 2 (of the weights, only weights.prefix is a setting); delete the key",
+	"weights.throughput":      "removed; the score rewards the worker's decode throughput at 3 (of the weights, only weights.prefix is a setting); delete the key",
+	"weights.kv_pressure":     "removed; the score weighs the worker's KV-cache use at 15 (of the weights, only weights.prefix is a setting); delete the key",
+	"weights.gpu_util":        "removed; the score weighs the worker's GPU utilisation at 15 (of the weights, only weights.prefix is a setting); delete the key",
+	"limits.adaptive":         "removed; the router always learns each worker's concurrency limit, below its max_concurrency (else its reported slots, else 64); delete the key",
+	"limits.floor_fraction":   "removed; without limits.min_stream_tok_s the decode floor is half the best solo rate among the model's workers (set min_stream_tok_s for another floor); delete the key",
+	"limits.min_samples":      "removed; the router judges a concurrency level after 3 streams; delete the key",
+	"limits.probe_after":      "removed; a level judged too slow is tried again after 1m without new samples; delete the key",
+	"limits.borrow_after":     "removed; for every 2s a request has waited, workers may run one stream over their learned limit, up to their cap; delete the key",
+	"limits.default_cap":      "removed; a worker that reports no slots is capped at 64 (set its max_concurrency for another cap); delete the key",
+	"admission.max_overtake":  "removed; no waiting request is overtaken by one that arrived more than 10s after it; delete the key",
 }
 
 // unknownKey is the message for a key the section at parent does not

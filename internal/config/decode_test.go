@@ -22,7 +22,7 @@ workers:
 admission:
   queue_timeout: '30'
 weights:
-  latency: -1
+  prefix: -1
 stats:
   alpha: 3
 `
@@ -36,7 +36,7 @@ stats:
 		`sluice.yaml:5: workers[0].kind: "triton" is not one of llamacpp, vllm, sglang, tgi, trtllm, ollama, openai`,
 		"sluice.yaml:6: workers[0].max_concurency: unknown key `max_concurency`; did you mean `max_concurrency`?",
 		`sluice.yaml:10: admission.queue_timeout: must be a duration with its unit, e.g. 30s, 500ms, 2m or 1h30m, got the quoted text "30"`,
-		"sluice.yaml:12: weights.latency: negative weight -1 (the throughput term is already a reward; use 0 to disable a term)",
+		"sluice.yaml:12: weights.prefix: negative weight -1 (the term is already a reward; 0 turns it off)",
 		"sluice.yaml:14: stats.alpha: 3 is outside (0, 1]",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

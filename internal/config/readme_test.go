@@ -162,25 +162,6 @@ func TestReadme_ConfigTableMatchesTheCode(t *testing.T) {
 	for _, row := range tableRows(section) {
 		keyCell, defCell, meaning := row[0], row[1], strings.Join(row[2:], "|")
 		keys := quoted(keyCell)
-		if strings.Contains(keyCell, "…") && len(keys) == 2 {
-			// `weights.active_requests` … `weights.prefix`: the keys are
-			// the section's, named in the meaning, their defaults listed
-			// in order.
-			prefix := keys[0][:strings.LastIndexByte(keys[0], '.')+1]
-			keys = nil
-			for _, n := range quoted(meaning) {
-				keys = append(keys, prefix+n)
-			}
-			defs := strings.Split(defCell, ",")
-			if len(defs) != len(keys) {
-				t.Errorf("%s: %d defaults for %d keys", keyCell, len(defs), len(keys))
-				continue
-			}
-			for i, k := range keys {
-				checkKey(t, byPath, documented, k, strings.TrimSpace(defs[i]), meaning)
-			}
-			continue
-		}
 		for _, k := range keys {
 			def := defCell
 			if len(keys) > 1 {

@@ -198,7 +198,7 @@ func TestRouter_ReloadKeepsInFlightCounts(t *testing.T) {
 	w := newFakeWorker(t, "gpu0")
 	fixed := func(limit int) func(*config.Config) {
 		return func(c *config.Config) {
-			c.Limits.Adaptive = false
+			c.Limits.Learning.Fixed = true
 			c.Workers[0].MaxConcurrency = config.Concurrency(limit)
 		}
 	}

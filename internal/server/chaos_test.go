@@ -37,7 +37,7 @@ func TestContinuation_Chaos(t *testing.T) {
 		c.Proxy.MaxContinuations = 3
 		c.Telemetry.Interval, c.Telemetry.Timeout = 50*time.Millisecond, time.Second
 		c.Admission.QueueTimeout = 20 * time.Second
-		c.Limits.Adaptive = false // every worker takes its 64: the gaps are the continuations', not a queue's
+		c.Limits.Learning.Fixed = true // every worker takes its 64: the gaps are the continuations', not a queue's
 	}))
 
 	// The plan: drain one worker early (so that its streams still run at

@@ -176,7 +176,7 @@ var (
 	descActive  = prometheus.NewDesc("sluice_worker_active_requests", "Requests Sluice has in flight on the worker.", []string{"worker"}, nil)
 	descLimit   = prometheus.NewDesc("sluice_worker_max_concurrency", "The worker's concurrency limit in force.", []string{"worker"}, nil)
 	descLearned = prometheus.NewDesc("sluice_worker_learned_concurrency", "The concurrency limit adaptive concurrency learned for the worker (before borrowing under a backlog).", []string{"worker"}, nil)
-	descCap     = prometheus.NewDesc("sluice_worker_concurrency_cap", "The most the worker's limit may be: max_concurrency, else its reported slots, else limits.default_cap.", []string{"worker"}, nil)
+	descCap     = prometheus.NewDesc("sluice_worker_concurrency_cap", "The most the worker's limit may be: max_concurrency, else its reported slots, else 64.", []string{"worker"}, nil)
 	descFloor   = prometheus.NewDesc("sluice_worker_min_stream_tokens_per_second", "The per-stream decode-rate floor the worker's limit is learned against (0 until one is known); compare sluice_worker_ema_decode_tokens_per_second.", []string{"worker"}, nil)
 	descHealthy = prometheus.NewDesc("sluice_worker_eligible", "1 if the worker is healthy (or not yet probed) and not draining.", []string{"worker"}, nil)
 	descKV      = prometheus.NewDesc("sluice_worker_kv_cache_usage_ratio", "KV-cache use the worker last reported, 0..1.", []string{"worker"}, nil)

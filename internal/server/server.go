@@ -163,7 +163,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Adapters:      s.adapterConfig(cfg),
 		Ledger:        ledger,
 		IDPrefix:      s.shared.idPrefix(),
-		Weights:       cfg.Weights,
+		Weights:       cfg.Weights.Scheduler(),
 		MaxQueue:      cfg.Admission.MaxQueue,
 		MaxQueueBytes: queuedBodies * cfg.Proxy.MaxBodyBytes,
 		QueueTimeout:  cfg.Admission.QueueTimeout,

@@ -469,7 +469,7 @@ func soakOverhead(b *testing.B, nginxPath string) {
 	cfg.Telemetry.Interval, cfg.Telemetry.StaleAfter = time.Hour, time.Hour
 	// The streams are held open on purpose: the limit must be the cap,
 	// not one learned from streams that never finish.
-	cfg.Limits.Adaptive = false
+	cfg.Limits.Learning.Fixed = true
 	for i, u := range urls {
 		// Room for the probes next to the held streams: they must not queue.
 		cfg.Workers = append(cfg.Workers, config.Worker{Name: fmt.Sprintf("w%d", i), URL: u, Kind: "openai", Models: []string{"m"}, MaxConcurrency: streams/workers + 16})

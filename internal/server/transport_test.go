@@ -111,7 +111,7 @@ func TestRouter_KeepsAConnectionPerSlotAcrossBursts(t *testing.T) {
 	defer srv.Close()
 	cfg := faultConfig(t, []string{srv.URL}, func(c *config.Config) {
 		c.Workers[0].MaxConcurrency = n
-		c.Limits.Adaptive = false
+		c.Limits.Learning.Fixed = true
 		c.Admission.MaxQueue = n
 	})
 	r := startRouter(t, cfg)

@@ -144,13 +144,14 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 // on the wall clock) multiplied by it. Zero values keep the defaults.
 func routerLimits(lc scheduler.LimitConfig, scale float64) config.Limits {
 	l := config.DefaultConfig().Limits
-	l.Adaptive = !lc.Fixed
+	ll := &l.Learning
+	ll.Fixed = lc.Fixed
 	l.MinStreamTokS = lc.MinStreamTokS * scale
 	if lc.FloorFraction > 0 {
-		l.FloorFraction = lc.FloorFraction
+		ll.FloorFraction = lc.FloorFraction
 	}
 	if lc.MinSamples > 0 {
-		l.MinSamples = lc.MinSamples
+		ll.MinSamples = lc.MinSamples
 	}
 	sd := func(d, def time.Duration) time.Duration {
 		if d <= 0 {
@@ -158,10 +159,10 @@ func routerLimits(lc scheduler.LimitConfig, scale float64) config.Limits {
 		}
 		return max(time.Duration(float64(d)/scale), time.Millisecond)
 	}
-	l.ProbeAfter = sd(lc.ProbeAfter, l.ProbeAfter)
-	l.BorrowAfter = sd(lc.BorrowAfter, l.BorrowAfter)
+	ll.ProbeAfter = sd(lc.ProbeAfter, ll.ProbeAfter)
+	ll.BorrowAfter = sd(lc.BorrowAfter, ll.BorrowAfter)
 	if lc.DefaultCap > 0 {
-		l.DefaultCap = lc.DefaultCap
+		ll.DefaultCap = lc.DefaultCap
 	}
 	for m, f := range lc.ModelFloors {
 		if l.Models == nil {

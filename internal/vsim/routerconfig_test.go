@@ -47,3 +47,24 @@ func TestRouterConfig_CarriesAffinity(t *testing.T) {
 		t.Error("default: sessions.affinity off, want on")
 	}
 }
+
+// The learning controller's durations and the queue's aging bound, which
+// are not configuration keys, reach the router a real-HTTP run starts on
+// the scenario's clock (divided by the time scale), and fixed limits
+// reach it as they are.
+func TestRouterConfig_ScalesWhatIsNotAKey(t *testing.T) {
+	urls := []string{"http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4"}
+	c := DefaultConfig(sim.DemoFleet())
+	c.Concurrency.Fixed = true
+	got := RouterConfig(c, urls, 10)
+	lc := got.Limits.Scheduler()
+	if !lc.Fixed || lc.ProbeAfter != 6*time.Second || lc.BorrowAfter != 200*time.Millisecond || lc.MinSamples != 3 || lc.DefaultCap != 64 {
+		t.Errorf("limits %+v: want fixed, probe after 6s, borrow after 200ms, 3 samples, cap 64", lc)
+	}
+	if got.Admission.MaxOvertake != time.Second {
+		t.Errorf("aging bound %v, want 1s (10s at time scale 10)", got.Admission.MaxOvertake)
+	}
+	if def := RouterConfig(DefaultConfig(sim.DemoFleet()), urls, 1).Limits.Scheduler(); def.Fixed {
+		t.Error("default: fixed limits, want learned")
+	}
+}

@@ -35,8 +35,9 @@ type Config struct {
 	Model string
 	// Policy is the routing policy; empty means Sluice's.
 	Policy scheduler.Policy
-	// Weights are the score weights; nil means scheduler.DefaultWeights.
-	Weights *scheduler.Weights
+	// Weights are the router's weights (weights.prefix); nil keeps
+	// scheduler.DefaultWeights.
+	Weights *config.Weights
 	// MaxConcurrency caps Sluice's in-flight requests per worker, as the
 	// config's max_concurrency; 0 takes the worker's slot count.
 	MaxConcurrency int
@@ -48,8 +49,8 @@ type Config struct {
 	// MaxQueue and QueueTimeout are the admission bounds.
 	MaxQueue     int
 	QueueTimeout time.Duration
-	// MaxOvertake is the queue order's aging bound (admission.max_overtake);
-	// 0 takes scheduler.DefaultMaxOvertake.
+	// MaxOvertake is the queue order's aging bound; 0 takes
+	// scheduler.DefaultMaxOvertake.
 	MaxOvertake time.Duration
 	// KVFit is admission.kv_fit.
 	KVFit bool
@@ -363,7 +364,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 	}
 	w := scheduler.DefaultWeights()
 	if cfg.Weights != nil {
-		w = *cfg.Weights
+		w = cfg.Weights.Scheduler()
 	}
 	r := &run{cfg: cfg, clock: &vclock{now: cfg.Start}, byName: map[string]int{}}
 	var err error
