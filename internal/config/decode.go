@@ -524,6 +524,7 @@ func yamlFields(t reflect.Type) map[string]int {
 // instead: a config naming one fails with that word rather than with a
 // guess at a key it might have meant.
 var removedKeys = map[string]string{
+	"sessions.affinity":       "removed; a session's next request counts its last worker as holding its previous prompt, under weights.prefix; delete the key",
 	"limits.policy":           "removed; a learned limit is lowered only where a level is worse for both the first token and the decode rate; delete the key",
 	"weights.active_requests": "removed; the score weighs each request in flight at 100 (of the weights, only weights.prefix is a setting); delete the key",
 	"weights.queue_length":    "removed; the score weighs the worker's own queue at 10 (of the weights, only weights.prefix is a setting); delete the key",

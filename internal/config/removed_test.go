@@ -34,6 +34,7 @@ func TestCheck_RemovedKeysSayWhatTheRouterDoesNow(t *testing.T) {
 		{"limits.default_cap", "16", "64"},
 		{"limits.policy", "decode_first", "worse for both the first token and the decode rate"},
 		{"admission.max_overtake", "3s", scheduler.DefaultMaxOvertake.String()},
+		{"sessions.affinity", "false", "its last worker as holding its previous prompt"},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			section, leaf, _ := strings.Cut(tc.key, ".")
