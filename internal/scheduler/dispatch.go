@@ -43,7 +43,7 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 			}
 			heads = append(heads, head{q, q.head(s.order)})
 		}
-		slices.SortFunc(heads, func(a, b head) int { return ticketOrder(a.t, b.t) })
+		slices.SortFunc(heads, func(a, b head) int { return s.order.compare(a.q.keyOf(a.t), b.q.keyOf(b.t)) })
 		bound := false
 		for _, h := range heads {
 			if t, c := s.placeableLocked(h.q, now); t != nil {
@@ -141,19 +141,4 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 		}
 	}
 	return nil, choice{}
-}
-
-// ticketOrder orders the heads of queues for placement: retries first,
-// then by class, then by arrival.
-func ticketOrder(a, b *Ticket) int {
-	if a.front != b.front {
-		if a.front {
-			return -1
-		}
-		return 1
-	}
-	if c := cmp.Compare(a.cls, b.cls); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.seq, b.seq)
 }

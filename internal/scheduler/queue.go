@@ -186,12 +186,6 @@ func (q *queue) remove(t *Ticket, bound bool) {
 	}
 }
 
-// order is how a queue orders its requests: the aging bound across
-// classes.
-type order struct {
-	overtake time.Duration
-}
-
 // workOrZero is the work waiting in q, 0 in no queue (q nil).
 func (q *queue) workOrZero() float64 {
 	if q == nil {
@@ -208,53 +202,34 @@ func (q *queue) head(o order) *Ticket {
 	return q.next(o)
 }
 
-// next returns the first request in order after the retries.
+// next returns the first request in order after the retries: the least
+// by o of the flows' oldest requests, taken in class order (see order.less).
 func (q *queue) next(o order) *Ticket {
 	var pick *Ticket
+	var pk key
 	for i := range q.classes {
 		cq := &q.classes[i]
 		if cq.n == 0 {
 			continue
 		}
-		if pick == nil || pick.enq.Sub(cq.oldest().enq) > o.overtake {
-			pick = cq.winner()
+		oldest := cq.oldest()
+		for _, tq := range cq.tenants {
+			if tq.n == 0 {
+				continue
+			}
+			first := tq.oldest()
+			for _, f := range tq.flows {
+				if f.n == 0 {
+					continue
+				}
+				t := f.arrivals[0] // the first entry is always live
+				if k := q.keyIn(t, oldest, first); pick == nil || o.less(k, pk) {
+					pick, pk = t, k
+				}
+			}
 		}
 	}
 	return pick
-}
-
-// winner is the class's next request: the tenant with the lowest start
-// tag (ties to the tenant whose oldest request came first), then within it
-// the flow with the lowest start tag (ties the same way), then that flow's
-// oldest request.
-func (cq *classQueue) winner() *Ticket {
-	var best *tenantQueue
-	var bestOldest *Ticket
-	for _, tq := range cq.tenants {
-		if tq.n == 0 {
-			continue
-		}
-		o := tq.oldest()
-		if best == nil || tq.start < best.start || (tq.start == best.start && o.seq < bestOldest.seq) {
-			best, bestOldest = tq, o
-		}
-	}
-	return best.winner().arrivals[0] // the first entry is always live
-}
-
-// winner is the tenant's flow that goes next: the lowest start tag, ties
-// to the flow whose oldest request came first.
-func (tq *tenantQueue) winner() *flow {
-	var best *flow
-	for _, f := range tq.flows {
-		if f.n == 0 {
-			continue
-		}
-		if best == nil || f.start < best.start || (f.start == best.start && f.arrivals[0].seq < best.arrivals[0].seq) {
-			best = f
-		}
-	}
-	return best
 }
 
 // oldest is the class's earliest arrival still waiting.
