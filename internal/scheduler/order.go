@@ -16,8 +16,8 @@ import "time"
 //   - Fair share within a class: the tenant with the lowest start tag,
 //     then within it the flow with the lowest start tag, ties to the one
 //     whose oldest request came first (start-time fair queueing; see
-//     queue). Only a flow's oldest request has a key of this kind: within
-//     a flow requests go in arrival order.
+//     queue). Only a flow's oldest request has such a key: within a flow
+//     requests go in arrival order.
 //   - Across models' queues, whose tags are not comparable: class, then
 //     arrival.
 //

@@ -30,19 +30,15 @@ const DefaultMaxOvertake = 10 * time.Second
 // wait (a backlog): it is created by the first and deleted with the last,
 // so client-supplied model names leave no state behind.
 //
-// Order, for the next request to bind: retries first, in arrival order.
-// Then the highest-priority class that waits, unless a lower class holds a
-// request that arrived more than maxOvertake before that class's pick: a
-// request is never overtaken by a higher class that arrived more than
-// maxOvertake after it. Within a class, tenants share by token cost with
-// start-time fair queueing (the tenant with the lowest start tag goes next;
-// serving a request of cost c advances its tenant's tag by c/weight).
-// Within a tenant its flows (Request.Flow: one per session with
-// fair_share_by: session, else the tenant's one) share the tenant's turns
-// the same way, each with weight 1, so a tenant gains nothing by splitting
-// its requests into more flows. Within a flow requests go in arrival
-// order: output lengths are unknown up front, and cheapest-first, tried,
-// lengthened the wait of the long prompts it passed over (p99).
+// Its order is order.go's. Within a class, tenants share by token cost
+// with start-time fair queueing: serving a request of cost c advances its
+// tenant's start tag by c/weight. Within a tenant its flows (Request.Flow:
+// one per session with fair_share_by: session, else the tenant's one)
+// share the tenant's turns the same way, each with weight 1, so a tenant
+// gains nothing by splitting its requests into more flows. Within a flow
+// requests go in arrival order: output lengths are unknown up front, and
+// cheapest-first, tried, lengthened the wait of the long prompts it
+// passed over (p99).
 type queue struct {
 	since   time.Time // when this backlog began
 	spec    bool      // no worker was known to serve the model when it was created
