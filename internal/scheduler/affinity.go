@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/sluice-router/sluice/internal/decisions"
 )
 
 // Prefix affinity under a backlog.
@@ -169,8 +167,8 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		if best == nil {
 			return nil, choice{}
 		}
-		if c := s.pickLocked(best.req, best.enq, now, false); c.w == w {
-			explainOvertake(c.rec, head, best, w.spec.Name, bestMatch, headMatch)
+		if c, _, _ := s.canPlaceLocked(best, now); c.w == w {
+			explainOvertake(c.rec, head, best, holderFirst(w.spec.Name, bestMatch, headMatch))
 			return best, c
 		}
 		return nil, choice{}
@@ -205,22 +203,16 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		if !holds {
 			continue
 		}
-		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil {
-			explainOvertake(c.rec, head, t, c.w.spec.Name, s.matchOnLocked(t.req, c.w), s.matchOnLocked(head.req, c.w))
+		if c, _, _ := s.canPlaceLocked(t, now); c.w != nil {
+			explainOvertake(c.rec, head, t, holderFirst(c.w.spec.Name, s.matchOnLocked(t.req, c.w), s.matchOnLocked(head.req, c.w)))
 			return t, c
 		}
 	}
 	return nil, choice{}
 }
 
-// explainOvertake has rec say why its request was bound before the head.
-func explainOvertake(rec *decisions.Record, head, t *Ticket, worker string, m, headMatch float64) {
-	if rec == nil {
-		return
-	}
-	longer := t.enq.Sub(head.enq).Seconds()
-	rec.AddExplain(func(r *decisions.Record) {
-		r.Reason += fmt.Sprintf("; bound before an older waiting request (it has waited %.1fs longer): %s is expected to hold %.0f%% of this prompt's prefix against %.0f%% of that one's",
-			longer, worker, 100*m, 100*headMatch)
-	})
+// holderFirst says, for the record, why a request went before the head
+// by the holder-first rule.
+func holderFirst(worker string, m, headMatch float64) string {
+	return fmt.Sprintf("the holder-first rule: %s is expected to hold %.0f%% of this prompt's prefix against %.0f%% of that one's", worker, 100*m, 100*headMatch)
 }

@@ -76,7 +76,7 @@ func TestAffinity_HolderFirstFromTheQueue(t *testing.T) {
 			if headB.Done() {
 				t.Fatalf("the head was bound too; want it waiting for w1")
 			}
-			if r := l.Decision.Explain().Reason; !strings.Contains(r, "bound before an older waiting request") || !strings.Contains(r, "w0 is expected to hold 80% of this prompt's prefix against 0%") {
+			if r := l.Decision.Explain().Reason; !strings.Contains(r, "bound before an older waiting request") || !strings.Contains(r, "the holder-first rule: w0 is expected to hold 80% of this prompt's prefix against 0%") {
 				t.Errorf("reason %q does not say why it went first", r)
 			}
 			b.Release() // w1 frees

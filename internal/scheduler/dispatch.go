@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/decisions"
 )
 
 // dispatchLocked binds queued requests to workers with room, each queue's
@@ -43,7 +45,7 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 			}
 			heads = append(heads, head{q, q.head(s.order)})
 		}
-		slices.SortFunc(heads, func(a, b head) int { return ticketOrder(a.t, b.t) })
+		slices.SortFunc(heads, func(a, b head) int { return s.order.compare(a.q.keyOf(a.t), b.q.keyOf(b.t)) })
 		bound := false
 		for _, h := range heads {
 			if t, c := s.placeableLocked(h.q, now); t != nil {
@@ -110,50 +112,115 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 }
 
 // placeableLocked returns the ticket of q that goes next if a worker can
-// take it now. Tickets normally share one fate (same model, same eligible
-// workers), so only the head is tried; a retry that excludes workers which
-// failed it is skipped over, so it cannot hold back the requests behind
-// it.
+// take it now: the first in the queue order (order.go) that the placement
+// check lets through (canPlaceLocked), or one that overtakes it
+// (overtakeLocked). Tickets normally share one fate (same model, same
+// eligible workers), so past the retries only the queue's next is tried;
+// a retry that excludes workers which failed it is skipped over, so it
+// cannot hold back the requests behind it.
 func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 	for _, t := range q.retries {
-		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil || c.refuse {
+		if c, ok, _ := s.canPlaceLocked(t, now); ok {
 			return t, c
 		}
 		if len(t.req.Exclude) == 0 {
 			return nil, choice{}
 		}
 	}
-	if t := q.next(s.order); t != nil {
-		c := s.pickLocked(t.req, t.enq, now, false)
-		// A request behind the head may go first where its prefix is
-		// cached, within the aging bound (see affinity.go).
-		if u, uc := s.affinityOvertakeLocked(q, t, c, now); u != nil {
-			return u, uc
-		}
-		if c.w != nil || c.refuse {
-			return t, c
-		}
-		if c.kvHeld { // the head's prompt fits no cache now (kvfit.go)
-			return s.passHeadLocked(q, t, now, fmt.Sprintf("whose prompt of ~%d tokens no eligible worker's free KV cache could take", t.req.PromptTokens))
-		}
-		if c.sloWait { // the head waits for a worker that keeps its promise (promise.go)
-			return s.passHeadLocked(q, t, now, "that waits for a worker predicted to keep its promise")
+	head := q.next(s.order)
+	if head == nil {
+		return nil, choice{}
+	}
+	c, ok, why := s.canPlaceLocked(head, now)
+	if u, uc := s.overtakeLocked(q, head, c, ok, why, now); u != nil {
+		return u, uc
+	}
+	if ok {
+		return head, c
+	}
+	return nil, choice{}
+}
+
+// hold names the placement rule that keeps a request from being placed
+// while others behind it could be.
+type hold uint8
+
+const (
+	// holdNone: it can be placed, or it waits for room as every request
+	// of its model does.
+	holdNone hold = iota
+	// holdKVFit: its prompt fits no eligible worker's free KV cache
+	// (kvfit.go).
+	holdKVFit
+	// holdPromise: it waits for a worker predicted to keep its promise
+	// (promise.go).
+	holdPromise
+)
+
+// canPlaceLocked is the placement check: whether t can be placed now (ok:
+// its pick chose a worker, c.w, or refuses it, c.refuse), and when it
+// cannot, which rule holds it. The rules themselves (limits, adapters,
+// KV fit, promises) are the stages of the pick (pick.go).
+func (s *Scheduler) canPlaceLocked(t *Ticket, now time.Time) (c choice, ok bool, why hold) {
+	c = s.pickLocked(t.req, t.enq, now, false)
+	switch {
+	case c.w != nil || c.refuse:
+		return c, true, holdNone
+	case c.kvHeld:
+		return c, false, holdKVFit
+	case c.sloWait:
+		return c, false, holdPromise
+	}
+	return c, false, holdNone
+}
+
+// overtakeLocked is the one way a request is placed before q's head,
+// which the placement check answered with c, ok and why: a request
+// waiting behind it in its class, arrived no more than the aging bound
+// after it, goes first
+//
+//   - when it holds much more of the prefix of the worker chosen for the
+//     head, or may run one stream over a holder's learned limit while the
+//     head waits for room (holder first, affinity.go), or
+//   - when a rule holds the head (why) and the check lets it through: the
+//     first such in arrival order. Not with a shared ledger, whose picks
+//     answer later.
+//
+// nil when nobody overtakes. The record of the one that does names the
+// rule.
+func (s *Scheduler) overtakeLocked(q *queue, head *Ticket, c choice, ok bool, why hold, now time.Time) (*Ticket, choice) {
+	if u, uc := s.affinityOvertakeLocked(q, head, c, now); u != nil {
+		return u, uc
+	}
+	if ok || why == holdNone || s.cfg.Ledger != nil {
+		return nil, choice{}
+	}
+	for _, t := range q.behind(nil, head, s.order.overtake) {
+		if tc, _, _ := s.canPlaceLocked(t, now); tc.w != nil {
+			explainOvertake(tc.rec, head, t, why.explain(head))
+			return t, tc
 		}
 	}
 	return nil, choice{}
 }
 
-// ticketOrder orders the heads of queues for placement: retries first,
-// then by class, then by arrival.
-func ticketOrder(a, b *Ticket) int {
-	if a.front != b.front {
-		if a.front {
-			return -1
-		}
-		return 1
+// explain says, for the record of a request that went before head, why
+// head was held.
+func (why hold) explain(head *Ticket) string {
+	if why == holdKVFit {
+		return fmt.Sprintf("the KV-fit rule held it: its prompt of ~%d tokens fit no eligible worker's free KV cache", head.req.PromptTokens)
 	}
-	if c := cmp.Compare(a.cls, b.cls); c != 0 {
-		return c
+	return "the promise rule held it: it waits for a worker predicted to keep its promise"
+}
+
+// explainOvertake has rec say that its request was bound before the
+// older head, and why.
+func explainOvertake(rec *decisions.Record, head, t *Ticket, why string) {
+	if rec == nil {
+		return
 	}
-	return cmp.Compare(a.seq, b.seq)
+	longer := t.enq.Sub(head.enq).Seconds()
+	rec.AddExplain(func(r *decisions.Record) {
+		r.Reason += fmt.Sprintf("; bound before an older waiting request (it has waited %.1fs longer): %s", longer, why)
+	})
 }

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math"
 	"time"
-
-	"github.com/sluice-router/sluice/internal/decisions"
 )
 
 // The KV-fit rule (Config.KVFit, admission.kv_fit, on by default): pass
@@ -55,7 +53,7 @@ import (
 // Sluice's to wait for. A held request at the head of the queue does not
 // hold back those behind it: one that a worker can take goes first,
 // within the queue's aging bound (MaxOvertake), as for prefix affinity
-// (passHeadLocked). With a shared Ledger nothing is held (its waiting
+// (overtakeLocked). With a shared Ledger nothing is held (its waiting
 // list orders binds across replicas): the rule only passes over. The
 // baseline policies never apply it. The record of each decision says of
 // every worker passed over how big the prompt was, the room estimated
@@ -146,27 +144,4 @@ func (kvFitFilter) keep(p *pick, in []int32, why uint8) []int32 {
 func (kvFitFilter) explain(pr *pickRecord, sl *slot) string {
 	room := kvRoomOf(sl.snap, sl.jobCost, int(sl.active), pr.env.Now, pr.env.StaleAfter)
 	return room.why(pr.req.PromptTokens)
-}
-
-// passHeadLocked places the first request behind q's head, in order and
-// within the aging bound, that some worker can take now, while the head
-// itself cannot be placed (why, for the record: "whose …" or "that …").
-// nil when none can. Not with a shared ledger, whose picks answer later.
-func (s *Scheduler) passHeadLocked(q *queue, head *Ticket, now time.Time, why string) (*Ticket, choice) {
-	if s.cfg.Ledger != nil {
-		return nil, choice{}
-	}
-	waiting := q.behind(nil, head, s.order.overtake)
-	for _, t := range waiting {
-		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil {
-			if rec := c.rec; rec != nil {
-				longer := t.enq.Sub(head.enq).Seconds()
-				rec.AddExplain(func(r *decisions.Record) {
-					r.Reason += fmt.Sprintf("; bound before an older waiting request (it has waited %.1fs longer) %s", longer, why)
-				})
-			}
-			return t, c
-		}
-	}
-	return nil, choice{}
 }

@@ -163,7 +163,7 @@ func TestKVFit_HeldHeadHoldsNobodyBack(t *testing.T) {
 	if err != nil || l == nil {
 		t.Fatalf("the request behind the held one was not bound: %v", err)
 	}
-	if r := l.Decision.Explain().Reason; !strings.Contains(r, "bound before an older waiting request") || !strings.Contains(r, "prompt of ~4000 tokens") {
+	if r := l.Decision.Explain().Reason; !strings.Contains(r, "bound before an older waiting request") || !strings.Contains(r, "the KV-fit rule held it: its prompt of ~4000 tokens") {
 		t.Errorf("reason %q; want it to say it went before the held prompt of ~4000 tokens", r)
 	}
 	short.Release() // 3792 free: still not enough

@@ -152,7 +152,7 @@ func (s *Scheduler) inputFor(p *pick, v *view, c *Candidate) predict.Input {
 // one level lower. A chance of at least surelyKept binds at once. Among the workers that keep its first token in time
 // the score chooses as ever; only when waiting beats all of them does the
 // request wait, and requests behind it may take the room it declined
-// (passHeadLocked). No margin is tuned here: the comparison is of
+// (overtakeLocked). No margin is tuned here: the comparison is of
 // two predicted chances.
 func (s *Scheduler) promiseLocked(p *pick) {
 	pm := &p.promise

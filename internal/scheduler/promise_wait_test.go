@@ -172,7 +172,7 @@ func TestPromise_RequestBehindAWaitingOneTakesTheRoomItDeclined(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r := l.Decision.Explain().Reason; !strings.Contains(r, "bound before an older waiting request") || !strings.Contains(r, "predicted to keep its promise") {
+		if r := l.Decision.Explain().Reason; !strings.Contains(r, "bound before an older waiting request") || !strings.Contains(r, "the promise rule held it: it waits for a worker predicted to keep its promise") {
 			t.Errorf("record reason %q does not say it went first, and why", r)
 		}
 		if got := s.QueueDepth("m"); got != 1 {

@@ -30,19 +30,15 @@ const DefaultMaxOvertake = 10 * time.Second
 // wait (a backlog): it is created by the first and deleted with the last,
 // so client-supplied model names leave no state behind.
 //
-// Order, for the next request to bind: retries first, in arrival order.
-// Then the highest-priority class that waits, unless a lower class holds a
-// request that arrived more than maxOvertake before that class's pick: a
-// request is never overtaken by a higher class that arrived more than
-// maxOvertake after it. Within a class, tenants share by token cost with
-// start-time fair queueing (the tenant with the lowest start tag goes next;
-// serving a request of cost c advances its tenant's tag by c/weight).
-// Within a tenant its flows (Request.Flow: one per session with
-// fair_share_by: session, else the tenant's one) share the tenant's turns
-// the same way, each with weight 1, so a tenant gains nothing by splitting
-// its requests into more flows. Within a flow requests go in arrival
-// order: output lengths are unknown up front, and cheapest-first, tried,
-// lengthened the wait of the long prompts it passed over (p99).
+// Its order is order.go's. Within a class, tenants share by token cost
+// with start-time fair queueing: serving a request of cost c advances its
+// tenant's start tag by c/weight. Within a tenant its flows (Request.Flow:
+// one per session with fair_share_by: session, else the tenant's one)
+// share the tenant's turns the same way, each with weight 1, so a tenant
+// gains nothing by splitting its requests into more flows. Within a flow
+// requests go in arrival order: output lengths are unknown up front, and
+// cheapest-first, tried, lengthened the wait of the long prompts it
+// passed over (p99).
 type queue struct {
 	since   time.Time // when this backlog began
 	spec    bool      // no worker was known to serve the model when it was created
@@ -186,12 +182,6 @@ func (q *queue) remove(t *Ticket, bound bool) {
 	}
 }
 
-// order is how a queue orders its requests: the aging bound across
-// classes.
-type order struct {
-	overtake time.Duration
-}
-
 // workOrZero is the work waiting in q, 0 in no queue (q nil).
 func (q *queue) workOrZero() float64 {
 	if q == nil {
@@ -208,53 +198,34 @@ func (q *queue) head(o order) *Ticket {
 	return q.next(o)
 }
 
-// next returns the first request in order after the retries.
+// next returns the first request in order after the retries: the least
+// by o of the flows' oldest requests, taken in class order (see order.less).
 func (q *queue) next(o order) *Ticket {
 	var pick *Ticket
+	var pk key
 	for i := range q.classes {
 		cq := &q.classes[i]
 		if cq.n == 0 {
 			continue
 		}
-		if pick == nil || pick.enq.Sub(cq.oldest().enq) > o.overtake {
-			pick = cq.winner()
+		oldest := cq.oldest()
+		for _, tq := range cq.tenants {
+			if tq.n == 0 {
+				continue
+			}
+			first := tq.oldest()
+			for _, f := range tq.flows {
+				if f.n == 0 {
+					continue
+				}
+				t := f.arrivals[0] // the first entry is always live
+				if k := q.keyIn(t, oldest, first); pick == nil || o.less(k, pk) {
+					pick, pk = t, k
+				}
+			}
 		}
 	}
 	return pick
-}
-
-// winner is the class's next request: the tenant with the lowest start
-// tag (ties to the tenant whose oldest request came first), then within it
-// the flow with the lowest start tag (ties the same way), then that flow's
-// oldest request.
-func (cq *classQueue) winner() *Ticket {
-	var best *tenantQueue
-	var bestOldest *Ticket
-	for _, tq := range cq.tenants {
-		if tq.n == 0 {
-			continue
-		}
-		o := tq.oldest()
-		if best == nil || tq.start < best.start || (tq.start == best.start && o.seq < bestOldest.seq) {
-			best, bestOldest = tq, o
-		}
-	}
-	return best.winner().arrivals[0] // the first entry is always live
-}
-
-// winner is the tenant's flow that goes next: the lowest start tag, ties
-// to the flow whose oldest request came first.
-func (tq *tenantQueue) winner() *flow {
-	var best *flow
-	for _, f := range tq.flows {
-		if f.n == 0 {
-			continue
-		}
-		if best == nil || f.start < best.start || (f.start == best.start && f.arrivals[0].seq < best.arrivals[0].seq) {
-			best = f
-		}
-	}
-	return best
 }
 
 // oldest is the class's earliest arrival still waiting.
