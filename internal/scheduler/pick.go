@@ -71,12 +71,29 @@ type view struct {
 	w       *worker
 	snap    *Snapshot
 	st      *stats.WorkerStats
-	lim     limitState
+	lim     viewLimit
 	why     uint8 // whyEligible, or the code of the filter that dropped it
 	serving bool  // it serves the requested model
 	// For a request naming a LoRA adapter: the worker holds it (or is
 	// loading it), or may load it now (adapter.go).
 	holds, loadable bool
+}
+
+// viewLimit is what the stages after the limits read of a worker's
+// limitState: a view is written for every worker on every pick, so it
+// keeps these few fields rather than the whole state, whose reason the
+// record recomputes when read.
+type viewLimit struct {
+	limit, learned, cap int
+	floor               float64
+	prefix              float64 // >0: one stream over the learned limit for a cached prefix (affinity.go)
+	source              limitSource
+	sat                 uint8
+}
+
+// viewLimitOf returns what a view keeps of st.
+func viewLimitOf(st *limitState) viewLimit {
+	return viewLimit{limit: st.limit, learned: st.learned, cap: st.cap, floor: st.floor, prefix: st.prefix, source: st.source, sat: st.sat}
 }
 
 // at returns the view of the j-th eligible worker.
@@ -160,8 +177,9 @@ func (s *Scheduler) eligibleLocked(p *pick) {
 	if !p.baseline {
 		for i := range p.views {
 			v := &p.views[i]
-			v.lim = s.limitLocked(v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
-			v.w.noteLimitLocked(&v.lim, p.env.Now)
+			st := s.limitLocked(v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
+			v.w.noteLimitLocked(&st, p.env.Now)
+			v.lim = viewLimitOf(&st)
 		}
 	}
 	p.elig = make([]int32, len(p.views))

@@ -13,8 +13,10 @@ import (
 // totals runs every term over cands and returns each candidate's weighted
 // sum. It is the one place weights are applied; it builds no records.
 func totals(terms []WeightedTerm, env *Env, cands []Candidate) []float64 {
-	out := make([]float64, len(cands))
-	raw, norm := make([]float64, len(cands)), make([]float64, len(cands))
+	n := len(cands)
+	out := make([]float64, n)       // kept by the record
+	scratch := make([]float64, 2*n) // raw and norm, in one allocation
+	raw, norm := scratch[:n:n], scratch[n:]
 	for _, wt := range terms {
 		wt.Term.Score(env, cands, raw, norm)
 		w := signedWeight(wt)
