@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
@@ -40,6 +41,7 @@ type pick struct {
 	floor    float64
 	waited   time.Duration
 
+	bufs  *pickBufs   // where views and elig come from (release)
 	views []view      // every worker, in configuration order
 	elig  []int32     // the eligible ones (indexes into views), in order
 	cands []Candidate // what the terms see of elig[i]
@@ -96,6 +98,42 @@ func viewLimitOf(st *limitState) viewLimit {
 	return viewLimit{limit: st.limit, learned: st.learned, cap: st.cap, floor: st.floor, prefix: st.prefix, source: st.source, sat: st.sat}
 }
 
+// pickBufs are a pick's views and eligible indexes, which never leave
+// the pick (its record copies what it keeps, its choice carries no
+// view): a pick takes them from pickPool and puts them back when done,
+// so that a pick on a large fleet allocates no per-worker scratch.
+type pickBufs struct {
+	views []view
+	elig  []int32
+}
+
+var pickPool = sync.Pool{New: func() any { return new(pickBufs) }}
+
+// release puts p's views and eligible indexes back in pickPool; p must
+// not be used afterwards.
+func (p *pick) release() {
+	clear(p.views) // hold no worker or snapshot while pooled
+	p.bufs.views, p.bufs.elig = p.views[:0], p.elig[:0]
+	pickPool.Put(p.bufs)
+	p.bufs, p.views, p.elig = nil, nil, nil
+}
+
+// roomLocked returns the workers p found full, or too short for the
+// prompt, at their learned limit (see choice.room); nil when the
+// affinity rules are off.
+func (s *Scheduler) roomLocked(p *pick) []*worker {
+	if !p.learning || !s.affinityOn() {
+		return nil
+	}
+	var room []*worker
+	for i := range p.views {
+		if v := &p.views[i]; (v.why == whyFull || v.why == whyContext) && atLearnedLimit(v) {
+			room = append(room, v.w)
+		}
+	}
+	return room
+}
+
 // at returns the view of the j-th eligible worker.
 func (p *pick) at(j int) *view { return &p.views[p.elig[j]] }
 
@@ -119,9 +157,11 @@ type choice struct {
 	// found is what the request found on the chosen worker, for its
 	// outcome (Lease.Complete); only with a Predictor.
 	found predict.Input
-	// views are the pick's views of every worker, for the rules that
-	// look past a head that could not be placed (affinity.go).
-	views []view
+	// room are the workers the pick found full (or too short for the
+	// prompt) at their learned limit, when it chose nobody: the rule that
+	// looks past a head that could not be placed asks only them
+	// (affinity.go).
+	room []*worker
 }
 
 // pickLocked runs a pick for req, which arrived at arrived (the promise
@@ -129,20 +169,21 @@ type choice struct {
 // returns no record unless always is set (a refusal needs one).
 func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool) choice {
 	p := s.newPickLocked(req, now, !always)
+	defer p.release()
 	p.arrived = arrived
 	s.eligibleLocked(p)
 	if len(p.elig) == 0 && (!always || s.cfg.NoRecords) {
-		return choice{kvHeld: p.kvHeld, views: p.views}
+		return choice{kvHeld: p.kvHeld, room: s.roomLocked(p)}
 	}
 	s.candidatesLocked(p)
 	if p.bySLO && len(p.elig) > 0 && !always {
 		s.promiseLocked(p)
 		if p.promise.verdict == verdictRefuse {
-			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now), views: p.views}
+			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now)}
 		}
 		if len(p.elig) == 0 {
 			// It waits (verdictWait, or every worker at its learned limit).
-			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait, views: p.views}
+			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait, room: s.roomLocked(p)}
 		}
 	}
 	var pr *pickRecord
@@ -150,7 +191,7 @@ func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool)
 		pr = newPickRecord(p, s.terms, s.limits)
 		s.fillRecordLocked(&pr.rec, p.req, p.env.Now)
 	}
-	c := choice{kvHeld: p.kvHeld, views: p.views}
+	c := choice{kvHeld: p.kvHeld}
 	if always && pr != nil && !p.baseline {
 		// A refusal's record: who could have taken the request, scored
 		// when the record is read, not under the lock.
@@ -182,7 +223,7 @@ func (s *Scheduler) eligibleLocked(p *pick) {
 			v.lim = viewLimitOf(&st)
 		}
 	}
-	p.elig = make([]int32, len(p.views))
+	p.elig = slices.Grow(p.bufs.elig[:0], len(p.views))[:len(p.views)]
 	for i := range p.elig {
 		p.elig[i] = int32(i)
 	}
@@ -209,7 +250,7 @@ func (s *Scheduler) chooseLocked(p *pick, pr *pickRecord, always bool) choice {
 		s.pendingSharedLocked(p, pr)
 	}
 	v := p.at(best)
-	c := choice{w: v.w, limit: v.lim.limit, pending: p.pending, kvHeld: p.kvHeld, views: p.views}
+	c := choice{w: v.w, limit: v.lim.limit, pending: p.pending, kvHeld: p.kvHeld}
 	if s.cfg.Predictor != nil && !p.baseline && !always {
 		c.found = s.inputFor(p, v, &p.cands[best])
 		if p.bySLO && len(p.preds) > best {
@@ -250,13 +291,14 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 	p.shared = s.cfg.Ledger != nil
 	p.bySLO = s.promiseOn(p)
 	p.adapter = s.adapterOf(req.Model)
-	p.views = make([]view, len(s.workers))
+	p.bufs = pickPool.Get().(*pickBufs)
+	p.views = slices.Grow(p.bufs.views[:0], len(s.workers))[:len(s.workers)]
 	// Each worker's telemetry and stats are read once for the whole pick:
 	// the floor, the limits, the filters and the terms all read them.
 	best := 0.0
 	for i, w := range s.workers {
 		v := &p.views[i]
-		v.w, v.snap, v.st = w, w.snapshot(), s.statsOf(w)
+		*v = view{w: w, snap: w.snapshot(), st: s.statsOf(w)}
 		v.serving = w.serves(v.snap, p.req.Model)
 		if p.learning && v.serving {
 			best = bestSolo(best, v.st)
