@@ -94,7 +94,7 @@ func BenchmarkQueueWhileFullPrefix(b *testing.B) {
 			fs := fakeStats{}
 			ws := workers(n, 4, "m")
 			for _, w := range ws {
-				fs[w.Name] = levels(now, [3]float64{80, 1, 5}, [3]float64{30, 1, 5}) // learned 1 of 4
+				fs[w.Name] = learnedOne(now) // learned 1 of 4
 			}
 			s := newSched(b, Config{MaxQueue: 1 << 30, NoRecords: true, Stats: fs, PrefixIndex: prefix.NewIndex(prefix.Options{}),
 				Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}}, ws...)
