@@ -125,13 +125,27 @@ func (s *Scheduler) roomLocked(p *pick) []*worker {
 	if !p.learning || !s.affinityOn() {
 		return nil
 	}
-	var room []*worker
+	n := 0 // counted first: one allocation of the right size
 	for i := range p.views {
-		if v := &p.views[i]; (v.why == whyFull || v.why == whyContext) && atLearnedLimit(v) {
+		if inRoom(&p.views[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	room := make([]*worker, 0, n)
+	for i := range p.views {
+		if v := &p.views[i]; inRoom(v) {
 			room = append(room, v.w)
 		}
 	}
 	return room
+}
+
+// inRoom reports whether v belongs in its pick's room (choice.room).
+func inRoom(v *view) bool {
+	return (v.why == whyFull || v.why == whyContext) && atLearnedLimit(v)
 }
 
 // at returns the view of the j-th eligible worker.
