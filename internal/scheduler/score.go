@@ -5,6 +5,8 @@ package scheduler
 // (explain).
 
 import (
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
@@ -14,8 +16,11 @@ import (
 // sum. It is the one place weights are applied; it builds no records.
 func totals(terms []WeightedTerm, env *Env, cands []Candidate) []float64 {
 	n := len(cands)
-	out := make([]float64, n)       // kept by the record
-	scratch := make([]float64, 2*n) // raw and norm, in one allocation
+	out := make([]float64, n) // kept by the record
+	// raw and norm are scratch, which a term only writes and reads during
+	// its Score: they come from scorePool and go back.
+	sp := scorePool.Get().(*[]float64)
+	scratch := slices.Grow((*sp)[:0], 2*n)[:2*n]
 	raw, norm := scratch[:n:n], scratch[n:]
 	for _, wt := range terms {
 		wt.Term.Score(env, cands, raw, norm)
@@ -24,8 +29,12 @@ func totals(terms []WeightedTerm, env *Env, cands []Candidate) []float64 {
 			out[i] += w * n
 		}
 	}
+	*sp = scratch[:0]
+	scorePool.Put(sp)
 	return out
 }
+
+var scorePool = sync.Pool{New: func() any { return new([]float64) }}
 
 // explain recomputes the terms from the same candidates (terms are pure,
 // so the numbers are identical to those totals summed) and returns each
