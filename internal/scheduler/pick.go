@@ -98,13 +98,15 @@ func viewLimitOf(st *limitState) viewLimit {
 	return viewLimit{limit: st.limit, learned: st.learned, cap: st.cap, floor: st.floor, prefix: st.prefix, source: st.source, sat: st.sat}
 }
 
-// pickBufs are a pick's views and eligible indexes, which never leave
-// the pick (its record copies what it keeps, its choice carries no
-// view): a pick takes them from pickPool and puts them back when done,
-// so that a pick on a large fleet allocates no per-worker scratch.
+// pickBufs are a pick's views and eligible indexes, and its candidates
+// when no record is made, which never leave the pick (its record copies
+// what it keeps, its choice carries no view): a pick takes them from
+// pickPool and puts them back when done, so that a pick on a large fleet
+// allocates no per-worker scratch.
 type pickBufs struct {
 	views []view
 	elig  []int32
+	cands []Candidate // only without records (candidatesLocked)
 }
 
 var pickPool = sync.Pool{New: func() any { return new(pickBufs) }}
@@ -113,7 +115,8 @@ var pickPool = sync.Pool{New: func() any { return new(pickBufs) }}
 // not be used afterwards.
 func (p *pick) release() {
 	clear(p.views) // hold no worker or snapshot while pooled
-	p.bufs.views, p.bufs.elig = p.views[:0], p.elig[:0]
+	clear(p.bufs.cands)
+	p.bufs.views, p.bufs.elig, p.bufs.cands = p.views[:0], p.elig[:0], p.bufs.cands[:0]
 	pickPool.Put(p.bufs)
 	p.bufs, p.views, p.elig = nil, nil, nil
 }
@@ -232,6 +235,11 @@ func (s *Scheduler) eligibleLocked(p *pick) {
 	if !p.baseline {
 		for i := range p.views {
 			v := &p.views[i]
+			if !p.learning { // fixed: the cap, a limit never learned, nothing to note
+				capN, src := s.capOf(v.w, v.snap)
+				v.lim = viewLimit{limit: capN, learned: capN, cap: capN, source: src}
+				continue
+			}
 			st := s.limitLocked(v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
 			v.w.noteLimitLocked(&st, p.env.Now)
 			v.lim = viewLimitOf(&st)
@@ -335,7 +343,13 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 // candidatesLocked writes what the terms see of each eligible worker,
 // with its Belief when the prefix term counts.
 func (s *Scheduler) candidatesLocked(p *pick) {
-	p.cands = make([]Candidate, len(p.elig))
+	if s.cfg.NoRecords {
+		// No record will keep them: they go back to the pool with the views.
+		p.bufs.cands = slices.Grow(p.bufs.cands[:0], len(p.elig))[:len(p.elig)]
+		p.cands = p.bufs.cands
+	} else {
+		p.cands = make([]Candidate, len(p.elig)) // the record's (keepLocked)
+	}
 	for j := range p.elig {
 		v := p.at(j)
 		p.cands[j] = Candidate{Name: v.w.spec.Name, Snap: v.snap, Stats: v.st, Active: v.w.active, JobCost: v.w.cost}
