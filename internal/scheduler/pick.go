@@ -98,15 +98,15 @@ func viewLimitOf(st *limitState) viewLimit {
 	return viewLimit{limit: st.limit, learned: st.learned, cap: st.cap, floor: st.floor, prefix: st.prefix, source: st.source, sat: st.sat}
 }
 
-// pickBufs are a pick's views and eligible indexes, and its candidates
-// when no record is made, which never leave the pick (its record copies
-// what it keeps, its choice carries no view): a pick takes them from
+// pickBufs are a pick's views, eligible indexes and candidates, which
+// never leave the pick (its record copies what it keeps into its slots,
+// its choice carries no view): a pick takes them from
 // pickPool and puts them back when done, so that a pick on a large fleet
 // allocates no per-worker scratch.
 type pickBufs struct {
 	views []view
 	elig  []int32
-	cands []Candidate // only without records (candidatesLocked)
+	cands []Candidate
 }
 
 var pickPool = sync.Pool{New: func() any { return new(pickBufs) }}
@@ -343,13 +343,8 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 // candidatesLocked writes what the terms see of each eligible worker,
 // with its Belief when the prefix term counts.
 func (s *Scheduler) candidatesLocked(p *pick) {
-	if s.cfg.NoRecords {
-		// No record will keep them: they go back to the pool with the views.
-		p.bufs.cands = slices.Grow(p.bufs.cands[:0], len(p.elig))[:len(p.elig)]
-		p.cands = p.bufs.cands
-	} else {
-		p.cands = make([]Candidate, len(p.elig)) // the record's (keepLocked)
-	}
+	p.bufs.cands = slices.Grow(p.bufs.cands[:0], len(p.elig))[:len(p.elig)]
+	p.cands = p.bufs.cands
 	for j := range p.elig {
 		v := p.at(j)
 		p.cands[j] = Candidate{Name: v.w.spec.Name, Snap: v.snap, Stats: v.st, Active: v.w.active, JobCost: v.w.cost}

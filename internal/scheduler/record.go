@@ -23,11 +23,8 @@ import (
 type pickRecord struct {
 	rec   decisions.Record
 	slots []slot // one per worker, in configuration order
-	// cands are the eligible workers as the pick's terms saw them, in
-	// configuration order (Active as scored: the shared ledger's count,
-	// when it answered), and total their scores when scored: the pick's
-	// own slices, which it hands over when done.
-	cands []Candidate
+	// total are the eligible workers' scores, in configuration order,
+	// when scored: the picker's slice, which the pick hands over.
 	total []float64
 
 	// What the terms and limits are recomputed from.
@@ -51,21 +48,25 @@ type pickRecord struct {
 }
 
 // slot is what a record keeps of one worker: its name, telemetry and
-// stats (immutable values) and what its limit was computed from; what an
-// eligible worker was scored on is its Candidate in pickRecord.cands.
+// stats (immutable values), what its limit was computed from and, for an
+// eligible worker, what it was scored on.
 type slot struct {
-	name     string
-	snap     *Snapshot
-	st       *stats.WorkerStats
-	jobCost  float64 // its outstanding work, as the KV-fit rule read it
-	prefix   float64 // limitState.prefix: one more stream for a cached prefix
-	lastPick uint64  // for the rank's tie-break
-	limit    int32
-	cap      int32
-	active   int32 // Sluice's in-flight count (the record's Active)
-	why      uint8
-	source   limitSource
-	loadable bool // it could load the request's adapter (adapter.go)
+	name        string
+	snap        *Snapshot
+	st          *stats.WorkerStats
+	jobCost     float64 // Candidate.JobCost as scored, or as the KV-fit rule read it
+	prefixMatch float64 // Candidate.PrefixMatch as scored
+	prefixSrc   string  // Candidate.PrefixSource as scored
+	kvSeq       int64   // Candidate.KVSeq as scored
+	prefix      float64 // limitState.prefix: one more stream for a cached prefix
+	lastPick    uint64  // for the rank's tie-break
+	limit       int32
+	cap         int32
+	active      int32 // Sluice's in-flight count (the record's Active)
+	scored      int32 // the in-flight count as scored (the shared ledger's, when it answered)
+	why         uint8
+	source      limitSource
+	loadable    bool // it could load the request's adapter (adapter.go)
 }
 
 // newPickRecord starts the record of pick p, scored by terms, with
@@ -86,7 +87,6 @@ func newPickRecord(p *pick, terms []WeightedTerm, limits *LimitConfig) *pickReco
 // about the pick changes a worker.
 func (pr *pickRecord) keepLocked(p *pick) {
 	pr.slots = make([]slot, len(p.views))
-	pr.cands = p.cands
 	if pr.scored {
 		pr.total = p.total
 	}
@@ -98,6 +98,8 @@ func (pr *pickRecord) keepLocked(p *pick) {
 		pr.slots[i] = slot{name: v.w.spec.Name, snap: v.snap, st: v.st, jobCost: v.w.cost, prefix: v.lim.prefix, lastPick: v.w.lastPick,
 			limit: int32(v.lim.limit), cap: int32(v.lim.cap), active: int32(v.w.active), why: v.why, source: v.lim.source, loadable: v.loadable}
 		if j < len(p.elig) && int(p.elig[j]) == i {
+			sl, c := &pr.slots[i], &p.cands[j]
+			sl.jobCost, sl.prefixMatch, sl.prefixSrc, sl.kvSeq, sl.scored = c.JobCost, c.PrefixMatch, c.PrefixSource, c.KVSeq, int32(c.Active)
 			if scoring {
 				v.w.last, v.w.lastIdx = &pr.rec, i
 				if i == pr.chosen {
@@ -124,11 +126,12 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 		c.LimitSource = sl.source.String()
 		if sl.why == whyEligible {
 			j := len(cands)
-			cands = append(cands, pr.cands[j])
+			cands = append(cands, Candidate{Name: sl.name, Active: int(sl.scored), JobCost: sl.jobCost, Snap: sl.snap, Stats: sl.st,
+				Belief: Belief{PrefixMatch: sl.prefixMatch, PrefixSource: sl.prefixSrc, KVSeq: sl.kvSeq}})
 			at = append(at, i)
 			if pr.scored {
 				// Active as scored: with a Ledger, the count across replicas.
-				c.Active, c.Total = pr.cands[j].Active, pr.total[j]
+				c.Active, c.Total = int(sl.scored), pr.total[j]
 			}
 		} else {
 			c.Why = filters[sl.why].explain(pr, sl)

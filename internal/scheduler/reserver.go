@@ -279,7 +279,7 @@ func (pr *pickRecord) patchShared(s *Scheduler, res *reservation, i int, active 
 		pr.total = make([]float64, len(res.slotIdx))
 	}
 	for j, at := range res.slotIdx {
-		pr.total[j], pr.cands[j].Active = res.tot[j], active[j]
+		pr.total[j], pr.slots[at].scored = res.tot[j], int32(active[j])
 		res.elig[j].last, res.elig[j].lastIdx = &pr.rec, at
 	}
 	pr.scored, pr.shared, pr.pending = true, true, false
