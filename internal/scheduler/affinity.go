@@ -149,7 +149,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 	if !s.affinityOn() {
 		return nil, choice{}
 	}
-	w, headViews := headPick.w, headPick.views
+	w := headPick.w
 	waiting := q.behind(nil, head, s.order.overtake)
 	if len(waiting) == 0 {
 		return nil, choice{}
@@ -178,12 +178,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 	// at their learned limit can be that holder (or too short for the
 	// head's prompt but at their learned limit: a shorter one may fit): a
 	// cheap test before a pick, within a budget of lookups.
-	var room []*worker
-	for i := range headViews {
-		if v := &headViews[i]; (v.why == whyFull || v.why == whyContext) && atLearnedLimit(v) {
-			room = append(room, v.w)
-		}
-	}
+	room := headPick.room
 	budget := affinityMatchBudget
 	for _, t := range waiting {
 		if !s.affine(&t.req) {

@@ -91,10 +91,10 @@ func BenchmarkQueueWhileFullPrefix(b *testing.B) {
 	for _, n := range []int{64, 1000} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
 			now := time.Now()
-			fs := fakeStats{}
+			fs := storedStats{}
 			ws := workers(n, 4, "m")
 			for _, w := range ws {
-				fs[w.Name] = levels(now, [3]float64{80, 1, 5}, [3]float64{30, 1, 5}) // learned 1 of 4
+				fs[w.Name] = ptr(learnedOne(now)) // learned 1 of 4
 			}
 			s := newSched(b, Config{MaxQueue: 1 << 30, NoRecords: true, Stats: fs, PrefixIndex: prefix.NewIndex(prefix.Options{}),
 				Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}}, ws...)
@@ -113,3 +113,10 @@ func BenchmarkQueueWhileFullPrefix(b *testing.B) {
 		})
 	}
 }
+
+// storedStats returns the stats it holds, as the stats tracker does,
+// without fakeStats' copy per call, which would dominate what a benchmark
+// measures.
+type storedStats map[string]*stats.WorkerStats
+
+func (f storedStats) Stats(w string) *stats.WorkerStats { return f[w] }

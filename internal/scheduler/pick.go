@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
@@ -40,6 +41,7 @@ type pick struct {
 	floor    float64
 	waited   time.Duration
 
+	bufs  *pickBufs   // where views and elig come from (release)
 	views []view      // every worker, in configuration order
 	elig  []int32     // the eligible ones (indexes into views), in order
 	cands []Candidate // what the terms see of elig[i]
@@ -71,12 +73,82 @@ type view struct {
 	w       *worker
 	snap    *Snapshot
 	st      *stats.WorkerStats
-	lim     limitState
+	lim     viewLimit
 	why     uint8 // whyEligible, or the code of the filter that dropped it
 	serving bool  // it serves the requested model
 	// For a request naming a LoRA adapter: the worker holds it (or is
 	// loading it), or may load it now (adapter.go).
 	holds, loadable bool
+}
+
+// viewLimit is what the stages after the limits read of a worker's
+// limitState: a view is written for every worker on every pick, so it
+// keeps these few fields rather than the whole state, whose reason the
+// record recomputes when read.
+type viewLimit struct {
+	limit, learned, cap int
+	floor               float64
+	prefix              float64 // >0: one stream over the learned limit for a cached prefix (affinity.go)
+	source              limitSource
+	sat                 uint8
+}
+
+// viewLimitOf returns what a view keeps of st.
+func viewLimitOf(st *limitState) viewLimit {
+	return viewLimit{limit: st.limit, learned: st.learned, cap: st.cap, floor: st.floor, prefix: st.prefix, source: st.source, sat: st.sat}
+}
+
+// pickBufs are a pick's views, eligible indexes and candidates, which
+// never leave the pick (its record copies what it keeps into its slots,
+// its choice carries no view): a pick takes them from
+// pickPool and puts them back when done, so that a pick on a large fleet
+// allocates no per-worker scratch.
+type pickBufs struct {
+	views []view
+	elig  []int32
+	cands []Candidate
+}
+
+var pickPool = sync.Pool{New: func() any { return new(pickBufs) }}
+
+// release puts p's views and eligible indexes back in pickPool; p must
+// not be used afterwards.
+func (p *pick) release() {
+	clear(p.views) // hold no worker or snapshot while pooled
+	clear(p.bufs.cands)
+	p.bufs.views, p.bufs.elig, p.bufs.cands = p.views[:0], p.elig[:0], p.bufs.cands[:0]
+	pickPool.Put(p.bufs)
+	p.bufs, p.views, p.elig = nil, nil, nil
+}
+
+// roomLocked returns the workers p found full, or too short for the
+// prompt, at their learned limit (see choice.room); nil when the
+// affinity rules are off.
+func (s *Scheduler) roomLocked(p *pick) []*worker {
+	if !p.learning || !s.affinityOn() {
+		return nil
+	}
+	n := 0 // counted first: one allocation of the right size
+	for i := range p.views {
+		if inRoom(&p.views[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	room := make([]*worker, 0, n)
+	for i := range p.views {
+		if v := &p.views[i]; inRoom(v) {
+			room = append(room, v.w)
+		}
+	}
+	return room
+}
+
+// inRoom reports whether v belongs in its pick's room (choice.room).
+func inRoom(v *view) bool {
+	return (v.why == whyFull || v.why == whyContext) && atLearnedLimit(v)
 }
 
 // at returns the view of the j-th eligible worker.
@@ -102,9 +174,11 @@ type choice struct {
 	// found is what the request found on the chosen worker, for its
 	// outcome (Lease.Complete); only with a Predictor.
 	found predict.Input
-	// views are the pick's views of every worker, for the rules that
-	// look past a head that could not be placed (affinity.go).
-	views []view
+	// room are the workers the pick found full (or too short for the
+	// prompt) at their learned limit, when it chose nobody: the rule that
+	// looks past a head that could not be placed asks only them
+	// (affinity.go).
+	room []*worker
 }
 
 // pickLocked runs a pick for req, which arrived at arrived (the promise
@@ -112,20 +186,21 @@ type choice struct {
 // returns no record unless always is set (a refusal needs one).
 func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool) choice {
 	p := s.newPickLocked(req, now, !always)
+	defer p.release()
 	p.arrived = arrived
 	s.eligibleLocked(p)
 	if len(p.elig) == 0 && (!always || s.cfg.NoRecords) {
-		return choice{kvHeld: p.kvHeld, views: p.views}
+		return choice{kvHeld: p.kvHeld, room: s.roomLocked(p)}
 	}
 	s.candidatesLocked(p)
 	if p.bySLO && len(p.elig) > 0 && !always {
 		s.promiseLocked(p)
 		if p.promise.verdict == verdictRefuse {
-			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now), views: p.views}
+			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now)}
 		}
 		if len(p.elig) == 0 {
 			// It waits (verdictWait, or every worker at its learned limit).
-			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait, views: p.views}
+			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait, room: s.roomLocked(p)}
 		}
 	}
 	var pr *pickRecord
@@ -133,7 +208,7 @@ func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool)
 		pr = newPickRecord(p, s.terms, s.limits)
 		s.fillRecordLocked(&pr.rec, p.req, p.env.Now)
 	}
-	c := choice{kvHeld: p.kvHeld, views: p.views}
+	c := choice{kvHeld: p.kvHeld}
 	if always && pr != nil && !p.baseline {
 		// A refusal's record: who could have taken the request, scored
 		// when the record is read, not under the lock.
@@ -160,11 +235,17 @@ func (s *Scheduler) eligibleLocked(p *pick) {
 	if !p.baseline {
 		for i := range p.views {
 			v := &p.views[i]
-			v.lim = s.limitLocked(v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
-			v.w.noteLimitLocked(&v.lim, p.env.Now)
+			if !p.learning { // fixed: the cap, a limit never learned, nothing to note
+				capN, src := s.capOf(v.w, v.snap)
+				v.lim = viewLimit{limit: capN, learned: capN, cap: capN, source: src}
+				continue
+			}
+			st := s.limitLocked(v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
+			v.w.noteLimitLocked(&st, p.env.Now)
+			v.lim = viewLimitOf(&st)
 		}
 	}
-	p.elig = make([]int32, len(p.views))
+	p.elig = slices.Grow(p.bufs.elig[:0], len(p.views))[:len(p.views)]
 	for i := range p.elig {
 		p.elig[i] = int32(i)
 	}
@@ -191,7 +272,7 @@ func (s *Scheduler) chooseLocked(p *pick, pr *pickRecord, always bool) choice {
 		s.pendingSharedLocked(p, pr)
 	}
 	v := p.at(best)
-	c := choice{w: v.w, limit: v.lim.limit, pending: p.pending, kvHeld: p.kvHeld, views: p.views}
+	c := choice{w: v.w, limit: v.lim.limit, pending: p.pending, kvHeld: p.kvHeld}
 	if s.cfg.Predictor != nil && !p.baseline && !always {
 		c.found = s.inputFor(p, v, &p.cands[best])
 		if p.bySLO && len(p.preds) > best {
@@ -232,13 +313,14 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 	p.shared = s.cfg.Ledger != nil
 	p.bySLO = s.promiseOn(p)
 	p.adapter = s.adapterOf(req.Model)
-	p.views = make([]view, len(s.workers))
+	p.bufs = pickPool.Get().(*pickBufs)
+	p.views = slices.Grow(p.bufs.views[:0], len(s.workers))[:len(s.workers)]
 	// Each worker's telemetry and stats are read once for the whole pick:
 	// the floor, the limits, the filters and the terms all read them.
 	best := 0.0
 	for i, w := range s.workers {
 		v := &p.views[i]
-		v.w, v.snap, v.st = w, w.snapshot(), s.statsOf(w)
+		*v = view{w: w, snap: w.snapshot(), st: s.statsOf(w)}
 		v.serving = w.serves(v.snap, p.req.Model)
 		if p.learning && v.serving {
 			best = bestSolo(best, v.st)
@@ -261,7 +343,8 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 // candidatesLocked writes what the terms see of each eligible worker,
 // with its Belief when the prefix term counts.
 func (s *Scheduler) candidatesLocked(p *pick) {
-	p.cands = make([]Candidate, len(p.elig))
+	p.bufs.cands = slices.Grow(p.bufs.cands[:0], len(p.elig))[:len(p.elig)]
+	p.cands = p.bufs.cands
 	for j := range p.elig {
 		v := p.at(j)
 		p.cands[j] = Candidate{Name: v.w.spec.Name, Snap: v.snap, Stats: v.st, Active: v.w.active, JobCost: v.w.cost}

@@ -166,7 +166,7 @@ func (s *Scheduler) beliefsLocked(req *Request, cands []Candidate) {
 // guessesLocked is the guess of the index for every one of cands, asked
 // at once, raised by the worker's report and the session hint.
 func (s *Scheduler) guessesLocked(req *Request, cands []Candidate) {
-	names, frac, remote := make([]string, len(cands)), make([]float64, len(cands)), make([]bool, len(cands))
+	names, frac, remote := guessBufs(len(cands))
 	for i := range cands {
 		names[i] = cands[i].Name
 	}
@@ -186,6 +186,22 @@ func (s *Scheduler) guessesLocked(req *Request, cands []Candidate) {
 			s.sessionMatchLocked(req, c)
 		}
 	}
+}
+
+// guessBufs returns the slices guessesLocked passes the index, of length
+// n: for a single candidate (the affinity rules ask about one worker at
+// a time, for every worker) in one allocation rather than three.
+func guessBufs(n int) ([]string, []float64, []bool) {
+	const few = 1
+	if n != few {
+		return make([]string, n), make([]float64, n), make([]bool, n)
+	}
+	b := new(struct {
+		names  [few]string
+		frac   [few]float64
+		remote [few]bool
+	})
+	return b.names[:n], b.frac[:n], b.remote[:n]
 }
 
 // kvBeliefLocked replaces c's belief with the worker's KV events when they

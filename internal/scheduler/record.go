@@ -23,6 +23,9 @@ import (
 type pickRecord struct {
 	rec   decisions.Record
 	slots []slot // one per worker, in configuration order
+	// total are the eligible workers' scores, in configuration order,
+	// when scored: the picker's slice, which the pick hands over.
+	total []float64
 
 	// What the terms and limits are recomputed from.
 	env    Env     // of the decision; env.Req is &req
@@ -51,16 +54,16 @@ type slot struct {
 	name        string
 	snap        *Snapshot
 	st          *stats.WorkerStats
-	jobCost     float64 // Candidate.JobCost as scored
+	jobCost     float64 // Candidate.JobCost as scored, or as the KV-fit rule read it
 	prefixMatch float64 // Candidate.PrefixMatch as scored
 	prefixSrc   string  // Candidate.PrefixSource as scored
 	kvSeq       int64   // Candidate.KVSeq as scored
-	total       float64 // the score, when scored
 	prefix      float64 // limitState.prefix: one more stream for a cached prefix
 	lastPick    uint64  // for the rank's tie-break
-	limit, cap  int
-	active      int // Sluice's in-flight count (the record's Active)
-	scored      int // the in-flight count as scored (the shared ledger's, when it answered)
+	limit       int32
+	cap         int32
+	active      int32 // Sluice's in-flight count (the record's Active)
+	scored      int32 // the in-flight count as scored (the shared ledger's, when it answered)
 	why         uint8
 	source      limitSource
 	loadable    bool // it could load the request's adapter (adapter.go)
@@ -84,30 +87,31 @@ func newPickRecord(p *pick, terms []WeightedTerm, limits *LimitConfig) *pickReco
 // about the pick changes a worker.
 func (pr *pickRecord) keepLocked(p *pick) {
 	pr.slots = make([]slot, len(p.views))
+	if pr.scored {
+		pr.total = p.total
+	}
 	scoring := pr.scored && !pr.pending
 	j := 0 // p.elig[j] is the next eligible view: elig is in view order
+	score := 0.0
 	for i := range p.views {
 		v := &p.views[i]
-		pr.slots[i] = slot{name: v.w.spec.Name, snap: v.snap, st: v.st, prefix: v.lim.prefix, lastPick: v.w.lastPick,
-			limit: v.lim.limit, cap: v.lim.cap, active: v.w.active, why: v.why, source: v.lim.source, loadable: v.loadable}
-		sl := &pr.slots[i]
+		pr.slots[i] = slot{name: v.w.spec.Name, snap: v.snap, st: v.st, jobCost: v.w.cost, prefix: v.lim.prefix, lastPick: v.w.lastPick,
+			limit: int32(v.lim.limit), cap: int32(v.lim.cap), active: int32(v.w.active), why: v.why, source: v.lim.source, loadable: v.loadable}
 		if j < len(p.elig) && int(p.elig[j]) == i {
-			c := &p.cands[j]
-			sl.jobCost, sl.prefixMatch, sl.scored, sl.prefixSrc, sl.kvSeq = c.JobCost, c.PrefixMatch, c.Active, c.PrefixSource, c.KVSeq
-			if pr.scored {
-				sl.total = p.total[j]
-				if scoring {
-					v.w.last, v.w.lastIdx = &pr.rec, i
+			sl, c := &pr.slots[i], &p.cands[j]
+			sl.jobCost, sl.prefixMatch, sl.prefixSrc, sl.kvSeq, sl.scored = c.JobCost, c.PrefixMatch, c.PrefixSource, c.KVSeq, int32(c.Active)
+			if scoring {
+				v.w.last, v.w.lastIdx = &pr.rec, i
+				if i == pr.chosen {
+					score = p.total[j]
 				}
 			}
 			j++
-		} else if v.why == whyKVFit {
-			sl.jobCost = v.w.cost // what the rule read, for the record's words
 		}
 	}
 	pr.rec.Summary = decisions.Summary{Candidates: len(p.views), Eligible: len(p.cands)}
-	if pr.scored && pr.chosen >= 0 && !pr.pending {
-		pr.rec.Summary.Score = pr.slots[pr.chosen].total
+	if scoring && pr.chosen >= 0 {
+		pr.rec.Summary.Score = score
 	}
 }
 
@@ -118,25 +122,26 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 	var at []int          // their indexes in cs
 	for i := range pr.slots {
 		sl, c := &pr.slots[i], &cs[i]
-		c.Worker, c.Active, c.Limit, c.Eligible = sl.name, sl.active, sl.limit, sl.why == whyEligible
+		c.Worker, c.Active, c.Limit, c.Eligible = sl.name, int(sl.active), int(sl.limit), sl.why == whyEligible
 		c.LimitSource = sl.source.String()
 		if sl.why == whyEligible {
-			cands = append(cands, Candidate{Name: sl.name, Active: sl.scored, JobCost: sl.jobCost, Snap: sl.snap, Stats: sl.st,
+			j := len(cands)
+			cands = append(cands, Candidate{Name: sl.name, Active: int(sl.scored), JobCost: sl.jobCost, Snap: sl.snap, Stats: sl.st,
 				Belief: Belief{PrefixMatch: sl.prefixMatch, PrefixSource: sl.prefixSrc, KVSeq: sl.kvSeq}})
 			at = append(at, i)
 			if pr.scored {
 				// Active as scored: with a Ledger, the count across replicas.
-				c.Active, c.Total = sl.scored, sl.total
+				c.Active, c.Total = int(sl.scored), pr.total[j]
 			}
 		} else {
 			c.Why = filters[sl.why].explain(pr, sl)
 		}
 		if pr.limits != nil {
 			// This replica's in-flight count, which the limit saw.
-			st := pr.limits.limitOf(limitInput{cap: sl.cap, source: srcLearned, active: sl.active, ws: sl.st, snap: sl.snap,
+			st := pr.limits.limitOf(limitInput{cap: int(sl.cap), source: srcLearned, active: int(sl.active), ws: sl.st, snap: sl.snap,
 				floor: pr.floor, waited: pr.waited, now: pr.env.Now, staleAfter: pr.env.StaleAfter})
 			if sl.prefix > 0 { // made one stream over by affinityBorrowLocked
-				st.limit, st.prefix = sl.active+1, sl.prefix
+				st.limit, st.prefix = int(sl.active)+1, sl.prefix
 			}
 			c.LimitReason = st.String()
 		}
@@ -144,11 +149,7 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 	r.Candidates = cs
 	switch {
 	case pr.scored:
-		tot := make([]float64, len(at))
-		for j, i := range at {
-			tot[j] = pr.slots[i].total
-		}
-		pr.explainScores(r, cands, at, tot)
+		pr.explainScores(r, cands, at, pr.total[:len(at)])
 	case pr.unscored && len(cands) > 0:
 		// A refusal's pick scored nobody: the score is the same computed
 		// now, from the same values (terms are pure).

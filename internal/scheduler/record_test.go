@@ -111,3 +111,39 @@ func TestWorkers_LastTermsAreOfTheLatestDecisionScoringEach(t *testing.T) {
 	defer admitNow(t, s, Request{Model: "m"}).Release() // scores all three
 	check(map[string]time.Time{"w0": clk.Now(), "w1": clk.Now(), "w2": clk.Now()})
 }
+
+// A record read after later picks explains its own decision: what it
+// keeps is its own, not the scratch later picks reuse.
+func TestRecord_ReadAfterLaterPicksIsItsOwn(t *testing.T) {
+	run := func(later int) []decisions.Candidate {
+		s := newSched(t, Config{MaxQueue: 5}, workers(16, 4, "m")...)
+		var held []*Lease
+		for range 5 { // some workers busy, so the scores differ
+			l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, l)
+		}
+		rec := held[len(held)-1].Decision
+		for range later {
+			l, err := s.Admit(context.Background(), Request{Model: "m", PromptTokens: 7000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(held) < 30 {
+				held = append(held, l)
+			} else {
+				l.Release()
+			}
+		}
+		return rec.Explain().Candidates
+	}
+	now, later := run(0), run(40)
+	if len(now) != 16 {
+		t.Fatalf("record lists %d workers, want 16", len(now))
+	}
+	if d := cmp.Diff(now, later); d != "" {
+		t.Errorf("record read after later picks differs (-read at once +read later):\n%s", d)
+	}
+}

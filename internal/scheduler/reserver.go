@@ -275,9 +275,11 @@ func (s *Scheduler) bindReservedLocked(res *reservation, i int, lease string, ac
 // replicas, or this replica's while the ledger is down) and its total,
 // the choice (candidate i), and the score.
 func (pr *pickRecord) patchShared(s *Scheduler, res *reservation, i int, active []int) {
+	if len(pr.total) < len(res.slotIdx) {
+		pr.total = make([]float64, len(res.slotIdx))
+	}
 	for j, at := range res.slotIdx {
-		sl := &pr.slots[at]
-		sl.total, sl.scored = res.tot[j], active[j]
+		pr.total[j], pr.slots[at].scored = res.tot[j], int32(active[j])
 		res.elig[j].last, res.elig[j].lastIdx = &pr.rec, at
 	}
 	pr.scored, pr.shared, pr.pending = true, true, false

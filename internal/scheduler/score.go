@@ -5,6 +5,8 @@ package scheduler
 // (explain).
 
 import (
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
@@ -13,8 +15,13 @@ import (
 // totals runs every term over cands and returns each candidate's weighted
 // sum. It is the one place weights are applied; it builds no records.
 func totals(terms []WeightedTerm, env *Env, cands []Candidate) []float64 {
-	out := make([]float64, len(cands))
-	raw, norm := make([]float64, len(cands)), make([]float64, len(cands))
+	n := len(cands)
+	out := make([]float64, n) // kept by the record
+	// raw and norm are scratch, which a term only writes and reads during
+	// its Score: they come from scorePool and go back.
+	sp := scorePool.Get().(*[]float64)
+	scratch := slices.Grow((*sp)[:0], 2*n)[:2*n]
+	raw, norm := scratch[:n:n], scratch[n:]
 	for _, wt := range terms {
 		wt.Term.Score(env, cands, raw, norm)
 		w := signedWeight(wt)
@@ -22,8 +29,12 @@ func totals(terms []WeightedTerm, env *Env, cands []Candidate) []float64 {
 			out[i] += w * n
 		}
 	}
+	*sp = scratch[:0]
+	scorePool.Put(sp)
 	return out
 }
+
+var scorePool = sync.Pool{New: func() any { return new([]float64) }}
 
 // explain recomputes the terms from the same candidates (terms are pure,
 // so the numbers are identical to those totals summed) and returns each
