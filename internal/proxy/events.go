@@ -62,6 +62,9 @@ func readAnthropicEvent(_, data []byte) eventInfo {
 	case "message_start":
 		if e.Message != nil && e.Message.Usage != nil {
 			info.prompt, info.usage = e.Message.Usage.prompt(), true
+			if n := e.Message.Usage.CacheReadInputTokens; n > 0 {
+				info.cached, info.cachedKnown = n, true
+			}
 		}
 	case "content_block_delta":
 		info.content = e.Delta != nil && (e.Delta.Text != "" || e.Delta.Thinking != "" || e.Delta.PartialJSON != "")

@@ -763,7 +763,8 @@ func (h *Handler) report(worker string, err error) {
 // prefill. Without timings a whole answer teaches end-to-end time and
 // output length only.
 func observation(m measured, e2e time.Duration) stats.Observation {
-	o := stats.Observation{TTFT: m.ttft, E2E: e2e, OutputTokens: m.tokens, DecodeTPS: m.decodeTPS}
+	o := stats.Observation{TTFT: m.ttft, E2E: e2e, OutputTokens: m.tokens, DecodeTPS: m.decodeTPS,
+		CachedTokens: m.cachedTokens, CachedKnown: m.cachedKnown}
 	if t := m.timings; t != nil {
 		if o.TTFT == 0 {
 			if d := msDuration(t.PredictedMs); d > 0 && d < e2e {
@@ -800,8 +801,12 @@ type measured struct {
 	tokens    int
 	decodeTPS float64  // as reported by the worker, if it did
 	timings   *timings // llama.cpp's timings of a whole answer, if given
-	// promptTokens is the prompt length the worker reported in usage.
+	// promptTokens is the prompt length the worker reported in usage;
+	// cachedTokens how many of them it found in its prefix cache, when
+	// it said (cachedKnown).
 	promptTokens int
+	cachedTokens int
+	cachedKnown  bool
 	// complete is true when the client was given the whole answer: a
 	// whole answer read to its end, a stream up to its terminator.
 	complete bool
@@ -854,6 +859,7 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 		out.tokens = ch.reportedTokens()
 		out.timings = ch.Timings
 		out.promptTokens = ch.promptCount()
+		out.cachedTokens, out.cachedKnown = ch.cachedCount()
 	}
 	return out, nil
 }

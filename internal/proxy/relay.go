@@ -291,6 +291,7 @@ func (pt *part) end(clean bool) (write bool) {
 func (pt *part) result(readErr, writeErr error) (measured, error) {
 	m, out := &pt.m, pt.out
 	out.tokens, out.promptTokens, out.complete = m.tokens(), m.prompt, m.complete()
+	out.cachedTokens, out.cachedKnown = m.cached, m.cachedKnown
 	switch {
 	case m.failed:
 		// A stream relayed as it came gave the client the worker's error

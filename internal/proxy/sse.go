@@ -45,6 +45,12 @@ type chunk struct {
 		OutputTokens             int `json:"output_tokens"`
 		CacheReadInputTokens     int `json:"cache_read_input_tokens"`
 		CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+		// The prompt tokens the engine found in its cache: OpenAI's
+		// chat and completions (vLLM, SGLang) say it in
+		// prompt_tokens_details, the Responses API in
+		// input_tokens_details.
+		PromptTokensDetails *cachedDetails `json:"prompt_tokens_details"`
+		InputTokensDetails  *cachedDetails `json:"input_tokens_details"`
 	} `json:"usage"`
 	TokensPredicted int             `json:"tokens_predicted"` // llama.cpp native
 	Timings         *timings        `json:"timings"`
@@ -59,6 +65,10 @@ type eventInfo struct {
 	final    bool   // it ends the answer (finish_reason, or native stop)
 	reported int    // output tokens the worker states, or 0 (may be negative: not believed)
 	prompt   int    // prompt tokens the worker states, or 0
+	// cached is how many of them the worker says it found in its cache,
+	// when it says (cachedKnown).
+	cached      int
+	cachedKnown bool
 	usage    bool   // it carries a usage object, whose prompt count has the last word
 
 	// What a continuable stream follows (contStream.follow): the
@@ -87,6 +97,7 @@ func readEvent(data []byte) eventInfo {
 		prompt:   c.promptCount(),
 		usage:    c.Usage != nil,
 	}
+	info.cached, info.cachedKnown = c.cachedCount()
 	json.Unmarshal(c.ID, &info.id) // a string, else none
 	var text strings.Builder
 	if c.Content != nil {
@@ -150,6 +161,35 @@ func (c *chunk) final() bool {
 	return false
 }
 
+// cachedDetails is the part of usage's token details that says how many
+// prompt tokens came from the engine's prefix cache.
+type cachedDetails struct {
+	CachedTokens *int `json:"cached_tokens"`
+}
+
+// cachedCount returns how many prompt tokens the worker says it found in
+// its prefix cache, and whether it said: usage's prompt_tokens_details
+// (or input_tokens_details).cached_tokens, else Anthropic's
+// cache_read_input_tokens when there are any, else llama.cpp's
+// timings.cache_n. The decision record sets it against what the router
+// believed the worker held.
+func (c *chunk) cachedCount() (int, bool) {
+	if u := c.Usage; u != nil {
+		for _, d := range []*cachedDetails{u.PromptTokensDetails, u.InputTokensDetails} {
+			if d != nil && d.CachedTokens != nil {
+				return max(*d.CachedTokens, 0), true
+			}
+		}
+		if u.CacheReadInputTokens > 0 {
+			return u.CacheReadInputTokens, true
+		}
+	}
+	if c.Timings != nil {
+		return max(c.Timings.CacheN, 0), true
+	}
+	return 0, false
+}
+
 // promptCount returns the prompt size the worker states, or 0: usage's
 // prompt_tokens, else llama.cpp's timings prompt_n + cache_n (a stream
 // carries usage only when the request asked for it), else the
@@ -196,6 +236,10 @@ type streamMeter struct {
 	content  int  // events that carried generated text
 	reported int  // tokens the worker reported, if any
 	prompt   int  // prompt tokens the worker reported, if any
+	// cached is the prompt tokens the worker said it found cached, when
+	// it said (cachedKnown).
+	cached      int
+	cachedKnown bool
 	done     bool // saw data: [DONE]
 	finished bool // saw a final chunk (finish_reason, or native stop)
 	failed   bool // the worker sent an error event
@@ -245,6 +289,9 @@ func (m *streamMeter) event(e sse.Event) {
 	}
 	if c.prompt > 0 && (m.prompt == 0 || c.usage) {
 		m.prompt = c.prompt // usage, where it comes, has the last word
+	}
+	if c.cachedKnown {
+		m.cached, m.cachedKnown = c.cached, true
 	}
 	if c.final {
 		m.finished = true
