@@ -12,26 +12,13 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/clock/clocktest"
 )
 
-// fakeClock is a settable Options.Now.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newClock() *fakeClock { return &fakeClock{now: time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
+// newClock is a settable Options.Now.
+func newClock() *clocktest.ManualClock {
+	return clocktest.NewManualClock(time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC))
 }
 
 // fakeServer plays a worker: each path answers what its fields say.
@@ -237,7 +224,7 @@ func (b *logBuffer) String() string {
 // through ScrapeNow (Interval is an hour), on a fake clock.
 type harness struct {
 	f       *Fleet
-	clock   *fakeClock
+	clock   *clocktest.ManualClock
 	rounds  *rounds
 	changes *changes
 	logs    *logBuffer
