@@ -69,7 +69,7 @@ type eventInfo struct {
 	// when it says (cachedKnown).
 	cached      int
 	cachedKnown bool
-	usage    bool   // it carries a usage object, whose prompt count has the last word
+	usage       bool // it carries a usage object, whose prompt count has the last word
 
 	// What a continuable stream follows (contStream.follow): the
 	// event's id when it is a string, the text it carries (content,
@@ -233,18 +233,18 @@ type streamMeter struct {
 	// OpenAI chunks.
 	read     func(typ, data []byte) eventInfo
 	parser   sse.Parser
-	content  int  // events that carried generated text
-	reported int  // tokens the worker reported, if any
-	prompt   int  // prompt tokens the worker reported, if any
+	content  int // events that carried generated text
+	reported int // tokens the worker reported, if any
+	prompt   int // prompt tokens the worker reported, if any
 	// cached is the prompt tokens the worker said it found cached, when
 	// it said (cachedKnown).
 	cached      int
 	cachedKnown bool
-	done     bool // saw data: [DONE]
-	finished bool // saw a final chunk (finish_reason, or native stop)
-	failed   bool // the worker sent an error event
-	failure  string
-	first    bool // the last feed or end held the stream's first content
+	done        bool // saw data: [DONE]
+	finished    bool // saw a final chunk (finish_reason, or native stop)
+	failed      bool // the worker sent an error event
+	failure     string
+	first       bool // the last feed or end held the stream's first content
 }
 
 // end ends the stream (see sse.Parser.End) and reports whether what was
