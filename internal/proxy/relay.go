@@ -239,12 +239,11 @@ func (pt *part) event(e sse.Event) {
 		}
 		return
 	}
-	pt.m.event(e)
+	info := pt.m.take(e) // a continuable stream's events read as OpenAI chunks
 	if pt.m.failed {
 		pt.broken = breakErrorEvent
 		return
 	}
-	info := readEvent(data)
 	if cs.overshoot > 0 && info.content {
 		pt.commit = e.Next // past the limit: not the client's
 		return

@@ -258,7 +258,11 @@ func (m *streamMeter) end() (first bool) {
 // event reads one dispatched event. An event named "error", or whose
 // data holds an "error" that is not null, fails the stream; data that is
 // not a chunk (not JSON, or of another shape) counts for nothing.
-func (m *streamMeter) event(e sse.Event) {
+func (m *streamMeter) event(e sse.Event) { m.take(e) }
+
+// take is event, returning what it read of the data for a relay that
+// follows the event too, so that an event is decoded once.
+func (m *streamMeter) take(e sse.Event) eventInfo {
 	data := bytes.TrimSpace(e.Data)
 	if string(e.Type) == "error" {
 		m.failed = true
@@ -268,7 +272,7 @@ func (m *streamMeter) event(e sse.Event) {
 	}
 	if string(data) == "[DONE]" {
 		m.done = true
-		return
+		return eventInfo{}
 	}
 	var c eventInfo
 	if m.read != nil {
@@ -278,11 +282,11 @@ func (m *streamMeter) event(e sse.Event) {
 	}
 	switch {
 	case !c.valid:
-		return
+		return c
 	case c.err != "":
 		m.failed = true
 		m.failure = c.err
-		return
+		return c
 	}
 	if c.reported > 0 {
 		m.reported = c.reported
@@ -300,6 +304,7 @@ func (m *streamMeter) event(e sse.Event) {
 		m.content++
 		m.first = m.first || m.content == 1
 	}
+	return c
 }
 
 // complete reports whether the stream delivered its end: [DONE], or a
