@@ -295,58 +295,42 @@ func Run(ctx context.Context, o Options, logw *os.File) error {
 	for _, sc := range scens {
 		var runs []bench.NamedRun
 		var limits []scheduler.WorkerState
-		var one, many *vsim.HTTPStats
+		var one, many, kvHTTP *vsim.HTTPStats
 		expected := map[string]int64{}
+		balance := map[string]*vsim.Balance{}
+		add := func(name string, r policyRun) {
+			expected[name], balance[name] = r.expected, r.balance
+			runs = append(runs, bench.NamedRun{Name: name, Results: r.res, SLO: o.SLO})
+		}
 		for _, p := range o.Policies {
 			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, p, len(sc.items))
-			var res []bench.Result
-			var ws []scheduler.WorkerState
-			var hs vsim.HTTPStats
-			var err error
-			if o.KVEvents && o.Virtual { // the same virtual run, with its expectations
-				var st vsim.Stats
-				res, st, err = runVirtual(o, fleet, p, false, sc.items)
-				ws, expected[string(p)] = st.Workers, st.ExpectedCached
-			} else {
-				res, ws, hs, err = runPolicy(ctx, o, fleet, p, 1, false, sc.items, logw)
-				expected[string(p)] = hs.ExpectedCached
-			}
+			r, err := runPolicy(ctx, o, fleet, p, 1, false, sc.items, logw)
 			if err != nil {
 				return fmt.Errorf("%s, policy %s: %w", sc.name, p, err)
 			}
 			if p == scheduler.PolicySluice {
-				limits, one = ws, &hs
+				limits, one = r.workers, r.http
 			}
-			runs = append(runs, bench.NamedRun{Name: string(p), Results: res, SLO: o.SLO})
+			add(string(p), r)
 		}
 		if o.Replicas > 1 {
 			name := replicasRow(o.Replicas)
 			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, name, len(sc.items))
-			res, _, hs, err := runPolicy(ctx, o, fleet, scheduler.PolicySluice, o.Replicas, false, sc.items, logw)
+			r, err := runPolicy(ctx, o, fleet, scheduler.PolicySluice, o.Replicas, false, sc.items, logw)
 			if err != nil {
 				return fmt.Errorf("%s, %s: %w", sc.name, name, err)
 			}
-			many = &hs
-			runs = append(runs, bench.NamedRun{Name: name, Results: res, SLO: o.SLO})
+			many = r.http
+			add(name, r)
 		}
-		var kvHTTP *vsim.HTTPStats
 		if o.KVEvents {
 			fmt.Fprintf(logw, "%s: %s (%d requests)\n", sc.name, KVRow, len(sc.items))
-			var res []bench.Result
-			var err error
-			if o.Virtual {
-				var st vsim.Stats
-				res, st, err = runVirtual(o, fleet, scheduler.PolicySluice, true, sc.items)
-				expected[KVRow] = st.ExpectedCached
-			} else {
-				var hs vsim.HTTPStats
-				res, _, hs, err = runPolicy(ctx, o, fleet, scheduler.PolicySluice, 1, true, sc.items, logw)
-				expected[KVRow], kvHTTP = hs.ExpectedCached, &hs
-			}
+			r, err := runPolicy(ctx, o, fleet, scheduler.PolicySluice, 1, true, sc.items, logw)
 			if err != nil {
 				return fmt.Errorf("%s, %s: %w", sc.name, KVRow, err)
 			}
-			runs = append(runs, bench.NamedRun{Name: KVRow, Results: res, SLO: o.SLO})
+			kvHTTP = r.http
+			add(KVRow, r)
 		}
 		dir := filepath.Join(o.Out, sc.name)
 		if _, err := bench.WriteReport(dir, runs); err != nil {
@@ -363,6 +347,7 @@ func Run(ctx context.Context, o Options, logw *os.File) error {
 		}
 		fmt.Fprintf(&md, "```\n\n")
 		writeGoals(&md, sc, runs, o.Virtual, o.TimeScale, floor)
+		writeBalance(&md, runs, balance)
 		if err := writeSlowdowns(&md, o, fleet, runs, sc.items); err != nil {
 			return err
 		}
@@ -414,11 +399,11 @@ func goodput(ctx context.Context, o Options, fleet []sim.WorkerSpec, p scheduler
 		if err != nil {
 			return 0, 0, err
 		}
-		res, _, _, err := runPolicy(ctx, o, fleet, p, 1, false, it, logw)
+		r, err := runPolicy(ctx, o, fleet, p, 1, false, it, logw)
 		if err != nil {
 			return 0, 0, err
 		}
-		if a := bench.Summarize(res, o.SLO).Attainment; a >= goodputShare {
+		if a := bench.Summarize(r.res, o.SLO).Attainment; a >= goodputShare {
 			best, at = float64(l), a
 		}
 	}
@@ -444,18 +429,36 @@ func writeGoodput(ctx context.Context, md *bytes.Buffer, o Options, fleet []sim.
 	return nil
 }
 
-// runPolicy runs one scenario under one policy, with a fresh fleet, and
-// over real HTTP through that many router replicas; with kv, the sim
-// fleet publishes its KV-cache events to the router (real HTTP only).
-func runPolicy(ctx context.Context, o Options, fleet []sim.WorkerSpec, p scheduler.Policy, replicas int, kv bool, items []bench.Item, logw *os.File) ([]bench.Result, []scheduler.WorkerState, vsim.HTTPStats, error) {
+// policyRun is what one policy's run gave: the requests' results and
+// what the router and fleet said of it.
+type policyRun struct {
+	res []bench.Result
+	// workers are the (first) router's worker states at the end: limit
+	// in force, learned limit, cap and why.
+	workers []scheduler.WorkerState
+	// expected is the prompt tokens the router expected the chosen
+	// workers to hold, over its bound decisions.
+	expected int64
+	// balance is how evenly the run spread requests, scrape by scrape
+	// (virtual time only).
+	balance *vsim.Balance
+	// http is what the real-HTTP run measured (nil in virtual time).
+	http *vsim.HTTPStats
+}
+
+// runPolicy runs one scenario under one policy, with a fresh fleet, in
+// virtual time or over real HTTP through that many router replicas; with
+// kv, the fleet publishes its KV-cache events to the router.
+func runPolicy(ctx context.Context, o Options, fleet []sim.WorkerSpec, p scheduler.Policy, replicas int, kv bool, items []bench.Item, logw *os.File) (policyRun, error) {
 	cfg := vsim.DefaultConfig(fleet)
 	if o.Router != nil {
 		cfg = vsim.FromRouterConfig(*o.Router, fleet)
 	}
 	cfg.Policy, cfg.Seed, cfg.MaxConcurrency = p, o.Seed, o.MaxConcurrency
 	if o.Virtual {
+		cfg.KVEvents = kv
 		res, st, err := vsim.RunStats(cfg, items)
-		return res, st.Workers, vsim.HTTPStats{}, err
+		return policyRun{res: res, workers: st.Workers, expected: st.ExpectedCached, balance: &st.Balance}, err
 	}
 	hc := vsim.HTTPConfig{Router: cfg, TimeScale: o.TimeScale, Timeout: o.Timeout, External: o.Workers, KVEvents: kv,
 		Progress: bench.ProgressBar(logw, term.IsTerminal(int(logw.Fd())))}
@@ -465,7 +468,7 @@ func runPolicy(ctx context.Context, o Options, fleet []sim.WorkerSpec, p schedul
 	res, hs, err := vsim.RunHTTPStats(ctx, hc, items)
 	// The first router's limits at the end, as the virtual run reports
 	// them: what held requests in its queue, against real workers too.
-	return res, hs.Workers, hs, err
+	return policyRun{res: res, workers: hs.Workers, expected: hs.ExpectedCached, http: &hs}, err
 }
 
 // replicasRow names the row of n replicas.
@@ -708,9 +711,25 @@ func idleFloorRun(ctx context.Context, o Options, fleet []sim.WorkerSpec, items 
 	if err != nil {
 		return nil, "", fmt.Errorf("idle floor: %w", err)
 	}
-	res, _, _, err := runPolicy(ctx, o, ideal, scheduler.PolicyLeastConnections, 1, false, it, logw)
+	r, err := runPolicy(ctx, o, ideal, scheduler.PolicyLeastConnections, 1, false, it, logw)
 	if err != nil {
 		return nil, "", fmt.Errorf("idle floor: %w", err)
 	}
-	return res, best.Name, nil
+	return r.res, best.Name, nil
+}
+
+// writeBalance says, for a virtual run, how often each row herded: at how
+// many telemetry scrapes a worker held two or more requests and over 1.5×
+// the fleet's mean while another sat idle (vsim.Balance), the failure
+// prefix affinity must not cause.
+func writeBalance(md *bytes.Buffer, runs []bench.NamedRun, balance map[string]*vsim.Balance) {
+	var parts []string
+	for _, r := range runs {
+		b := balance[r.Name]
+		if b == nil || b.Scrapes == 0 {
+			return
+		}
+		parts = append(parts, fmt.Sprintf("%s %.1f%% (%d of %d)", r.Name, 100*float64(b.Herded)/float64(b.Scrapes), b.Herded, b.Scrapes))
+	}
+	fmt.Fprintf(md, "Herding, scrapes with a worker over 1.5× the mean load while another idled: %s.\n\n", strings.Join(parts, ", "))
 }

@@ -208,7 +208,8 @@ func TestRunCompare_IdleFloorBoundsEveryRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range o.Policies {
-		res, _, _, err := runPolicy(ctx, o, fleet, p, 1, false, at80, logf)
+		r, err := runPolicy(ctx, o, fleet, p, 1, false, at80, logf)
+		res := r.res
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,24 +5,11 @@ import (
 	"fmt"
 
 	"github.com/sluice-router/sluice/internal/bench"
-	"github.com/sluice-router/sluice/internal/scheduler"
-	"github.com/sluice-router/sluice/internal/sim"
 	"github.com/sluice-router/sluice/internal/vsim"
 )
 
 // KVRow names the row of Sluice with the exact index of KV events.
 const KVRow = "sluice + KV events"
-
-// runVirtual is runPolicy's virtual branch that also returns the run's
-// Stats, with the exact index of KV events when kv is set.
-func runVirtual(o Options, fleet []sim.WorkerSpec, p scheduler.Policy, kv bool, items []bench.Item) ([]bench.Result, vsim.Stats, error) {
-	cfg := vsim.DefaultConfig(fleet)
-	if o.Router != nil {
-		cfg = vsim.FromRouterConfig(*o.Router, fleet)
-	}
-	cfg.Policy, cfg.Seed, cfg.MaxConcurrency, cfg.KVEvents = p, o.Seed, o.MaxConcurrency, kv
-	return vsim.RunStats(cfg, items)
-}
 
 // writeExpectedCached sets, row by row, the prompt tokens the router
 // expected the chosen workers to hold (vsim.Stats.ExpectedCached in

@@ -115,11 +115,11 @@ func writeSeeds(ctx context.Context, md *bytes.Buffer, o Options, fleet []sim.Wo
 			var runs []bench.NamedRun
 			for i, p := range []scheduler.Policy{scheduler.PolicySluice, scheduler.PolicyLeastConnections} {
 				fmt.Fprintf(logw, "seed %d: %s: %s (%d requests)\n", seed, sc.name, p, len(sc.items))
-				res, _, _, err := runPolicy(ctx, so, fleet, p, 1, false, sc.items, logw)
+				r, err := runPolicy(ctx, so, fleet, p, 1, false, sc.items, logw)
 				if err != nil {
 					return fmt.Errorf("seed %d, %s, policy %s: %w", seed, sc.name, p, err)
 				}
-				runs = append(runs, bench.NamedRun{Name: string(p), Results: res, SLO: o.SLO})
+				runs = append(runs, bench.NamedRun{Name: string(p), Results: r.res, SLO: o.SLO})
 				sum[i] = runs[i].Summary()
 			}
 			all[sc.name] = append(all[sc.name], withSpell(ratiosOf(sum[0], sum[1]), fleet, runs))
