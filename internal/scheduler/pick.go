@@ -66,9 +66,8 @@ type pick struct {
 	kvHeld bool
 
 	// Admission by promise (promise.go): bySLO says the stage runs;
-	// arrived is when the request came; preds
-	// are the predictions of the eligible workers (parallel to cands),
-	// meets the stage's space.
+	// arrived is when the request came; preds are the predictions of the
+	// eligible workers (parallel to cands), meets the stage's space.
 	bySLO   bool
 	arrived time.Time
 	promise promiseState
@@ -224,9 +223,9 @@ type choice struct {
 // pickLocked runs a pick for req, which arrived at arrived (the promise
 // stage counts its objective from then). When no worker is eligible it
 // returns no record unless always is set (a refusal needs one). It reads
-// and writes the scheduler's state in three places only: the resolve
-// stage, the model's derived SLO (promise.go) and the policy's picker,
-// with the record's ID and each scored worker's latest decision.
+// and writes the scheduler's state in these places only: the resolve
+// stage, the model's derived SLO (promise.go), the policy's picker and
+// the ledger's reservation, and each scored worker's latest decision.
 func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool) choice {
 	p := s.newPickLocked(req, now, !always)
 	defer p.release()
