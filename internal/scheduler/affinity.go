@@ -70,31 +70,49 @@ func (s *Scheduler) affinityOn() bool {
 }
 
 // matchOnLocked is how much of req's prefix w is believed to hold: the
-// Belief the prefix term reads.
+// Belief the prefix term reads, for a request outside a pick (a waiting
+// one the holder-first rule looks at), from the session table and w's
+// requests in flight as they are now.
 func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
 	if !s.affine(&req) {
 		return 0
 	}
+	b := beliefSrc{conf: s.conf, now: s.clock.Now()}
+	if req.Session != "" && s.cfg.PrefixIndex != nil {
+		b.session = s.sessions.lookup(req.Model, req.Session, b.now)
+	}
 	c := [1]Candidate{{Name: w.spec.Name, Active: w.active, Snap: w.snapshot()}}
-	s.beliefsLocked(&req, c[:])
+	b.set(&req, c[:], func(int) []kvSent { return w.kvSent })
 	return c[0].PrefixMatch
 }
 
-// affinityBorrowLocked is the relaxation stage of a pick that found no
-// worker with room: workers full at their learned limit that hold enough
-// of the request's prefix become eligible for one stream more (see
-// above), appended to p.elig.
-func (s *Scheduler) affinityBorrowLocked(p *pick) {
+// matchOn is how much of p's request the worker of p.views[i] is
+// believed to hold, as the pick found it.
+func (p *pick) matchOn(i int) float64 {
+	if !p.conf.affine(&p.req) {
+		return 0
+	}
+	v := &p.views[i]
+	c := [1]Candidate{{Name: v.w.spec.Name, Active: v.active, Snap: v.snap}}
+	p.beliefs.set(&p.req, c[:], func(int) []kvSent { return v.kvSent })
+	return c[0].PrefixMatch
+}
+
+// affinityBorrow is the relaxation stage of a pick that found no worker
+// with room: workers full at their learned limit that hold enough of the
+// request's prefix become eligible for one stream more (see above),
+// appended to p.elig.
+func (p *pick) affinityBorrow() {
 	for i := range p.views {
 		v := &p.views[i]
 		if !oneMoreRoom(v) {
 			continue
 		}
-		m := s.matchOnLocked(p.req, v.w)
+		m := p.matchOn(i)
 		if m < affinityBorrowMatch {
 			continue
 		}
-		v.lim.limit, v.lim.prefix = v.w.active+1, m
+		v.lim.limit, v.lim.prefix = v.active+1, m
 		v.why = whyEligible
 		p.elig = append(p.elig, int32(i))
 	}
@@ -110,7 +128,7 @@ func oneMoreRoom(v *view) bool {
 // limit, which is below its cap, with the floor known and no saturation
 // reported.
 func atLearnedLimit(v *view) bool {
-	lim, active := &v.lim, v.w.active
+	lim, active := &v.lim, v.active
 	return lim.source == srcLearned && lim.floor > 0 && lim.sat == satNone &&
 		lim.limit == lim.learned && active == lim.learned && active < lim.cap
 }

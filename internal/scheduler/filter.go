@@ -136,7 +136,7 @@ type drainingFilter struct{}
 func (f drainingFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	return keepRule(p, in, why, f)
 }
-func (drainingFilter) passes(_ *pick, v *view) bool      { return !v.w.draining }
+func (drainingFilter) passes(_ *pick, v *view) bool      { return !v.draining }
 func (drainingFilter) explain(*pickRecord, *slot) string { return "draining" }
 
 // healthFilter keeps out a worker the fleet judged down (failed probes or
@@ -197,7 +197,7 @@ type limitFilter struct{}
 func (f limitFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	return keepRule(p, in, why, f)
 }
-func (limitFilter) passes(p *pick, v *view) bool { return p.baseline || v.w.active < v.lim.limit }
+func (limitFilter) passes(p *pick, v *view) bool { return p.baseline || v.active < v.lim.limit }
 func (limitFilter) explain(_ *pickRecord, sl *slot) string {
 	return fmt.Sprintf("at max_concurrency (%d/%d)", sl.active, sl.limit)
 }

@@ -52,7 +52,7 @@ func TestFilters(t *testing.T) {
 				if tt.name == "kv fit" {
 					wk.cost = 3500 // a's 4,000-token cache holds 3,500 already
 				}
-				p.views[i] = view{w: wk, snap: &snap, serving: x.serving, lim: viewLimit{limit: x.limit}}
+				p.views[i] = view{w: wk, snap: &snap, serving: x.serving, lim: viewLimit{limit: x.limit}, active: wk.active, cost: wk.cost, draining: wk.draining}
 				in = append(in, int32(i))
 			}
 			out := filters[tt.why].keep(p, in, tt.why)
@@ -107,7 +107,7 @@ func TestKeepRules(t *testing.T) {
 				spec.Unserved = []string{"/v1/messages"}
 			}
 			w := &worker{spec: spec, order: i, draining: flip(), active: r.IntN(3)}
-			p.views[i] = view{w: w, snap: snap, serving: !flip(), lim: viewLimit{limit: r.IntN(4)}}
+			p.views[i] = view{w: w, snap: snap, serving: !flip(), lim: viewLimit{limit: r.IntN(4)}, active: w.active, draining: w.draining}
 		}
 		return p
 	}

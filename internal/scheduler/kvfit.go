@@ -120,7 +120,7 @@ func (kvFitFilter) keep(p *pick, in []int32, why uint8) []int32 {
 		return in
 	}
 	fits := func(v *view) bool {
-		r := kvRoomOf(v.snap, v.w.cost, v.w.active, p.env.Now, p.env.StaleAfter)
+		r := kvRoomOf(v.snap, v.cost, v.active, p.env.Now, p.env.StaleAfter)
 		return r.fits(prompt)
 	}
 	fit, miss := 0, 0
@@ -134,7 +134,7 @@ func (kvFitFilter) keep(p *pick, in []int32, why uint8) []int32 {
 	if miss == 0 || fit == 0 && p.shared {
 		return in
 	}
-	out := keepIf(p, in, why, func(v *view) bool { return fits(v) || (fit == 0 && v.w.active == 0) })
+	out := keepIf(p, in, why, func(v *view) bool { return fits(v) || (fit == 0 && v.active == 0) })
 	p.kvHeld = len(out) == 0
 	return out
 }

@@ -38,12 +38,12 @@ func (s *Scheduler) kvDoneLocked(l *Lease) {
 	}
 }
 
-// kvSentMatch returns how many of keys, from the first, a request in
-// flight on w shares: the blocks w is expected to hold once it has
-// prefilled them.
-func kvSentMatch(w *worker, keys []uint64) int {
+// kvSentMatch returns how many of keys, from the first, one of the
+// requests sent to a worker and in flight there shares: the blocks the
+// worker is expected to hold once it has prefilled them.
+func kvSentMatch(sent []kvSent, keys []uint64) int {
 	best := 0
-	for _, e := range w.kvSent {
+	for _, e := range sent {
 		n := 0
 		for n < len(keys) && n < len(e.keys) && keys[n] == e.keys[n] {
 			n++

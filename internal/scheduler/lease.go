@@ -206,7 +206,8 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 func (s *Scheduler) refuseLocked(t *Ticket, rec *decisions.Record, cause error) {
 	if rec == nil && !s.cfg.NoRecords {
 		rec = new(decisions.Record)
-		s.fillRecordLocked(rec, t.req, s.clock.Now())
+		out, src := s.est.estimate(&t.req)
+		s.fillRecord(rec, &t.req, s.clock.Now(), out, src)
 	}
 	if t.res != nil {
 		t.res.gone = true // the ledger's answer gives back what it reserved

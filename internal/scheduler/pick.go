@@ -13,8 +13,8 @@ import (
 // A pick chooses the worker for one request, in stages, each a small step
 // with one job, run in this order under the scheduler's lock:
 //
-//	resolve     each worker's telemetry and stats, read once      (view)
-//	limits      each worker's concurrency limit                    (limit.go)
+//	resolve     each worker's telemetry, stats and counters, and its
+//	            concurrency limit, read once                       (view, limit.go)
 //	filters     eligibility, one rule each, with a reason code     (filter*.go)
 //	relax       one stream over a learned limit for a cached prefix,
 //	            when no worker is left                             (affinity.go)
@@ -28,10 +28,16 @@ import (
 //
 // The stages pass one value, the pick, made afresh for each request, from
 // one to the next; what a caller needs of it once it is made is its
-// choice.
+// choice. Only the resolve stage (newPickLocked) and the picker's choice
+// read or write the scheduler's guarded state: resolve copies into the
+// pick what the later stages read of it, so those are functions of the
+// pick and the immutable configuration (conf), testable on a pick built
+// by hand. They still run under the lock, where the pick and the
+// reservation of its choice are one step.
 type pick struct {
-	req Request
-	env Env // of the decision; env.Req is &req
+	conf *pickConf
+	req  Request
+	env  Env // of the decision; env.Req is &req
 	// binding says the pick's choice will be bound (not a refusal's
 	// record): only then may the shared ledger be asked.
 	binding  bool
@@ -40,6 +46,15 @@ type pick struct {
 	learning bool // limits are learned (Sluice's policy, not Fixed)
 	floor    float64
 	waited   time.Duration
+	// out and outSrc are the request's expected output and where that
+	// came from (estimate.go), when a prediction or a record needs them.
+	out    float64
+	outSrc string
+	// beliefs are what the sources of a candidate's Belief read besides
+	// the request and the candidate (prefix.go); session is where the
+	// request's session went last, as beliefs.session points to it.
+	beliefs beliefSrc
+	session sessionEntry
 
 	bufs  *pickBufs   // where views and elig come from (release)
 	views []view      // every worker, in configuration order
@@ -51,12 +66,10 @@ type pick struct {
 	kvHeld bool
 
 	// Admission by promise (promise.go): bySLO says the stage runs;
-	// arrived is when the request came, out its expected output; preds
-	// are the predictions of the eligible workers (parallel to cands),
-	// meets the stage's space.
+	// arrived is when the request came; preds are the predictions of the
+	// eligible workers (parallel to cands), meets the stage's space.
 	bySLO   bool
 	arrived time.Time
-	out     float64
 	promise promiseState
 	preds   []predict.Prediction
 	meets   []bool
@@ -67,15 +80,41 @@ type pick struct {
 	adapter *adapterPick
 }
 
+// pickConf is what the stages read of the scheduler's configuration:
+// set by New and never changed, so read without the lock.
+type pickConf struct {
+	cfg    *Config
+	terms  []WeightedTerm
+	limits *LimitConfig
+	// prefixWeighted says the prefix term counts (Scheduler's), affinity
+	// that the backlog rules apply (affinityOn), sessions that the
+	// session table is on.
+	prefixWeighted, affinity, sessions bool
+}
+
+// affine reports whether req has anything the prefix term can match:
+// prompt blocks, or a session the table may know.
+func (c *pickConf) affine(req *Request) bool {
+	return len(req.Prefix) > 0 || (c.sessions && req.Session != "")
+}
+
 // view is one worker as a pick sees it: what the pick resolved of it once
-// (its telemetry, stats and limit) and why it is or is not eligible.
+// (its telemetry, stats, counters and limit) and why it is or is not
+// eligible. The stages read the worker's counters here, never on w, whose
+// spec (name, kind, routes) and order are what they read of it.
 type view struct {
-	w       *worker
-	snap    *Snapshot
-	st      *stats.WorkerStats
-	lim     viewLimit
-	why     uint8 // whyEligible, or the code of the filter that dropped it
-	serving bool  // it serves the requested model
+	w    *worker
+	snap *Snapshot
+	st   *stats.WorkerStats
+	lim  viewLimit
+	// The worker's counters as the pick found them (worker).
+	active, remote int
+	cost           float64
+	lastPick       uint64
+	kvSent         []kvSent // its requests in flight with KV blocks (kvsent.go)
+	draining       bool
+	why            uint8 // whyEligible, or the code of the filter that dropped it
+	serving        bool  // it serves the requested model
 	// For a request naming a LoRA adapter: the worker holds it (or is
 	// loading it), or may load it now (adapter.go).
 	holds, loadable bool
@@ -121,11 +160,11 @@ func (p *pick) release() {
 	p.bufs, p.views, p.elig = nil, nil, nil
 }
 
-// roomLocked returns the workers p found full, or too short for the
-// prompt, at their learned limit (see choice.room); nil when the
-// affinity rules are off.
-func (s *Scheduler) roomLocked(p *pick) []*worker {
-	if !p.learning || !s.affinityOn() {
+// room returns the workers p found full, or too short for the prompt,
+// at their learned limit (see choice.room); nil when the affinity rules
+// are off.
+func (p *pick) room() []*worker {
+	if !p.learning || !p.conf.affinity {
 		return nil
 	}
 	n := 0 // counted first: one allocation of the right size
@@ -183,30 +222,37 @@ type choice struct {
 
 // pickLocked runs a pick for req, which arrived at arrived (the promise
 // stage counts its objective from then). When no worker is eligible it
-// returns no record unless always is set (a refusal needs one).
+// returns no record unless always is set (a refusal needs one). It reads
+// and writes the scheduler's state in these places only: the resolve
+// stage, the model's derived SLO (promise.go), the policy's picker and
+// the ledger's reservation, and each scored worker's latest decision.
 func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool) choice {
 	p := s.newPickLocked(req, now, !always)
 	defer p.release()
 	p.arrived = arrived
-	s.eligibleLocked(p)
+	p.eligible()
 	if len(p.elig) == 0 && (!always || s.cfg.NoRecords) {
-		return choice{kvHeld: p.kvHeld, room: s.roomLocked(p)}
+		return choice{kvHeld: p.kvHeld, room: p.room()}
 	}
-	s.candidatesLocked(p)
+	p.candidates()
 	if p.bySLO && len(p.elig) > 0 && !always {
-		s.promiseLocked(p)
+		var d *derived
+		if s.cfg.DefaultSLO == (predict.SLO{}) {
+			d = s.derivedLocked(req.Model, now)
+		}
+		p.promiseStage(d)
 		if p.promise.verdict == verdictRefuse {
 			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now)}
 		}
 		if len(p.elig) == 0 {
 			// It waits (verdictWait, or every worker at its learned limit).
-			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait, room: s.roomLocked(p)}
+			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait, room: p.room()}
 		}
 	}
 	var pr *pickRecord
 	if !s.cfg.NoRecords {
-		pr = newPickRecord(p, s.terms, s.limits)
-		s.fillRecordLocked(&pr.rec, p.req, p.env.Now)
+		pr = newPickRecord(p)
+		s.fillRecord(&pr.rec, &p.req, p.env.Now, p.out, p.outSrc)
 	}
 	c := choice{kvHeld: p.kvHeld}
 	if always && pr != nil && !p.baseline {
@@ -214,7 +260,12 @@ func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool)
 		// when the record is read, not under the lock.
 		pr.unscored = len(p.elig) > 0
 	} else if len(p.elig) > 0 {
-		c = s.chooseLocked(p, pr, always)
+		best := s.picker.choose(p, pr) // the picker's position is the scheduler's
+		if s.ledger != nil && p.binding && !p.baseline {
+			// The ledger chooses, outside the lock; best is held meanwhile.
+			s.pendingSharedLocked(p, pr)
+		}
+		c = p.chosen(best, pr, always)
 	}
 	if pr == nil {
 		return c
@@ -222,63 +273,50 @@ func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool)
 	if len(p.elig) == 0 {
 		pr.rec.Reason = "no eligible worker"
 	}
-	pr.keepLocked(p)
+	if pr.keep(p) {
+		for j := range p.elig { // the record scored them: their latest decision
+			v := p.at(j)
+			v.w.last, v.w.lastIdx = &pr.rec, int(p.elig[j])
+		}
+	}
 	pr.rec.SetExplain(pr.explain)
 	c.rec = &pr.rec
 	return c
 }
 
-// eligibleLocked runs the stages up to the candidates: it resolves every
-// worker, computes its limit and leaves in p.elig the workers the
-// filters keep.
-func (s *Scheduler) eligibleLocked(p *pick) {
-	if !p.baseline {
-		for i := range p.views {
-			v := &p.views[i]
-			if !p.learning { // fixed: the cap, a limit never learned, nothing to note
-				capN, src := s.capOf(v.w, v.snap)
-				v.lim = viewLimit{limit: capN, learned: capN, cap: capN, source: src}
-				continue
-			}
-			st := s.limitLocked(v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
-			v.w.noteLimitLocked(&st, p.env.Now)
-			v.lim = viewLimitOf(&st)
-		}
-	}
+// eligible runs the stages from the filters to the candidates: it leaves
+// in p.elig the workers the filters keep, with a worker full at its
+// learned limit borrowed for a cached prefix when none is left.
+func (p *pick) eligible() {
 	p.elig = slices.Grow(p.bufs.elig[:0], len(p.views))[:len(p.views)]
 	for i := range p.elig {
 		p.elig[i] = int32(i)
 	}
 	p.elig = keepRules(p, p.elig) // whyDraining through whyFull
 	p.elig = filters[whyAdapter].keep(p, p.elig, whyAdapter)
-	if len(p.elig) == 0 && p.learning && s.affine(&p.req) && s.affinityOn() {
-		s.affinityBorrowLocked(p)
+	if len(p.elig) == 0 && p.learning && p.conf.affine(&p.req) && p.conf.affinity {
+		p.affinityBorrow()
 		if p.adapter != nil { // a borrowed worker must hold the adapter too
 			p.elig = filters[whyAdapter].keep(p, p.elig, whyAdapter)
 		}
 	}
-	if !p.baseline && s.cfg.KVFit {
+	if !p.baseline && p.conf.cfg.KVFit {
 		p.elig = filters[whyKVFit].keep(p, p.elig, whyKVFit)
 	}
 }
 
-// chooseLocked lets the policy's picker choose among p's eligible
-// workers and completes the choice: the ledger's reservation, the
+// chosen completes the choice of p's eligible worker best: the
 // prediction and what the record says of them.
-func (s *Scheduler) chooseLocked(p *pick, pr *pickRecord, always bool) choice {
-	best := s.picker.choose(p, pr)
-	if s.ledger != nil && p.binding && !p.baseline {
-		// The ledger chooses, outside the lock; best is held meanwhile.
-		s.pendingSharedLocked(p, pr)
-	}
+func (p *pick) chosen(best int, pr *pickRecord, always bool) choice {
 	v := p.at(best)
 	c := choice{w: v.w, limit: v.lim.limit, pending: p.pending, kvHeld: p.kvHeld}
-	if s.cfg.Predictor != nil && !p.baseline && !always {
-		c.found = s.inputFor(p, v, &p.cands[best])
+	predictor := p.conf.cfg.Predictor
+	if predictor != nil && !p.baseline && !always {
+		c.found = p.inputFor(v, &p.cands[best])
 		if p.bySLO && len(p.preds) > best {
 			c.pred = &p.preds[best]
 		} else if p.pending == nil {
-			pred := s.cfg.Predictor.Predict(v.w.spec.Name, c.found)
+			pred := predictor.Predict(v.w.spec.Name, c.found)
 			c.pred = &pred
 		}
 	}
@@ -294,20 +332,22 @@ func (s *Scheduler) chooseLocked(p *pick, pr *pickRecord, always bool) choice {
 		pr.rec.Adapter = adapterRecord(p.adapter, state)
 	}
 	if c.pred != nil {
-		_, why := s.cfg.Predictor.Trusted(v.w.spec.Name)
+		_, why := predictor.Trusted(v.w.spec.Name)
 		pr.rec.Promise = promiseRecord(&p.promise, c.pred, why)
 		pr.rec.Promise.ExpectedCachedTokens = c.found.CachedTokens
 	}
 	return c
 }
 
-// newPickLocked starts a pick for req: the request, the time, the
-// policy's mode, and a view of every worker with its telemetry and
-// stats; with learned limits also the model's floor (configured, or
+// newPickLocked is the resolve stage: it starts a pick for req with the
+// request, the time, the policy's mode, and a view of every worker with
+// its telemetry, stats, counters and limit (noting a learned limit's
+// move); with learned limits also the model's floor (configured, or
 // FloorFraction of the best solo decode rate among its workers) and how
-// long its oldest queued request has waited.
+// long its oldest queued request has waited; and what the later stages
+// read of the output estimate and the session table.
 func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pick {
-	p := &pick{req: req, binding: binding, baseline: s.cfg.Policy != PolicySluice}
+	p := &pick{conf: s.conf, req: req, binding: binding, baseline: s.cfg.Policy != PolicySluice}
 	p.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &p.req}
 	p.learning = !p.baseline && !s.limits.Fixed
 	p.shared = s.cfg.Ledger != nil
@@ -320,7 +360,8 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 	best := 0.0
 	for i, w := range s.workers {
 		v := &p.views[i]
-		*v = view{w: w, snap: w.snapshot(), st: s.statsOf(w)}
+		*v = view{w: w, snap: w.snapshot(), st: s.statsOf(w), active: w.active, remote: w.remote, cost: w.cost,
+			lastPick: w.lastPick, kvSent: w.kvSent, draining: w.draining}
 		v.serving = w.serves(v.snap, p.req.Model)
 		if p.learning && v.serving {
 			best = bestSolo(best, v.st)
@@ -329,28 +370,50 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 	if p.adapter != nil {
 		s.resolveAdapterLocked(p)
 	}
-	if !p.learning {
-		return p
+	if !s.cfg.NoRecords || (s.cfg.Predictor != nil && !p.baseline) {
+		p.out, p.outSrc = s.est.estimate(&p.req)
 	}
-	var ok bool
-	if p.floor, ok = s.configuredFloor(p.req.Model); !ok {
-		p.floor = s.limits.FloorFraction * best
+	p.beliefs = beliefSrc{conf: s.conf, now: now}
+	if s.conf.sessions && req.Session != "" && s.cfg.PrefixIndex != nil && !p.baseline && (s.prefixWeighted || s.conf.affinity) {
+		if e := s.sessions.lookup(req.Model, req.Session, now); e != nil {
+			p.session = *e
+			p.beliefs.session = &p.session
+		}
 	}
-	p.waited = s.queues[p.req.Model].oldestWait(p.env.Now)
+	if p.learning {
+		var ok bool
+		if p.floor, ok = s.configuredFloor(p.req.Model); !ok {
+			p.floor = s.limits.FloorFraction * best
+		}
+		p.waited = s.queues[p.req.Model].oldestWait(p.env.Now)
+	}
+	for i := range p.views {
+		v := &p.views[i]
+		switch {
+		case p.baseline: // no limits
+		case !p.learning: // fixed: the cap, a limit never learned, nothing to note
+			capN, src := s.capOf(v.w, v.snap)
+			v.lim = viewLimit{limit: capN, learned: capN, cap: capN, source: src}
+		default:
+			st := s.limitLocked(v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
+			v.w.noteLimitLocked(&st, p.env.Now)
+			v.lim = viewLimitOf(&st)
+		}
+	}
 	return p
 }
 
-// candidatesLocked writes what the terms see of each eligible worker,
-// with its Belief when the prefix term counts.
-func (s *Scheduler) candidatesLocked(p *pick) {
+// candidates writes what the terms see of each eligible worker, with its
+// Belief when the prefix term counts.
+func (p *pick) candidates() {
 	p.bufs.cands = slices.Grow(p.bufs.cands[:0], len(p.elig))[:len(p.elig)]
 	p.cands = p.bufs.cands
 	for j := range p.elig {
 		v := p.at(j)
-		p.cands[j] = Candidate{Name: v.w.spec.Name, Snap: v.snap, Stats: v.st, Active: v.w.active, JobCost: v.w.cost}
+		p.cands[j] = Candidate{Name: v.w.spec.Name, Snap: v.snap, Stats: v.st, Active: v.active, JobCost: v.cost}
 	}
-	if s.prefixWeighted && !p.baseline && len(p.cands) > 0 {
-		s.beliefsLocked(&p.req, p.cands)
+	if p.conf.prefixWeighted && !p.baseline && len(p.cands) > 0 {
+		p.beliefs.set(&p.req, p.cands, func(j int) []kvSent { return p.at(j).kvSent })
 	}
 }
 

@@ -56,7 +56,7 @@ func newPicker(policy Policy, terms []WeightedTerm, seed uint64, bound float64) 
 // scorePicker is Sluice's policy: the lowest weighted sum of the terms
 // (totals, terms.go) wins; ties go to the least recently picked worker,
 // then to the first in configuration order, so the choice is never
-// random. The totals are left in p.total for the record (keepLocked) and
+// random. The totals are left in p.total for the record (pickRecord.keep) and
 // the shared ledger (pendingSharedLocked); ranks, the per-term breakdown
 // and the reason in words are computed when the record is read.
 type scorePicker struct {
@@ -68,9 +68,9 @@ func (sp *scorePicker) choose(p *pick, pr *pickRecord) int {
 	p.total = tot
 	best := 0
 	// A view's index is its worker's order (configuration order).
-	bk := rankKey{tot[0], p.at(0).w.lastPick, int(p.elig[0])}
+	bk := rankKey{tot[0], p.at(0).lastPick, int(p.elig[0])}
 	for i := 1; i < len(p.cands); i++ { // one pass: only the winner is needed now
-		if k := (rankKey{tot[i], p.at(i).w.lastPick, int(p.elig[i])}); k.less(bk) {
+		if k := (rankKey{tot[i], p.at(i).lastPick, int(p.elig[i])}); k.less(bk) {
 			best, bk = i, k
 		}
 	}
@@ -118,13 +118,13 @@ type leastConnections struct{}
 func (leastConnections) choose(p *pick, pr *pickRecord) int {
 	best := 0
 	for i := range p.elig {
-		v, b := p.at(i), p.at(best).w
-		if v.w.active < b.active || (v.w.active == b.active && v.w.lastPick < b.lastPick) {
+		v, b := p.at(i), p.at(best)
+		if v.active < b.active || (v.active == b.active && v.lastPick < b.lastPick) {
 			best = i
 		}
 	}
 	if pr != nil {
-		pr.rec.Reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", p.at(best).w.active)
+		pr.rec.Reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", p.at(best).active)
 	}
 	return best
 }
@@ -152,7 +152,7 @@ func (r powerOfTwo) choose(p *pick, pr *pickRecord) int {
 		}
 	}
 	best := a
-	if p.at(b).w.active < p.at(a).w.active {
+	if p.at(b).active < p.at(a).active {
 		best = b
 	}
 	if pr != nil {

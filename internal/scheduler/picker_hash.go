@@ -46,14 +46,14 @@ func (c *consistentHash) choose(p *pick, pr *pickRecord) int {
 	if len(p.req.Prefix) == 0 {
 		best := leastConnections{}.choose(p, nil)
 		if pr != nil {
-			pr.rec.Reason = fmt.Sprintf("no prompt to hash: fewest active requests (%d)", p.at(best).w.active)
+			pr.rec.Reason = fmt.Sprintf("no prompt to hash: fewest active requests (%d)", p.at(best).active)
 		}
 		return best
 	}
 	c.build(p.views)
 	total := 0
 	for j := range p.elig {
-		total += p.at(j).w.active
+		total += p.at(j).active
 	}
 	// At least one eligible worker is under the bound: the mean load is
 	// total/n, below (total+1)/n × bound for any bound ≥ 1.
@@ -75,7 +75,7 @@ func (c *consistentHash) choose(p *pick, pr *pickRecord) int {
 		if !ok {
 			continue
 		}
-		if p.at(j).w.active < capacity {
+		if p.at(j).active < capacity {
 			if pr != nil {
 				pr.rec.Reason = fmt.Sprintf("prompt's first block hashes here (%d workers at the load bound of %d passed over)", skipped, capacity)
 			}

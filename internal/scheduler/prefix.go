@@ -91,7 +91,7 @@ func (r *CacheReport) Match(hashes []uint64) float64 {
 
 // Belief is what the scheduler believes a worker holds of one request's
 // prompt prefix in its KV cache. Every source feeds it, in one place
-// (beliefsLocked), and everything that weighs a cached prefix reads it:
+// (beliefSrc.set), and everything that weighs a cached prefix reads it:
 // the prefix term, the backlog rules (affinity.go), the prediction of the
 // time to first token (promise.go), and the decision record, which names
 // the source that set it (Provenance) and, once the worker answers, what
@@ -150,47 +150,53 @@ type KVIndex interface {
 	Match(worker string, keys []uint64) (n int, seq int64, ok bool, why string)
 }
 
-// beliefsLocked sets the Belief of each of cands, zeroed, about req, from
-// every source in the order Belief gives.
-func (s *Scheduler) beliefsLocked(req *Request, cands []Candidate) {
-	if s.cfg.PrefixIndex != nil && s.affine(req) {
-		s.guessesLocked(req, cands)
+// beliefSrc is what the sources of a Belief read besides the request and
+// the candidates: the configuration (the indexes, how old a report may
+// be), the time, and where the request's session went last (nil when the
+// table does not know it, or is off). A pick resolves it once.
+type beliefSrc struct {
+	conf    *pickConf
+	now     time.Time
+	session *sessionEntry
+}
+
+// set sets the Belief of each of cands, zeroed, about req, from every
+// source in the order Belief gives; sent(j) are the blocks in flight on
+// the worker of cands[j] (kvsent.go).
+func (b *beliefSrc) set(req *Request, cands []Candidate, sent func(j int) []kvSent) {
+	cfg := b.conf.cfg
+	if cfg.PrefixIndex != nil && b.conf.affine(req) {
+		b.guesses(req, cands)
 	}
-	if len(req.KVBlocks) > 0 && s.cfg.KVIndex != nil {
-		for i := range cands {
-			s.kvBeliefLocked(req, &cands[i])
+	if len(req.KVBlocks) > 0 && cfg.KVIndex != nil {
+		for j := range cands {
+			b.kvBelief(req, &cands[j], sent(j))
 		}
 	}
 }
 
-// guessesLocked is the guess of the index for every one of cands, asked
-// at once, raised by the worker's report and the session hint.
-func (s *Scheduler) guessesLocked(req *Request, cands []Candidate) {
+// guesses is the guess of the index for every one of cands, asked at
+// once, raised by the worker's report and the session hint.
+func (b *beliefSrc) guesses(req *Request, cands []Candidate) {
 	names, frac, remote := guessBufs(len(cands))
 	for i := range cands {
 		names[i] = cands[i].Name
 	}
-	s.cfg.PrefixIndex.MatchSources(req.Model, req.Prefix, names, frac, remote)
-	// The session hint can only apply to a request naming a session with
-	// the table on (lookup finds nothing otherwise); asking regardless
-	// would read the clock once per candidate.
-	sessions := s.sessions != nil && req.Session != ""
+	b.conf.cfg.PrefixIndex.MatchSources(req.Model, req.Prefix, names, frac, remote)
 	for i := range cands {
 		c := &cands[i]
 		c.PrefixMatch, c.PrefixSource = frac[i], prefixSourceIndex
 		if remote[i] {
 			c.PrefixSource = prefixSourceShared
 		}
-		s.reportMatchLocked(req, c)
-		if sessions {
-			s.sessionMatchLocked(req, c)
-		}
+		b.reportMatch(req, c)
+		sessionMatch(b.session, req, c)
 	}
 }
 
-// guessBufs returns the slices guessesLocked passes the index, of length
-// n: for a single candidate (the affinity rules ask about one worker at
-// a time, for every worker) in one allocation rather than three.
+// guessBufs returns the slices guesses passes the index, of length n:
+// for a single candidate (the affinity rules ask about one worker at a
+// time, for every worker) in one allocation rather than three.
 func guessBufs(n int) ([]string, []float64, []bool) {
 	const few = 1
 	if n != few {
@@ -204,18 +210,17 @@ func guessBufs(n int) ([]string, []float64, []bool) {
 	return b.names[:n], b.frac[:n], b.remote[:n]
 }
 
-// kvBeliefLocked replaces c's belief with the worker's KV events when they
-// can answer for c's worker; else the belief stands, and the record says
-// why when events were lost.
-func (s *Scheduler) kvBeliefLocked(req *Request, c *Candidate) {
-	n, seq, ok, why := s.cfg.KVIndex.Match(c.Name, req.KVBlocks)
+// kvBelief replaces c's belief with the worker's KV events when they can
+// answer for c's worker, raised by the blocks of its requests in flight
+// there (sent); else the belief stands, and the record says why when
+// events were lost.
+func (b *beliefSrc) kvBelief(req *Request, c *Candidate, sent []kvSent) {
+	n, seq, ok, why := b.conf.cfg.KVIndex.Match(c.Name, req.KVBlocks)
 	switch {
 	case ok:
 		src := prefixSourceKV
-		if w := s.byName[c.Name]; w != nil {
-			if m := kvSentMatch(w, req.KVBlocks); m > n {
-				n, src = m, prefixSourceKVSent
-			}
+		if m := kvSentMatch(sent, req.KVBlocks); m > n {
+			n, src = m, prefixSourceKVSent
 		}
 		c.PrefixMatch, c.PrefixSource, c.KVSeq = float64(n)/float64(len(req.KVBlocks)), src, seq
 	case why != "" && why != "no KV events yet":
@@ -223,11 +228,11 @@ func (s *Scheduler) kvBeliefLocked(req *Request, c *Candidate) {
 	}
 }
 
-// reportMatchLocked raises c's prefix match to what its worker's own
-// cache report says, when the report is fresh and says more.
-func (s *Scheduler) reportMatchLocked(req *Request, c *Candidate) {
-	rep := c.Snap.CacheReport
-	if rep == nil || (s.cfg.StaleAfter > 0 && s.clock.Now().Sub(rep.At) > s.cfg.StaleAfter) {
+// reportMatch raises c's prefix match to what its worker's own cache
+// report says, when the report is fresh and says more.
+func (b *beliefSrc) reportMatch(req *Request, c *Candidate) {
+	rep, stale := c.Snap.CacheReport, b.conf.cfg.StaleAfter
+	if rep == nil || (stale > 0 && b.now.Sub(rep.At) > stale) {
 		return
 	}
 	if r := rep.Match(req.Prefix); r > 0 && r >= c.PrefixMatch {
@@ -237,10 +242,15 @@ func (s *Scheduler) reportMatchLocked(req *Request, c *Candidate) {
 
 // recordPrefixLocked tells the index that w is about to serve req's
 // prefix, and first, when the worker's reported KV cache size changed,
-// how much of it the index may remember.
+// how much of it the index may remember; and the session table that w
+// serves req's session.
 func (s *Scheduler) recordPrefixLocked(req Request, w *worker) {
 	if s.sessions != nil && req.Session != "" { // else nothing to record, and no clock to read
-		s.recordSessionLocked(&req, w)
+		var first uint64
+		if len(req.Prefix) > 0 {
+			first = req.Prefix[0]
+		}
+		s.sessions.record(req.Model, req.Session, w.spec.Name, req.PromptTokens, first, s.clock.Now())
 	}
 	if s.cfg.PrefixIndex == nil || len(req.Prefix) == 0 {
 		return

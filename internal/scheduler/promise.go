@@ -67,19 +67,20 @@ func (s *Scheduler) promiseOn(p *pick) bool {
 	return s.cfg.Predictor != nil && s.cfg.Admission == AdmitBySLO && !p.baseline
 }
 
-// sloOf resolves the SLO of a request: its own fields (an API key's,
+// sloOf resolves the SLO of p's request: its own fields (an API key's,
 // tightened by headers), then its class's, then the default: configured,
-// else derived from what the model's workers do unloaded
-// (predict.DefaultSLO), refreshed every sloRefresh.
-func (s *Scheduler) sloOfLocked(req *Request, now time.Time) predict.SLO {
-	slo := req.SLO
-	if c, ok := s.cfg.SLOs[req.Class]; ok {
+// else d's, derived from what the model's workers do unloaded
+// (predict.DefaultSLO), refreshed every sloRefresh (nil when configured).
+func (p *pick) sloOf(d *derived) predict.SLO {
+	cfg := p.conf.cfg
+	slo := p.req.SLO
+	if c, ok := cfg.SLOs[p.req.Class]; ok {
 		slo = slo.Or(c)
 	}
-	if s.cfg.DefaultSLO != (predict.SLO{}) {
-		return slo.Or(s.cfg.DefaultSLO)
+	if cfg.DefaultSLO != (predict.SLO{}) {
+		return slo.Or(cfg.DefaultSLO)
 	}
-	return slo.Or(s.derivedLocked(req.Model, now).slo)
+	return slo.Or(d.slo)
 }
 
 // derivedLocked returns what is derived of model from its workers
@@ -121,22 +122,20 @@ type derived struct {
 // sloRefresh is how often a model's derived default SLO is derived again.
 const sloRefresh = 10 * time.Second
 
-// inputFor describes p's request on the worker of candidate c.
-func (s *Scheduler) inputFor(p *pick, v *view, c *Candidate) predict.Input {
-	if p.out == 0 {
-		p.out, _ = s.est.estimate(&p.req)
-	}
+// inputFor describes p's request on the worker of view v, candidate c.
+func (p *pick) inputFor(v *view, c *Candidate) predict.Input {
 	return predict.Input{
 		PromptTokens: p.req.PromptTokens,
 		CachedTokens: int(math.Round(clamp01(c.PrefixMatch) * float64(p.req.PromptTokens))),
 		OutputTokens: int(math.Round(p.out)),
-		InFlight:     v.w.inFlight(),
+		InFlight:     v.active + v.remote, // as worker.inFlight
 		Slots:        v.snap.Slots,
 		Queue:        int(max(v.snap.QueueLen.Value, 0)),
 	}
 }
 
-// promiseLocked is the promise stage: it resolves p's SLO and objective,
+// promiseStage is the promise stage: it resolves p's SLO (d is the
+// model's derived one, as sloOf says) and objective,
 // then keeps the workers predicted to keep p's promise, or decides that the request waits, is served where
 // it misses least, or is refused.
 //
@@ -154,9 +153,9 @@ func (s *Scheduler) inputFor(p *pick, v *view, c *Candidate) predict.Input {
 // request wait, and requests behind it may take the room it declined
 // (overtakeLocked). No margin is tuned here: the comparison is of
 // two predicted chances.
-func (s *Scheduler) promiseLocked(p *pick) {
+func (p *pick) promiseStage(d *derived) {
 	pm := &p.promise
-	pm.slo = s.sloOfLocked(&p.req, p.env.Now)
+	pm.slo = p.sloOf(d)
 	cached := 0
 	for j := range p.cands {
 		cached = max(cached, int(clamp01(p.cands[j].PrefixMatch)*float64(p.req.PromptTokens)))
@@ -172,14 +171,14 @@ func (s *Scheduler) promiseLocked(p *pick) {
 	p.preds, p.meets = make([]predict.Prediction, n), make([]bool, n)
 	preds, meets := p.preds, p.meets
 	floor := pm.slo.MinDecode
-	bestWait, waitChance := s.predictLocked(p, remaining)
+	bestWait, waitChance := p.predict(remaining)
 	bestNow := time.Duration(math.MaxInt64)
 	any, judged := false, 0
 	nowChance := 0.0 // the best chance of keeping it by binding now
 	for j := range n {
 		v, pr := p.at(j), &preds[j]
 		if !meets[j] {
-			meets[j] = v.w.active < v.lim.limit // judged as by the limits
+			meets[j] = v.active < v.lim.limit // judged as by the limits
 			any = any || meets[j]
 			continue
 		}
@@ -233,21 +232,22 @@ func (s *Scheduler) promiseLocked(p *pick) {
 	p.elig, p.cands, p.preds = p.elig[:keep], p.cands[:keep], preds[:keep]
 }
 
-// predictLocked predicts p's request on each eligible worker into p.preds
+// predict predicts p's request on each eligible worker into p.preds
 // and marks in p.meets those judged by prediction (known and trusted);
 // it returns the soonest first token predicted after waiting for a
 // stream to end, and the best chance of keeping the promise by waiting.
-func (s *Scheduler) predictLocked(p *pick, remaining time.Duration) (bestWait time.Duration, waitChance float64) {
+func (p *pick) predict(remaining time.Duration) (bestWait time.Duration, waitChance float64) {
 	preds, meets, floor := p.preds, p.meets, p.promise.slo.MinDecode
+	predictor := p.conf.cfg.Predictor
 	bestWait = time.Duration(math.MaxInt64)
 	for j := range preds {
 		v, c := p.at(j), &p.cands[j]
-		preds[j] = s.cfg.Predictor.Predict(c.Name, s.inputFor(p, v, c))
+		preds[j] = predictor.Predict(c.Name, p.inputFor(v, c))
 		pr := &preds[j]
 		// meets holds whether the worker is judged by prediction until
 		// the loop below decides it (Trusted sorts its last errors: once
 		// per worker).
-		ok, _ := s.cfg.Predictor.Trusted(c.Name)
+		ok, _ := predictor.Trusted(c.Name)
 		meets[j] = pr.Known && ok
 		if !meets[j] || pr.FreeIn <= 0 {
 			continue
@@ -344,7 +344,7 @@ func promiseRecord(pm *promiseState, pr *predict.Prediction, trusted string) *de
 func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // sloFilter only names the reason of the workers the promise stage
-// dropped; the stage itself is promiseLocked (it compacts the
+// dropped; the stage itself is promiseStage (it compacts the
 // candidates and predictions with the views).
 type sloFilter struct{}
 

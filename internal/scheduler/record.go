@@ -69,42 +69,40 @@ type slot struct {
 	loadable    bool // it could load the request's adapter (adapter.go)
 }
 
-// newPickRecord starts the record of pick p, scored by terms, with
-// limits learned by limits; its header is the caller's (fillRecordLocked).
-func newPickRecord(p *pick, terms []WeightedTerm, limits *LimitConfig) *pickRecord {
-	pr := &pickRecord{req: p.req, terms: terms, floor: p.floor, waited: p.waited, chosen: -1, adapter: p.adapter}
+// newPickRecord starts the record of pick p, scored by its terms, with
+// its limits; its header is the caller's (fillRecord).
+func newPickRecord(p *pick) *pickRecord {
+	pr := &pickRecord{req: p.req, terms: p.conf.terms, floor: p.floor, waited: p.waited, chosen: -1, adapter: p.adapter}
 	pr.env = Env{Now: p.env.Now, StaleAfter: p.env.StaleAfter, Req: &pr.req}
 	if p.learning {
-		pr.limits = limits
+		pr.limits = p.conf.limits
 	}
 	return pr
 }
 
-// keepLocked writes every worker's slot of the record from p's views:
-// what its limit was computed from and why it is or is not eligible and,
-// for an eligible worker, what it was chosen among on and, when pr was
-// scored, its total. It runs once the picker has chosen, before anything
-// about the pick changes a worker.
-func (pr *pickRecord) keepLocked(p *pick) {
+// keep writes every worker's slot of the record from p's views: what
+// its limit was computed from and why it is or is not eligible and, for
+// an eligible worker, what it was chosen among on and, when pr was
+// scored, its total. It runs once the picker has chosen. It reports
+// whether the record scored p's eligible workers, which then have it as
+// their latest decision (the caller's to note on them).
+func (pr *pickRecord) keep(p *pick) (scoring bool) {
 	pr.slots = make([]slot, len(p.views))
 	if pr.scored {
 		pr.total = p.total
 	}
-	scoring := pr.scored && !pr.pending
+	scoring = pr.scored && !pr.pending
 	j := 0 // p.elig[j] is the next eligible view: elig is in view order
 	score := 0.0
 	for i := range p.views {
 		v := &p.views[i]
-		pr.slots[i] = slot{name: v.w.spec.Name, snap: v.snap, st: v.st, jobCost: v.w.cost, prefix: v.lim.prefix, lastPick: v.w.lastPick,
-			limit: int32(v.lim.limit), cap: int32(v.lim.cap), active: int32(v.w.active), why: v.why, source: v.lim.source, loadable: v.loadable}
+		pr.slots[i] = slot{name: v.w.spec.Name, snap: v.snap, st: v.st, jobCost: v.cost, prefix: v.lim.prefix, lastPick: v.lastPick,
+			limit: int32(v.lim.limit), cap: int32(v.lim.cap), active: int32(v.active), why: v.why, source: v.lim.source, loadable: v.loadable}
 		if j < len(p.elig) && int(p.elig[j]) == i {
 			sl, c := &pr.slots[i], &p.cands[j]
 			sl.jobCost, sl.prefixMatch, sl.prefixSrc, sl.kvSeq, sl.scored = c.JobCost, c.PrefixMatch, c.PrefixSource, c.KVSeq, int32(c.Active)
-			if scoring {
-				v.w.last, v.w.lastIdx = &pr.rec, i
-				if i == pr.chosen {
-					score = p.total[j]
-				}
+			if scoring && i == pr.chosen {
+				score = p.total[j]
 			}
 			j++
 		}
@@ -113,6 +111,7 @@ func (pr *pickRecord) keepLocked(p *pick) {
 	if scoring && pr.chosen >= 0 {
 		pr.rec.Summary.Score = score
 	}
+	return scoring
 }
 
 // explain builds r's candidates from pr's slots; r is &pr.rec.
@@ -140,7 +139,7 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 			// This replica's in-flight count, which the limit saw.
 			st := pr.limits.limitOf(limitInput{cap: int(sl.cap), source: srcLearned, active: int(sl.active), ws: sl.st, snap: sl.snap,
 				floor: pr.floor, waited: pr.waited, now: pr.env.Now, staleAfter: pr.env.StaleAfter})
-			if sl.prefix > 0 { // made one stream over by affinityBorrowLocked
+			if sl.prefix > 0 { // made one stream over by pick.affinityBorrow
 				st.limit, st.prefix = int(sl.active)+1, sl.prefix
 			}
 			c.LimitReason = st.String()
@@ -217,13 +216,13 @@ func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at [
 	}
 }
 
-// fillRecordLocked fills in a new record's header: its ID and what it
-// says of the request.
-func (s *Scheduler) fillRecordLocked(rec *decisions.Record, req Request, now time.Time) {
-	s.ids++
+// fillRecord fills in a new record's header: its ID and what it says of
+// the request, whose expected output is out, from src (estimate.go). It
+// reads the configuration and the ID counter alone.
+func (s *Scheduler) fillRecord(rec *decisions.Record, req *Request, now time.Time, out float64, src string) {
 	var id [64]byte
 	*rec = decisions.Record{
-		ID:           string(strconv.AppendUint(append(append(id[:0], s.prefix...), '-'), s.ids, 10)),
+		ID:           string(strconv.AppendUint(append(append(id[:0], s.prefix...), '-'), s.ids.Add(1), 10)),
 		Time:         now,
 		Model:        req.Model,
 		Policy:       string(s.cfg.Policy),
@@ -233,9 +232,8 @@ func (s *Scheduler) fillRecordLocked(rec *decisions.Record, req Request, now tim
 		MaxTokens:    req.MaxTokens,
 		Class:        req.Class,
 		Tenant:       req.Tenant,
-		Session:      sessionLabel(&req),
+		Session:      sessionLabel(req),
 	}
 	s.stampShared(rec)
-	out, src := s.est.estimate(&req)
 	rec.ExpectedOutputTokens, rec.EstimateSource = int(math.Round(out)), src
 }

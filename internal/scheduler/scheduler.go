@@ -29,11 +29,13 @@
 // A Scheduler is safe for concurrent use. One mutex guards the state that
 // admission changes: the registry's counters (in flight, outstanding
 // cost, last pick, draining), the queues, the drain rates, the output
-// estimator and the pickers' positions. The stages read that state and
-// immutable values only: telemetry from each worker's Source, which
-// returns an immutable snapshot without blocking, and measured averages
-// from a StatsReader; neither is written here. The filters, terms and
-// pickers are functions of the pick value, testable without a Scheduler.
+// estimator and the pickers' positions. A pick's first stage copies what
+// the others read of that state into the pick value, beside immutable
+// values: telemetry from each worker's Source, which returns an immutable
+// snapshot without blocking, and measured averages from a StatsReader;
+// neither is written here. The later stages (filters, beliefs, terms, the
+// promise, the record's slots) are functions of the pick value and the
+// configuration, testable without a Scheduler.
 // Callbacks (Recorder, a ticket's notify) run after the lock is released,
 // and a record's words are built when it is read.
 // Every unlock is deferred, and nothing under the lock panics on purpose:
@@ -234,10 +236,10 @@ type Scheduler struct {
 	queues  map[string]*queue     // only models with requests waiting
 	rates   map[string]*drainRate // drain rates of served models
 	est     estimator
-	seq     uint64 // tickets submitted
-	picks   uint64 // reservations made
-	ids     uint64 // decision records made
-	picker  picker // the policy's choice (picker.go)
+	seq     uint64        // tickets submitted
+	picks   uint64        // reservations made
+	ids     atomic.Uint64 // decision records made: read without the lock (fillRecord)
+	picker  picker        // the policy's choice (picker.go)
 	closed  bool
 	changed chan struct{} // closed at the next state change; nil when nobody waits
 	// ledger makes cfg.Ledger's calls outside the lock (reserver.go); nil
@@ -250,6 +252,8 @@ type Scheduler struct {
 	prefixWeighted bool
 	// sessions is the session table (sessions.go); nil when off.
 	sessions *sessionTable
+	// conf is what a pick's stages read of the configuration (pick.go).
+	conf *pickConf
 	// derivedSLO is each model's default SLO as last derived (promise.go).
 	derivedSLO map[string]*derived
 	// adapters are the configured LoRA adapters by name; nil when none.
@@ -351,6 +355,9 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 			}
 		}
 	}
+	s.conf = &pickConf{cfg: &s.cfg, terms: s.terms, limits: s.limits, prefixWeighted: s.prefixWeighted,
+		sessions: s.sessions != nil}
+	s.conf.affinity = s.affinityOn()
 	for _, w := range workers {
 		if err := s.AddWorker(w); err != nil {
 			return nil, err

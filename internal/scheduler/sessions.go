@@ -112,19 +112,16 @@ func (t *sessionTable) record(model, session, worker string, tokens int, first u
 
 // affine reports whether req has anything the prefix term can match: prompt
 // blocks, or a session the table may know.
-func (s *Scheduler) affine(req *Request) bool {
-	return len(req.Prefix) > 0 || (s.sessions != nil && req.Session != "")
-}
+func (s *Scheduler) affine(req *Request) bool { return s.conf.affine(req) }
 
-// sessionMatchLocked raises c's prefix match to the session hint's when c
-// served req's session last and the hint says more. The hint holds only
-// for a prompt that may extend the previous one: no shorter than it (a
-// shorter one is a new conversation under the same key, or one the client
-// compacted), and starting with the same block when both have blocks (a
-// user field shared by unrelated conversations would otherwise pull them
-// all onto one card).
-func (s *Scheduler) sessionMatchLocked(req *Request, c *Candidate) {
-	e := s.sessions.lookup(req.Model, req.Session, s.clock.Now())
+// sessionMatch raises c's prefix match to the session hint's when c
+// served req's session last (e, nil when the session is unknown) and the
+// hint says more. The hint holds only for a prompt that may extend the
+// previous one: no shorter than it (a shorter one is a new conversation
+// under the same key, or one the client compacted), and starting with the
+// same block when both have blocks (a user field shared by unrelated
+// conversations would otherwise pull them all onto one card).
+func sessionMatch(e *sessionEntry, req *Request, c *Candidate) {
 	if e == nil || e.worker != c.Name || e.tokens > req.PromptTokens {
 		return
 	}
@@ -138,15 +135,6 @@ func (s *Scheduler) sessionMatchLocked(req *Request, c *Candidate) {
 	if m > c.PrefixMatch {
 		c.PrefixMatch, c.PrefixSource = m, prefixSourceSession
 	}
-}
-
-// recordSessionLocked notes that w serves req's session.
-func (s *Scheduler) recordSessionLocked(req *Request, w *worker) {
-	var first uint64
-	if len(req.Prefix) > 0 {
-		first = req.Prefix[0]
-	}
-	s.sessions.record(req.Model, req.Session, w.spec.Name, req.PromptTokens, first, s.clock.Now())
 }
 
 // sessionLabel is what a decision record says of req's session: its
