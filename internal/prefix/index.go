@@ -48,6 +48,7 @@ type Index struct {
 	// once and each worker by its name alone.
 	caches   map[string]map[string]*lru
 	reported map[string]int // per-worker capacity from SetCapacity
+	learned  map[string]int // per-worker capacity corrected by Correct
 }
 
 // NewIndex returns an empty Index.
@@ -175,7 +176,19 @@ func (x *Index) Capacity(worker string) int {
 	return x.capacityOf(worker)
 }
 
+// capacityOf is the blocks remembered of worker: its cache's size, or
+// less when what it reported finding says it holds less (Correct).
 func (x *Index) capacityOf(worker string) int {
+	size := x.sizeOf(worker)
+	if n, ok := x.learned[worker]; ok {
+		return min(n, size)
+	}
+	return size
+}
+
+// sizeOf is the blocks worker's KV cache holds: the operator's word, else
+// the worker's report, else Options.Capacity.
+func (x *Index) sizeOf(worker string) int {
 	if n, ok := x.perWorker[worker]; ok && n > 0 {
 		return n
 	}
@@ -193,6 +206,7 @@ func (x *Index) Forget(worker string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	delete(x.reported, worker)
+	delete(x.learned, worker)
 	for model, byWorker := range x.caches {
 		delete(byWorker, worker)
 		if len(byWorker) == 0 {

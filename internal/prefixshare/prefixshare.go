@@ -52,14 +52,15 @@
 //
 // # What is not shared
 //
-// Forget and SetCapacity act on the local index only. A worker removed
-// from one replica is forgotten there; the others forget it when they
-// remove it too, and until then what they learnt of it expires within the
-// TTL. Each replica sizes its copy from its own scrapes of the workers'
-// KV caches, which agree when the replicas serve one fleet. An entry
-// naming a worker this replica does not know is applied all the same,
-// bounded like any other (model, worker) of the index: the replicas of one
-// fleet name the same workers.
+// Forget, SetCapacity and Correct act on the local index only. A worker
+// removed from one replica is forgotten there; the others forget it when
+// they remove it too, and until then what they learnt of it expires within
+// the TTL. Each replica sizes its copy from its own scrapes of the
+// workers' KV caches, which agree when the replicas serve one fleet, and
+// corrects it from the answers it relays. An entry naming a worker this
+// replica does not know is applied all the same, bounded like any other
+// (model, worker) of the index: the replicas of one fleet name the same
+// workers.
 //
 // # Propagation delay
 //
