@@ -65,7 +65,8 @@ func (x *Index) resizeLocked(worker string) {
 // The capacity stays between the request's own blocks and the worker's
 // KV size (SetCapacity, Options). The blocks beyond the found ones were
 // gone when the request came, but it has been prefilled since, so they
-// are held: after a shrink they are recorded again, as the most recent.
+// are held: after a shortfall they are recorded again, as the most
+// recent.
 func (x *Index) Correct(model, worker string, hashes []uint64, expected, found int) {
 	if len(hashes) == 0 || expected == 0 && found == 0 {
 		return
@@ -77,19 +78,18 @@ func (x *Index) Correct(model, worker string, hashes []uint64, expected, found i
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	size, held := x.sizeOf(worker), x.capacityOf(worker)
-	n := min(max(held+step, min(len(hashes), size)), size)
-	if n == held {
-		return
-	}
-	if n == size {
+	switch n := min(max(held+step, min(len(hashes), size)), size); {
+	case n == held:
+	case n == size:
 		delete(x.learned, worker)
-	} else {
+		x.resizeLocked(worker)
+	default:
 		if x.learned == nil {
 			x.learned = map[string]int{}
 		}
 		x.learned[worker] = n
+		x.resizeLocked(worker)
 	}
-	x.resizeLocked(worker)
 	if found < expected {
 		x.recordLocked(model, hashes, worker, x.now(), false)
 	}
@@ -105,8 +105,7 @@ func (c *lru) resize(capacity int) {
 }
 
 // dropTail forgets the least recent block and keeps the slab dense by
-// moving its last node into the hole; expire and capacity eviction both
-// drop this way.
+// moving its last node into the hole, when the capacity shrinks.
 func (c *lru) dropTail() {
 	i := c.tail
 	c.unlink(i)
