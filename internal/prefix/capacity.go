@@ -24,10 +24,74 @@ func (x *Index) SetCapacity(worker string, tokens int) {
 		x.reported = map[string]int{}
 	}
 	x.reported[worker] = n
+	x.resizeLocked(worker)
+}
+
+// resizeLocked applies worker's capacity to what is remembered of it, for
+// every model.
+func (x *Index) resizeLocked(worker string) {
+	n := x.capacityOf(worker)
 	for _, byWorker := range x.caches {
 		if c := byWorker[worker]; c != nil {
 			c.resize(n)
 		}
+	}
+}
+
+// Correct tells x what worker reported finding cached of a request for
+// model whose prompt blocks are hashes (the worker served it): expected
+// is how many of the leading blocks x's owner believed the worker held
+// when it chose it, found how many it found (the answer's cached_tokens,
+// timings.cache_n, in blocks).
+//
+// The index is a guess of the engine's cache: an LRU the size of the
+// worker's KV cache. The engine's own LRU drifts from it: the engine
+// stores a prompt once it has prefilled it, not when the router sends it;
+// running sequences take room from old prefixes; the engine may not be
+// the only client. The reports measure the drift, and the rule follows
+// it in the simplest way that corrects itself:
+//
+//   - Fewer found than expected: the blocks believed beyond the found
+//     ones were evicted and, the engine evicting least recent first, so
+//     were the blocks believed older still. The capacity remembered of
+//     the worker shrinks by the blocks missed, forgetting as many of the
+//     oldest: the index now assumes a cache that holds less.
+//   - As many or more found than expected: the capacity grows back, by
+//     the blocks found beyond the guess (it had forgotten blocks the
+//     worker still held), and by one when the guess was right, so that a
+//     passing shortfall (a restarted engine, a burst of other traffic)
+//     does not shrink the guess for good.
+//
+// The capacity stays between the request's own blocks and the worker's
+// KV size (SetCapacity, Options). The blocks beyond the found ones were
+// gone when the request came, but it has been prefilled since, so they
+// are held: after a shortfall they are recorded again, as the most
+// recent.
+func (x *Index) Correct(model, worker string, hashes []uint64, expected, found int) {
+	if len(hashes) == 0 || expected == 0 && found == 0 {
+		return
+	}
+	step := found - expected
+	if step == 0 {
+		step = 1
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	size, held := x.sizeOf(worker), x.capacityOf(worker)
+	switch n := min(max(held+step, min(len(hashes), size)), size); {
+	case n == held:
+	case n == size:
+		delete(x.learned, worker)
+		x.resizeLocked(worker)
+	default:
+		if x.learned == nil {
+			x.learned = map[string]int{}
+		}
+		x.learned[worker] = n
+		x.resizeLocked(worker)
+	}
+	if found < expected {
+		x.recordLocked(model, hashes, worker, x.now(), false)
 	}
 }
 
@@ -41,8 +105,7 @@ func (c *lru) resize(capacity int) {
 }
 
 // dropTail forgets the least recent block and keeps the slab dense by
-// moving its last node into the hole; expire and capacity eviction both
-// drop this way.
+// moving its last node into the hole, when the capacity shrinks.
 func (c *lru) dropTail() {
 	i := c.tail
 	c.unlink(i)

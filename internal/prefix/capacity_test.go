@@ -66,3 +66,82 @@ func TestIndex_SetCapacity(t *testing.T) {
 		t.Errorf("Capacity(a) = %d after Forget, want the default 8", got)
 	}
 }
+
+// blocks returns n block hashes from first on.
+func blocks(first uint64, n int) []uint64 {
+	h := make([]uint64, n)
+	for i := range h {
+		h[i] = first + uint64(i)
+	}
+	return h
+}
+
+// A worker that finds fewer blocks than expected is believed to hold less:
+// its oldest blocks are forgotten with the ones it missed, the request's
+// own blocks stay held, and reports that meet the guess grow the capacity
+// back to the worker's size, not beyond.
+func TestIndex_Correct(t *testing.T) {
+	x := NewIndex(Options{Capacity: 12})
+	a, b, c := blocks(100, 4), blocks(200, 4), blocks(300, 4)
+	for _, p := range [][]uint64{a, b, c} { // a is the least recent
+		x.Record("m", p, "w")
+	}
+	x.Record("m", a, "v")
+	// c was believed held in full (4 blocks) and w found 1: it evicted 3
+	// blocks the index still holds, and with them what is older.
+	x.Correct("m", "w", c, 4, 1)
+	if got := x.Capacity("w"); got != 9 {
+		t.Errorf("Capacity(w) = %d after missing 3 blocks, want 9", got)
+	}
+	if got := match(x, "m", c, "w"); got != 1 {
+		t.Errorf("Match(c) = %v, want 1: it was prefilled, so it is held", got)
+	}
+	if got := match(x, "m", a, "w"); got != 0.25 {
+		t.Errorf("Match(a) = %v, want 0.25: the oldest blocks are forgotten", got)
+	}
+	if got := match(x, "m", b, "w"); got != 1 {
+		t.Errorf("Match(b) = %v, want 1", got)
+	}
+	if got := x.Capacity("v"); got != 12 {
+		t.Errorf("Capacity(v) = %d: another worker's report changed it", got)
+	}
+	// The capacity never falls below the request's own blocks.
+	x.Correct("m", "w", c, 4, 0)
+	x.Correct("m", "w", c, 4, 0)
+	x.Correct("m", "w", c, 4, 0)
+	if got := x.Capacity("w"); got != 4 {
+		t.Errorf("Capacity(w) = %d after many misses, want the request's 4 blocks", got)
+	}
+	if got := match(x, "m", c, "w"); got != 1 {
+		t.Errorf("Match(c) = %v after many misses, want 1", got)
+	}
+	// A right guess grows it by one, more found than expected by the
+	// blocks beyond the guess, up to the worker's size.
+	x.Correct("m", "w", c, 4, 4)
+	if got := x.Capacity("w"); got != 5 {
+		t.Errorf("Capacity(w) = %d after a right guess, want 5", got)
+	}
+	x.Correct("m", "w", c, 1, 4)
+	if got := x.Capacity("w"); got != 8 {
+		t.Errorf("Capacity(w) = %d after finding 3 more than expected, want 8", got)
+	}
+	x.Correct("m", "w", c, 0, 40)
+	if got := x.Capacity("w"); got != 12 {
+		t.Errorf("Capacity(w) = %d, want the worker's size, 12", got)
+	}
+	// A request expected and found uncached says nothing.
+	x.Correct("m", "w", c, 4, 0)
+	x.Correct("m", "w", c, 0, 0)
+	if got := x.Capacity("w"); got != 8 {
+		t.Errorf("Capacity(w) = %d, want 8", got)
+	}
+	// A reported size below the learned one bounds it; Forget drops both.
+	x.SetCapacity("w", 6*BlockTokens)
+	if got := x.Capacity("w"); got != 6 {
+		t.Errorf("Capacity(w) = %d after a smaller reported size, want 6", got)
+	}
+	x.Forget("w")
+	if got := x.Capacity("w"); got != 12 {
+		t.Errorf("Capacity(w) = %d after Forget, want the default 12", got)
+	}
+}

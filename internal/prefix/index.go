@@ -5,16 +5,12 @@ import (
 	"time"
 )
 
-// Defaults of an Index.
+// DefaultCapacity is the default of Options.Capacity.
 const (
 	// DefaultCapacity is the blocks remembered per worker and model: 256
 	// router blocks are about 32,768 tokens, the KV cache of a
 	// llama-server started with -c 32768 (and of the simulated workers).
 	DefaultCapacity = 256
-	// DefaultTTL is how long a recorded block is believed to stay cached.
-	// A worker under load reuses its cache for other prompts within
-	// minutes; an old guess is worse than none.
-	DefaultTTL = 5 * time.Minute
 )
 
 // Options configure an Index; zero values take the defaults.
@@ -25,8 +21,6 @@ type Options struct {
 	// WorkerCapacity overrides Capacity per worker name: a worker with a
 	// smaller KV cache keeps fewer blocks.
 	WorkerCapacity map[string]int
-	// TTL forgets blocks not recorded again for this long.
-	TTL time.Duration
 	// Now tells the time; time.Now when nil. Tests and the virtual-time
 	// simulation inject their clock.
 	Now func() time.Time
@@ -34,12 +28,15 @@ type Options struct {
 
 // Index remembers which worker recently served which block hashes, per
 // model, within bounded memory: at most Capacity blocks per worker and
-// model, each forgotten after TTL. It is safe for concurrent use (one
-// mutex; every call is short and calls nothing outside).
+// model, the least recent forgotten first, as an engine's prefix cache
+// evicts. Nothing is forgotten by age: an engine keeps a block until it
+// needs the room, however old, and what the workers report finding
+// corrects the size the index assumes (Correct). It is safe for
+// concurrent use (one mutex; every call is short and calls nothing
+// outside).
 type Index struct {
 	capacity  int
 	perWorker map[string]int
-	ttl       time.Duration
 	now       func() time.Time
 
 	mu sync.Mutex
@@ -48,6 +45,7 @@ type Index struct {
 	// once and each worker by its name alone.
 	caches   map[string]map[string]*lru
 	reported map[string]int // per-worker capacity from SetCapacity
+	learned  map[string]int // per-worker capacity corrected by Correct
 }
 
 // NewIndex returns an empty Index.
@@ -55,13 +53,10 @@ func NewIndex(o Options) *Index {
 	if o.Capacity <= 0 {
 		o.Capacity = DefaultCapacity
 	}
-	if o.TTL <= 0 {
-		o.TTL = DefaultTTL
-	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Index{capacity: o.Capacity, perWorker: o.WorkerCapacity, ttl: o.TTL, now: o.Now, caches: map[string]map[string]*lru{}}
+	return &Index{capacity: o.Capacity, perWorker: o.WorkerCapacity, now: o.Now, caches: map[string]map[string]*lru{}}
 }
 
 // MatchSources sets frac[i] (both of len(workers)) to the fraction of
@@ -70,8 +65,7 @@ func NewIndex(o Options) *Index {
 // len(hashes); 0 for no hashes. remote[i] tells whether any of the matched
 // blocks was last recorded by another replica (through Apply) rather than
 // by this router's own Record. It answers for every worker under one lock
-// and one reading of the clock (a pick asks about every candidate), and
-// refreshes nothing.
+// (a pick asks about every candidate), and refreshes nothing.
 func (x *Index) MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool) {
 	if len(hashes) == 0 {
 		clear(frac[:len(workers)])
@@ -80,34 +74,22 @@ func (x *Index) MatchSources(model string, hashes []uint64, workers []string, fr
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	var oldest ttlCut
 	byWorker := x.caches[model]
 	for i, w := range workers {
-		frac[i], remote[i] = x.matchInLocked(byWorker[w], hashes, &oldest)
+		frac[i], remote[i] = matchIn(byWorker[w], hashes)
 	}
 }
 
-// ttlCut is the time before which a block is forgotten, read from the
-// clock once it is needed.
-type ttlCut struct {
-	t    time.Time
-	read bool
-}
-
-// matchInLocked is one worker's answer of MatchSources in c, its cache of
-// the model (nil when none), hashes not empty, with the TTL's cut read
-// into oldest the first time it is needed.
-func (x *Index) matchInLocked(c *lru, hashes []uint64, oldest *ttlCut) (frac float64, remote bool) {
+// matchIn is one worker's answer of MatchSources in c, its cache of the
+// model (nil when none), hashes not empty.
+func matchIn(c *lru, hashes []uint64) (frac float64, remote bool) {
 	if c == nil {
 		return 0, false
-	}
-	if !oldest.read {
-		oldest.t, oldest.read = x.now().Add(-x.ttl), true
 	}
 	n := 0
 	for _, h := range hashes {
 		i, ok := c.pos[h]
-		if !ok || c.nodes[i].at.Before(oldest.t) {
+		if !ok {
 			break
 		}
 		remote = remote || c.nodes[i].remote
@@ -131,9 +113,8 @@ func (x *Index) Record(model string, hashes []uint64, worker string) {
 // Apply notes, as Record does, that worker served hashes for model at
 // time at, as another replica reports it: a block keeps the later of its
 // own time and at, and a block whose time is at is marked as recorded
-// elsewhere (see MatchSources). A report older than the TTL is ignored;
-// one from the future (clock skew) counts as now. The bounds are those of
-// Record.
+// elsewhere (see MatchSources). A report from the future (clock skew)
+// counts as now. The bounds are those of Record.
 func (x *Index) Apply(model string, hashes []uint64, worker string, at time.Time) {
 	if len(hashes) == 0 {
 		return
@@ -143,9 +124,6 @@ func (x *Index) Apply(model string, hashes []uint64, worker string, at time.Time
 	now := x.now()
 	if at.After(now) {
 		at = now
-	}
-	if at.Before(now.Add(-x.ttl)) {
-		return
 	}
 	x.recordLocked(model, hashes, worker, at, true)
 }
@@ -161,7 +139,6 @@ func (x *Index) recordLocked(model string, hashes []uint64, worker string, at ti
 		c = newLRU(x.capacityOf(worker))
 		byWorker[worker] = c
 	}
-	c.expire(x.now().Add(-x.ttl))
 	for i := len(hashes) - 1; i >= 0; i-- {
 		c.touch(hashes[i], at, remote)
 	}
@@ -175,7 +152,19 @@ func (x *Index) Capacity(worker string) int {
 	return x.capacityOf(worker)
 }
 
+// capacityOf is the blocks remembered of worker: its cache's size, or
+// less when what it reported finding says it holds less (Correct).
 func (x *Index) capacityOf(worker string) int {
+	size := x.sizeOf(worker)
+	if n, ok := x.learned[worker]; ok {
+		return min(n, size)
+	}
+	return size
+}
+
+// sizeOf is the blocks worker's KV cache holds: the operator's word, else
+// the worker's report, else Options.Capacity.
+func (x *Index) sizeOf(worker string) int {
 	if n, ok := x.perWorker[worker]; ok && n > 0 {
 		return n
 	}
@@ -185,14 +174,12 @@ func (x *Index) capacityOf(worker string) int {
 	return x.capacity
 }
 
-// TTL returns how long a recorded block is remembered.
-func (x *Index) TTL() time.Duration { return x.ttl }
-
 // Forget drops everything remembered of worker (it was removed).
 func (x *Index) Forget(worker string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	delete(x.reported, worker)
+	delete(x.learned, worker)
 	for model, byWorker := range x.caches {
 		delete(byWorker, worker)
 		if len(byWorker) == 0 {
@@ -201,8 +188,7 @@ func (x *Index) Forget(worker string) {
 	}
 }
 
-// Len returns the blocks remembered of worker for model, expired ones
-// included until they are swept.
+// Len returns the blocks remembered of worker for model.
 func (x *Index) Len(model, worker string) int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -258,18 +244,6 @@ func (c *lru) touch(h uint64, at time.Time, remote bool) {
 	c.nodes[i] = node{hash: h, at: at, prev: -1, next: -1, remote: remote}
 	c.pos[h] = i
 	c.pushFront(i)
-}
-
-// expire forgets blocks recorded before oldest, from the least recent,
-// and keeps the slab dense by moving its last node into each hole. Record
-// keeps times in recency order; a block Apply refreshed with a time older
-// than its neighbours' is swept once it reaches the tail or is evicted by
-// capacity, and MatchSources ignores it once expired, so the order matters to
-// memory only, which capacity bounds anyway.
-func (c *lru) expire(oldest time.Time) {
-	for c.tail >= 0 && c.nodes[c.tail].at.Before(oldest) {
-		c.dropTail()
-	}
 }
 
 func (c *lru) unlink(i int32) {

@@ -6,3 +6,11 @@ package prefixshare
 // (scheduler.PrefixCapacity). Each replica sizes its own copy from its
 // own scrapes; nothing is published.
 func (x *Index) SetCapacity(worker string, tokens int) { x.local.SetCapacity(worker, tokens) }
+
+// Correct corrects the local index from what worker reported finding
+// cached (see prefix.Index.Correct; scheduler.PrefixCorrector). Each
+// replica learns from the answers it relays; nothing is published: the
+// other replicas learn the same of the worker from theirs.
+func (x *Index) Correct(model, worker string, hashes []uint64, expected, found int) {
+	x.local.Correct(model, worker, hashes, expected, found)
+}

@@ -23,7 +23,7 @@
 //     and keeps nothing for a replica that starts later; the stream keeps
 //     the recent past, so a follower that reconnects resumes from the last
 //     entry it applied, and a new replica warms up by reading the entries
-//     of the last TTL.
+//     of the last Window.
 //   - A sorted set per model and worker (block hash by time) would hold the
 //     index itself, bounded exactly like the local one, but a replica would
 //     have to poll every worker's set to see changes: a round trip per
@@ -40,26 +40,27 @@
 // trim removes whole nodes of entries, stream-node-max-entries, 100 by
 // default, so it may hold up to that many more), each carrying at most
 // MaxHashes hashes (8 bytes each), the first of the prompt, and the key
-// expires TTL after the last publish, so a fleet whose replicas all
-// stopped leaves nothing behind. Entries older than the TTL are never
+// expires Window after the last publish, so a fleet whose replicas all
+// stopped leaves nothing behind. Entries older than the Window are never
 // applied. A prompt longer than MaxHashes blocks (256, 32k tokens, by
 // default) is known to the other replicas by its first MaxHashes blocks
 // only: a partial match, which still tells its worker from the others. In
 // each process: the queue holds at most Queue records of at most MaxHashes
 // hashes (4,096 × 2 KiB = 8 MiB by default), and applied records go into
-// the local index, whose per-model, per-worker capacity and TTL bound them
-// as they bound local ones.
+// the local index, whose per-model, per-worker capacity bounds them as it
+// bounds local ones.
 //
 // # What is not shared
 //
-// Forget and SetCapacity act on the local index only. A worker removed
-// from one replica is forgotten there; the others forget it when they
-// remove it too, and until then what they learnt of it expires within the
-// TTL. Each replica sizes its copy from its own scrapes of the workers'
-// KV caches, which agree when the replicas serve one fleet. An entry
-// naming a worker this replica does not know is applied all the same,
-// bounded like any other (model, worker) of the index: the replicas of one
-// fleet name the same workers.
+// Forget, SetCapacity and Correct act on the local index only. A worker
+// removed from one replica is forgotten there; the others forget it when
+// they remove it too, and until then what they learnt of it stays, within
+// the worker's capacity, till newer blocks push it out. Each replica sizes its copy from its own scrapes of the
+// workers' KV caches, which agree when the replicas serve one fleet, and
+// corrects it from the answers it relays. An entry naming a worker this
+// replica does not know is applied all the same, bounded like any other
+// (model, worker) of the index: the replicas of one fleet name the same
+// workers.
 //
 // # Propagation delay
 //
@@ -84,7 +85,7 @@
 // applied late rather than never, as far as the stream still holds them. If Redis came back empty,
 // the stream starts again with IDs from its clock, later than the last
 // seen; should that clock be behind the last entry seen (a failover to a
-// host whose clock lags), the follower starts again from the TTL window,
+// host whose clock lags), the follower starts again from the Window,
 // applying some entries twice, which Apply makes harmless. Records dropped
 // during an outage are lost to the other replicas: the index is a hint,
 // the next turn of the conversation records its prefix again.
@@ -140,6 +141,11 @@ const (
 	// answering again, as the shared ledger's renewals (every second by
 	// default) do.
 	DefaultMaxBackoff = time.Second
+	// DefaultWindow is how far back a replica that starts reads the
+	// stream: the prefixes the others sent in the last minutes, whose
+	// workers are likely to hold them still; the local index's capacity
+	// then keeps those the workers can hold.
+	DefaultWindow = 5 * time.Minute
 )
 
 // maxBatch is the most records one publish round trip carries, and the
@@ -161,8 +167,12 @@ type Config struct {
 	// warms up from what it recorded before.
 	Replica string
 	// Local is the replica's index: MatchSources reads it, Record and the other
-	// replicas' records update it. Its TTL is the stream's window.
+	// replicas' records update it.
 	Local *prefix.Index
+	// Window is how far back a starting replica reads the stream, and
+	// how long the stream outlives its last record; DefaultWindow when
+	// zero.
+	Window time.Duration
 	// MaxLen bounds the stream's entries; DefaultMaxLen when zero.
 	MaxLen int64
 	// Queue bounds the records waiting to be published; DefaultQueue
@@ -229,6 +239,9 @@ func New(cfg Config) (*Index, error) {
 	}
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = DefaultMaxBackoff
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = DefaultWindow
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -390,7 +403,7 @@ func (x *Index) publish(ctx context.Context, pub *redis.Client) {
 					Values: []any{"r", x.self, "m", r.model, "w", r.worker, "h", r.hashes},
 				})
 			}
-			p.PExpire(ctx, x.key, x.local.TTL())
+			p.PExpire(ctx, x.key, x.cfg.Window)
 			return nil
 		})
 		if ctx.Err() != nil {
@@ -414,7 +427,7 @@ func (x *Index) publish(ctx context.Context, pub *redis.Client) {
 // follow applies the other replicas' entries, reconnecting from the last
 // entry seen after a failure.
 func (x *Index) follow(ctx context.Context, sub *redis.Client) {
-	var last streamID // zero: start from the TTL window
+	var last streamID // zero: start from the Window
 	wait := minBackoff
 	for ctx.Err() == nil {
 		err := x.followOnce(ctx, sub, &last, func() { wait = minBackoff })
@@ -441,9 +454,9 @@ func (x *Index) followOnce(ctx context.Context, sub *redis.Client, last *streamI
 	after := time.Now()
 	// offset turns Redis's clock into this process's: local = server + offset.
 	offset := before.Add(after.Sub(before) / 2).Sub(server)
-	window := streamID{ms: uint64(server.Add(-x.local.TTL()).UnixMilli())}
+	window := streamID{ms: uint64(server.Add(-x.cfg.Window).UnixMilli())}
 	if last.less(window) || last.ms > uint64(server.UnixMilli()) {
-		// First start, an outage longer than the TTL, or a Redis whose
+		// First start, an outage longer than the Window, or a Redis whose
 		// clock is behind the entries seen: read the whole window.
 		*last = window
 	}

@@ -26,7 +26,7 @@ type replicaOpts struct {
 	queue     int
 	capacity  int
 	maxHashes int
-	ttl       time.Duration
+	window    time.Duration
 	noRun     bool
 }
 
@@ -40,8 +40,8 @@ func replica(t testing.TB, srv *redistest.Server, name string, o replicaOpts) *I
 	}
 	x, err := New(Config{
 		Redis: opts, Prefix: p, Replica: name,
-		Local:  prefix.NewIndex(prefix.Options{Capacity: o.capacity, TTL: o.ttl}),
-		MaxLen: o.maxLen, Queue: o.queue, MaxHashes: o.maxHashes,
+		Local:  prefix.NewIndex(prefix.Options{Capacity: o.capacity}),
+		MaxLen: o.maxLen, Queue: o.queue, MaxHashes: o.maxHashes, Window: o.window,
 		Block:      time.Hour, // shutdown must not wait for a blocked XREAD
 		MaxBackoff: 50 * time.Millisecond,
 	})
@@ -131,10 +131,10 @@ func TestShare_Bounds(t *testing.T) {
 	// Prompts of 24 blocks, entries of at most 16, B remembers 8 of a
 	// worker and C 64.
 	const maxLen, maxHashes, capacity, records = 100, 16, 8, 1000
-	ttl := time.Minute
-	a := replica(t, srv, "a", replicaOpts{maxLen: maxLen, maxHashes: maxHashes, ttl: ttl, queue: records})
-	b := replica(t, srv, "b", replicaOpts{capacity: capacity, ttl: ttl})
-	c := replica(t, srv, "c", replicaOpts{capacity: 64, ttl: ttl})
+	window := time.Minute
+	a := replica(t, srv, "a", replicaOpts{maxLen: maxLen, maxHashes: maxHashes, window: window, queue: records})
+	b := replica(t, srv, "b", replicaOpts{capacity: capacity, window: window})
+	c := replica(t, srv, "c", replicaOpts{capacity: 64, window: window})
 	for i := range records {
 		a.Record("m", conv(i, 3*capacity), "w")
 	}
@@ -150,8 +150,8 @@ func TestShare_Bounds(t *testing.T) {
 	if n := rdb.XLen(ctx, a.Key()).Val(); n > maxLen+100 {
 		t.Errorf("stream length %d after %d records, over MaxLen %d plus one node of 100", n, records, maxLen)
 	}
-	if d := rdb.PTTL(ctx, a.Key()).Val(); d <= 0 || d > ttl {
-		t.Errorf("stream TTL %v, want in (0, %v]", d, ttl)
+	if d := rdb.PTTL(ctx, a.Key()).Val(); d <= 0 || d > window {
+		t.Errorf("stream TTL %v, want in (0, %v]", d, window)
 	}
 	last := rdb.XRevRangeN(ctx, a.Key(), "+", "-", 1).Val()
 	if len(last) != 1 {
@@ -228,18 +228,18 @@ func TestShare_RedisDownThenBack(t *testing.T) {
 
 func TestShare_LateReplicaWarmsUp(t *testing.T) {
 	srv := redistest.Start(t, redistest.Options{})
-	ttl := time.Minute
-	a := replica(t, srv, "a", replicaOpts{ttl: ttl})
+	window := time.Minute
+	a := replica(t, srv, "a", replicaOpts{window: window})
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
 	ctx := context.Background()
-	// An entry from before the window (Redis's clock minus twice the TTL).
+	// An entry from before the window (Redis's clock minus twice the window).
 	now, err := rdb.Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := conv(9, 2)
-	oldID := fmt.Sprintf("%d-0", now.Add(-2*ttl).UnixMilli())
+	oldID := fmt.Sprintf("%d-0", now.Add(-2*window).UnixMilli())
 	var h []byte
 	for _, v := range old {
 		h = binary.LittleEndian.AppendUint64(h, v)
@@ -253,7 +253,7 @@ func TestShare_LateReplicaWarmsUp(t *testing.T) {
 	}
 	waitFor(t, a, "A publishes", func() bool { return a.Stats().Published == uint64(len(convs)) })
 
-	late := replica(t, srv, "late", replicaOpts{ttl: ttl})
+	late := replica(t, srv, "late", replicaOpts{window: window})
 	waitFor(t, late, "the late replica applies the window", func() bool { return late.Stats().Applied == uint64(len(convs)) })
 	for i, c := range convs {
 		if got := match(late, "m", c, "w"); got != 1 {
@@ -261,7 +261,7 @@ func TestShare_LateReplicaWarmsUp(t *testing.T) {
 		}
 	}
 	if got := match(late, "m", old, "w"); got != 0 {
-		t.Errorf("an entry older than the TTL was applied: Match = %v", got)
+		t.Errorf("an entry older than the window was applied: Match = %v", got)
 	}
 	if s := late.Stats(); s.Lag != 0 {
 		t.Errorf("warm-up entries counted in the lag: %v", s.Lag)
@@ -269,7 +269,7 @@ func TestShare_LateReplicaWarmsUp(t *testing.T) {
 
 	// A restarted A (same name, new process) warms up from what it
 	// recorded before: only the running Index's own entries are skipped.
-	again := replica(t, srv, "a", replicaOpts{ttl: ttl})
+	again := replica(t, srv, "a", replicaOpts{window: window})
 	waitFor(t, again, "the restarted replica applies its earlier records", func() bool { return again.Stats().Applied == uint64(len(convs)) })
 	for i, c := range convs {
 		if got := match(again, "m", c, "w"); got != 1 {

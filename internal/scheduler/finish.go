@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"math"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
@@ -70,8 +71,33 @@ func (l *Lease) complete(o stats.Observation, obs Observer, now time.Time) (stat
 	if o.CachedKnown && l.Decision != nil {
 		l.Decision.SetPrefixOutcome(decisions.PrefixOutcome{ExpectedCachedTokens: l.found.CachedTokens, CachedTokens: o.CachedTokens})
 	}
+	if pc, ok := s.cfg.PrefixIndex.(PrefixCorrector); ok && o.CachedKnown && !l.w.retired && len(l.req.Prefix) > 0 && l.found.PromptTokens > 0 {
+		e, f := prefixBlocks(len(l.req.Prefix), l.found.PromptTokens, l.found.CachedTokens, o.CachedTokens)
+		pc.Correct(l.req.Model, l.Worker, l.req.Prefix, e, f)
+	}
 	if !l.released.CompareAndSwap(false, true) {
 		return o, nil
 	}
 	return o, s.endLocked(l, o.OutputTokens, s.clock.Now())
+}
+
+// PrefixCorrector is implemented by a PrefixIndex that learns from what a
+// worker reports finding cached (*prefix.Index is one): Complete tells it
+// how many of the request's blocks it expected the worker to hold and how
+// many the worker found, and it corrects what it believes of the worker.
+type PrefixCorrector interface {
+	Correct(model, worker string, hashes []uint64, expected, found int)
+}
+
+// prefixBlocks converts the cached tokens expected and found of a prompt
+// of prompt tokens into its blocks of hashes. Expected came from a
+// fraction of the blocks, so it converts back exactly; the difference
+// counts whole blocks only, a block being prompt/blocks tokens on
+// average, so that how an engine rounds a hit (a partial last block, the
+// one token it always computes) is no miss.
+func prefixBlocks(blocks, prompt, expected, found int) (e, f int) {
+	per := float64(blocks) / float64(prompt)
+	e = int(math.Round(float64(expected) * per))
+	f = e + int(float64(found-expected)*per) // whole blocks, towards zero
+	return e, min(max(f, 0), blocks)
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -200,5 +202,52 @@ func BenchmarkLease_End(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// A worker that reports finding fewer cached tokens than the index
+// expected is believed to hold less afterwards: the next pick expects
+// less of the prompts it served before.
+func TestComplete_FewerCachedThanExpectedCorrectsTheIndex(t *testing.T) {
+	tr, err := stats.NewTracker(0.2, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The predictor is what notes the expectation (Lease.ExpectedCachedTokens).
+	s := newSched(t, Config{MaxQueue: 4, Stats: tr, Predictor: predict.New(tr),
+		PrefixIndex: prefix.NewIndex(prefix.Options{Capacity: 8})}, workers(1, 4, "m")...)
+	a := Request{Model: "m", PromptTokens: 4 * prefix.BlockTokens, Prefix: []uint64{1, 2, 3, 4}}
+	b := Request{Model: "m", PromptTokens: 4 * prefix.BlockTokens, Prefix: []uint64{5, 6, 7, 8}}
+	serve := func(req Request, found int) *Lease {
+		l := admitNow(t, s, req)
+		l.Complete(stats.Observation{OutputTokens: 1, CachedTokens: found, CachedKnown: true}, nil, time.Time{})
+		return l
+	}
+	serve(a, 0)
+	serve(b, 0) // the index is full: a, then b
+	if l := serve(a, prefix.BlockTokens); l.ExpectedCachedTokens() != a.PromptTokens {
+		t.Fatalf("a expected %d tokens cached, want all %d", l.ExpectedCachedTokens(), a.PromptTokens)
+	}
+	// The worker found 1 of a's 4 blocks: it evicted 3 the index held, and
+	// so holds 3 fewer; b's 3 oldest blocks are no longer believed held.
+	if l := serve(b, 4*prefix.BlockTokens); l.ExpectedCachedTokens() != prefix.BlockTokens {
+		t.Errorf("b expected %d tokens cached after a's shortfall, want %d (1 of 4 blocks)", l.ExpectedCachedTokens(), prefix.BlockTokens)
+	}
+}
+
+func TestPrefixBlocks(t *testing.T) {
+	for _, tt := range []struct{ blocks, prompt, expected, found, e, f int }{
+		{7, 1000, 1000, 896, 7, 7},  // the partial last block is not hashed: a full hit
+		{8, 1024, 1024, 1023, 8, 8}, // the one token always computed: a full hit
+		{7, 1000, 1000, 384, 7, 3},  // 3 of 7 blocks found
+		{7, 1000, 429, 384, 3, 3},   // 3 expected, 3 found
+		{10, 4834, 483, 512, 1, 1},  // a hashed partial last block: 1 of 10, found as expected
+		{10, 4834, 0, 4833, 0, 9},   // more found than expected counts whole blocks, at most
+		{4, 512, 0, 0, 0, 0},
+	} {
+		e, f := prefixBlocks(tt.blocks, tt.prompt, tt.expected, tt.found)
+		if e != tt.e || f != tt.f {
+			t.Errorf("prefixBlocks(%d, %d, %d, %d) = %d, %d; want %d, %d", tt.blocks, tt.prompt, tt.expected, tt.found, e, f, tt.e, tt.f)
+		}
 	}
 }
