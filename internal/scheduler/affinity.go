@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/limit"
 )
 
 // Prefix affinity under a backlog.
@@ -129,7 +131,7 @@ func oneMoreRoom(v *view) bool {
 // reported.
 func atLearnedLimit(v *view) bool {
 	lim, active := &v.lim, v.active
-	return lim.source == srcLearned && lim.floor > 0 && lim.sat == satNone &&
+	return lim.source == limit.Learned && lim.floor > 0 && lim.sat == limit.SatNone &&
 		lim.limit == lim.learned && active == lim.learned && active < lim.cap
 }
 

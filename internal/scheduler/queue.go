@@ -323,3 +323,29 @@ func (tq *tenantQueue) work() float64 {
 	}
 	return w
 }
+
+// oldestWait is how long the oldest request queued in q has waited; 0
+// when none waits (q nil).
+func (q *queue) oldestWait(now time.Time) time.Duration {
+	if q == nil {
+		return 0
+	}
+	var oldest time.Time
+	older := func(t *Ticket) {
+		if t != nil && (oldest.IsZero() || t.enq.Before(oldest)) {
+			oldest = t.enq
+		}
+	}
+	for _, t := range q.retries {
+		older(t)
+	}
+	for i := range q.classes {
+		if q.classes[i].n > 0 {
+			older(q.classes[i].oldest())
+		}
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	return now.Sub(oldest)
+}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -17,9 +18,9 @@ type WorkerSpec struct {
 	// Source reports discovered models.
 	Models []string
 	// MaxConcurrency caps Sluice's in-flight requests on the worker; 0
-	// takes the worker's reported slot count, else LimitConfig.DefaultCap
+	// takes the worker's reported slot count, else limit.Config.DefaultCap
 	// (1 with learning off). Below the cap the limit is learned unless
-	// LimitConfig.Fixed.
+	// limit.Config.Fixed.
 	MaxConcurrency int
 	// Source publishes the worker's telemetry; nil means healthy with no
 	// telemetry.
@@ -74,7 +75,7 @@ type worker struct {
 	remote int
 	busy   busy // integral of active+remote over time
 	// moved is the latest change of the learned limit.
-	moved limitMove
+	moved limit.Move
 	// loads are the LoRA adapters Sluice is loading on the worker, and
 	// loaded those it loaded until its telemetry lists them (adapter.go).
 	loads  map[string]*adapterLoad

@@ -95,6 +95,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
 )
 
@@ -181,8 +182,8 @@ type Config struct {
 	// Ledger, when set, shares reservations with other replicas (see
 	// ledger.go); nil schedules this process's requests alone.
 	Ledger Ledger
-	// Limits configures adaptive per-worker concurrency (see LimitConfig).
-	Limits LimitConfig
+	// Limits configures adaptive per-worker concurrency (package limit).
+	Limits limit.Config
 	// Predictor, when set, predicts what a request would get on each
 	// worker (package predict): the chosen worker's prediction goes in
 	// the record and on the lease, and learns from each outcome
@@ -216,8 +217,8 @@ type Config struct {
 // Scheduler admits requests to workers. See the package doc.
 type Scheduler struct {
 	cfg      Config
-	limits   *LimitConfig // immutable: records keep it to explain limits
-	statsVia statsVia     // cfg.Stats, when it reads through handles
+	limits   *limit.Config // immutable: records keep it to explain limits
+	statsVia statsVia      // cfg.Stats, when it reads through handles
 	terms    []WeightedTerm
 	clock    Clock
 	prefix   string
@@ -314,7 +315,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		rates:      map[string]*drainRate{},
 		est:        estimator{def: cfg.DefaultOutputTokens},
 		cfg:        cfg,
-		limits:     new(cfg.Limits.withDefaults()),
+		limits:     new(cfg.Limits.WithDefaults()),
 		terms:      cfg.Terms,
 		clock:      cfg.Clock,
 		prefix:     cfg.IDPrefix,
