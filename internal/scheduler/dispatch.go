@@ -51,7 +51,7 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 			if t, c := s.placeableLocked(h.q, now); t != nil {
 				if c.refuse {
 					s.unqueueLocked(t, false)
-					s.sharedGoneLocked(t)
+					s.ledger.gone(t)
 					s.refuseLocked(t, c.rec, ErrSLOUnmeetable)
 					done = append(done, t)
 				} else if c.pending != nil {
@@ -87,7 +87,7 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 		}
 		if q.spec && !spec {
 			q.spec = false
-			s.sharedJoinLocked(q)
+			s.ledger.join(q)
 		}
 		for _, t := range q.retries {
 			if len(t.req.Exclude) > 0 && s.whyNotWaitLocked(t.req) != nil {
@@ -103,7 +103,7 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 			cause = ErrNoHealthyWorker
 		}
 		s.unqueueLocked(t, false)
-		s.sharedGoneLocked(t)
+		s.ledger.gone(t)
 		rec := s.refusalRecordLocked(t.req, now)
 		s.refuseLocked(t, rec, cause)
 		done = append(done, t)

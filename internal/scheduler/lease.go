@@ -113,7 +113,7 @@ func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Tick
 	// must already count it free, or this replica's own queue could not
 	// take the slot it just freed and would wait for the wake-up. The
 	// model's ledger calls are made in order.
-	s.sharedReleaseLocked(l)
+	s.ledger.release(l)
 	s.kvDoneLocked(l)
 	s.unbindAdapterLocked(l)
 	l.w.busy.move(l.w.inFlight(), now)
@@ -194,7 +194,7 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 	if state := s.bindAdapterLocked(t.lease); state != "" && rec != nil && rec.Adapter != nil {
 		rec.Adapter.State = state
 	}
-	s.sharedBindLocked(t, t.lease, sharedID)
+	s.ledger.bind(t, t.lease, sharedID)
 	s.kvSendLocked(t.lease)
 	t.rec = rec
 	t.queued = false

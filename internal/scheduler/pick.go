@@ -264,7 +264,7 @@ func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool)
 		best := s.picker.choose(p, pr) // the picker's position is the scheduler's
 		if s.ledger != nil && p.binding && !p.baseline {
 			// The ledger chooses, outside the lock; best is held meanwhile.
-			s.pendingSharedLocked(p, pr)
+			p.pending = newReservation(p, pr, s.activeWeight())
 		}
 		c = p.chosen(best, pr, always)
 	}

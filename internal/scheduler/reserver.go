@@ -32,11 +32,14 @@ import (
 // order per model. Its mutex guards only its queues, and is never held
 // while a call runs or while the scheduler's lock is taken.
 type ledgerRunner struct {
-	l    Ledger
-	s    *Scheduler
-	mu   sync.Mutex
-	byM  map[string][]ledgerCall // calls not yet made, per model
-	busy map[string]bool         // a goroutine is making the model's calls
+	l Ledger
+	s *Scheduler
+	// waits says the policy is Sluice's, whose queued requests go on
+	// the shared waiting list.
+	waits bool
+	mu    sync.Mutex
+	byM   map[string][]ledgerCall // calls not yet made, per model
+	busy  map[string]bool         // a goroutine is making the model's calls
 	// idle is signalled, under mu, when the last model goroutine ends:
 	// wait blocks on it while busy is not empty. (A WaitGroup cannot
 	// serve: a push from another goroutine may start a model's goroutine
@@ -60,7 +63,7 @@ const (
 )
 
 func newLedgerRunner(s *Scheduler, l Ledger) *ledgerRunner {
-	r := &ledgerRunner{l: l, s: s, byM: map[string][]ledgerCall{}, busy: map[string]bool{}}
+	r := &ledgerRunner{l: l, s: s, waits: s.cfg.Policy == PolicySluice, byM: map[string][]ledgerCall{}, busy: map[string]bool{}}
 	r.idle = sync.NewCond(&r.mu)
 	return r
 }
@@ -250,7 +253,7 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 // queue being full).
 func (s *Scheduler) waitLocked(t *Ticket, now time.Time) []*Ticket {
 	if t.queued {
-		s.sharedQueuedLocked(t)
+		s.ledger.queued(t, s.queues[t.req.Model])
 		return nil
 	}
 	return s.queueLocked(t, now, true)

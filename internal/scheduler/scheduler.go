@@ -392,7 +392,7 @@ func (s *Scheduler) refuseAll() []*Ticket {
 	clear(s.queues)
 	s.queuedBytes = 0
 	for _, t := range done {
-		s.sharedGoneLocked(t)
+		s.ledger.gone(t)
 	}
 	for _, res := range s.reserving {
 		if !res.t.queued && !res.gone { // a new request waiting for the ledger

@@ -189,7 +189,7 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 	q.push(t, s.weightOf(t.req.Tenant))
 	s.queuedBytes += int64(t.req.BodyBytes)
 	if shared {
-		s.sharedQueuedLocked(t)
+		s.ledger.queued(t, q)
 	}
 	// Placing waits behind the queue, but the queue may be held only by
 	// retries that excluded the free workers.
@@ -232,7 +232,7 @@ func (s *Scheduler) cancel(t *Ticket, cause error, now time.Time) ([]*Ticket, bo
 	}
 	if t.queued {
 		s.unqueueLocked(t, false)
-		s.sharedGoneLocked(t)
+		s.ledger.gone(t)
 	}
 	rec := s.refusalRecordLocked(t.req, now)
 	s.refuseLocked(t, rec, cause)
