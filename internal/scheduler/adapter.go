@@ -317,7 +317,7 @@ func (s *Scheduler) settleLoad(w *worker, ld *adapterLoad, err error, now time.T
 	}
 	close(ld.done)
 	done := s.sweepLocked(s.dispatchLocked())
-	s.notifyLocked()
+	s.changed.notify()
 	return done
 }
 

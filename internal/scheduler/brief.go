@@ -89,7 +89,7 @@ func (s *Scheduler) gaugesLocked(now time.Time) ([]WorkerGauges, []limit.State) 
 				models[ms[0]] = m
 			}
 		}
-		lim := w.limitOf(s.limits, snap, s.statsOf(w), m.floor, m.waited, &Env{Now: now, StaleAfter: s.cfg.StaleAfter})
+		lim := w.limitOf(s.limits, snap, s.measured.of(w), m.floor, m.waited, &Env{Now: now, StaleAfter: s.cfg.StaleAfter})
 		out = append(out, WorkerGauges{WorkerBrief: w.briefLocked(snap), Active: w.active, OtherReplicas: w.remote,
 			Limit: lim.Limit, Learned: lim.Learned, Cap: lim.Cap, Floor: lim.Floor, Snapshot: snap})
 		lims = append(lims, lim)

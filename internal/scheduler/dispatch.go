@@ -50,7 +50,7 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 		for _, h := range heads {
 			if t, c := s.placeableLocked(h.q, now); t != nil {
 				if c.refuse {
-					s.unqueueLocked(t, false)
+					s.queues.unqueue(t, false)
 					s.ledger.gone(t)
 					s.refuseLocked(t, c.rec, ErrSLOUnmeetable)
 					done = append(done, t)
@@ -58,7 +58,7 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 					s.startReserveLocked(t, c)
 					started = append(started, t.res)
 				} else {
-					s.unqueueLocked(t, true)
+					s.queues.unqueue(t, true)
 					s.bindLocked(t, c, "", now)
 					done = append(done, t)
 				}
@@ -90,19 +90,21 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 			s.ledger.join(q)
 		}
 		for _, t := range q.retries {
-			if len(t.req.Exclude) > 0 && s.whyNotWaitLocked(t.req) != nil {
-				gone = append(gone, t)
+			if len(t.req.Exclude) > 0 {
+				if why, _ := s.admissibleLocked(t.req); why != nil {
+					gone = append(gone, t)
+				}
 			}
 		}
 	}
 	slices.SortFunc(gone, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
 	for _, t := range gone {
-		cause := s.whyNotWaitLocked(t.req)
+		cause, _ := s.admissibleLocked(t.req)
 		if errors.Is(cause, ErrUnknownModel) && !s.queues[t.req.Model].spec {
 			// It was served when the request came: its workers went away.
 			cause = ErrNoHealthyWorker
 		}
-		s.unqueueLocked(t, false)
+		s.queues.unqueue(t, false)
 		s.ledger.gone(t)
 		rec := s.refusalRecordLocked(t.req, now)
 		s.refuseLocked(t, rec, cause)

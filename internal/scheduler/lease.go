@@ -138,7 +138,7 @@ func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Tick
 		d.drained(work, q.since, now)
 	}
 	done := s.dispatchLocked()
-	s.notifyLocked()
+	s.changed.notify()
 	return done
 }
 

@@ -21,7 +21,7 @@ func (s *Scheduler) floorFor(model string) float64 {
 	best := 0.0
 	for _, w := range s.workers {
 		if w.serves(w.snapshot(), model) {
-			best = limit.BestSolo(best, s.statsOf(w))
+			best = limit.BestSolo(best, s.measured.of(w))
 		}
 	}
 	return s.limits.Floor(model, best)

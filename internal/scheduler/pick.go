@@ -361,7 +361,7 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 	best := 0.0
 	for i, w := range s.workers {
 		v := &p.views[i]
-		*v = view{w: w, snap: w.snapshot(), st: s.statsOf(w), active: w.active, remote: w.remote, cost: w.cost,
+		*v = view{w: w, snap: w.snapshot(), st: s.measured.of(w), active: w.active, remote: w.remote, cost: w.cost,
 			lastPick: w.lastPick, kvSent: w.kvSent, draining: w.draining}
 		v.serving = w.serves(v.snap, p.req.Model)
 		if p.learning && v.serving {

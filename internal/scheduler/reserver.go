@@ -238,12 +238,12 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 			// Nothing freed meanwhile: the model waits for the next
 			// release or wake-up, not for another round trip now.
 			done = append(done, s.dispatchExceptLocked(model, true)...)
-			s.notifyLocked()
+			s.changed.notify()
 			return done
 		}
 	}
 	done = append(done, s.dispatchLocked()...)
-	s.notifyLocked()
+	s.changed.notify()
 	return done
 }
 
@@ -268,7 +268,7 @@ func (s *Scheduler) bindReservedLocked(res *reservation, i int, lease string, ac
 		pr.patchShared(s, res, i, active)
 	}
 	if t.queued {
-		s.unqueueLocked(t, true)
+		s.queues.unqueue(t, true)
 	}
 	s.bindLocked(t, choice{w: w, limit: res.sc[i].Limit, rec: t.rec}, lease, now)
 }

@@ -162,16 +162,20 @@ func (s *Scheduler) Models() []string {
 func (s *Scheduler) Changed() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.changed == nil {
-		s.changed = make(chan struct{})
+	if s.changed.ch == nil {
+		s.changed.ch = make(chan struct{})
 	}
-	return s.changed
+	return s.changed.ch
 }
 
-// notifyLocked wakes whoever waits on Changed: the state has changed.
-func (s *Scheduler) notifyLocked() {
-	if s.changed != nil {
-		close(s.changed)
-		s.changed = nil
+// changes is the channel of Changed, under the scheduler's lock: closed
+// at the next state change, nil while nobody waits.
+type changes struct{ ch chan struct{} }
+
+// notify wakes whoever waits on Changed: the state has changed.
+func (c *changes) notify() {
+	if c.ch != nil {
+		close(c.ch)
+		c.ch = nil
 	}
 }

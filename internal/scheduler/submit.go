@@ -91,7 +91,7 @@ func (s *Scheduler) submit(t *Ticket, now time.Time) []*Ticket {
 	s.seq++
 	t.seq = s.seq
 	done := s.submitLocked(t, now)
-	s.notifyLocked()
+	s.changed.notify()
 	return done
 }
 
@@ -160,11 +160,11 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 	case why != nil:
 	case t.depth >= s.cfg.MaxQueue && !t.front:
 		why = ErrQueueFull
-	case spec && q == nil && s.speculativeLocked() >= s.cfg.MaxQueue:
+	case spec && q == nil && s.queues.speculative() >= s.cfg.MaxQueue:
 		// Requests for models nobody is known to serve yet share one
 		// budget: client-supplied names must not grow state unbounded.
 		why = ErrQueueFull
-	case !t.front && s.cfg.MaxQueueBytes > 0 && s.queuedBytes+int64(t.req.BodyBytes) > s.cfg.MaxQueueBytes:
+	case !t.front && s.cfg.MaxQueueBytes > 0 && s.queues.bytes()+int64(t.req.BodyBytes) > s.cfg.MaxQueueBytes:
 		why = fmt.Errorf("%w (%d MiB)", ErrQueueBytesFull, s.cfg.MaxQueueBytes>>20)
 	case !t.front:
 		// The work that would be bound before it, at the drain rate.
@@ -187,7 +187,6 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 	}
 	t.queued = true
 	q.push(t, s.weightOf(t.req.Tenant))
-	s.queuedBytes += int64(t.req.BodyBytes)
 	if shared {
 		s.ledger.queued(t, q)
 	}
@@ -201,18 +200,6 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 // noisy and errs long under load, so refusing at twice the deadline sheds
 // load that would time out while keeping work that would have made it.
 const deadlineMargin = 2
-
-// speculativeLocked counts the requests waiting for models no worker was
-// known to serve when they came.
-func (s *Scheduler) speculativeLocked() int {
-	n := 0
-	for _, q := range s.queues {
-		if q.spec {
-			n += q.n
-		}
-	}
-	return n
-}
 
 // Cancel refuses t with cause (ErrQueueTimeout or ErrClientGone) if it is
 // still queued, and reports whether it did. When it returns false the
@@ -231,7 +218,7 @@ func (s *Scheduler) cancel(t *Ticket, cause error, now time.Time) ([]*Ticket, bo
 		return nil, false
 	}
 	if t.queued {
-		s.unqueueLocked(t, false)
+		s.queues.unqueue(t, false)
 		s.ledger.gone(t)
 	}
 	rec := s.refusalRecordLocked(t.req, now)
@@ -239,19 +226,8 @@ func (s *Scheduler) cancel(t *Ticket, cause error, now time.Time) ([]*Ticket, bo
 	// The head may have changed: a retry blocked by its exclusions can
 	// have been holding back requests that fit now.
 	done := append(s.dispatchLocked(), t)
-	s.notifyLocked()
+	s.changed.notify()
 	return done, true
-}
-
-// unqueueLocked takes a queued ticket out of its model's queue (bound:
-// to be served) and deletes the queue when it empties.
-func (s *Scheduler) unqueueLocked(t *Ticket, bound bool) {
-	q := s.queues[t.req.Model]
-	q.remove(t, bound)
-	s.queuedBytes -= int64(t.req.BodyBytes)
-	if q.n == 0 {
-		delete(s.queues, t.req.Model)
-	}
 }
 
 // QueueDepth returns how many requests wait for model.
@@ -270,7 +246,7 @@ func (s *Scheduler) QueueDepths() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[string]int, len(s.queues))
-	s.servedLocked(func(m string) { out[m] = 0 })
+	served(s.workers, func(m string) { out[m] = 0 })
 	for m, q := range s.queues {
 		out[m] = q.n
 	}
@@ -290,7 +266,7 @@ func (s *Scheduler) QueueDepthsByClass() map[string]map[string]int {
 		}
 		out[m] = by
 	}
-	s.servedLocked(zero)
+	served(s.workers, zero)
 	for m, q := range s.queues {
 		if out[m] == nil {
 			zero(m)
