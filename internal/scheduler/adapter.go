@@ -163,9 +163,9 @@ func (w *worker) servesAdapterLocked(snap *Snapshot, ap *adapterPick) bool {
 	return w.holdsLocked(snap, ap.spec.Name) || (ap.onDemand && w.spec.LoadsAdapters && w.serves(snap, ap.spec.Base))
 }
 
-// resolveAdapterLocked marks each view's part for the request's adapter:
+// resolveAdapter marks each view's part for the request's adapter:
 // whether its worker holds it, and whether it may load it.
-func (s *Scheduler) resolveAdapterLocked(p *pick) {
+func (p *pick) resolveAdapter() {
 	ap := p.adapter
 	unknown := false // a worker up whose model list was never read may hold it
 	for i := range p.views {
@@ -191,15 +191,14 @@ func (s *Scheduler) resolveAdapterLocked(p *pick) {
 	}
 }
 
-// bindAdapterLocked gives l the load it waits for when its worker does
-// not hold the request's adapter yet: the load running or due there, or
-// a new one (made at Lease.Ready). It returns what the record says.
-func (s *Scheduler) bindAdapterLocked(l *Lease) string {
-	ap := s.adapterOf(l.req.Model)
+// bindAdapter gives l, bound to w, the load it waits for when w does not
+// hold the request's adapter ap (nil: none) yet: the load running or due
+// there, or a new one (made at Lease.Ready). It returns what the record
+// says.
+func (w *worker) bindAdapter(l *Lease, ap *adapterPick) string {
 	if ap == nil {
 		return ""
 	}
-	w := l.w
 	if ld := w.loads[ap.spec.Name]; ld != nil {
 		l.load = ld
 		ld.leases++
@@ -221,11 +220,12 @@ func (s *Scheduler) bindAdapterLocked(l *Lease) string {
 	return "loading on demand"
 }
 
-// unbindAdapterLocked counts l's release in its load: when l was the last
+// unbindAdapter counts l's release in its load: when l was the last
 // lease bound to a load none of them started, nobody is left to make it,
 // and it is forgotten (the worker does not hold the adapter), so that
-// later requests do not wait for it.
-func (s *Scheduler) unbindAdapterLocked(l *Lease) {
+// later requests do not wait for it. The loads' counts are under the
+// scheduler's lock.
+func (l *Lease) unbindAdapter() {
 	ld := l.load
 	if ld == nil {
 		return

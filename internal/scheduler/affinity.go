@@ -187,7 +187,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		if best == nil {
 			return nil, choice{}
 		}
-		if c, _, _ := s.canPlaceLocked(best, now); c.w == w {
+		if c := s.pickLocked(best.req, best.enq, now, false); c.w == w {
 			explainOvertake(c.rec, head, best, holderFirst(w.spec.Name, bestMatch, headMatch))
 			return best, c
 		}
@@ -218,7 +218,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		if !holds {
 			continue
 		}
-		if c, _, _ := s.canPlaceLocked(t, now); c.w != nil {
+		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil {
 			explainOvertake(c.rec, head, t, holderFirst(c.w.spec.Name, s.matchOnLocked(t.req, c.w), s.matchOnLocked(head.req, c.w)))
 			return t, c
 		}

@@ -115,7 +115,7 @@ func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Tick
 	// model's ledger calls are made in order.
 	s.ledger.release(l)
 	s.kvDoneLocked(l)
-	s.unbindAdapterLocked(l)
+	l.unbindAdapter()
 	l.w.busy.move(l.w.inFlight(), now)
 	l.w.active--
 	l.w.cost -= l.cost
@@ -191,7 +191,7 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 	s.recordPrefixLocked(t.req, w)
 	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
 		Limit: c.limit, bound: now, busyAtBind: w.busy.integral, Prediction: c.pred, found: c.found}
-	if state := s.bindAdapterLocked(t.lease); state != "" && rec != nil && rec.Adapter != nil {
+	if state := w.bindAdapter(t.lease, s.adapterOf(t.req.Model)); state != "" && rec != nil && rec.Adapter != nil {
 		rec.Adapter.State = state
 	}
 	s.ledger.bind(t, t.lease, sharedID)

@@ -369,7 +369,7 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 		}
 	}
 	if p.adapter != nil {
-		s.resolveAdapterLocked(p)
+		p.resolveAdapter()
 	}
 	if !s.cfg.NoRecords || (s.cfg.Predictor != nil && !p.baseline) {
 		p.out, p.outSrc = s.est.estimate(&p.req)

@@ -124,7 +124,7 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 		return s.queueLocked(t, now, false)
 	}
 	if mayJump {
-		c, _, _ := s.canPlaceLocked(t, now) // t.enq is now
+		c := s.pickLocked(t.req, t.enq, now, false) // t.enq is now
 		if c.refuse {
 			s.refuseLocked(t, c.rec, ErrSLOUnmeetable)
 			return []*Ticket{t}
