@@ -113,7 +113,7 @@ func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Tick
 	// must already count it free, or this replica's own queue could not
 	// take the slot it just freed and would wait for the wake-up. The
 	// model's ledger calls are made in order.
-	s.ledger.release(l)
+	s.ledger.releaseLease(l)
 	s.kvDoneLocked(l)
 	l.unbindAdapter()
 	l.w.busy.move(l.w.inFlight(), now)

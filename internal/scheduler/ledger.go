@@ -157,7 +157,8 @@ func (r *ledgerRunner) queued(t *Ticket, q *queue) {
 	if r == nil || !r.waits || t.waiting || (q != nil && q.spec) {
 		return
 	}
-	r.push(t.req.Model, ledgerCall{kind: callWait, waitID: ticketWaitID(t)})
+	model, id := t.req.Model, ticketWaitID(t)
+	r.calls.Push(model, func() { r.l.Wait(model, id) })
 	t.waiting = true
 }
 
@@ -179,17 +180,23 @@ func (r *ledgerRunner) join(q *queue) {
 // list.
 func (r *ledgerRunner) gone(t *Ticket) {
 	if r != nil && t.waiting {
-		r.push(t.req.Model, ledgerCall{kind: callUnwait, waitID: ticketWaitID(t)})
+		model, id := t.req.Model, ticketWaitID(t)
+		r.calls.Push(model, func() { r.l.Unwait(model, id) })
 		t.waiting = false
 	}
 }
 
-// release gives a lease's shared reservation back, before any
+// releaseLease gives a lease's shared reservation back, before any
 // reservation the release lets this replica's queue ask for.
-func (r *ledgerRunner) release(l *Lease) {
+func (r *ledgerRunner) releaseLease(l *Lease) {
 	if r != nil && l.shared != "" {
-		r.push(l.model, ledgerCall{kind: callRelease, worker: l.Worker, lease: l.shared})
+		r.release(l.model, l.Worker, l.shared)
 	}
+}
+
+// release gives the ledger's lease on worker back, in model's order.
+func (r *ledgerRunner) release(model, worker, lease string) {
+	r.calls.Push(model, func() { r.l.Release(worker, lease) })
 }
 
 // stampShared marks a record with the replica and the shared state's
