@@ -131,7 +131,7 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 		done = append(done, t)
 	case ok: // the worker it chose left meanwhile
 		s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
-		done = s.waitLocked(t, now)
+		done = s.queueLocked(t, now, true)
 	case errors.Is(err, ErrLedgerDown):
 		// The local view is all there is: levels count this replica's
 		// streams only until the ledger answers again.
@@ -151,7 +151,7 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 			s.bindReservedLocked(res, best, s.ledger.l.Adopt(res.sc[best].Worker), res.active, now)
 			done = append(done, t)
 		} else {
-			done = s.waitLocked(t, now)
+			done = s.queueLocked(t, now, true)
 		}
 	default:
 		if errors.Is(err, ErrLedgerBusy) && len(pick.Active) == len(res.sc) {
@@ -161,7 +161,7 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 				e.setRemoteLocked(pick.Active[i]-e.active, now)
 			}
 		}
-		done = s.waitLocked(t, now)
+		done = s.queueLocked(t, now, true)
 		if !res.missed {
 			// Nothing freed meanwhile: the model waits for the next
 			// release or wake-up, not for another round trip now.
@@ -173,18 +173,6 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 	done = append(done, s.dispatchLocked()...)
 	s.changed.notify()
 	return done
-}
-
-// waitLocked leaves t waiting after the ledger had no room for it: a
-// queued ticket stays where it is, now on the shared waiting list; a new
-// one joins the queue as Submit would have queued it (or is refused, the
-// queue being full).
-func (s *Scheduler) waitLocked(t *Ticket, now time.Time) []*Ticket {
-	if t.queued {
-		s.ledger.queued(t, s.queues[t.req.Model])
-		return nil
-	}
-	return s.queueLocked(t, now, true)
 }
 
 // bindReservedLocked binds res's ticket to its candidate i with the

@@ -148,9 +148,14 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 // queueLocked puts t in its model's queue, or refuses it when waiting is
 // pointless, the queue is full or its deadline cannot be met; then it
 // places what can be placed. shared puts it on the shared ledger's
-// waiting list too.
+// waiting list too. A ticket queued already, whose pick the ledger had
+// no room for, stays where it is, now on the shared waiting list.
 func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket {
 	q := s.queues[t.req.Model]
+	if t.queued {
+		s.ledger.queued(t, q)
+		return nil
+	}
 	if q != nil {
 		t.depth = q.n
 	}
