@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/predict"
 )
 
@@ -80,7 +81,7 @@ type Lease struct {
 	found      predict.Input
 	// load is the LoRA adapter load the request waits for before it is
 	// sent (nil: none).
-	load *adapterLoad
+	load *lora.Load
 }
 
 // Release gives the slot back and places the next queued request. Calling

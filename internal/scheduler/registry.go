@@ -3,10 +3,10 @@ package scheduler
 import (
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -76,10 +76,9 @@ type worker struct {
 	busy   busy // integral of active+remote over time
 	// moved is the latest change of the learned limit.
 	moved limit.Move
-	// loads are the LoRA adapters Sluice is loading on the worker, and
-	// loaded those it loaded until its telemetry lists them (adapter.go).
-	loads  map[string]*adapterLoad
-	loaded map[string]time.Time
+	// adapters are the LoRA adapters Sluice is loading on the worker or
+	// loaded there (adapter.go).
+	adapters lora.Holdings
 	// kvSent are the prompt blocks of the requests in flight on it, with
 	// KV-cache events (kvsent.go).
 	kvSent []kvSent
