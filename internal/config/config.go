@@ -21,6 +21,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-router/sluice/internal/fleet"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
@@ -94,7 +95,7 @@ func (w Weights) Scheduler() scheduler.Weights {
 	return sw
 }
 
-// Limits configures adaptive concurrency (see scheduler.LimitConfig for
+// Limits configures adaptive concurrency (see limit.Config for
 // the controller): each worker's limit is learned from the per-stream
 // decode rates its requests achieve at each concurrency level, against a
 // floor, below the worker's max_concurrency cap.
@@ -106,7 +107,7 @@ type Limits struct {
 	// configuration keys: DefaultConfig's values are the router's one
 	// behaviour. Only a router run on a faster clock than the fleet it
 	// models (the simulation harness) scales its durations.
-	Learning scheduler.LimitConfig `yaml:"-"`
+	Learning limit.Config `yaml:"-"`
 	// Models sets per-model targets.
 	Models map[string]ModelTargets `yaml:"models"`
 }
@@ -143,7 +144,7 @@ type ModelTargets struct {
 }
 
 // Scheduler returns the scheduler's view of the limits.
-func (l Limits) Scheduler() scheduler.LimitConfig {
+func (l Limits) Scheduler() limit.Config {
 	lc := l.Learning
 	lc.MinStreamTokS, lc.ModelFloors = l.MinStreamTokS, nil
 	for m, t := range l.Models {
@@ -602,7 +603,7 @@ func DefaultConfig() Config {
 		Shutdown: Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
 		Shared:   Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
 		Sessions: defaultSessions(),
-		Limits: Limits{Learning: scheduler.LimitConfig{FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
+		Limits: Limits{Learning: limit.Config{FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
 			BorrowAfter: 2 * time.Second, DefaultCap: 64}},
 		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
 		LoRA:    defaultLoRA(),

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/lora"
 )
 
 // LoRA adapters.
@@ -27,7 +28,7 @@ import (
 //
 // The load is a network call, so it is never made under the scheduler's
 // lock: the pick only notes that the chosen worker will get the adapter
-// (an adapterLoad, counted as a holder by later picks), and Lease.Ready,
+// (a lora.Load, counted as a holder by later picks), and Lease.Ready,
 // which Admit calls after the bind, makes the call through the
 // AdapterLoader outside the lock. Later requests bound to the same worker
 // meanwhile wait for the same load; whichever of the requests bound to it
@@ -93,20 +94,6 @@ const (
 // ErrAdapterLoad: the request's adapter could be loaded on no worker.
 var ErrAdapterLoad = errors.New("the LoRA adapter could not be loaded on any worker")
 
-// adapterLoad is a load Sluice makes of one adapter on one worker: set
-// under the lock at the bind, made by the first lease bound to it that
-// gets ready (it takes the turn), waited for by the others.
-type adapterLoad struct {
-	spec AdapterSpec
-	// turn holds the one right to make the load until a lease takes it.
-	turn chan struct{}
-	// leases counts the leases bound to it and not released, under the
-	// scheduler's lock.
-	leases int
-	done   chan struct{}
-	err    error // set before done is closed
-}
-
 // adapterPick is what a pick knows of the request's adapter: which it is,
 // and how many workers hold it.
 type adapterPick struct {
@@ -137,22 +124,10 @@ func (s *Scheduler) adapterMax() int {
 	return DefaultAdapterReplicas
 }
 
-// holdsLocked reports whether w holds adapter a or is loading it.
-// Once the worker's telemetry lists an adapter Sluice loaded there, the
-// telemetry alone says: a worker that restarts without it stops holding
-// it at its next scrape.
+// holdsLocked reports whether w holds adapter a, as its telemetry lists
+// it or Sluice loaded it there, or is loading it (lora.Holdings.Holds).
 func (w *worker) holdsLocked(snap *Snapshot, a string) bool {
-	if w.loads[a] != nil {
-		return true
-	}
-	for _, ai := range snap.Adapters {
-		if ai.Name == a {
-			delete(w.loaded, a)
-			return true
-		}
-	}
-	_, ok := w.loaded[a]
-	return ok
+	return w.adapters.Holds(a, slices.ContainsFunc(snap.Adapters, func(ai AdapterInfo) bool { return ai.Name == a }))
 }
 
 // servesAdapterLocked reports whether w could ever run a request for the
@@ -163,9 +138,9 @@ func (w *worker) servesAdapterLocked(snap *Snapshot, ap *adapterPick) bool {
 	return w.holdsLocked(snap, ap.spec.Name) || (ap.onDemand && w.spec.LoadsAdapters && w.serves(snap, ap.spec.Base))
 }
 
-// resolveAdapterLocked marks each view's part for the request's adapter:
+// resolveAdapter marks each view's part for the request's adapter:
 // whether its worker holds it, and whether it may load it.
-func (s *Scheduler) resolveAdapterLocked(p *pick) {
+func (p *pick) resolveAdapter() {
 	ap := p.adapter
 	unknown := false // a worker up whose model list was never read may hold it
 	for i := range p.views {
@@ -191,18 +166,16 @@ func (s *Scheduler) resolveAdapterLocked(p *pick) {
 	}
 }
 
-// bindAdapterLocked gives l the load it waits for when its worker does
-// not hold the request's adapter yet: the load running or due there, or
-// a new one (made at Lease.Ready). It returns what the record says.
-func (s *Scheduler) bindAdapterLocked(l *Lease) string {
-	ap := s.adapterOf(l.req.Model)
+// bindAdapter gives l, bound to w, the load it waits for when w does not
+// hold the request's adapter ap (nil: none) yet: the load running or due
+// there, or a new one (made at Lease.Ready). It returns what the record
+// says.
+func (w *worker) bindAdapter(l *Lease, ap *adapterPick) string {
 	if ap == nil {
 		return ""
 	}
-	w := l.w
-	if ld := w.loads[ap.spec.Name]; ld != nil {
+	if ld := w.adapters.Loading(ap.spec.Name); ld != nil {
 		l.load = ld
-		ld.leases++
 		return "loading on demand (by an earlier request)"
 	}
 	if w.holdsLocked(w.snapshot(), ap.spec.Name) {
@@ -211,43 +184,17 @@ func (s *Scheduler) bindAdapterLocked(l *Lease) string {
 	if !ap.onDemand || !w.spec.LoadsAdapters {
 		return "not loaded" // cannot happen: the adapter rule kept it out
 	}
-	if w.loads == nil {
-		w.loads = map[string]*adapterLoad{}
-	}
-	ld := &adapterLoad{spec: ap.spec, turn: make(chan struct{}, 1), leases: 1, done: make(chan struct{})}
-	ld.turn <- struct{}{}
-	w.loads[ap.spec.Name] = ld
-	l.load = ld
+	l.load = w.adapters.Start(ap.spec.Name, ap.spec.Base)
 	return "loading on demand"
 }
 
-// unbindAdapterLocked counts l's release in its load: when l was the last
-// lease bound to a load none of them started, nobody is left to make it,
-// and it is forgotten (the worker does not hold the adapter), so that
-// later requests do not wait for it.
-func (s *Scheduler) unbindAdapterLocked(l *Lease) {
-	ld := l.load
-	if ld == nil {
-		return
-	}
-	ld.leases--
-	if ld.leases > 0 {
-		return
-	}
-	select {
-	case <-ld.turn:
-		ld.err = errLoadAbandoned
-		if l.w.loads[ld.spec.Name] == ld {
-			delete(l.w.loads, ld.spec.Name)
-		}
-		close(ld.done)
-	default: // made, or being made by a lease that has not returned from Ready
+// unbindAdapter counts l's release in its load, if it waits for one
+// (lora.Holdings.Leave), under the scheduler's lock.
+func (l *Lease) unbindAdapter() {
+	if l.load != nil {
+		l.w.adapters.Leave(l.load)
 	}
 }
-
-// errLoadAbandoned ends a load that every lease bound to it was released
-// before making; no lease is left to read it.
-var errLoadAbandoned = errors.New("every request bound to the load left before it was made")
 
 // adapterRecord is the record's account of the request's adapter.
 func adapterRecord(ap *adapterPick, state string) *decisions.Adapter {
@@ -268,7 +215,7 @@ func (l *Lease) Ready(ctx context.Context) error {
 	}
 	s := l.s
 	select {
-	case <-ld.turn:
+	case <-ld.Turn():
 		timeout := s.cfg.Adapters.LoadTimeout
 		if timeout <= 0 {
 			timeout = DefaultAdapterLoadTimeout
@@ -276,48 +223,38 @@ func (l *Lease) Ready(ctx context.Context) error {
 		// The load serves every request bound there meanwhile: the
 		// client that set it off may leave without cancelling it.
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		err := s.cfg.Adapters.Loader.LoadAdapter(lctx, l.Worker, ld.spec)
+		err := s.cfg.Adapters.Loader.LoadAdapter(lctx, l.Worker, s.adapters[ld.Name])
 		cancel()
 		s.loadDone(l.w, ld, err)
 		return wrapLoad(l.Worker, ld)
-	case <-ld.done:
+	case <-ld.Done():
 		return wrapLoad(l.Worker, ld)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-func wrapLoad(worker string, ld *adapterLoad) error {
-	if ld.err == nil {
+func wrapLoad(worker string, ld *lora.Load) error {
+	if ld.Err() == nil {
 		return nil
 	}
-	return fmt.Errorf("load LoRA adapter %q on %s: %w", ld.spec.Name, worker, ld.err)
+	return fmt.Errorf("load LoRA adapter %q on %s: %w", ld.Name, worker, ld.Err())
 }
 
 // loadDone ends a load: the worker holds the adapter from now on, or,
 // when it failed, does not, and the requests waiting for a holder may be
 // placed again.
-func (s *Scheduler) loadDone(w *worker, ld *adapterLoad, err error) {
+func (s *Scheduler) loadDone(w *worker, ld *lora.Load, err error) {
 	s.finish(s.settleLoad(w, ld, err, s.clock.Now()))
 }
 
 // settleLoad is loadDone under s.mu, returning the tickets it ended.
-func (s *Scheduler) settleLoad(w *worker, ld *adapterLoad, err error, now time.Time) []*Ticket {
+func (s *Scheduler) settleLoad(w *worker, ld *lora.Load, err error, now time.Time) []*Ticket {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ld.err = err
-	if w.loads[ld.spec.Name] == ld {
-		delete(w.loads, ld.spec.Name)
-	}
-	if err == nil {
-		if w.loaded == nil {
-			w.loaded = map[string]time.Time{}
-		}
-		w.loaded[ld.spec.Name] = now
-	}
-	close(ld.done)
+	w.adapters.Settle(ld, err, now)
 	done := s.sweepLocked(s.dispatchLocked())
-	s.notifyLocked()
+	s.changed.notify()
 	return done
 }
 
@@ -328,13 +265,14 @@ func (w *worker) adaptersOfLocked(snap *Snapshot) []AdapterState {
 	for _, ai := range snap.Adapters {
 		out = append(out, AdapterState{Name: ai.Name, Base: ai.Base, State: "loaded", Source: ai.Source})
 	}
-	for name, at := range w.loaded {
+	names, at := w.adapters.Loaded()
+	for i, name := range names {
 		if !slices.ContainsFunc(out, func(a AdapterState) bool { return a.Name == name }) {
-			out = append(out, AdapterState{Name: name, State: "loaded", Source: "loaded by Sluice", At: at})
+			out = append(out, AdapterState{Name: name, State: "loaded", Source: "loaded by Sluice", At: at[i]})
 		}
 	}
-	for name, ld := range w.loads {
-		out = append(out, AdapterState{Name: name, Base: ld.spec.Base, State: "loading", Source: "loading by Sluice"})
+	for _, ld := range w.adapters.Loads() {
+		out = append(out, AdapterState{Name: ld.Name, Base: ld.Base, State: "loading", Source: "loading by Sluice"})
 	}
 	slices.SortFunc(out, func(a, b AdapterState) int {
 		if a.Name < b.Name {

@@ -46,7 +46,7 @@ func (s *Scheduler) admit(ctx context.Context, req Request) (*Lease, error) {
 	timer := s.clock.NewTimer(s.maxWait(req.Class))
 	defer timer.Stop()
 	// Waiting long enough lets workers borrow over their learned limit
-	// (LimitConfig.BorrowAfter), but nothing else need happen meanwhile
+	// (limit.Config.BorrowAfter), but nothing else need happen meanwhile
 	// to trigger a placement: the model's step places the queue again
 	// (borrowstep.go).
 	if s.cfg.Policy == PolicySluice && !s.limits.Fixed {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/limit"
 )
 
 // Prefix affinity under a backlog.
@@ -129,7 +131,7 @@ func oneMoreRoom(v *view) bool {
 // reported.
 func atLearnedLimit(v *view) bool {
 	lim, active := &v.lim, v.active
-	return lim.source == srcLearned && lim.floor > 0 && lim.sat == satNone &&
+	return lim.source == limit.Learned && lim.floor > 0 && lim.sat == limit.SatNone &&
 		lim.limit == lim.learned && active == lim.learned && active < lim.cap
 }
 
@@ -185,7 +187,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		if best == nil {
 			return nil, choice{}
 		}
-		if c, _, _ := s.canPlaceLocked(best, now); c.w == w {
+		if c := s.pickLocked(best.req, best.enq, now, false); c.w == w {
 			explainOvertake(c.rec, head, best, holderFirst(w.spec.Name, bestMatch, headMatch))
 			return best, c
 		}
@@ -216,7 +218,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		if !holds {
 			continue
 		}
-		if c, _, _ := s.canPlaceLocked(t, now); c.w != nil {
+		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil {
 			explainOvertake(c.rec, head, t, holderFirst(c.w.spec.Name, s.matchOnLocked(t.req, c.w), s.matchOnLocked(head.req, c.w)))
 			return t, c
 		}

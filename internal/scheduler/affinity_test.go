@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/prefix"
 )
 
@@ -57,7 +58,7 @@ func TestAffinity_HolderFirstFromTheQueue(t *testing.T) {
 			w := DefaultWeights()
 			w.Prefix = tt.weight
 			s := newSched(t, Config{MaxQueue: 10, Clock: clk, PrefixIndex: prefix.NewIndex(prefix.Options{}), Weights: w,
-				MaxOvertake: 10 * time.Second, Limits: LimitConfig{Fixed: true}}, workers(2, 1, "m")...)
+				MaxOvertake: 10 * time.Second, Limits: limit.Config{Fixed: true}}, workers(2, 1, "m")...)
 			a := admitNow(t, s, Request{Model: "m", Prefix: convA})
 			b := admitNow(t, s, Request{Model: "m", Prefix: convB})
 			if a.Worker != "w0" || b.Worker != "w1" {
@@ -94,7 +95,7 @@ func TestAffinity_CachedPrefixRunsOneOverTheLearnedLimit(t *testing.T) {
 	learned1 := learnedOne(now)
 	fs := fakeStats{"w0": learned1, "w1": learned1}
 	s := newSched(t, Config{MaxQueue: 10, Clock: clk, Stats: fs, PrefixIndex: prefix.NewIndex(prefix.Options{}),
-		Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}}, workers(2, 4, "m")...)
+		Limits: limit.Config{MinStreamTokS: 50, MinSamples: 3}}, workers(2, 4, "m")...)
 	conv := []uint64{1, 2, 3, 4}
 	turn2 := append(conv[:4:4], 5) // 80% cached on the holder
 	a := admitNow(t, s, Request{Model: "m", Prefix: conv})
@@ -136,7 +137,7 @@ func TestAffinity_OneOverBehindAHeadTooLongForTheHolder(t *testing.T) {
 	small := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 1000})
 	large := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 32768})
 	s := newSched(t, Config{MaxQueue: 10, Clock: clk, Stats: fakeStats{"small": learned1, "large": learned1},
-		PrefixIndex: prefix.NewIndex(prefix.Options{}), Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
+		PrefixIndex: prefix.NewIndex(prefix.Options{}), Limits: limit.Config{MinStreamTokS: 50, MinSamples: 3}},
 		WorkerSpec{Name: "small", MaxConcurrency: 4, Source: small},
 		WorkerSpec{Name: "large", MaxConcurrency: 4, Source: large})
 	long := admitNow(t, s, Request{Model: "m", PromptTokens: 5000, Prefix: []uint64{20, 21}})

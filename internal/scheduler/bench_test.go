@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -20,14 +21,14 @@ import (
 func BenchmarkPick(b *testing.B) {
 	for _, mode := range []struct {
 		records bool
-		limits  LimitConfig
+		limits  limit.Config
 		def     bool // max_concurrency auto, a prefix index and hashes
 		name    string
 	}{
-		{true, LimitConfig{Fixed: true}, false, "records=true"},
-		{false, LimitConfig{Fixed: true}, false, "records=false"},
-		{true, LimitConfig{MinSamples: 3}, false, "records=true/limits=auto"},
-		{true, LimitConfig{MinSamples: 3}, true, "records=true/default"},
+		{true, limit.Config{Fixed: true}, false, "records=true"},
+		{false, limit.Config{Fixed: true}, false, "records=false"},
+		{true, limit.Config{MinSamples: 3}, false, "records=true/limits=auto"},
+		{true, limit.Config{MinSamples: 3}, true, "records=true/default"},
 	} {
 		records := mode.records
 		for _, n := range []int{8, 64, 512} {
@@ -97,7 +98,7 @@ func BenchmarkQueueWhileFullPrefix(b *testing.B) {
 				fs[w.Name] = ptr(learnedOne(now)) // learned 1 of 4
 			}
 			s := newSched(b, Config{MaxQueue: 1 << 30, NoRecords: true, Stats: fs, PrefixIndex: prefix.NewIndex(prefix.Options{}),
-				Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}}, ws...)
+				Limits: limit.Config{MinStreamTokS: 50, MinSamples: 3}}, ws...)
 			for i := range n + 64 {
 				s.Submit(Request{Model: "m", Prefix: []uint64{uint64(i), 1, 2, 3}}, nil)
 			}

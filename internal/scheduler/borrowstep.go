@@ -5,7 +5,7 @@ import "time"
 // Borrow steps.
 //
 // Workers may borrow over their learned limit once a model's oldest
-// queued request has waited LimitConfig.BorrowAfter (limit.go), and
+// queued request has waited limit.Config.BorrowAfter, and
 // nothing else need happen meanwhile, so something must place the queue
 // again when that wait crosses each BorrowAfter. One step per model does
 // it for all its waiters: a goroutine with one timer, due when the oldest
@@ -49,7 +49,7 @@ func (s *Scheduler) stepWhileWaiting(model string) (leave func()) {
 			close(st.stop)
 			return
 		}
-		if !now.Add(s.stepInLocked(model, now)).Equal(st.due) {
+		if !now.Add(s.limits.StepIn(s.queues[model].oldestWait(now))).Equal(st.due) {
 			select {
 			case st.wake <- struct{}{}:
 			default: // already woken
@@ -68,7 +68,7 @@ func (s *Scheduler) runStep(model string, st *borrowStep) {
 		}
 		now := s.clock.Now()
 		s.mu.Lock()
-		d := s.stepInLocked(model, now)
+		d := s.limits.StepIn(s.queues[model].oldestWait(now))
 		st.due = now.Add(d)
 		s.mu.Unlock()
 		t := s.clock.NewTimer(d)
@@ -82,11 +82,4 @@ func (s *Scheduler) runStep(model string, st *borrowStep) {
 			s.Kick()
 		}
 	}
-}
-
-// stepInLocked is how long until model's oldest queued request will have
-// waited another BorrowAfter (a whole BorrowAfter when none waits).
-func (s *Scheduler) stepInLocked(model string, now time.Time) time.Duration {
-	every := s.limits.BorrowAfter
-	return every - s.queues[model].oldestWait(now)%every
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
+	"github.com/sluice-router/sluice/internal/limit"
 )
 
 // countingClock is a ManualClock that counts the timers armed on it.
@@ -28,7 +29,7 @@ func TestAdmit_OneBorrowStepPerModel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		clk := &countingClock{ManualClock: clocktest.NewManualClock(time.Unix(10000, 0))}
 		s := newSched(t, Config{MaxQueue: 64, QueueTimeout: time.Minute, Clock: clk,
-			Limits: LimitConfig{MinSamples: 3, BorrowAfter: 2 * time.Second}},
+			Limits: limit.Config{MinSamples: 3, BorrowAfter: 2 * time.Second}},
 			WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 1}) // at its cap: nobody borrows
 		held, err := s.Admit(context.Background(), Request{Model: "m"})
 		if err != nil {
@@ -79,7 +80,7 @@ func TestAdmit_BorrowStepFollowsTheOldestWaiter(t *testing.T) {
 		}
 		fs := fakeStats{"w": learnedOne(t0)}
 		s := newSched(t, Config{MaxQueue: 5, QueueTimeout: time.Minute, Stats: fs, Clock: clk,
-			Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
+			Limits: limit.Config{MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
 			WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
 		admit := func(ctx context.Context) <-chan *Lease {
 			got := make(chan *Lease, 1)

@@ -1,6 +1,10 @@
 package scheduler
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluice-router/sluice/internal/limit"
+)
 
 // What probes, hooks and samplers read of the workers: the few fields
 // each needs, with none of Workers' explanations. Workers puts every
@@ -67,14 +71,14 @@ func (s *Scheduler) Gauges() []WorkerGauges {
 
 // gaugesLocked returns every worker's gauges and its limit, as Gauges
 // says.
-func (s *Scheduler) gaugesLocked(now time.Time) ([]WorkerGauges, []limitState) {
+func (s *Scheduler) gaugesLocked(now time.Time) ([]WorkerGauges, []limit.State) {
 	type byModel struct {
 		floor  float64
 		waited time.Duration
 	}
 	models := map[string]byModel{}
 	out := make([]WorkerGauges, 0, len(s.workers))
-	lims := make([]limitState, 0, len(s.workers))
+	lims := make([]limit.State, 0, len(s.workers))
 	for _, w := range s.workers {
 		snap := w.snapshot()
 		var m byModel
@@ -85,9 +89,9 @@ func (s *Scheduler) gaugesLocked(now time.Time) ([]WorkerGauges, []limitState) {
 				models[ms[0]] = m
 			}
 		}
-		lim := s.limitLocked(w, snap, s.statsOf(w), m.floor, m.waited, now)
+		lim := w.limitOf(s.limits, snap, s.measured.of(w), m.floor, m.waited, &Env{Now: now, StaleAfter: s.cfg.StaleAfter})
 		out = append(out, WorkerGauges{WorkerBrief: w.briefLocked(snap), Active: w.active, OtherReplicas: w.remote,
-			Limit: lim.limit, Learned: lim.learned, Cap: lim.cap, Floor: lim.floor, Snapshot: snap})
+			Limit: lim.Limit, Learned: lim.Learned, Cap: lim.Cap, Floor: lim.Floor, Snapshot: snap})
 		lims = append(lims, lim)
 	}
 	return out, lims

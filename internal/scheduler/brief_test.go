@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluice-router/sluice/internal/limit"
 )
 
 // Gauges and Briefs say of each worker what Workers says, limits included
@@ -19,7 +21,7 @@ func TestGauges_SayWhatWorkersSays(t *testing.T) {
 		"w2": levels(now, [3]float64{40, 5, 5}, [3]float64{10, 5, 5}),
 	}
 	s := newSched(t, Config{MaxQueue: 10, Stats: fs, Clock: clock,
-		Limits: LimitConfig{MinSamples: 3, ProbeAfter: time.Hour, BorrowAfter: time.Second}},
+		Limits: limit.Config{MinSamples: 3, ProbeAfter: time.Hour, BorrowAfter: time.Second}},
 		WorkerSpec{Name: "w0", Models: []string{"m"}, MaxConcurrency: 8},
 		WorkerSpec{Name: "w1", Models: []string{"m"}, MaxConcurrency: 1},
 		WorkerSpec{Name: "w2", Models: []string{"n"}, MaxConcurrency: 4, Source: newSource(Snapshot{Health: HealthOK, Slots: 3})},

@@ -50,15 +50,15 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 		for _, h := range heads {
 			if t, c := s.placeableLocked(h.q, now); t != nil {
 				if c.refuse {
-					s.unqueueLocked(t, false)
-					s.sharedGoneLocked(t)
+					s.queues.unqueue(t, false)
+					s.ledger.gone(t)
 					s.refuseLocked(t, c.rec, ErrSLOUnmeetable)
 					done = append(done, t)
 				} else if c.pending != nil {
 					s.startReserveLocked(t, c)
 					started = append(started, t.res)
 				} else {
-					s.unqueueLocked(t, true)
+					s.queues.unqueue(t, true)
 					s.bindLocked(t, c, "", now)
 					done = append(done, t)
 				}
@@ -87,23 +87,25 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 		}
 		if q.spec && !spec {
 			q.spec = false
-			s.sharedJoinLocked(q)
+			s.ledger.join(q)
 		}
 		for _, t := range q.retries {
-			if len(t.req.Exclude) > 0 && s.whyNotWaitLocked(t.req) != nil {
-				gone = append(gone, t)
+			if len(t.req.Exclude) > 0 {
+				if why, _ := s.admissibleLocked(t.req); why != nil {
+					gone = append(gone, t)
+				}
 			}
 		}
 	}
 	slices.SortFunc(gone, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
 	for _, t := range gone {
-		cause := s.whyNotWaitLocked(t.req)
+		cause, _ := s.admissibleLocked(t.req)
 		if errors.Is(cause, ErrUnknownModel) && !s.queues[t.req.Model].spec {
 			// It was served when the request came: its workers went away.
 			cause = ErrNoHealthyWorker
 		}
-		s.unqueueLocked(t, false)
-		s.sharedGoneLocked(t)
+		s.queues.unqueue(t, false)
+		s.ledger.gone(t)
 		rec := s.refusalRecordLocked(t.req, now)
 		s.refuseLocked(t, rec, cause)
 		done = append(done, t)
@@ -113,14 +115,14 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 
 // placeableLocked returns the ticket of q that goes next if a worker can
 // take it now: the first in the queue order (order.go) that the placement
-// check lets through (canPlaceLocked), or one that overtakes it
+// check lets through (choice.placeable), or one that overtakes it
 // (overtakeLocked). Tickets normally share one fate (same model, same
 // eligible workers), so past the retries only the queue's next is tried;
 // a retry that excludes workers which failed it is skipped over, so it
 // cannot hold back the requests behind it.
 func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 	for _, t := range q.retries {
-		if c, ok, _ := s.canPlaceLocked(t, now); ok {
+		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil || c.refuse {
 			return t, c
 		}
 		if len(t.req.Exclude) == 0 {
@@ -131,7 +133,8 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 	if head == nil {
 		return nil, choice{}
 	}
-	c, ok, why := s.canPlaceLocked(head, now)
+	c := s.pickLocked(head.req, head.enq, now, false)
+	ok, why := c.placeable()
 	if u, uc := s.overtakeLocked(q, head, c, ok, why, now); u != nil {
 		return u, uc
 	}
@@ -157,21 +160,21 @@ const (
 	holdPromise
 )
 
-// canPlaceLocked is the placement check: whether t can be placed now (ok:
-// its pick chose a worker, c.w, or refuses it, c.refuse), and when it
-// cannot, which rule holds it. The rules themselves (limits, adapters,
-// KV fit, promises) are the stages of the pick (pick.go).
-func (s *Scheduler) canPlaceLocked(t *Ticket, now time.Time) (c choice, ok bool, why hold) {
-	c = s.pickLocked(t.req, t.enq, now, false)
+// placeable is the placement check on the choice of a queued request's
+// pick: whether it can be placed now (ok: the pick chose a worker, c.w,
+// or refuses it, c.refuse), and when it cannot, which rule holds it. The
+// rules themselves (limits, adapters, KV fit, promises) are the stages of
+// the pick (pick.go).
+func (c *choice) placeable() (ok bool, why hold) {
 	switch {
 	case c.w != nil || c.refuse:
-		return c, true, holdNone
+		return true, holdNone
 	case c.kvHeld:
-		return c, false, holdKVFit
+		return false, holdKVFit
 	case c.sloWait:
-		return c, false, holdPromise
+		return false, holdPromise
 	}
-	return c, false, holdNone
+	return false, holdNone
 }
 
 // overtakeLocked is the one way a request is placed before q's head,
@@ -196,7 +199,7 @@ func (s *Scheduler) overtakeLocked(q *queue, head *Ticket, c choice, ok bool, wh
 		return nil, choice{}
 	}
 	for _, t := range q.behind(nil, head, s.order.overtake) {
-		if tc, _, _ := s.canPlaceLocked(t, now); tc.w != nil {
+		if tc := s.pickLocked(t.req, t.enq, now, false); tc.w != nil {
 			explainOvertake(tc.rec, head, t, why.explain(head))
 			return t, tc
 		}

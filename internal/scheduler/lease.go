@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/predict"
 )
 
@@ -80,7 +81,7 @@ type Lease struct {
 	found      predict.Input
 	// load is the LoRA adapter load the request waits for before it is
 	// sent (nil: none).
-	load *adapterLoad
+	load *lora.Load
 }
 
 // Release gives the slot back and places the next queued request. Calling
@@ -113,9 +114,9 @@ func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Tick
 	// must already count it free, or this replica's own queue could not
 	// take the slot it just freed and would wait for the wake-up. The
 	// model's ledger calls are made in order.
-	s.sharedReleaseLocked(l)
+	s.ledger.releaseLease(l)
 	s.kvDoneLocked(l)
-	s.unbindAdapterLocked(l)
+	l.unbindAdapter()
 	l.w.busy.move(l.w.inFlight(), now)
 	l.w.active--
 	l.w.cost -= l.cost
@@ -138,7 +139,7 @@ func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Tick
 		d.drained(work, q.since, now)
 	}
 	done := s.dispatchLocked()
-	s.notifyLocked()
+	s.changed.notify()
 	return done
 }
 
@@ -191,10 +192,10 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 	s.recordPrefixLocked(t.req, w)
 	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
 		Limit: c.limit, bound: now, busyAtBind: w.busy.integral, Prediction: c.pred, found: c.found}
-	if state := s.bindAdapterLocked(t.lease); state != "" && rec != nil && rec.Adapter != nil {
+	if state := w.bindAdapter(t.lease, s.adapterOf(t.req.Model)); state != "" && rec != nil && rec.Adapter != nil {
 		rec.Adapter.State = state
 	}
-	s.sharedBindLocked(t, t.lease, sharedID)
+	s.ledger.bind(t, t.lease, sharedID)
 	s.kvSendLocked(t.lease)
 	t.rec = rec
 	t.queued = false

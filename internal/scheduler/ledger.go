@@ -95,13 +95,12 @@ func (s *Scheduler) activeWeight() float64 {
 	return 0
 }
 
-// pendingSharedLocked prepares the reservation that replaces the score's
+// newReservation prepares the reservation that replaces the score's
 // local choice when a Ledger is set and the pick will be bound: the
-// totals without the active term go to the ledger, outside the lock
-// (startReserveLocked, reserver.go); the local choice is held until it
-// answers. The totals are the picker's, in p.total.
-func (s *Scheduler) pendingSharedLocked(p *pick, pr *pickRecord) {
-	aw := s.activeWeight()
+// totals without the active term (of weight aw) go to the ledger, outside
+// the lock (startReserveLocked, reserver.go); the local choice is held
+// until it answers. The totals are the picker's, in p.total.
+func newReservation(p *pick, pr *pickRecord, aw float64) *reservation {
 	cands, tot := p.cands, p.total
 	res := &reservation{pr: pr, aw: aw,
 		sc:      make([]SharedCandidate, len(cands)),
@@ -114,10 +113,10 @@ func (s *Scheduler) pendingSharedLocked(p *pick, pr *pickRecord) {
 		res.sc[i] = SharedCandidate{Worker: cands[i].Name, Score: tot[i] - aw*float64(cands[i].Active), ActiveWeight: aw, Limit: v.lim.limit}
 		res.elig[i], res.active[i], res.slotIdx[i] = v.w, cands[i].Active, v.w.order
 	}
-	p.pending = res
 	if pr != nil {
 		pr.pending = true
 	}
+	return res
 }
 
 // setRemoteLocked notes that n requests of other replicas are in flight
@@ -135,61 +134,69 @@ func (w *worker) setRemoteLocked(n int, now time.Time) {
 	w.remote = n
 }
 
-// sharedBindLocked hands the ledger's lease (id) to the new Lease and
-// takes a queued ticket off the shared waiting list.
-func (s *Scheduler) sharedBindLocked(t *Ticket, lease *Lease, id string) {
-	if s.ledger == nil {
+// The shared waiting list and leases, kept by the ledger's runner: its
+// methods below are no-ops without a Ledger (r nil), and are called under
+// the scheduler's lock, which guards the tickets' waiting flags.
+
+// bind hands the ledger's lease (id) to the new Lease and takes a queued
+// ticket off the shared waiting list.
+func (r *ledgerRunner) bind(t *Ticket, lease *Lease, id string) {
+	if r == nil {
 		return
 	}
 	lease.shared = id
-	s.sharedGoneLocked(t)
+	r.gone(t)
 }
 
-// sharedQueuedLocked puts a queued ticket on the waiting list, unless no
-// worker is known to serve its model yet (its queue is speculative): a
-// renewal sends the keys of every model waited for, and the names of
-// models nobody serves come from clients. Such a queue's tickets join
-// the list when a worker shows it serves the model (sweepLocked).
-func (s *Scheduler) sharedQueuedLocked(t *Ticket) {
-	if s.ledger == nil || s.cfg.Policy != PolicySluice || t.waiting {
+// queued puts a ticket queued in q on the waiting list, unless no
+// worker is known to serve its model yet (q is speculative): a renewal
+// sends the keys of every model waited for, and the names of models
+// nobody serves come from clients. Such a queue's tickets join the list
+// when a worker shows it serves the model (join, from sweepLocked).
+func (r *ledgerRunner) queued(t *Ticket, q *queue) {
+	if r == nil || !r.waits || t.waiting || (q != nil && q.spec) {
 		return
 	}
-	if q := s.queues[t.req.Model]; q != nil && q.spec {
-		return
-	}
-	s.ledger.push(t.req.Model, ledgerCall{kind: callWait, waitID: ticketWaitID(t)})
+	model, id := t.req.Model, ticketWaitID(t)
+	r.calls.Push(model, func() { r.l.Wait(model, id) })
 	t.waiting = true
 }
 
-// sharedJoinLocked puts the tickets of a queue that stopped being
-// speculative on the waiting list, in the order they came.
-func (s *Scheduler) sharedJoinLocked(q *queue) {
-	if s.ledger == nil {
+// join puts the tickets of q, which stopped being speculative, on the
+// waiting list, in the order they came.
+func (r *ledgerRunner) join(q *queue) {
+	if r == nil {
 		return
 	}
 	var ts []*Ticket
 	q.each(func(t *Ticket) { ts = append(ts, t) })
 	slices.SortFunc(ts, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
 	for _, t := range ts {
-		s.sharedQueuedLocked(t)
+		r.queued(t, q)
 	}
 }
 
-// sharedGoneLocked takes a ticket that left the queue (bound or not) off
-// the waiting list.
-func (s *Scheduler) sharedGoneLocked(t *Ticket) {
-	if s.ledger != nil && t.waiting {
-		s.ledger.push(t.req.Model, ledgerCall{kind: callUnwait, waitID: ticketWaitID(t)})
+// gone takes a ticket that left the queue (bound or not) off the waiting
+// list.
+func (r *ledgerRunner) gone(t *Ticket) {
+	if r != nil && t.waiting {
+		model, id := t.req.Model, ticketWaitID(t)
+		r.calls.Push(model, func() { r.l.Unwait(model, id) })
 		t.waiting = false
 	}
 }
 
-// sharedReleaseLocked gives a lease's shared reservation back, before any
+// releaseLease gives a lease's shared reservation back, before any
 // reservation the release lets this replica's queue ask for.
-func (s *Scheduler) sharedReleaseLocked(l *Lease) {
-	if s.ledger != nil && l.shared != "" {
-		s.ledger.push(l.model, ledgerCall{kind: callRelease, worker: l.Worker, lease: l.shared})
+func (r *ledgerRunner) releaseLease(l *Lease) {
+	if r != nil && l.shared != "" {
+		r.release(l.model, l.Worker, l.shared)
 	}
+}
+
+// release gives the ledger's lease on worker back, in model's order.
+func (r *ledgerRunner) release(model, worker, lease string) {
+	r.calls.Push(model, func() { r.l.Release(worker, lease) })
 }
 
 // stampShared marks a record with the replica and the shared state's

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -48,59 +49,6 @@ func withTTFT(ws stats.WorkerStats, e2eMs float64, ttftMs ...float64) stats.Work
 	return ws
 }
 
-// limitCase is a worker of cap 4 and floor 50 tok/s with the given stats,
-// and the limit (and words of its reason) it should get.
-type limitCase struct {
-	name   string
-	stats  *stats.WorkerStats
-	want   int
-	reason string
-}
-
-// checkLimits runs the cases under the limit config lc.
-func checkLimits(t *testing.T, now time.Time, lc LimitConfig, tests []limitCase) {
-	t.Helper()
-	lc.MinStreamTokS, lc.MinSamples, lc.ProbeAfter = 50, 3, time.Minute
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			fs := fakeStats{}
-			if tt.stats != nil {
-				fs["w"] = *tt.stats
-			}
-			s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, Limits: lc},
-				WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
-			st := s.Workers()[0]
-			if st.Learned != tt.want || st.Limit != tt.want {
-				t.Fatalf("limit %d learned %d, want %d (%s)", st.Limit, st.Learned, tt.want, st.LimitReason)
-			}
-			if st.LimitSource != LimitLearned || !strings.Contains(st.LimitReason, tt.reason) {
-				t.Fatalf("source %q reason %q, want learned and a reason containing %q", st.LimitSource, st.LimitReason, tt.reason)
-			}
-		})
-	}
-}
-
-// A limit stays at the cap until a level is measured worse for
-// both the decode rate (under the floor) and the first token (slower than
-// waiting at one stream fewer: that level's TTFT plus the worker's mean
-// end-to-end time over its streams).
-func TestLimit_TTFTFirstLowersOnlyWhereBothAreWorse(t *testing.T) {
-	now := time.Unix(10000, 0)
-	under := levels(now, [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{40, 2, 5})
-	staleUnder := levels(now.Add(-2*time.Minute), [3]float64{80, 1, 5}, [3]float64{70, 2, 5}, [3]float64{40, 2, 5})
-	checkLimits(t, now, LimitConfig{}, []limitCase{
-		{"no history: the cap", nil, 4, "no level measured worse"},
-		{"solo only: the cap", ptr(levels(now, [3]float64{80, 1, 5})), 4, "no level measured worse"},
-		{"under the floor, TTFT unknown: the cap", &under, 4, "no level measured worse"},
-		// At 3 streams TTFT 500 ms; held at 2 it would be 300 + 1000/2 = 800.
-		{"under the floor, first token sooner than waiting: the cap", ptr(withTTFT(under, 1000, 200, 300, 500)), 4, "no level measured worse"},
-		// At 3 streams TTFT 900 ms; held at 2: 300 + 400/2 = 500.
-		{"under the floor and slower than waiting: one below", ptr(withTTFT(under, 400, 200, 300, 900)), 2, "first tokens take 900 ms there against 500 ms held at 2"},
-		{"a stale verdict is probed again", ptr(withTTFT(staleUnder, 400, 200, 300, 900)), 3, "re-probing"},
-		{"alone under the floor: the cap", ptr(withTTFT(levels(now, [3]float64{30, 1, 5}), 400, 200)), 4, "no level measured worse"},
-	})
-}
-
 // Without a configured floor, it is half the best solo rate among the
 // model's workers: the fleet is judged against its own fastest card.
 func TestLimit_FloorFollowsTheFastestCard(t *testing.T) {
@@ -109,7 +57,7 @@ func TestLimit_FloorFollowsTheFastestCard(t *testing.T) {
 		"fast": withTTFT(levels(now, [3]float64{80, 1, 5}, [3]float64{50, 1, 5}, [3]float64{38, 1, 5}), 400, 200, 300, 900),
 		"slow": withTTFT(levels(now, [3]float64{45, 1, 5}, [3]float64{36, 1, 5}), 400, 200, 900),
 	}
-	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, Limits: LimitConfig{MinSamples: 3}},
+	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, Limits: limit.Config{MinSamples: 3}},
 		WorkerSpec{Name: "fast", Models: []string{"m"}, MaxConcurrency: 4},
 		WorkerSpec{Name: "slow", Models: []string{"m"}, MaxConcurrency: 4})
 	ws := s.Workers()
@@ -131,7 +79,7 @@ func TestLimit_SaturatedWorkerTakesNoMore(t *testing.T) {
 		{KVPressure: Reading{Value: 0.97, At: now, Source: "test"}},
 	} {
 		s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, StaleAfter: 3 * time.Second,
-			Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
+			Limits: limit.Config{MinStreamTokS: 50, MinSamples: 3}},
 			WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(snap)})
 		if _, err := s.Admit(context.Background(), Request{Model: "m"}); err != nil {
 			t.Fatal(err)
@@ -154,7 +102,7 @@ func TestLimit_BorrowsWhenTheQueueWaits(t *testing.T) {
 	now := clk.Now()
 	fs := fakeStats{"w": learnedOne(now)}
 	s := newSched(t, Config{MaxQueue: 5, QueueTimeout: time.Minute, Stats: fs, Clock: clk,
-		Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
+		Limits: limit.Config{MinStreamTokS: 50, MinSamples: 3, BorrowAfter: 2 * time.Second}},
 		WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
 	held, err := s.Admit(context.Background(), Request{Model: "m"})
 	if err != nil {
@@ -192,7 +140,7 @@ func TestLimit_BorrowsWhenTheQueueWaits(t *testing.T) {
 // life: what its measurements are filed under.
 func TestLease_MeanConcurrency(t *testing.T) {
 	clk := clocktest.NewManualClock(time.Unix(10000, 0))
-	s := newSched(t, Config{MaxQueue: 5, Clock: clk, Limits: LimitConfig{Fixed: true}}, WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
+	s := newSched(t, Config{MaxQueue: 5, Clock: clk, Limits: limit.Config{Fixed: true}}, WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
 	a, _ := s.Admit(context.Background(), Request{Model: "m"})
 	clk.Advance(time.Second) // alone for 1s
 	b, _ := s.Admit(context.Background(), Request{Model: "m"})
@@ -212,7 +160,7 @@ func TestLimit_SaysWhyItLastMoved(t *testing.T) {
 	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	now := clk.Now()
 	fs := fakeStats{"w": withTTFT(levels(now, [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5}), 400, 200, 300, 400)}
-	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: clk, Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3}},
+	s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: clk, Limits: limit.Config{MinStreamTokS: 50, MinSamples: 3}},
 		WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 8})
 	if got := s.Workers()[0].Learned; got != 8 {
 		t.Fatalf("learned %d, want 8 (the cap: every level holds)", got)
@@ -257,7 +205,7 @@ func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
 		}
 		other := WorkerSpec{Name: "other", Models: []string{"x"}, MaxConcurrency: 2} // never eligible
 		s := newSched(t, Config{MaxQueue: 10, Stats: tr, Clock: clk, Recorder: record,
-			Limits: LimitConfig{MinSamples: 1, BorrowAfter: time.Second}}, append(ws, other)...)
+			Limits: limit.Config{MinSamples: 1, BorrowAfter: time.Second}}, append(ws, other)...)
 		var held []*Lease
 		for i := range 24 {
 			tk := s.Submit(Request{Model: "m", PromptTokens: 10 + i}, nil)
@@ -315,7 +263,7 @@ func TestLimit_RaisedForAPrefixIsNotKept(t *testing.T) {
 	two := withTTFT(levels(clk.Now(), [3]float64{80, 1, 5}, [3]float64{70, 1, 5}, [3]float64{30, 1, 5}), 400, 200, 300, 900) // learned 2
 	fs := stableStats{"w0": &two}
 	s := newSched(t, Config{MaxQueue: 10, Clock: clk, Stats: fs, PrefixIndex: prefix.NewIndex(prefix.Options{}),
-		Limits: LimitConfig{MinStreamTokS: 50, MinSamples: 3, ProbeAfter: time.Hour}}, workers(1, 4, "m")...)
+		Limits: limit.Config{MinStreamTokS: 50, MinSamples: 3, ProbeAfter: time.Hour}}, workers(1, 4, "m")...)
 	conv := []uint64{1, 2, 3, 4}
 	for range 2 {
 		defer admitNow(t, s, Request{Model: "m", Prefix: conv}).Release()

@@ -23,7 +23,7 @@ import "time"
 //
 // Whether the request that comes first in this order can be placed now,
 // and which request behind it may be placed when it cannot, is the
-// placement check's (canPlaceLocked, dispatch.go).
+// placement check's (choice.placeable, dispatch.go).
 
 // key is a waiting request's place in the queue order.
 type key struct {

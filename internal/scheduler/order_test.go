@@ -110,8 +110,9 @@ func TestCanPlace(t *testing.T) {
 		}
 		tk := &Ticket{req: c.req, enq: now}
 		s.mu.Lock()
-		pc, ok, why := s.canPlaceLocked(tk, now)
+		pc := s.pickLocked(tk.req, tk.enq, now, false)
 		s.mu.Unlock()
+		ok, why := pc.placeable()
 		if ok != c.ok || why != c.why || (ok && pc.w == nil) {
 			t.Errorf("%s: ok %v why %d, want ok %v why %d", c.name, ok, why, c.ok, c.why)
 		}

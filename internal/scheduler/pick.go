@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -85,7 +86,7 @@ type pick struct {
 type pickConf struct {
 	cfg    *Config
 	terms  []WeightedTerm
-	limits *LimitConfig
+	limits *limit.Config
 	// prefixWeighted says the prefix term counts (Scheduler's), affinity
 	// that the backlog rules apply (affinityOn), sessions that the
 	// session table is on.
@@ -121,20 +122,20 @@ type view struct {
 }
 
 // viewLimit is what the stages after the limits read of a worker's
-// limitState: a view is written for every worker on every pick, so it
+// limit.State: a view is written for every worker on every pick, so it
 // keeps these few fields rather than the whole state, whose reason the
 // record recomputes when read.
 type viewLimit struct {
 	limit, learned, cap int
 	floor               float64
 	prefix              float64 // >0: one stream over the learned limit for a cached prefix (affinity.go)
-	source              limitSource
-	sat                 uint8
+	source              limit.Source
+	sat                 limit.Saturation
 }
 
 // viewLimitOf returns what a view keeps of st.
-func viewLimitOf(st *limitState) viewLimit {
-	return viewLimit{limit: st.limit, learned: st.learned, cap: st.cap, floor: st.floor, prefix: st.prefix, source: st.source, sat: st.sat}
+func viewLimitOf(st *limit.State) viewLimit {
+	return viewLimit{limit: st.Limit, learned: st.Learned, cap: st.Cap, floor: st.Floor, prefix: st.Prefix, source: st.Source, sat: st.Sat}
 }
 
 // pickBufs are a pick's views, eligible indexes and candidates, which
@@ -263,7 +264,7 @@ func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool)
 		best := s.picker.choose(p, pr) // the picker's position is the scheduler's
 		if s.ledger != nil && p.binding && !p.baseline {
 			// The ledger chooses, outside the lock; best is held meanwhile.
-			s.pendingSharedLocked(p, pr)
+			p.pending = newReservation(p, pr, s.activeWeight())
 		}
 		c = p.chosen(best, pr, always)
 	}
@@ -360,15 +361,15 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 	best := 0.0
 	for i, w := range s.workers {
 		v := &p.views[i]
-		*v = view{w: w, snap: w.snapshot(), st: s.statsOf(w), active: w.active, remote: w.remote, cost: w.cost,
+		*v = view{w: w, snap: w.snapshot(), st: s.measured.of(w), active: w.active, remote: w.remote, cost: w.cost,
 			lastPick: w.lastPick, kvSent: w.kvSent, draining: w.draining}
 		v.serving = w.serves(v.snap, p.req.Model)
 		if p.learning && v.serving {
-			best = bestSolo(best, v.st)
+			best = limit.BestSolo(best, v.st)
 		}
 	}
 	if p.adapter != nil {
-		s.resolveAdapterLocked(p)
+		p.resolveAdapter()
 	}
 	if !s.cfg.NoRecords || (s.cfg.Predictor != nil && !p.baseline) {
 		p.out, p.outSrc = s.est.estimate(&p.req)
@@ -381,10 +382,7 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 		}
 	}
 	if p.learning {
-		var ok bool
-		if p.floor, ok = s.configuredFloor(p.req.Model); !ok {
-			p.floor = s.limits.FloorFraction * best
-		}
+		p.floor = s.limits.Floor(p.req.Model, best)
 		p.waited = s.queues[p.req.Model].oldestWait(p.env.Now)
 	}
 	for i := range p.views {
@@ -392,11 +390,11 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 		switch {
 		case p.baseline: // no limits
 		case !p.learning: // fixed: the cap, a limit never learned, nothing to note
-			capN, src := s.capOf(v.w, v.snap)
+			capN, src := s.limits.Cap(v.w.spec.MaxConcurrency, v.snap.Slots)
 			v.lim = viewLimit{limit: capN, learned: capN, cap: capN, source: src}
 		default:
-			st := s.limitLocked(v.w, v.snap, v.st, p.floor, p.waited, p.env.Now)
-			v.w.noteLimitLocked(&st, p.env.Now)
+			st := v.w.limitOf(s.limits, v.snap, v.st, p.floor, p.waited, &p.env)
+			v.w.moved.Note(&st, p.env.Now)
 			v.lim = viewLimitOf(&st)
 		}
 	}

@@ -3,6 +3,8 @@ package scheduler
 import (
 	"testing"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/limit"
 )
 
 // guessIndex is a PrefixIndex that guesses a fixed match per worker.
@@ -64,7 +66,7 @@ func TestPickStages_OnAValue(t *testing.T) {
 	p.env = Env{Now: time.Unix(1000, 0), Req: &p.req}
 	p.beliefs = beliefSrc{conf: conf, now: p.env.Now}
 	p.bufs = new(pickBufs)
-	full := viewLimit{limit: 2, learned: 2, cap: 4, floor: 10, source: srcLearned}
+	full := viewLimit{limit: 2, learned: 2, cap: 4, floor: 10, source: limit.Learned}
 	for i, name := range []string{"w0", "w1"} {
 		// The worker's own counters say nothing of it: the view's do.
 		w := &worker{spec: WorkerSpec{Name: name}, order: i}

@@ -57,7 +57,7 @@ func newPicker(policy Policy, terms []WeightedTerm, seed uint64, bound float64) 
 // (totals, terms.go) wins; ties go to the least recently picked worker,
 // then to the first in configuration order, so the choice is never
 // random. The totals are left in p.total for the record (pickRecord.keep) and
-// the shared ledger (pendingSharedLocked); ranks, the per-term breakdown
+// the shared ledger (newReservation); ranks, the per-term breakdown
 // and the reason in words are computed when the record is read.
 type scorePicker struct {
 	terms []WeightedTerm

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -30,7 +31,7 @@ func promiseSched(t *testing.T, mode string, slo predict.SLO) (*Scheduler, *cloc
 		t.Fatal(err)
 	}
 	s := newSched(t, Config{MaxQueue: 8, Clock: clk, Stats: tr, Predictor: predict.New(tr), Admission: mode,
-		DefaultSLO: slo, Limits: LimitConfig{Fixed: true}},
+		DefaultSLO: slo, Limits: limit.Config{Fixed: true}},
 		WorkerSpec{Name: "slowcard", Models: []string{"m"}, MaxConcurrency: 4},
 		WorkerSpec{Name: "fastcard", Models: []string{"m"}, MaxConcurrency: 4})
 	for i := range 48 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -50,7 +51,7 @@ func spreadSched(t *testing.T, level3 [3]float64) (*Scheduler, *clocktest.Manual
 	}
 	slo := predict.SLO{TTFT: 5 * time.Second, MinDecode: 15, OnMiss: predict.OnMissServe}
 	s := newSched(t, Config{MaxQueue: 8, Clock: clk, Stats: tr, Predictor: predict.New(tr), Admission: AdmitBySLO,
-		DefaultSLO: slo, Limits: LimitConfig{Fixed: true}},
+		DefaultSLO: slo, Limits: limit.Config{Fixed: true}},
 		WorkerSpec{Name: "w", Models: []string{"m"}, MaxConcurrency: 4})
 	// Training requests carry a floor so low that any rate keeps it.
 	easy := predict.SLO{TTFT: time.Hour, MinDecode: 0.001, OnMiss: predict.OnMissServe}

@@ -46,6 +46,7 @@ type queue struct {
 	classes []classQueue
 	n       int     // requests waiting, retries included
 	work    float64 // their expected cost in tokens
+	bytes   int64   // their bodies' bytes (Request.BodyBytes)
 }
 
 // classQueue is one class's part of a model's queue: its tenants and the
@@ -77,6 +78,41 @@ type flow struct {
 	work     float64
 }
 
+// queues are the models' queues, by model: only models with requests
+// waiting. The scheduler's lock guards them.
+type queues map[string]*queue
+
+// unqueue takes a queued ticket out of its model's queue (bound: to be
+// served) and deletes the queue when it empties.
+func (qs queues) unqueue(t *Ticket, bound bool) {
+	q := qs[t.req.Model]
+	q.remove(t, bound)
+	if q.n == 0 {
+		delete(qs, t.req.Model)
+	}
+}
+
+// speculative counts the requests waiting for models no worker was known
+// to serve when they came.
+func (qs queues) speculative() int {
+	n := 0
+	for _, q := range qs {
+		if q.spec {
+			n += q.n
+		}
+	}
+	return n
+}
+
+// bytes is the sum of the bodies' bytes of the requests waiting.
+func (qs queues) bytes() int64 {
+	var n int64
+	for _, q := range qs {
+		n += q.bytes
+	}
+	return n
+}
+
 func newQueue(nclasses int, now time.Time) *queue {
 	return &queue{since: now, classes: make([]classQueue, nclasses)}
 }
@@ -84,6 +120,7 @@ func newQueue(nclasses int, now time.Time) *queue {
 // push adds t to the queue.
 func (q *queue) push(t *Ticket, weight float64) {
 	q.n++
+	q.bytes += int64(t.req.BodyBytes)
 	q.work += t.cost
 	if t.front {
 		q.retries = append(q.retries, t)
@@ -123,6 +160,7 @@ func (q *queue) push(t *Ticket, weight float64) {
 // moves to the tenant's start tag and the tenant's to the flow's.
 func (q *queue) remove(t *Ticket, bound bool) {
 	q.n--
+	q.bytes -= int64(t.req.BodyBytes)
 	q.work -= t.cost
 	if t.front {
 		for i, x := range q.retries {
@@ -322,4 +360,30 @@ func (tq *tenantQueue) work() float64 {
 		w += f.work
 	}
 	return w
+}
+
+// oldestWait is how long the oldest request queued in q has waited; 0
+// when none waits (q nil).
+func (q *queue) oldestWait(now time.Time) time.Duration {
+	if q == nil {
+		return 0
+	}
+	var oldest time.Time
+	older := func(t *Ticket) {
+		if t != nil && (oldest.IsZero() || t.enq.Before(oldest)) {
+			oldest = t.enq
+		}
+	}
+	for _, t := range q.retries {
+		older(t)
+	}
+	for i := range q.classes {
+		if q.classes[i].n > 0 {
+			older(q.classes[i].oldest())
+		}
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	return now.Sub(oldest)
 }

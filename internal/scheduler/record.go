@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -31,7 +32,7 @@ type pickRecord struct {
 	env    Env     // of the decision; env.Req is &req
 	req    Request // the request, as placed
 	terms  []WeightedTerm
-	limits *LimitConfig // the learning limits, nil when fixed or not scored
+	limits *limit.Config // the learning limits, nil when fixed or not scored
 	floor  float64
 	waited time.Duration
 
@@ -58,14 +59,14 @@ type slot struct {
 	prefixMatch float64 // Candidate.PrefixMatch as scored
 	prefixSrc   string  // Candidate.PrefixSource as scored
 	kvSeq       int64   // Candidate.KVSeq as scored
-	prefix      float64 // limitState.prefix: one more stream for a cached prefix
+	prefix      float64 // limit.State.Prefix: one more stream for a cached prefix
 	lastPick    uint64  // for the rank's tie-break
 	limit       int32
 	cap         int32
 	active      int32 // Sluice's in-flight count (the record's Active)
 	scored      int32 // the in-flight count as scored (the shared ledger's, when it answered)
 	why         uint8
-	source      limitSource
+	source      limit.Source
 	loadable    bool // it could load the request's adapter (adapter.go)
 }
 
@@ -137,10 +138,12 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 		}
 		if pr.limits != nil {
 			// This replica's in-flight count, which the limit saw.
-			st := pr.limits.limitOf(limitInput{cap: int(sl.cap), source: srcLearned, active: int(sl.active), ws: sl.st, snap: sl.snap,
-				floor: pr.floor, waited: pr.waited, now: pr.env.Now, staleAfter: pr.env.StaleAfter})
+			in := limit.Input{Cap: int(sl.cap), Source: limit.Learned, Active: int(sl.active), Stats: sl.st,
+				Floor: pr.floor, Waited: pr.waited, Now: pr.env.Now}
+			in.Sat, in.SatVal = saturated(sl.snap, pr.env.Now, pr.env.StaleAfter)
+			st := pr.limits.Of(in)
 			if sl.prefix > 0 { // made one stream over by pick.affinityBorrow
-				st.limit, st.prefix = int(sl.active)+1, sl.prefix
+				st.Limit, st.Prefix = int(sl.active)+1, sl.prefix
 			}
 			c.LimitReason = st.String()
 		}

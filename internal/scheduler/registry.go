@@ -3,9 +3,10 @@ package scheduler
 import (
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -17,9 +18,9 @@ type WorkerSpec struct {
 	// Source reports discovered models.
 	Models []string
 	// MaxConcurrency caps Sluice's in-flight requests on the worker; 0
-	// takes the worker's reported slot count, else LimitConfig.DefaultCap
+	// takes the worker's reported slot count, else limit.Config.DefaultCap
 	// (1 with learning off). Below the cap the limit is learned unless
-	// LimitConfig.Fixed.
+	// limit.Config.Fixed.
 	MaxConcurrency int
 	// Source publishes the worker's telemetry; nil means healthy with no
 	// telemetry.
@@ -63,7 +64,7 @@ type worker struct {
 	// among that decision's candidates.
 	last    *decisions.Record
 	lastIdx int
-	statsAt stats.Handle // where its stats are, for statsOf
+	statsAt stats.Handle // where its stats are, for statsSource.of
 	// prefixKV is the KV cache size (tokens) last passed to the prefix
 	// index's PrefixCapacity, so it is told only of changes.
 	prefixKV int
@@ -74,11 +75,10 @@ type worker struct {
 	remote int
 	busy   busy // integral of active+remote over time
 	// moved is the latest change of the learned limit.
-	moved limitMove
-	// loads are the LoRA adapters Sluice is loading on the worker, and
-	// loaded those it loaded until its telemetry lists them (adapter.go).
-	loads  map[string]*adapterLoad
-	loaded map[string]time.Time
+	moved limit.Move
+	// adapters are the LoRA adapters Sluice is loading on the worker or
+	// loaded there (adapter.go).
+	adapters lora.Holdings
 	// kvSent are the prompt blocks of the requests in flight on it, with
 	// KV-cache events (kvsent.go).
 	kvSent []kvSent
@@ -133,7 +133,7 @@ func (s *Scheduler) addWorker(spec WorkerSpec) ([]*Ticket, error) {
 	s.workers = append(s.workers, w)
 	s.byName[spec.Name] = w
 	done := s.dispatchLocked()
-	s.notifyLocked()
+	s.changed.notify()
 	return done, nil
 }
 
@@ -164,7 +164,7 @@ func (s *Scheduler) removeWorker(name string) ([]*Ticket, error) {
 	s.leaving[name] = w
 	s.retireLocked(w)
 	done := s.sweepLocked(nil)
-	s.notifyLocked()
+	s.changed.notify()
 	return done, nil
 }
 
@@ -214,7 +214,7 @@ func (s *Scheduler) setDraining(name string, draining bool) ([]*Ticket, error) {
 	}
 	w.draining = draining
 	done := s.sweepLocked(s.dispatchLocked())
-	s.notifyLocked()
+	s.changed.notify()
 	return done, nil
 }
 
@@ -238,7 +238,7 @@ func (s *Scheduler) updateWorker(spec WorkerSpec) ([]*Ticket, error) {
 	}
 	w.spec = spec
 	done := s.sweepLocked(s.dispatchLocked())
-	s.notifyLocked()
+	s.changed.notify()
 	return done, nil
 }
 
@@ -256,31 +256,25 @@ func (s *Scheduler) kick() []*Ticket {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	done := s.sweepLocked(s.dispatchLocked())
-	s.notifyLocked()
+	s.changed.notify()
 	return done
 }
 
 // unplaceable names the refusal for a request no worker can take now
 // under a baseline policy.
 func (s *Scheduler) unplaceable(req Request) error {
-	if err := s.whyNotWaitLocked(req); err != nil {
+	if err, _ := s.admissibleLocked(req); err != nil {
 		return err
 	}
 	return ErrNoHealthyWorker
 }
 
-// whyNotWaitLocked returns the error that makes waiting pointless: no
+// admissibleLocked returns the error that makes waiting pointless: no
 // worker serves the model, or none that does could ever take this request
 // (all down, draining or already failed it). Loading workers count as
 // coming: capacity is a model loaded on a card, and it is on its way.
-func (s *Scheduler) whyNotWaitLocked(req Request) error {
-	err, _ := s.admissibleLocked(req)
-	return err
-}
-
-// admissibleLocked is whyNotWaitLocked that also reports whether waiting
-// is speculative: no worker is known to serve the model, but some
-// worker's models are still being discovered.
+// speculative says waiting is speculative: no worker is known to serve
+// the model, but some worker's models are still being discovered.
 func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) {
 	serves, undiscovered, fits, routeless := false, false, false, false
 	ap := s.adapterOf(req.Model)
@@ -328,9 +322,9 @@ func tooLong(snap *Snapshot, req *Request) bool {
 	return snap.ContextTokens > 0 && req.PromptTokens > snap.ContextTokens
 }
 
-// servedLocked calls fn for every model some worker serves.
-func (s *Scheduler) servedLocked(fn func(model string)) {
-	for _, w := range s.workers {
+// served calls fn for every model some worker of ws serves.
+func served(ws []*worker, fn func(model string)) {
+	for _, w := range ws {
 		for _, m := range w.models(w.snapshot()) {
 			fn(m)
 		}
@@ -346,15 +340,22 @@ type StatsReader interface {
 // noStats stands in for a worker without measured history.
 var noStats stats.WorkerStats
 
-// statsOf returns w's measured averages (&noStats when none). Call it
-// under the lock: a *stats.Tracker is read through w's handle.
-func (s *Scheduler) statsOf(w *worker) *stats.WorkerStats {
+// statsSource reads the workers' measured averages from a StatsReader,
+// through a handle kept on each worker when it can (via).
+type statsSource struct {
+	r   StatsReader
+	via statsVia
+}
+
+// of returns w's measured averages (&noStats when none). w's handle is
+// under the scheduler's lock.
+func (ss statsSource) of(w *worker) *stats.WorkerStats {
 	var st *stats.WorkerStats
 	switch {
-	case s.statsVia != nil:
-		st = s.statsVia.StatsVia(&w.statsAt, w.spec.Name)
-	case s.cfg.Stats != nil:
-		st = s.cfg.Stats.Stats(w.spec.Name)
+	case ss.via != nil:
+		st = ss.via.StatsVia(&w.statsAt, w.spec.Name)
+	case ss.r != nil:
+		st = ss.r.Stats(w.spec.Name)
 	}
 	if st != nil {
 		return st

@@ -2,8 +2,9 @@ package scheduler
 
 import (
 	"errors"
-	"sync"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/serial"
 )
 
 // The shared ledger's calls are network round trips (Redis), so none of
@@ -29,96 +30,22 @@ import (
 // timeout, shutdown) gives the ledger's lease back.
 
 // ledgerRunner makes a Ledger's calls outside the scheduler's lock, in
-// order per model. Its mutex guards only its queues, and is never held
-// while a call runs or while the scheduler's lock is taken.
+// order per model (package serial).
 type ledgerRunner struct {
-	l    Ledger
-	s    *Scheduler
-	mu   sync.Mutex
-	byM  map[string][]ledgerCall // calls not yet made, per model
-	busy map[string]bool         // a goroutine is making the model's calls
-	// idle is signalled, under mu, when the last model goroutine ends:
-	// wait blocks on it while busy is not empty. (A WaitGroup cannot
-	// serve: a push from another goroutine may start a model's goroutine
-	// while wait waits, an Add from zero during a Wait.)
-	idle *sync.Cond
+	l Ledger
+	// waits says the policy is Sluice's, whose queued requests go on
+	// the shared waiting list.
+	waits bool
+	calls serial.Runner
 }
-
-// ledgerCall is one call: exactly one of its kinds.
-type ledgerCall struct {
-	kind          uint8 // callWait, callUnwait, callRelease or callReserve
-	waitID        string
-	worker, lease string       // callRelease
-	res           *reservation // callReserve
-}
-
-const (
-	callWait uint8 = iota
-	callUnwait
-	callRelease
-	callReserve
-)
 
 func newLedgerRunner(s *Scheduler, l Ledger) *ledgerRunner {
-	r := &ledgerRunner{l: l, s: s, byM: map[string][]ledgerCall{}, busy: map[string]bool{}}
-	r.idle = sync.NewCond(&r.mu)
-	return r
-}
-
-// push queues c for model, starting the model's goroutine if none runs.
-// It never blocks on the ledger: call it under the scheduler's lock.
-func (r *ledgerRunner) push(model string, c ledgerCall) {
-	r.mu.Lock()
-	r.byM[model] = append(r.byM[model], c)
-	start := !r.busy[model]
-	r.busy[model] = true
-	r.mu.Unlock()
-	if start {
-		go r.run(model)
-	}
-}
-
-// run makes model's calls until none is left.
-func (r *ledgerRunner) run(model string) {
-	for {
-		r.mu.Lock()
-		q := r.byM[model]
-		if len(q) == 0 {
-			delete(r.byM, model)
-			delete(r.busy, model)
-			if len(r.busy) == 0 {
-				r.idle.Broadcast()
-			}
-			r.mu.Unlock()
-			return
-		}
-		c := q[0]
-		q[0] = ledgerCall{}
-		r.byM[model] = q[1:]
-		r.mu.Unlock()
-		switch c.kind {
-		case callWait:
-			r.l.Wait(model, c.waitID)
-		case callUnwait:
-			r.l.Unwait(model, c.waitID)
-		case callRelease:
-			r.l.Release(c.worker, c.lease)
-		case callReserve:
-			pick, err := r.l.Reserve(model, c.waitID, c.res.sc)
-			r.s.reserved(c.res, pick, err)
-		}
-	}
+	return &ledgerRunner{l: l, waits: s.cfg.Policy == PolicySluice}
 }
 
 // wait returns when every call queued so far has been made, and every
-// call those calls' answers queued: when no model has calls in progress.
-func (r *ledgerRunner) wait() {
-	r.mu.Lock()
-	for len(r.busy) > 0 {
-		r.idle.Wait()
-	}
-	r.mu.Unlock()
-}
+// call those calls' answers queued.
+func (r *ledgerRunner) wait() { r.calls.Wait() }
 
 // reservation is a pick waiting for the ledger's answer.
 type reservation struct {
@@ -158,7 +85,11 @@ func (s *Scheduler) startReserveLocked(t *Ticket, c choice) {
 	if t.waiting {
 		waitID = ticketWaitID(t)
 	}
-	s.ledger.push(t.req.Model, ledgerCall{kind: callReserve, waitID: waitID, res: res})
+	model := t.req.Model
+	s.ledger.calls.Push(model, func() {
+		pick, err := s.ledger.l.Reserve(model, waitID, res.sc)
+		s.reserved(res, pick, err)
+	})
 }
 
 // reserved handles the ledger's answer to res. See the comment at the top
@@ -189,7 +120,7 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 	switch {
 	case res.gone:
 		if ok {
-			s.ledger.push(model, ledgerCall{kind: callRelease, worker: res.sc[pick.Index].Worker, lease: pick.Lease})
+			s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
 		}
 	case ok && !res.elig[pick.Index].removed && !res.elig[pick.Index].draining:
 		for i, e := range res.elig {
@@ -199,8 +130,8 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 		s.bindReservedLocked(res, pick.Index, pick.Lease, pick.Active, now)
 		done = append(done, t)
 	case ok: // the worker it chose left meanwhile
-		s.ledger.push(model, ledgerCall{kind: callRelease, worker: res.sc[pick.Index].Worker, lease: pick.Lease})
-		done = s.waitLocked(t, now)
+		s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
+		done = s.queueLocked(t, now, true)
 	case errors.Is(err, ErrLedgerDown):
 		// The local view is all there is: levels count this replica's
 		// streams only until the ledger answers again.
@@ -220,7 +151,7 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 			s.bindReservedLocked(res, best, s.ledger.l.Adopt(res.sc[best].Worker), res.active, now)
 			done = append(done, t)
 		} else {
-			done = s.waitLocked(t, now)
+			done = s.queueLocked(t, now, true)
 		}
 	default:
 		if errors.Is(err, ErrLedgerBusy) && len(pick.Active) == len(res.sc) {
@@ -230,30 +161,18 @@ func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) 
 				e.setRemoteLocked(pick.Active[i]-e.active, now)
 			}
 		}
-		done = s.waitLocked(t, now)
+		done = s.queueLocked(t, now, true)
 		if !res.missed {
 			// Nothing freed meanwhile: the model waits for the next
 			// release or wake-up, not for another round trip now.
 			done = append(done, s.dispatchExceptLocked(model, true)...)
-			s.notifyLocked()
+			s.changed.notify()
 			return done
 		}
 	}
 	done = append(done, s.dispatchLocked()...)
-	s.notifyLocked()
+	s.changed.notify()
 	return done
-}
-
-// waitLocked leaves t waiting after the ledger had no room for it: a
-// queued ticket stays where it is, now on the shared waiting list; a new
-// one joins the queue as Submit would have queued it (or is refused, the
-// queue being full).
-func (s *Scheduler) waitLocked(t *Ticket, now time.Time) []*Ticket {
-	if t.queued {
-		s.sharedQueuedLocked(t)
-		return nil
-	}
-	return s.queueLocked(t, now, true)
 }
 
 // bindReservedLocked binds res's ticket to its candidate i with the
@@ -265,7 +184,7 @@ func (s *Scheduler) bindReservedLocked(res *reservation, i int, lease string, ac
 		pr.patchShared(s, res, i, active)
 	}
 	if t.queued {
-		s.unqueueLocked(t, true)
+		s.queues.unqueue(t, true)
 	}
 	s.bindLocked(t, choice{w: w, limit: res.sc[i].Limit, rec: t.rec}, lease, now)
 }

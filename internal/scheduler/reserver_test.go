@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluice-router/sluice/internal/limit"
 )
 
 // gatedLedger is a Ledger whose Reserve for the models in gate blocks
@@ -78,7 +80,7 @@ func (g *gatedLedger) StateAge() time.Duration     { return 0 }
 // answer binds the slow request where the ledger chose.
 func TestReserver_SlowLedgerHoldsUpOnlyItsOwnRequest(t *testing.T) {
 	g := newGatedLedger("slow")
-	s := newSched(t, Config{MaxQueue: 8, Ledger: g, Limits: LimitConfig{Fixed: true}},
+	s := newSched(t, Config{MaxQueue: 8, Ledger: g, Limits: limit.Config{Fixed: true}},
 		WorkerSpec{Name: "a", Models: []string{"slow", "fast"}, MaxConcurrency: 2},
 		WorkerSpec{Name: "b", Models: []string{"slow", "fast"}, MaxConcurrency: 2})
 	slow := s.Submit(Request{Model: "slow"}, nil)
@@ -124,7 +126,7 @@ func TestReserver_SlowLedgerHoldsUpOnlyItsOwnRequest(t *testing.T) {
 // at once, and whatever the ledger then reserves for it is given back.
 func TestReserver_CancelledWhileAskingGivesTheLeaseBack(t *testing.T) {
 	g := newGatedLedger("m")
-	s := newSched(t, Config{MaxQueue: 8, Ledger: g, Limits: LimitConfig{Fixed: true}},
+	s := newSched(t, Config{MaxQueue: 8, Ledger: g, Limits: limit.Config{Fixed: true}},
 		WorkerSpec{Name: "a", Models: []string{"m"}, MaxConcurrency: 1})
 	tk := s.Submit(Request{Model: "m"}, nil)
 	<-g.asked

@@ -95,6 +95,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
 )
 
@@ -181,8 +182,8 @@ type Config struct {
 	// Ledger, when set, shares reservations with other replicas (see
 	// ledger.go); nil schedules this process's requests alone.
 	Ledger Ledger
-	// Limits configures adaptive per-worker concurrency (see LimitConfig).
-	Limits LimitConfig
+	// Limits configures adaptive per-worker concurrency (package limit).
+	Limits limit.Config
 	// Predictor, when set, predicts what a request would get on each
 	// worker (package predict): the chosen worker's prediction goes in
 	// the record and on the lease, and learns from each outcome
@@ -216,8 +217,8 @@ type Config struct {
 // Scheduler admits requests to workers. See the package doc.
 type Scheduler struct {
 	cfg      Config
-	limits   *LimitConfig // immutable: records keep it to explain limits
-	statsVia statsVia     // cfg.Stats, when it reads through handles
+	limits   *limit.Config // immutable: records keep it to explain limits
+	measured statsSource   // cfg.Stats
 	terms    []WeightedTerm
 	clock    Clock
 	prefix   string
@@ -233,7 +234,7 @@ type Scheduler struct {
 	// leaving are the removed workers whose streams still run, by name
 	// (registry.go).
 	leaving map[string]*worker
-	queues  map[string]*queue     // only models with requests waiting
+	queues  queues                // only models with requests waiting
 	rates   map[string]*drainRate // drain rates of served models
 	est     estimator
 	seq     uint64        // tickets submitted
@@ -241,7 +242,7 @@ type Scheduler struct {
 	ids     atomic.Uint64 // decision records made: read without the lock (fillRecord)
 	picker  picker        // the policy's choice (picker.go)
 	closed  bool
-	changed chan struct{} // closed at the next state change; nil when nobody waits
+	changed changes
 	// ledger makes cfg.Ledger's calls outside the lock (reserver.go); nil
 	// without one. reserving holds, per model, the pick waiting for its
 	// answer: no other request of the model is placed meanwhile.
@@ -261,8 +262,6 @@ type Scheduler struct {
 	// steps are the borrow steps of the models requests wait for in
 	// Admit (borrowstep.go).
 	steps map[string]*borrowStep
-	// queuedBytes is the sum of BodyBytes of the requests in queues.
-	queuedBytes int64
 }
 
 // withDefaults fills in cfg's defaults and checks what New cannot work
@@ -314,13 +313,13 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		rates:      map[string]*drainRate{},
 		est:        estimator{def: cfg.DefaultOutputTokens},
 		cfg:        cfg,
-		limits:     new(cfg.Limits.withDefaults()),
+		limits:     new(cfg.Limits.WithDefaults()),
 		terms:      cfg.Terms,
 		clock:      cfg.Clock,
 		prefix:     cfg.IDPrefix,
 		byName:     map[string]*worker{},
 		leaving:    map[string]*worker{},
-		queues:     map[string]*queue{},
+		queues:     queues{},
 		derivedSLO: map[string]*derived{},
 	}
 	if s.terms == nil {
@@ -336,7 +335,8 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	if cfg.SessionAffinity {
 		s.sessions = newSessionTable(cfg.SessionTTL, cfg.MaxSessions)
 	}
-	s.statsVia, _ = cfg.Stats.(statsVia)
+	s.measured.r = cfg.Stats
+	s.measured.via, _ = cfg.Stats.(statsVia)
 	if s.prefix == "" {
 		// The start time keeps IDs apart across restarts, the random part
 		// across replicas started in the same millisecond. (Randomness in
@@ -389,9 +389,8 @@ func (s *Scheduler) refuseAll() []*Ticket {
 		q.each(func(t *Ticket) { done = append(done, t) })
 	}
 	clear(s.queues)
-	s.queuedBytes = 0
 	for _, t := range done {
-		s.sharedGoneLocked(t)
+		s.ledger.gone(t)
 	}
 	for _, res := range s.reserving {
 		if !res.t.queued && !res.gone { // a new request waiting for the ledger
@@ -401,7 +400,7 @@ func (s *Scheduler) refuseAll() []*Ticket {
 	for _, t := range done {
 		s.refuseLocked(t, nil, ErrClosed)
 	}
-	s.notifyLocked()
+	s.changed.notify()
 	return done
 }
 

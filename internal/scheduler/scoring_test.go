@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -267,7 +268,7 @@ func TestScheduler_RecordReadLateSaysWhatItSaidAtOnce(t *testing.T) {
 			return string(b)
 		}
 		s := newSched(t, Config{MaxQueue: 1, Clock: clock, Stats: st, StaleAfter: time.Second, PrefixIndex: prefix.NewIndex(prefix.Options{}),
-			Limits: LimitConfig{MinSamples: 3}, Recorder: func(r *decisions.Record) {
+			Limits: limit.Config{MinSamples: 3}, Recorder: func(r *decisions.Record) {
 				mu.Lock()
 				defer mu.Unlock()
 				recs = append(recs, r)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
 )
 
@@ -26,7 +27,7 @@ type WorkerState struct {
 	// worker's first model; Learned is the controller's limit before any
 	// borrowing, Cap the most it may be, LimitSource where it came from
 	// ("learned", "config", "slots", "default") and LimitReason why it
-	// is that number (see LimitConfig).
+	// is that number (see limit.Config).
 	Limit       int    `json:"limit"`
 	Learned     int    `json:"learned_limit"`
 	Cap         int    `json:"limit_cap"`
@@ -87,8 +88,8 @@ func (s *Scheduler) Workers() []WorkerState {
 	now := s.clock.Now()
 	var out []WorkerState
 	var lasts []last
-	var lims []limitState
-	var moves []limitMove
+	var lims []limit.State
+	var moves []limit.Move
 	func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -99,21 +100,21 @@ func (s *Scheduler) Workers() []WorkerState {
 			out = append(out, WorkerState{
 				Name: g.Name, Models: g.Models, Health: g.Health, Reason: snap.HealthReason,
 				Draining: g.Draining, Active: g.Active, OtherReplicas: g.OtherReplicas, JobCost: w.cost,
-				Limit: g.Limit, Learned: g.Learned, Cap: g.Cap, LimitSource: lims[i].source.String(), Floor: g.Floor,
+				Limit: g.Limit, Learned: g.Learned, Cap: g.Cap, LimitSource: lims[i].Source.String(), Floor: g.Floor,
 				Snapshot: snap, Adapters: w.adaptersOfLocked(snap),
 			})
 			lasts = append(lasts, last{w.last, w.lastIdx})
 			if !s.limits.Fixed {
-				w.noteLimitLocked(&lims[i], now)
+				w.moved.Note(&lims[i], now)
 				moves = append(moves, w.moved)
 			}
 		}
 	}()
 	for i := range out {
 		out[i].LimitReason = lims[i].String()
-		if i < len(moves) && moves[i].known {
+		if i < len(moves) && moves[i].Known {
 			m := moves[i]
-			out[i].LimitMoved = &LimitMove{At: m.at, From: m.from, To: m.state.learned, Why: m.state.String()}
+			out[i].LimitMoved = &LimitMove{At: m.At, From: m.From, To: m.State.Learned, Why: m.State.String()}
 		}
 	}
 	if p := s.cfg.Predictor; p != nil {
@@ -161,16 +162,20 @@ func (s *Scheduler) Models() []string {
 func (s *Scheduler) Changed() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.changed == nil {
-		s.changed = make(chan struct{})
+	if s.changed.ch == nil {
+		s.changed.ch = make(chan struct{})
 	}
-	return s.changed
+	return s.changed.ch
 }
 
-// notifyLocked wakes whoever waits on Changed: the state has changed.
-func (s *Scheduler) notifyLocked() {
-	if s.changed != nil {
-		close(s.changed)
-		s.changed = nil
+// changes is the channel of Changed, under the scheduler's lock: closed
+// at the next state change, nil while nobody waits.
+type changes struct{ ch chan struct{} }
+
+// notify wakes whoever waits on Changed: the state has changed.
+func (c *changes) notify() {
+	if c.ch != nil {
+		close(c.ch)
+		c.ch = nil
 	}
 }

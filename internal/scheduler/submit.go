@@ -91,7 +91,7 @@ func (s *Scheduler) submit(t *Ticket, now time.Time) []*Ticket {
 	s.seq++
 	t.seq = s.seq
 	done := s.submitLocked(t, now)
-	s.notifyLocked()
+	s.changed.notify()
 	return done
 }
 
@@ -124,7 +124,7 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 		return s.queueLocked(t, now, false)
 	}
 	if mayJump {
-		c, _, _ := s.canPlaceLocked(t, now) // t.enq is now
+		c := s.pickLocked(t.req, t.enq, now, false) // t.enq is now
 		if c.refuse {
 			s.refuseLocked(t, c.rec, ErrSLOUnmeetable)
 			return []*Ticket{t}
@@ -148,9 +148,14 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 // queueLocked puts t in its model's queue, or refuses it when waiting is
 // pointless, the queue is full or its deadline cannot be met; then it
 // places what can be placed. shared puts it on the shared ledger's
-// waiting list too.
+// waiting list too. A ticket queued already, whose pick the ledger had
+// no room for, stays where it is, now on the shared waiting list.
 func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket {
 	q := s.queues[t.req.Model]
+	if t.queued {
+		s.ledger.queued(t, q)
+		return nil
+	}
 	if q != nil {
 		t.depth = q.n
 	}
@@ -160,11 +165,11 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 	case why != nil:
 	case t.depth >= s.cfg.MaxQueue && !t.front:
 		why = ErrQueueFull
-	case spec && q == nil && s.speculativeLocked() >= s.cfg.MaxQueue:
+	case spec && q == nil && s.queues.speculative() >= s.cfg.MaxQueue:
 		// Requests for models nobody is known to serve yet share one
 		// budget: client-supplied names must not grow state unbounded.
 		why = ErrQueueFull
-	case !t.front && s.cfg.MaxQueueBytes > 0 && s.queuedBytes+int64(t.req.BodyBytes) > s.cfg.MaxQueueBytes:
+	case !t.front && s.cfg.MaxQueueBytes > 0 && s.queues.bytes()+int64(t.req.BodyBytes) > s.cfg.MaxQueueBytes:
 		why = fmt.Errorf("%w (%d MiB)", ErrQueueBytesFull, s.cfg.MaxQueueBytes>>20)
 	case !t.front:
 		// The work that would be bound before it, at the drain rate.
@@ -187,9 +192,8 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 	}
 	t.queued = true
 	q.push(t, s.weightOf(t.req.Tenant))
-	s.queuedBytes += int64(t.req.BodyBytes)
 	if shared {
-		s.sharedQueuedLocked(t)
+		s.ledger.queued(t, q)
 	}
 	// Placing waits behind the queue, but the queue may be held only by
 	// retries that excluded the free workers.
@@ -201,18 +205,6 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 // noisy and errs long under load, so refusing at twice the deadline sheds
 // load that would time out while keeping work that would have made it.
 const deadlineMargin = 2
-
-// speculativeLocked counts the requests waiting for models no worker was
-// known to serve when they came.
-func (s *Scheduler) speculativeLocked() int {
-	n := 0
-	for _, q := range s.queues {
-		if q.spec {
-			n += q.n
-		}
-	}
-	return n
-}
 
 // Cancel refuses t with cause (ErrQueueTimeout or ErrClientGone) if it is
 // still queued, and reports whether it did. When it returns false the
@@ -231,27 +223,16 @@ func (s *Scheduler) cancel(t *Ticket, cause error, now time.Time) ([]*Ticket, bo
 		return nil, false
 	}
 	if t.queued {
-		s.unqueueLocked(t, false)
-		s.sharedGoneLocked(t)
+		s.queues.unqueue(t, false)
+		s.ledger.gone(t)
 	}
 	rec := s.refusalRecordLocked(t.req, now)
 	s.refuseLocked(t, rec, cause)
 	// The head may have changed: a retry blocked by its exclusions can
 	// have been holding back requests that fit now.
 	done := append(s.dispatchLocked(), t)
-	s.notifyLocked()
+	s.changed.notify()
 	return done, true
-}
-
-// unqueueLocked takes a queued ticket out of its model's queue (bound:
-// to be served) and deletes the queue when it empties.
-func (s *Scheduler) unqueueLocked(t *Ticket, bound bool) {
-	q := s.queues[t.req.Model]
-	q.remove(t, bound)
-	s.queuedBytes -= int64(t.req.BodyBytes)
-	if q.n == 0 {
-		delete(s.queues, t.req.Model)
-	}
 }
 
 // QueueDepth returns how many requests wait for model.
@@ -270,7 +251,7 @@ func (s *Scheduler) QueueDepths() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[string]int, len(s.queues))
-	s.servedLocked(func(m string) { out[m] = 0 })
+	served(s.workers, func(m string) { out[m] = 0 })
 	for m, q := range s.queues {
 		out[m] = q.n
 	}
@@ -290,7 +271,7 @@ func (s *Scheduler) QueueDepthsByClass() map[string]map[string]int {
 		}
 		out[m] = by
 	}
-	s.servedLocked(zero)
+	served(s.workers, zero)
 	for m, q := range s.queues {
 		if out[m] == nil {
 			zero(m)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
@@ -21,19 +22,19 @@ type replica struct {
 }
 
 // newReplica builds a scheduler over four workers of limit 4 (unless
-// limit says otherwise) sharing l, with l's wake-ups kicking it.
-func newReplica(t *testing.T, l *Ledger, limit int, withRun bool) *replica {
+// workerLimit says otherwise) sharing l, with l's wake-ups kicking it.
+func newReplica(t *testing.T, l *Ledger, workerLimit int, withRun bool) *replica {
 	t.Helper()
 	r := &replica{l: l}
 	specs := make([]scheduler.WorkerSpec, len(workers4))
 	for i, w := range workers4 {
-		specs[i] = scheduler.WorkerSpec{Name: w, Models: []string{"m"}, MaxConcurrency: limit}
+		specs[i] = scheduler.WorkerSpec{Name: w, Models: []string{"m"}, MaxConcurrency: workerLimit}
 	}
 	var err error
 	r.sched, err = scheduler.New(scheduler.Config{
 		Weights: scheduler.DefaultWeights(), MaxQueue: 64, QueueTimeout: time.Minute,
 		StaleAfter: time.Minute, Ledger: l.ForScheduler(context.Background()), IDPrefix: l.Replica(),
-		Limits:   scheduler.LimitConfig{Fixed: true}, // limits as configured: the ledger is under test, not learning
+		Limits:   limit.Config{Fixed: true}, // limits as configured: the ledger is under test, not learning
 		Recorder: func(rec *decisions.Record) { r.mu.Lock(); r.recs = append(r.recs, rec); r.mu.Unlock() },
 	}, specs...)
 	if err != nil {
@@ -220,13 +221,13 @@ func TestScheduler_RedisDownServesLocalShareThenResyncs(t *testing.T) {
 
 // levelReplica builds a scheduler over one worker w0 of the given limit
 // sharing a Redis ledger named name on srv, on clock.
-func levelReplica(t *testing.T, url, name string, limit int, clock *clocktest.ManualClock) (*Ledger, *scheduler.Scheduler) {
+func levelReplica(t *testing.T, url, name string, workerLimit int, clock *clocktest.ManualClock) (*Ledger, *scheduler.Scheduler) {
 	t.Helper()
 	l := newLedger(t, url, name, ledgerOpts{})
 	s, err := scheduler.New(scheduler.Config{
 		Weights: scheduler.DefaultWeights(), MaxQueue: 8, QueueTimeout: time.Hour, StaleAfter: time.Hour,
-		Ledger: l.ForScheduler(context.Background()), Clock: clock, Limits: scheduler.LimitConfig{Fixed: true},
-	}, scheduler.WorkerSpec{Name: "w0", Models: []string{"m"}, MaxConcurrency: limit})
+		Ledger: l.ForScheduler(context.Background()), Clock: clock, Limits: limit.Config{Fixed: true},
+	}, scheduler.WorkerSpec{Name: "w0", Models: []string{"m"}, MaxConcurrency: workerLimit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +345,7 @@ func TestScheduler_RefusalRecordChoosesNobody(t *testing.T) {
 	l := newLedger(t, srv.URL(0), "b", ledgerOpts{})
 	b, err := scheduler.New(scheduler.Config{
 		Weights: scheduler.DefaultWeights(), MaxQueue: 8, QueueTimeout: time.Hour, StaleAfter: time.Hour,
-		Ledger: l.ForScheduler(context.Background()), Clock: clock, Limits: scheduler.LimitConfig{Fixed: true},
+		Ledger: l.ForScheduler(context.Background()), Clock: clock, Limits: limit.Config{Fixed: true},
 		Recorder: func(r *decisions.Record) { got = r },
 	}, scheduler.WorkerSpec{Name: "w0", Models: []string{"m"}, MaxConcurrency: 1})
 	if err != nil {
@@ -376,7 +377,7 @@ func TestScheduler_RenewalTouchesOnlyModelsWaitedFor(t *testing.T) {
 	sched, err := scheduler.New(scheduler.Config{
 		Weights: scheduler.DefaultWeights(), MaxQueue: 256, QueueTimeout: time.Minute,
 		StaleAfter: time.Minute, Ledger: l.ForScheduler(context.Background()), IDPrefix: l.Replica(),
-		Limits: scheduler.LimitConfig{Fixed: true},
+		Limits: limit.Config{Fixed: true},
 	},
 		scheduler.WorkerSpec{Name: "w0", Models: []string{"m", "n"}, MaxConcurrency: 1},
 		scheduler.WorkerSpec{Name: "undiscovered", MaxConcurrency: 1}, // no models known yet

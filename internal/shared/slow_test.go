@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/scheduler"
 )
 
@@ -101,7 +102,7 @@ func slowReplica(t testing.TB) (*scheduler.Scheduler, *Ledger) {
 	l := newLedger(t, "redis://"+slowProxy(t, srv.Addr(), 100*time.Millisecond)+"/0", "slow", ledgerOpts{call: 5 * time.Second})
 	s, err := scheduler.New(scheduler.Config{
 		Weights: scheduler.DefaultWeights(), MaxQueue: 64, QueueTimeout: time.Minute, StaleAfter: time.Minute,
-		Ledger: l.ForScheduler(context.Background()), Limits: scheduler.LimitConfig{Fixed: true},
+		Ledger: l.ForScheduler(context.Background()), Limits: limit.Config{Fixed: true},
 	}, scheduler.WorkerSpec{Name: "w0", Models: []string{"a", "b"}, MaxConcurrency: 4},
 		scheduler.WorkerSpec{Name: "w1", Models: []string{"a", "b"}, MaxConcurrency: 4})
 	if err != nil {

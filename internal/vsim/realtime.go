@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/config"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
@@ -142,7 +143,7 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 // routerLimits is the config of lc for a fleet running scale times faster
 // than model time: its durations divided by scale and its rates (measured
 // on the wall clock) multiplied by it. Zero values keep the defaults.
-func routerLimits(lc scheduler.LimitConfig, scale float64) config.Limits {
+func routerLimits(lc limit.Config, scale float64) config.Limits {
 	l := config.DefaultConfig().Limits
 	ll := &l.Learning
 	ll.Fixed = lc.Fixed

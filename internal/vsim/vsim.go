@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-router/sluice/internal/bench"
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
@@ -45,7 +46,7 @@ type Config struct {
 	// sets max_concurrency per worker (a slower card may take fewer).
 	Limits map[string]int
 	// Concurrency configures the adaptive limit below those caps.
-	Concurrency scheduler.LimitConfig
+	Concurrency limit.Config
 	// MaxQueue and QueueTimeout are the admission bounds.
 	MaxQueue     int
 	QueueTimeout time.Duration
