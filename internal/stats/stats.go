@@ -410,10 +410,8 @@ func (t *Tracker) setLocked(cur map[string]*cell, c *cell, worker string, s *Wor
 		c.p.Store(s)
 		return
 	}
-	c = &cell{}
-	c.p.Store(s)
 	next := maps.Clone(cur)
-	next[worker] = c
+	next[worker] = newCell(*s)
 	t.stats.Store(&next)
 }
 
@@ -471,16 +469,26 @@ type FitSaver interface {
 	SaveFits(ctx context.Context, fits map[string]*Fit) error
 }
 
-// keepFit returns ws, adopted from the store, with the fit of old (the
-// local value, may be nil) when it has one: this replica's fit is its
-// freshest; the stored one is only a starting point.
-func keepFit(ws WorkerStats, old *cell) WorkerStats {
-	if old != nil {
-		if f := old.p.Load().Fit; f != nil {
-			ws.Fit = f
+// adoptLocked replaces worker's stats in next, a copy of the held map,
+// by ws, read from the store, with the observations of p (none when nil)
+// that the store has not taken yet folded on top. The local fit, when
+// there is one, stays: this replica's fit is its freshest; the stored one
+// is only a starting point. A worker not in next (forgotten meanwhile) is
+// left out. t.mu must be held.
+func (t *Tracker) adoptLocked(next map[string]*cell, worker string, ws WorkerStats, p *FoldBatch) {
+	old := next[worker]
+	if old == nil {
+		return
+	}
+	if p != nil {
+		for _, o := range p.Obs {
+			ws = t.fold(ws, o, p.Updated)
 		}
 	}
-	return ws
+	if f := old.p.Load().Fit; f != nil {
+		ws.Fit = f
+	}
+	next[worker] = newCell(ws)
 }
 
 // Get returns worker's stats; the zero WorkerStats when none are known.
@@ -637,8 +645,7 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 	if len(batch) == 0 {
 		return fitErr
 	}
-	cur := *t.stats.Load()
-	next := maps.Clone(cur)
+	next := maps.Clone(*t.stats.Load())
 	for name, b := range batch {
 		later := t.pending[name] // observed while Fold ran
 		ws, ok := folded[name]
@@ -655,15 +662,7 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 			t.pending[name] = merged
 			continue
 		}
-		if cur[name] == nil {
-			continue // forgotten: its observations are in the store now
-		}
-		if later != nil {
-			for _, o := range later.Obs {
-				ws = t.fold(ws, o, later.Updated)
-			}
-		}
-		next[name] = newCell(keepFit(ws, cur[name]))
+		t.adoptLocked(next, name, ws, later) // a forgotten worker's observations are in the store now
 	}
 	t.stats.Store(&next)
 	if err != nil {
@@ -690,18 +689,9 @@ func (t *Tracker) Refresh(ctx context.Context) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cur := *t.stats.Load()
-	next := maps.Clone(cur)
+	next := maps.Clone(*t.stats.Load())
 	for name, ws := range loaded {
-		if cur[name] == nil {
-			continue // forgotten while the store was read
-		}
-		if p := t.pending[name]; p != nil {
-			for _, o := range p.Obs {
-				ws = t.fold(ws, o, p.Updated)
-			}
-		}
-		next[name] = newCell(keepFit(ws, cur[name]))
+		t.adoptLocked(next, name, ws, t.pending[name])
 	}
 	t.stats.Store(&next)
 	return nil
