@@ -45,9 +45,8 @@ end
 // candidates packed by packCandidates: two MessagePack arrays, the names,
 // then score without the active term, active weight and limit of each;
 // 6 the wake-up channel. One cmsgpack.unpack turns the candidates into
-// Lua strings and numbers at once; sent as four text arguments per
-// candidate they cost Redis a string per argument and a tonumber (strtod)
-// per number, which was most of the script's run time at 64 candidates.
+// Lua strings and numbers at once, where text arguments would cost Redis
+// a string per argument and a tonumber per number.
 //
 // The turn is the replica's whose waiter is the oldest of the model: any
 // request of that replica may go (its own queue order chose it, and may
@@ -61,8 +60,7 @@ end
 // The in-flight counts come from one HGETALL while the hash holds no more
 // than twice the candidates, else from HMGET: Redis keeps a small hash as
 // one packed list (a listpack, up to hash-max-listpack-entries fields),
-// which HMGET scans once per name — at 64 candidates of 64 busy workers
-// that was a third of the script — and HGETALL walks once. The last picks
+// which HMGET scans once per name and HGETALL walks once. The last picks
 // are read only for the candidates tied at the lowest total, the only
 // ones they can decide between.
 //
@@ -94,8 +92,7 @@ else
 end
 local best, bestTotal, ties, tied = 0, 0, 0, {}
 for i = 1, n do
-  -- a count is HINCRBY's integer or false: + 0 converts it with one
-  -- strtod, tonumber with two
+  -- a count is HINCRBY's integer or false
   local active = actives[i]
   if active then active = active + 0 else active = 0 end
   if active < 0 then active = 0 end
