@@ -249,7 +249,7 @@ type model struct {
 	samples int64
 
 	ttftDrift, decodeDrift stats.EMA // of log(actual/model)
-	dT, dD                 float64   // their factors, exp(Value), kept for Predict
+	dT, dD                 float64   // their factors, exp(Value), kept by refresh
 	hold, waitScale        stats.EMA // ms; ratio
 
 	ttftErr, decodeErr   stats.EMA
@@ -400,14 +400,13 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 		y := ms(o.TTFT)
 		yhat := m.ttftModel(&x)
 		if pos == 0 {
-			d := drift(m.ttftDrift)
 			if m.samples >= minSamples {
-				m.ttftDrift = nudge(m.ttftDrift, y/(yhat*d), ttftClip)
+				m.ttftDrift = nudge(m.ttftDrift, y/(yhat*m.dT), ttftClip)
 			}
-			m.rls(&x, y/d)
+			m.rls(&x, y/m.dT)
 			prefillMs = y
 		} else {
-			prefillMs = yhat * drift(m.ttftDrift)
+			prefillMs = yhat * m.dT
 			if pw := m.waitMs(pos, o.Slots, o.InFlight); pw > 0 {
 				m.waitScale = m.waitScale.Add(min(max(y-prefillMs, 0)/pw, 5), driftAlpha)
 			}
@@ -420,9 +419,8 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 		m.hold = m.hold.Add(prefillMs+float64(o.OutputTokens-1)/o.DecodeTPS*1000, driftAlpha)
 	}
 	if o.DecodeTPS > 0 && o.MeanConcurrency > 0 {
-		k := min(max(int(math.Round(o.MeanConcurrency)), 1), stats.MaxLevels)
-		if r := m.levelRate(ws, k); r > 0 {
-			m.decodeDrift = nudge(m.decodeDrift, o.DecodeTPS/(r*drift(m.decodeDrift)), decodeClip)
+		if r := m.levelRate(ws, stats.LevelOf(o.MeanConcurrency)); r > 0 {
+			m.decodeDrift = nudge(m.decodeDrift, o.DecodeTPS/(r*m.dD), decodeClip)
 		}
 	}
 	m.refresh()
@@ -645,13 +643,12 @@ func (p *Predictor) Unloaded(worker string) (Unloaded, bool) {
 	if m.samples < minSamples {
 		return Unloaded{}, false
 	}
-	d := drift(m.ttftDrift)
-	u := Unloaded{Overhead: dur(max(m.theta[0], 0) * d)}
+	u := Unloaded{Overhead: dur(max(m.theta[0], 0) * m.dT)}
 	if m.theta[1] > 0 {
-		u.PrefillPer1k = dur(m.theta[1] * d)
+		u.PrefillPer1k = dur(m.theta[1] * m.dT)
 	}
 	if r := m.levelRate(p.src.Stats(worker), 1); r > 0 {
-		u.SoloDecode = r * drift(m.decodeDrift)
+		u.SoloDecode = r * m.dD
 	}
 	return u, true
 }

@@ -127,7 +127,7 @@ func (s *RedisStore) Fold(ctx context.Context, alpha float64, batch map[string]F
 		args = append(args, name, fmtFloat(alpha), strconv.FormatInt(b.Updated.UnixMicro(), 10))
 		for _, o := range b.Obs {
 			args = append(args, fmtFloat(ms(o.TTFT)), fmtFloat(ms(o.E2E)),
-				strconv.Itoa(o.OutputTokens), fmtFloat(o.DecodeTPS), strconv.Itoa(o.level()))
+				strconv.Itoa(o.OutputTokens), fmtFloat(o.DecodeTPS), strconv.Itoa(LevelOf(o.Concurrency)))
 		}
 		names = append(names, name)
 		cmds = append(cmds, foldScript.EvalSha(ctx, pipe, []string{s.workerKey(name), s.setKey()}, args...))

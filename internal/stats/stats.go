@@ -182,12 +182,14 @@ type Observation struct {
 	CachedKnown  bool
 }
 
-// level returns the 1-based concurrency level of an observation, or 0.
-func (o Observation) level() int {
-	if o.Concurrency <= 0 {
+// LevelOf returns the concurrency level, 1 to MaxLevels, that a stream
+// which shared its worker with concurrency streams on average (itself
+// included) is filed under; 0 when concurrency is unknown (0).
+func LevelOf(concurrency float64) int {
+	if concurrency <= 0 {
 		return 0
 	}
-	return min(max(int(math.Round(o.Concurrency)), 1), MaxLevels)
+	return min(max(int(math.Round(concurrency)), 1), MaxLevels)
 }
 
 // Store persists WorkerStats. Implementations must make Save atomic: after
@@ -429,7 +431,7 @@ func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats 
 	if o.DecodeTPS > 0 {
 		s.DecodeTPS = s.DecodeTPS.Add(o.DecodeTPS, t.alpha)
 	}
-	if k := o.level(); k > 0 && (o.DecodeTPS > 0 || o.TTFT > 0) {
+	if k := LevelOf(o.Concurrency); k > 0 && (o.DecodeTPS > 0 || o.TTFT > 0) {
 		// With leaves the old value as it was: it stays immutable.
 		s.Levels = s.Levels.With(k, func(l *Level) {
 			if o.DecodeTPS > 0 {
