@@ -7,18 +7,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Lua scripts. Each reads the server's clock (TIME), so expiry does not
-// depend on the replicas' clocks agreeing.
-//
-// Leases live in one ZSET (member "worker/lease-id", score: expiry in ms)
-// and each worker's in-flight count in a hash. Every script that changes
-// one changes the other in the same step — a lease added or re-created
-// adds one, a lease released or expired takes one off — and Redis runs a
-// script atomically, so the count always equals the worker's live members.
-// Each script first reaps the expired leases (the oldest 256 at most; the
-// next script takes the rest) so counts never include a dead replica's
-// slots, and a pick reads all counts with one command instead of counting
-// each worker's leases.
+// The Lua scripts, which keep the leases and counts the package doc
+// describes. A lease is a member "worker/lease-id" of one ZSET, scored by
+// its expiry in ms on the server's clock (TIME), so expiry does not depend
+// on the replicas' clocks agreeing. A script reaps the oldest 256 expired
+// leases at most; the next script takes the rest.
 
 // prelude defines now (ms on the server's clock) and reap(leases, counts).
 const prelude = `

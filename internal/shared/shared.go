@@ -68,20 +68,11 @@
 // waits on Redis being down.
 //
 // Every renewal that reaches Redis then reconciles: it removes any lease
-// or waiter of this replica that the replica no longer holds — released
-// or gone while Redis could not be told, left by a pick whose answer came
-// too late, or put back by a renewal racing a pick. Left to expire, such a
-// lease would hold its slot for up to LeaseTTL, and such a waiter, still
-// the oldest, every other replica's turn. The replica is the authority on
-// what it holds, so whatever path left a stray entry, it is gone within
-// RenewEvery. The cost is one more script per renewal, reading the lease
-// set and this replica's waiting lists: about one entry per request in
-// flight or queued in the fleet. The lists read are those of the models
-// this replica has requests waiting for (and, once more, of one whose
-// last request just left), not of every model it ever queued for, and a
-// request for a model no worker is known to serve does not wait in the
-// ledger at all (the scheduler's speculative queue), so model names
-// invented by clients cost a renewal nothing.
+// or waiter of this replica that the replica no longer holds, whatever
+// path left it there (see Ledger.reconcile), so a stray entry holds a slot
+// or another replica's turn for at most RenewEvery, not LeaseTTL. The
+// cost is one more script per renewal, reading the lease set and the
+// waiting lists of the models this replica has requests waiting for.
 //
 // # Learned limits and decision counters
 //
