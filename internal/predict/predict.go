@@ -252,7 +252,6 @@ type model struct {
 	dT, dD                 float64   // their factors, exp(Value), kept by refresh
 	hold, waitScale        stats.EMA // ms; ratio
 
-	ttftErr, decodeErr   stats.EMA
 	ttftErrs, decodeErrs ring
 	ttftRun, decodeRun   Tally // since the process started; not persisted
 
@@ -305,7 +304,6 @@ func (m *model) load(f *stats.Fit) {
 	}
 	m.ttftDrift, m.decodeDrift = f.TTFTDrift, f.DecodeDrift
 	m.hold, m.waitScale = f.HoldMs, f.WaitScale
-	m.ttftErr, m.decodeErr = f.TTFTErr, f.DecodeErr
 	m.ttftErrs.load(f.TTFTErrs)
 	m.decodeErrs.load(f.DecodeErrs)
 	m.refresh()
@@ -319,7 +317,6 @@ func (m *model) fit(now time.Time) *stats.Fit {
 	f := &stats.Fit{
 		Theta: slices.Clone(m.theta[:]), P: make([]float64, 0, nx*nx), Samples: m.samples,
 		TTFTDrift: m.ttftDrift, DecodeDrift: m.decodeDrift, HoldMs: m.hold, WaitScale: m.waitScale,
-		TTFTErr: m.ttftErr, DecodeErr: m.decodeErr,
 		TTFTErrs: m.ttftErrs.values(), DecodeErrs: m.decodeErrs.values(), Updated: now,
 	}
 	for i := range nx {
@@ -665,13 +662,11 @@ func (p *Predictor) Record(worker string, predicted Prediction, actual Outcome) 
 	m := p.modelLocked(worker)
 	if actual.TTFT > 0 && predicted.TTFT > 0 {
 		e := math.Abs(float64(predicted.TTFT-actual.TTFT)) / float64(actual.TTFT)
-		m.ttftErr = m.ttftErr.Add(e, driftAlpha)
 		m.ttftErrs.add(e)
 		m.ttftRun.Add(e)
 	}
 	if actual.DecodeTPS > 0 && predicted.Decode > 0 {
 		e := math.Abs(predicted.Decode-actual.DecodeTPS) / actual.DecodeTPS
-		m.decodeErr = m.decodeErr.Add(e, driftAlpha)
 		m.decodeErrs.add(e)
 		m.decodeRun.Add(e)
 	}
@@ -691,15 +686,6 @@ func (p *Predictor) Len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.workers)
-}
-
-// Errors returns worker's moving averages of relative TTFT and decode
-// prediction error (0 when none are recorded), for metrics.
-func (p *Predictor) Errors(worker string) (ttft, decode float64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	m := p.modelLocked(worker)
-	return m.ttftErr.Value, m.decodeErr.Value
 }
 
 // MedianErrors returns the median relative TTFT and decode prediction

@@ -117,12 +117,9 @@ type Fit struct {
 	// predicted from it.
 	HoldMs    EMA `json:"hold_ms"`
 	WaitScale EMA `json:"wait_scale"`
-	// TTFTErr and DecodeErr are moving averages of the relative error
-	// |predicted − actual| / actual of the predictions recorded against
-	// outcomes; TTFTErrs and DecodeErrs the most recent of those errors,
-	// oldest first, from which trust is judged.
-	TTFTErr    EMA       `json:"ttft_err"`
-	DecodeErr  EMA       `json:"decode_err"`
+	// TTFTErrs and DecodeErrs are the relative errors
+	// |predicted − actual| / actual of the latest predictions recorded
+	// against outcomes, oldest first, from which trust is judged.
 	TTFTErrs   []float64 `json:"ttft_errs,omitempty"`
 	DecodeErrs []float64 `json:"decode_errs,omitempty"`
 	// Updated is when the fit last changed.
