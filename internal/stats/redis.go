@@ -179,21 +179,6 @@ func (s *RedisStore) Load(ctx context.Context, workers []string) (map[string]Wor
 	return out, nil
 }
 
-// Save replaces the given workers' averages (each worker atomically). The
-// Tracker folds rather than saves into a RedisStore; Save is for copying
-// averages in from another store.
-func (s *RedisStore) Save(ctx context.Context, entries map[string]WorkerStats) error {
-	pipe := s.rdb.TxPipeline()
-	for name, ws := range entries {
-		pipe.HSet(ctx, s.workerKey(name), encodeFields(ws)...)
-		pipe.SAdd(ctx, s.setKey(), name)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return fmt.Errorf("stats store %s: save: %w", s.desc, err)
-	}
-	return nil
-}
-
 // SaveFits writes each worker's fit, as JSON in its hash's "fit" field,
 // replacing the stored one: fits are not folded, the last replica to
 // flush wins.
@@ -216,46 +201,6 @@ func (s *RedisStore) SaveFits(ctx context.Context, fits map[string]*Fit) error {
 // Close closes the connection pool.
 func (s *RedisStore) Close() error { return s.rdb.Close() }
 
-// encodeFields returns ws as the fields of its hash: an average's value
-// and sample count under its name and its name + "_n" ("ttft_ms",
-// "ttft_ms_n", ...), "updated_us", the fit as JSON under "fit", and per
-// concurrency level k "l<k>.tps", "l<k>.sq" and "l<k>.ttft" with their
-// counts, and "l<k>.upd_us".
-func encodeFields(ws WorkerStats) []any {
-	out := make([]any, 0, 18+14*ws.Levels.Len())
-	ema := func(name string, e EMA) {
-		out = append(out, name, fmtFloat(e.Value), name+"_n", strconv.FormatInt(e.N, 10))
-	}
-	ema("ttft_ms", ws.TTFTMs)
-	ema("e2e_ms", ws.E2EMs)
-	ema("output_tokens", ws.OutputTokens)
-	ema("decode_tps", ws.DecodeTPS)
-	out = append(out, "updated_us", strconv.FormatInt(unixMicro(ws.Updated), 10))
-	if ws.Fit != nil {
-		if b, err := json.Marshal(ws.Fit); err == nil {
-			out = append(out, "fit", string(b))
-		}
-	}
-	for k, l := range ws.Levels.All() {
-		if l.Updated.IsZero() && !l.DecodeTPS.Known() && !l.TTFTMs.Known() {
-			continue
-		}
-		p := "l" + strconv.Itoa(k) + "."
-		ema(p+"tps", l.DecodeTPS)
-		ema(p+"sq", l.DecodeSq)
-		ema(p+"ttft", l.TTFTMs)
-		out = append(out, p+"upd_us", strconv.FormatInt(unixMicro(l.Updated), 10))
-	}
-	return out
-}
-
-func unixMicro(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixMicro()
-}
-
 func fromMicro(us int64) time.Time {
 	if us <= 0 {
 		return time.Time{}
@@ -272,7 +217,11 @@ func pairs(flat []string) map[string]string {
 	return m
 }
 
-// decodeHash reads a worker's hash; absent fields are zero.
+// decodeHash reads a worker's hash; absent fields are zero. An average
+// is its value and sample count under its name and its name + "_n"
+// ("ttft_ms", "ttft_ms_n", ...); "updated_us" is in unix µs, "fit" the
+// fit as JSON, and concurrency level k has "l<k>.tps", "l<k>.sq" and
+// "l<k>.ttft" with their counts, and "l<k>.upd_us".
 func decodeHash(h map[string]string) (WorkerStats, error) {
 	var firstErr error
 	note := func(key string, err error) {

@@ -189,17 +189,22 @@ func LevelOf(concurrency float64) int {
 	return min(max(int(math.Round(concurrency)), 1), MaxLevels)
 }
 
-// Store persists WorkerStats. Implementations must make Save atomic: after
-// a crash the store holds either the old or the new value of each entry,
-// never a torn one.
+// Store persists WorkerStats. A Store is either a Saver or a Folder.
 type Store interface {
 	// Load returns the stored entries of the named workers; a worker
 	// with none is absent from the result.
 	Load(ctx context.Context, workers []string) (map[string]WorkerStats, error)
-	// Save writes the given entries, replacing older values.
-	Save(ctx context.Context, entries map[string]WorkerStats) error
 	// Close releases the store.
 	Close() error
+}
+
+// Saver is a Store of one Tracker, which writes its averages whole.
+type Saver interface {
+	Store
+	// Save writes the given entries, replacing older values, atomically:
+	// after a crash the store holds either the old or the new value of
+	// each entry, never a torn one.
+	Save(ctx context.Context, entries map[string]WorkerStats) error
 }
 
 // Folder is a Store shared by several Trackers (one per router replica)
@@ -215,6 +220,8 @@ type Folder interface {
 	// of every worker it folded. A worker absent from the result was not
 	// folded (the error says why); its observations are sent again.
 	Fold(ctx context.Context, alpha float64, batch map[string]FoldBatch) (map[string]WorkerStats, error)
+	// SaveFits replaces each worker's stored fit: fits are not folded.
+	SaveFits(ctx context.Context, fits map[string]*Fit) error
 }
 
 // FoldBatch is one worker's observations since the last flush.
@@ -233,6 +240,7 @@ const maxPending = 4096
 type Tracker struct {
 	alpha  float64
 	store  Store
+	saver  Saver  // store, when it saves
 	folder Folder // store, when it folds; then pending replaces dirty
 	log    *slog.Logger
 
@@ -246,7 +254,7 @@ type Tracker struct {
 	dirty map[string]bool
 
 	pending map[string]*FoldBatch // observations not yet folded into folder
-	fits    map[string]*Fit       // fits set since the last flush, for a FitSaver folder
+	fits    map[string]*Fit       // fits set since the last flush, for folder
 	dropped int64                 // pending observations dropped since the last flush
 	// parting holds the last stats of forgotten workers whose changes
 	// the store has not taken yet, for the next flush (and for Track,
@@ -275,7 +283,15 @@ func NewTracker(alpha float64, store Store, log *slog.Logger) (*Tracker, error) 
 	}
 	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}, pending: map[string]*FoldBatch{},
 		fits: map[string]*Fit{}, parting: map[string]*WorkerStats{}}
-	t.folder, _ = store.(Folder)
+	switch st := store.(type) {
+	case Folder:
+		t.folder = st
+	case Saver:
+		t.saver = st
+	case nil:
+	default:
+		return nil, fmt.Errorf("stats: a %T store neither saves nor folds", store)
+	}
 	m := map[string]*cell{}
 	t.stats.Store(&m)
 	return t, nil
@@ -449,8 +465,8 @@ func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats 
 // must not change afterwards, and marks the worker for the next flush.
 // A fit is not folded: with a shared store (a Folder) each replica keeps
 // its own, adopting the shared averages keeps it, and the next flush
-// writes it over the stored one when the store is a FitSaver (the last
-// replica to flush wins; a replica starting adopts the stored fit).
+// writes it over the stored one (the last replica to flush wins; a
+// replica starting adopts the stored fit).
 func (t *Tracker) SetFit(worker string, f *Fit, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -460,12 +476,6 @@ func (t *Tracker) SetFit(worker string, f *Fit, now time.Time) {
 		return
 	}
 	t.fits[worker] = f
-}
-
-// FitSaver is a Folder that also stores fits, which it does not fold:
-// SaveFits replaces each worker's stored fit.
-type FitSaver interface {
-	SaveFits(ctx context.Context, fits map[string]*Fit) error
 }
 
 // adoptLocked replaces worker's stats in next, a copy of the held map,
@@ -563,7 +573,7 @@ func (t *Tracker) Flush(ctx context.Context) error {
 	if len(batch) == 0 {
 		return nil
 	}
-	err := t.store.Save(ctx, batch)
+	err := t.saver.Save(ctx, batch)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err != nil {
@@ -618,8 +628,8 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 	t.fits = map[string]*Fit{}
 	t.mu.Unlock()
 	var fitErr error
-	if fs, ok := t.folder.(FitSaver); ok && len(fits) > 0 {
-		if fitErr = fs.SaveFits(ctx, fits); fitErr != nil {
+	if len(fits) > 0 {
+		if fitErr = t.folder.SaveFits(ctx, fits); fitErr != nil {
 			t.mu.Lock()
 			for name, f := range fits {
 				if _, newer := t.fits[name]; !newer {
