@@ -393,12 +393,18 @@ func (t *Tracker) Observe(worker string, o Observation, now time.Time) {
 		p = &FoldBatch{}
 		t.pending[worker] = p
 	}
-	if len(p.Obs) >= maxPending {
-		p.Obs = p.Obs[1:]
-		t.dropped++
-	}
 	p.Obs = append(p.Obs, o)
 	p.Updated = now
+	t.trimLocked(p)
+}
+
+// trimLocked keeps the newest maxPending of p's observations, counting
+// those it drops. t.mu must be held.
+func (t *Tracker) trimLocked(p *FoldBatch) {
+	if n := len(p.Obs) - maxPending; n > 0 {
+		p.Obs = p.Obs[n:]
+		t.dropped += int64(n)
+	}
 }
 
 // updateLocked publishes a copy of worker's stats (zero when it has none)
@@ -664,10 +670,7 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 				merged.Obs = append(merged.Obs, later.Obs...)
 				merged.Updated = later.Updated
 			}
-			if n := len(merged.Obs) - maxPending; n > 0 {
-				merged.Obs = merged.Obs[n:]
-				t.dropped += int64(n)
-			}
+			t.trimLocked(merged)
 			t.pending[name] = merged
 			continue
 		}
