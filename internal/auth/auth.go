@@ -169,7 +169,7 @@ func (k *Keyring) find(h [sha256.Size]byte) *Key {
 
 // Enabled reports whether client keys are configured; without them the
 // inference routes are open.
-func (k *Keyring) Enabled() bool { return k != nil && len(k.keys) > 0 }
+func (k *Keyring) Enabled() bool { return k.Len() > 0 }
 
 // HasAdminToken reports whether an admin token is configured.
 func (k *Keyring) HasAdminToken() bool { return k != nil && k.admin != nil }
@@ -301,9 +301,6 @@ func (l *Limiter) Acquire() (release func(), ok bool) {
 	var once sync.Once
 	return func() { once.Do(func() { l.open.Add(-1) }) }, true
 }
-
-// Open is the number of requests open on the key.
-func (l *Limiter) Open() int { return int(l.open.Load()) }
 
 // MaxConcurrent is the key's concurrency bound; 0 is unlimited.
 func (l *Limiter) MaxConcurrent() int { return l.maxOpen }

@@ -147,7 +147,7 @@ func TestLimiter_ConcurrencyAndUnlimited(t *testing.T) {
 	}
 	r1()
 	r1() // releasing twice frees one slot only
-	if got := l.Open(); got != 1 {
+	if got := l.open.Load(); got != 1 {
 		t.Fatalf("open = %d after one release, want 1", got)
 	}
 	if _, ok := l.Acquire(); !ok {

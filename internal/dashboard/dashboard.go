@@ -51,10 +51,10 @@ var assets embed.FS
 type Options struct {
 	// Workers returns every worker's state (scheduler.Scheduler.Workers).
 	Workers func() []scheduler.WorkerState
-	// Gauges, when set, is what each sample reads instead of Workers
-	// (scheduler.Scheduler.Gauges): a sample needs no worker's
-	// explanation, and is taken every interval whether or not anyone
-	// looks.
+	// Gauges returns every worker's gauges (scheduler.Scheduler.Gauges),
+	// what each sample reads: a sample needs no worker's explanation, and
+	// is taken every interval whether or not anyone looks. nil samples
+	// no worker.
 	Gauges func() []scheduler.WorkerGauges
 	// QueueDepths returns each model's queue depth in Sluice
 	// (scheduler.Scheduler.QueueDepths).
@@ -184,6 +184,9 @@ func New(opt Options) *Dashboard {
 	if opt.Stats == nil {
 		opt.Stats = func(string) stats.WorkerStats { return stats.WorkerStats{} }
 	}
+	if opt.Gauges == nil {
+		opt.Gauges = func() []scheduler.WorkerGauges { return nil }
+	}
 	if opt.QueueDepths == nil {
 		opt.QueueDepths = func() map[string]int { return nil }
 	}
@@ -265,16 +268,16 @@ func (d *Dashboard) Run(ctx context.Context) {
 // previous sample, and returns the new sample.
 func (d *Dashboard) Sample() Sample {
 	now := d.opt.Now()
-	workers := d.sampleWorkers()
+	workers := d.opt.Gauges()
 	queued := 0
 	for _, n := range d.opt.QueueDepths() {
 		queued += n
 	}
 	s := Sample{T: now.UnixMilli(), Queued: queued}
-	for _, w := range workers {
-		s.Active += w.inFlight
-		s.Limit += w.limit
-		if w.eligible {
+	for i := range workers {
+		s.Active += workers[i].Active + workers[i].OtherReplicas
+		s.Limit += workers[i].Limit
+		if workers[i].Eligible() {
 			s.Healthy++
 		}
 	}
@@ -288,13 +291,13 @@ func (d *Dashboard) Sample() Sample {
 	d.ring[idx] = s
 	seen := make(map[string]bool, len(workers))
 	for _, w := range workers {
-		seen[w.name] = true
-		sr := d.actives[w.name]
+		seen[w.Name] = true
+		sr := d.actives[w.Name]
 		if sr == nil {
 			sr = &series{first: d.seq, v: make([]int32, len(d.ring))}
-			d.actives[w.name] = sr
+			d.actives[w.Name] = sr
 		}
-		sr.v[idx] = int32(w.inFlight)
+		sr.v[idx] = int32(w.Active + w.OtherReplicas)
 	}
 	for name := range d.actives {
 		if !seen[name] {
@@ -302,33 +305,6 @@ func (d *Dashboard) Sample() Sample {
 		}
 	}
 	return s
-}
-
-// sampled is what a sample reads of a worker.
-type sampled struct {
-	name            string
-	inFlight, limit int
-	eligible        bool
-}
-
-// sampleWorkers reads the workers for a sample, from Gauges when set.
-func (d *Dashboard) sampleWorkers() []sampled {
-	if d.opt.Gauges != nil {
-		gs := d.opt.Gauges()
-		out := make([]sampled, len(gs))
-		for i := range gs {
-			g := &gs[i]
-			out[i] = sampled{name: g.Name, inFlight: g.Active + g.OtherReplicas, limit: g.Limit, eligible: g.Eligible()}
-		}
-		return out
-	}
-	ws := d.opt.Workers()
-	out := make([]sampled, len(ws))
-	for i := range ws {
-		w := &ws[i]
-		out[i] = sampled{name: w.Name, inFlight: inFlight(w), limit: w.Limit, eligible: eligible(*w)}
-	}
-	return out
 }
 
 func (d *Dashboard) percentilesLocked(since time.Time) (ttft, workerTTFT, tpot *Percentiles) {
@@ -392,15 +368,18 @@ func (d *Dashboard) activeSeriesLocked(name string, n int) []int32 {
 	return out
 }
 
-func eligible(w scheduler.WorkerState) bool {
-	return !w.Draining && (w.Health == scheduler.HealthOK || w.Health == scheduler.HealthUnknown)
-}
-
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // Index serves the dashboard page (mount at "GET /{$}").
 func (d *Dashboard) Index(w http.ResponseWriter, r *http.Request) {
-	serveAsset(w, r, "index.html")
+	b, err := assets.ReadFile("assets/index.html")
+	if err != nil {
+		proxy.WriteError(w, http.StatusInternalServerError, "internal_error", "dashboard asset index.html is missing from the binary")
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Write(b)
 }
 
 // Assets serves the page's scripts and styles (mount at "GET /dashboard/").
@@ -415,15 +394,4 @@ func (d *Dashboard) Assets() http.Handler {
 		w.Header().Set("Cache-Control", "no-cache")
 		files.ServeHTTP(w, r)
 	})
-}
-
-func serveAsset(w http.ResponseWriter, r *http.Request, name string) {
-	b, err := assets.ReadFile("assets/" + name)
-	if err != nil {
-		proxy.WriteError(w, http.StatusInternalServerError, "internal_error", "dashboard asset "+name+" is missing from the binary")
-		return
-	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.Write(b)
 }

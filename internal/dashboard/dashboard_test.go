@@ -33,6 +33,18 @@ func (f *fakeFleet) Workers() []scheduler.WorkerState {
 	defer f.mu.Unlock()
 	return append([]scheduler.WorkerState(nil), f.workers...)
 }
+
+// Gauges is what the scheduler's Gauges reports of the same workers.
+func (f *fakeFleet) Gauges() []scheduler.WorkerGauges {
+	var out []scheduler.WorkerGauges
+	for _, w := range f.Workers() {
+		out = append(out, scheduler.WorkerGauges{
+			WorkerBrief: scheduler.WorkerBrief{Name: w.Name, Models: w.Models, Health: w.Health, Draining: w.Draining},
+			Active:      w.Active, OtherReplicas: w.OtherReplicas, Limit: w.Limit, Snapshot: w.Snapshot,
+		})
+	}
+	return out
+}
 func (f *fakeFleet) QueueDepths() map[string]int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -64,7 +76,7 @@ func newFake(n int) *fakeFleet {
 }
 
 func newDash(f *fakeFleet, samples int) *Dashboard {
-	return New(Options{Workers: f.Workers, QueueDepths: f.QueueDepths, Now: f.Now, Samples: samples,
+	return New(Options{Workers: f.Workers, Gauges: f.Gauges, QueueDepths: f.QueueDepths, Now: f.Now, Samples: samples,
 		Stats: func(string) stats.WorkerStats { return stats.WorkerStats{} }})
 }
 
@@ -165,7 +177,7 @@ func TestPercentiles_NearestRank(t *testing.T) {
 
 func TestDashboard_LatencyPercentilesOverTrailingWindow(t *testing.T) {
 	f := newFake(1)
-	d := New(Options{Workers: f.Workers, Now: f.Now, LatencyWindow: 10 * time.Second})
+	d := New(Options{Workers: f.Workers, Gauges: f.Gauges, Now: f.Now, LatencyWindow: 10 * time.Second})
 	// An old slow request, then three fast ones 11 s later.
 	d.Observe(proxy.Result{Worker: "w000", Status: 200, TTFT: 900 * time.Millisecond, WorkerTTFT: 900 * time.Millisecond, E2E: 2 * time.Second, Tokens: 2})
 	f.advance(11 * time.Second)
@@ -358,7 +370,7 @@ func TestOverview_CardCarriesTheWorkersFields(t *testing.T) {
 		LastScoredAt: now.Add(-time.Second),
 	}
 	f.queues["m"] = 5
-	d := New(Options{Workers: f.Workers, QueueDepths: f.QueueDepths, Now: f.Now,
+	d := New(Options{Workers: f.Workers, Gauges: f.Gauges, QueueDepths: f.QueueDepths, Now: f.Now,
 		Stats: func(string) stats.WorkerStats {
 			return stats.WorkerStats{TTFTMs: stats.EMA{Value: 250, N: 8}}
 		}})
@@ -460,7 +472,7 @@ func TestOverview_ListsNewestDecisionsBounded(t *testing.T) {
 			log.AddFirstToken(r, decisions.FirstToken{TTFTMs: 1300, WorkerTTFTMs: 300})
 		}
 	}
-	d := New(Options{Workers: f.Workers, Now: f.Now, Recent: log.Recent})
+	d := New(Options{Workers: f.Workers, Gauges: f.Gauges, Now: f.Now, Recent: log.Recent})
 	srv := serve(d)
 	defer srv.Close()
 	ids := func(ls []DecisionLine) []string {

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/stats"
 )
 
 // Page sizes of GET /api/overview: a page of worker cards is bounded so
@@ -170,24 +171,18 @@ func (r *workerRow) trouble() int {
 // list, at most 200, 40 when omitted).
 func (d *Dashboard) ServeOverview(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	since, err := intParam(q.Get("since"), 0, 0, 1<<62)
-	if err != nil {
-		proxy.WriteError(w, http.StatusBadRequest, "invalid_request", "since: "+err.Error())
-		return
+	var bad error // the first parameter that does not parse
+	param := func(name string, def, lo, hi int) int {
+		n, err := intParam(q.Get(name), def, lo, hi)
+		if err != nil && bad == nil {
+			bad = fmt.Errorf("%s: %w", name, err)
+		}
+		return n
 	}
-	offset, err := intParam(q.Get("offset"), 0, 0, 1<<31)
-	if err != nil {
-		proxy.WriteError(w, http.StatusBadRequest, "invalid_request", "offset: "+err.Error())
-		return
-	}
-	limit, err := intParam(q.Get("limit"), defaultPageSize, 1, maxPageSize)
-	if err != nil {
-		proxy.WriteError(w, http.StatusBadRequest, "invalid_request", "limit: "+err.Error())
-		return
-	}
-	nDecisions, err := intParam(q.Get("decisions"), defaultDecisions, 0, maxDecisions)
-	if err != nil {
-		proxy.WriteError(w, http.StatusBadRequest, "invalid_request", "decisions: "+err.Error())
+	since, offset := param("since", 0, 0, 1<<62), param("offset", 0, 0, 1<<31)
+	limit, nDecisions := param("limit", defaultPageSize, 1, maxPageSize), param("decisions", defaultDecisions, 0, maxDecisions)
+	if bad != nil {
+		proxy.WriteError(w, http.StatusBadRequest, "invalid_request", bad.Error())
 		return
 	}
 	sortName := cmp.Or(q.Get("sort"), "config")
@@ -319,12 +314,9 @@ func (d *Dashboard) card(ws scheduler.WorkerState, queues map[string]int, spark 
 	}
 	st := d.opt.Stats(ws.Name)
 	avg := map[string]any{}
-	for k, e := range map[string]struct {
-		v float64
-		n int64
-	}{"ttft_ms": {st.TTFTMs.Value, st.TTFTMs.N}, "decode_tps": {st.DecodeTPS.Value, st.DecodeTPS.N}, "e2e_ms": {st.E2EMs.Value, st.E2EMs.N}, "output_tokens": {st.OutputTokens.Value, st.OutputTokens.N}} {
-		if e.n > 0 {
-			avg[k] = e.v
+	for k, e := range map[string]stats.EMA{"ttft_ms": st.TTFTMs, "decode_tps": st.DecodeTPS, "e2e_ms": st.E2EMs, "output_tokens": st.OutputTokens} {
+		if e.Known() {
+			avg[k] = e.Value
 		}
 	}
 	if st.TTFTMs.N > 0 || st.E2EMs.N > 0 {

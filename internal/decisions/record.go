@@ -295,27 +295,27 @@ func (r *Record) Explain() *Record {
 // not recurse into MarshalJSON.
 type plainRecord Record
 
+// recordJSON is a Record's JSON: its fields with those set after it was
+// logged. A nil FirstToken leaves its fields out, and decoding allocates
+// one only when the JSON has them.
+type recordJSON struct {
+	*plainRecord
+	*FirstToken
+	Continuation  *Continuation  `json:"continuation,omitempty"`
+	PrefixOutcome *PrefixOutcome `json:"prefix_outcome,omitempty"`
+}
+
 // MarshalJSON encodes the record with its full breakdown and, once the
 // request has them, its first token and its prefix outcome.
 func (r *Record) MarshalJSON() ([]byte, error) {
 	r.Explain()
-	return json.Marshal(struct {
-		*plainRecord
-		*FirstToken                  // nil until set: its fields are left out
-		Continuation  *Continuation  `json:"continuation,omitempty"`
-		PrefixOutcome *PrefixOutcome `json:"prefix_outcome,omitempty"`
-	}{(*plainRecord)(r), r.firstToken.Load(), r.continuation.Load(), r.prefix.Load()})
+	return json.Marshal(recordJSON{(*plainRecord)(r), r.firstToken.Load(), r.continuation.Load(), r.prefix.Load()})
 }
 
 // UnmarshalJSON decodes what MarshalJSON wrote, first token included, so
 // a record read back from /debug/decisions or the log is whole.
 func (r *Record) UnmarshalJSON(b []byte) error {
-	v := struct {
-		*plainRecord
-		*FirstToken                  // allocated only when the JSON has its fields
-		Continuation  *Continuation  `json:"continuation,omitempty"`
-		PrefixOutcome *PrefixOutcome `json:"prefix_outcome,omitempty"`
-	}{plainRecord: (*plainRecord)(r)}
+	v := recordJSON{plainRecord: (*plainRecord)(r)}
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}

@@ -26,10 +26,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -136,9 +136,6 @@ func New(cfg config.KubernetesDiscovery, client discoveryclient.EndpointSlicesGe
 	}
 	if cfg.Namespace == "" {
 		return nil, errors.New("discovery.kubernetes.namespace: empty, and the router's own namespace is unknown (not in a pod)")
-	}
-	if cfg.Kind == "" {
-		cfg.Kind = fleet.KindLlamaCPP
 	}
 	log := opts.Logger
 	if log == nil {
@@ -256,12 +253,7 @@ func (w *Watcher) reconcile(desired map[string]config.Worker, all bool) {
 		}
 		delete(w.owned, name)
 	}
-	names := make([]string, 0, len(desired))
-	for n := range desired {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(desired)) {
 		want := desired[name]
 		if _, ok := w.owned[name]; ok && (!all || present[name]) {
 			continue
@@ -291,7 +283,7 @@ func Desired(cfg config.KubernetesDiscovery, eps []*discoveryv1.EndpointSlice) m
 	if kind == "" {
 		kind = fleet.KindLlamaCPP
 	}
-	sort.Slice(eps, func(i, j int) bool { return eps[i].Name < eps[j].Name })
+	slices.SortFunc(eps, func(a, b *discoveryv1.EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
 	out := map[string]config.Worker{}
 	for _, s := range eps {
 		port, ok := slicePort(s, cfg.PortName)

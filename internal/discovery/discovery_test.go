@@ -289,8 +289,20 @@ func TestNew_Validation(t *testing.T) {
 		}
 	}
 	w, err := New(config.KubernetesDiscovery{Selector: "app=x"}, client, sink, Options{Namespace: "own"})
-	if err != nil || w.cfg.Namespace != "own" || w.cfg.Kind != "llamacpp" {
+	if err != nil || w.cfg.Namespace != "own" {
 		t.Errorf("defaults: %v %+v", err, w)
+	}
+	// The kind defaults when the workers are made (Desired).
+	cfg := w.cfg
+	cfg.PortName = "http"
+	got := Desired(cfg, []*discoveryv1.EndpointSlice{slice("s", 8000, "p1=10.0.0.1")})
+	if len(got) != 1 {
+		t.Fatalf("Desired: %v, want one worker", got)
+	}
+	for _, wk := range got {
+		if wk.Kind != "llamacpp" {
+			t.Errorf("kind %q by default, want llamacpp", wk.Kind)
+		}
 	}
 }
 

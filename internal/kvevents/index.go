@@ -19,19 +19,17 @@ func BlockKeys(tokens []uint32, blockSize int) []uint64 {
 	out := make([]uint64, n)
 	var parent uint64
 	for i := range n {
-		parent = chain(parent, tokens[i*blockSize:(i+1)*blockSize])
+		parent = ChainKey(parent, tokens[i*blockSize:(i+1)*blockSize])
 		out[i] = parent
 	}
 	return out
 }
 
 // ChainKey is the key of the block of tokens block whose parent block's
-// key is parent (0 for a first block): BlockKeys one block at a time, for
-// callers that remember keys of prefixes they have already cut.
-func ChainKey(parent uint64, block []uint32) uint64 { return chain(parent, block) }
-
-// chain is one block's key: FNV-1a over the parent's key and its tokens.
-func chain(parent uint64, block []uint32) uint64 {
+// key is parent (0 for a first block): FNV-1a over the parent's key and
+// the block's tokens. It is BlockKeys one block at a time, for callers
+// that remember keys of prefixes they have already cut.
+func ChainKey(parent uint64, block []uint32) uint64 {
 	h := fnv.New64a()
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], parent)
@@ -138,7 +136,7 @@ func (x *Index) Apply(worker string, b Batch) {
 			}
 			wi.blockSize = e.BlockSize
 			for i, h := range e.BlockHashes {
-				parent = chain(parent, e.TokenIDs[i*e.BlockSize:(i+1)*e.BlockSize])
+				parent = ChainKey(parent, e.TokenIDs[i*e.BlockSize:(i+1)*e.BlockSize])
 				wi.keys[parent] = struct{}{}
 				wi.byHash[h] = parent
 			}

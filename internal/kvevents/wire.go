@@ -184,11 +184,10 @@ func decodeEvent(e any) (Event, error) {
 	return ev, nil
 }
 
+// toHash reads a block hash; Decode's loose decoding gives bytes as a
+// string and every int as an int64 or a uint64.
 func toHash(v any) (Hash, error) {
-	switch x := v.(type) {
-	case []byte:
-		return Hash("b" + string(x)), nil
-	case string:
+	if x, ok := v.(string); ok {
 		return Hash("b" + x), nil
 	}
 	if n, ok := toInt(v); ok {
@@ -203,30 +202,13 @@ func toInt(v any) (int64, bool) {
 		return x, true
 	case uint64:
 		return int64(x), true
-	case int8:
-		return int64(x), true
-	case int16:
-		return int64(x), true
-	case int32:
-		return int64(x), true
-	case int:
-		return int64(x), true
-	case uint8:
-		return int64(x), true
-	case uint16:
-		return int64(x), true
-	case uint32:
-		return int64(x), true
 	}
 	return 0, false
 }
 
 func toFloat(v any) (float64, bool) {
-	switch x := v.(type) {
-	case float64:
+	if x, ok := v.(float64); ok {
 		return x, true
-	case float32:
-		return float64(x), true
 	}
 	n, ok := toInt(v)
 	return float64(n), ok

@@ -308,9 +308,7 @@ func (s *Subscriber) replay(ctx context.Context, from, until int64) error {
 	if err := d.Dial(s.Replay); err != nil {
 		return fmt.Errorf("dial %s: %w", s.Replay, err)
 	}
-	var start [8]byte
-	binary.BigEndian.PutUint64(start[:], uint64(from))
-	if err := d.Send(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
+	if err := d.Send(zmq4.NewMsgFrom([]byte{}, seqFrame(from))); err != nil {
 		return fmt.Errorf("send the request to %s: %w", s.Replay, err)
 	}
 	for {
@@ -346,6 +344,9 @@ func (s *Subscriber) replay(ctx context.Context, from, until int64) error {
 		}
 	}
 }
+
+// seqFrame is a batch's seq as the wire carries it: 8 bytes big-endian.
+func seqFrame(seq int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(seq)) }
 
 // recvBefore is Recv bounded by ctx: the socket is closed when ctx ends.
 func recvBefore(ctx context.Context, sck zmq4.Socket) (zmq4.Msg, error) {
@@ -433,9 +434,7 @@ func (p *Publisher) Publish(ts float64, events []Event) (int64, error) {
 	if drop {
 		return seq, nil
 	}
-	var sb [8]byte
-	binary.BigEndian.PutUint64(sb[:], uint64(seq))
-	return seq, p.pub.Send(zmq4.NewMsgFrom(p.topic, sb[:], payload))
+	return seq, p.pub.Send(zmq4.NewMsgFrom(p.topic, seqFrame(seq), payload))
 }
 
 // serveReplays answers (identity, "", start seq) with every buffered
@@ -457,16 +456,13 @@ func (p *Publisher) serveReplays() {
 		p.mu.Unlock()
 		for _, b := range buf {
 			if b.seq >= start {
-				var sb [8]byte
-				binary.BigEndian.PutUint64(sb[:], uint64(b.seq))
-				if p.router.Send(zmq4.NewMsgFrom(id, []byte{}, sb[:], b.payload)) != nil {
+				if p.router.Send(zmq4.NewMsgFrom(id, []byte{}, seqFrame(b.seq), b.payload)) != nil {
 					break
 				}
 			}
 		}
-		end := make([]byte, 8)
-		binary.BigEndian.PutUint64(end, ^uint64(0)) // -1
-		p.router.Send(zmq4.NewMsgFrom(id, []byte{}, end, []byte{}))
+		p.router.Send(zmq4.NewMsgFrom(id, []byte{}, seqFrame(-1), []byte{})) // the end
+
 	}
 }
 

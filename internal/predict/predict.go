@@ -249,10 +249,9 @@ type model struct {
 	samples int64
 
 	ttftDrift, decodeDrift stats.EMA // of log(actual/model)
-	dT, dD                 float64   // their factors, exp(Value), kept for Predict
+	dT, dD                 float64   // their factors, exp(Value), kept by refresh
 	hold, waitScale        stats.EMA // ms; ratio
 
-	ttftErr, decodeErr   stats.EMA
 	ttftErrs, decodeErrs ring
 	ttftRun, decodeRun   Tally // since the process started; not persisted
 
@@ -305,7 +304,6 @@ func (m *model) load(f *stats.Fit) {
 	}
 	m.ttftDrift, m.decodeDrift = f.TTFTDrift, f.DecodeDrift
 	m.hold, m.waitScale = f.HoldMs, f.WaitScale
-	m.ttftErr, m.decodeErr = f.TTFTErr, f.DecodeErr
 	m.ttftErrs.load(f.TTFTErrs)
 	m.decodeErrs.load(f.DecodeErrs)
 	m.refresh()
@@ -319,7 +317,6 @@ func (m *model) fit(now time.Time) *stats.Fit {
 	f := &stats.Fit{
 		Theta: slices.Clone(m.theta[:]), P: make([]float64, 0, nx*nx), Samples: m.samples,
 		TTFTDrift: m.ttftDrift, DecodeDrift: m.decodeDrift, HoldMs: m.hold, WaitScale: m.waitScale,
-		TTFTErr: m.ttftErr, DecodeErr: m.decodeErr,
 		TTFTErrs: m.ttftErrs.values(), DecodeErrs: m.decodeErrs.values(), Updated: now,
 	}
 	for i := range nx {
@@ -400,14 +397,13 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 		y := ms(o.TTFT)
 		yhat := m.ttftModel(&x)
 		if pos == 0 {
-			d := drift(m.ttftDrift)
 			if m.samples >= minSamples {
-				m.ttftDrift = nudge(m.ttftDrift, y/(yhat*d), ttftClip)
+				m.ttftDrift = nudge(m.ttftDrift, y/(yhat*m.dT), ttftClip)
 			}
-			m.rls(&x, y/d)
+			m.rls(&x, y/m.dT)
 			prefillMs = y
 		} else {
-			prefillMs = yhat * drift(m.ttftDrift)
+			prefillMs = yhat * m.dT
 			if pw := m.waitMs(pos, o.Slots, o.InFlight); pw > 0 {
 				m.waitScale = m.waitScale.Add(min(max(y-prefillMs, 0)/pw, 5), driftAlpha)
 			}
@@ -420,9 +416,8 @@ func (p *Predictor) Observe(worker string, o Outcome) {
 		m.hold = m.hold.Add(prefillMs+float64(o.OutputTokens-1)/o.DecodeTPS*1000, driftAlpha)
 	}
 	if o.DecodeTPS > 0 && o.MeanConcurrency > 0 {
-		k := min(max(int(math.Round(o.MeanConcurrency)), 1), stats.MaxLevels)
-		if r := m.levelRate(ws, k); r > 0 {
-			m.decodeDrift = nudge(m.decodeDrift, o.DecodeTPS/(r*drift(m.decodeDrift)), decodeClip)
+		if r := m.levelRate(ws, stats.LevelOf(o.MeanConcurrency)); r > 0 {
+			m.decodeDrift = nudge(m.decodeDrift, o.DecodeTPS/(r*m.dD), decodeClip)
 		}
 	}
 	m.refresh()
@@ -645,13 +640,12 @@ func (p *Predictor) Unloaded(worker string) (Unloaded, bool) {
 	if m.samples < minSamples {
 		return Unloaded{}, false
 	}
-	d := drift(m.ttftDrift)
-	u := Unloaded{Overhead: dur(max(m.theta[0], 0) * d)}
+	u := Unloaded{Overhead: dur(max(m.theta[0], 0) * m.dT)}
 	if m.theta[1] > 0 {
-		u.PrefillPer1k = dur(m.theta[1] * d)
+		u.PrefillPer1k = dur(m.theta[1] * m.dT)
 	}
 	if r := m.levelRate(p.src.Stats(worker), 1); r > 0 {
-		u.SoloDecode = r * drift(m.decodeDrift)
+		u.SoloDecode = r * m.dD
 	}
 	return u, true
 }
@@ -668,13 +662,11 @@ func (p *Predictor) Record(worker string, predicted Prediction, actual Outcome) 
 	m := p.modelLocked(worker)
 	if actual.TTFT > 0 && predicted.TTFT > 0 {
 		e := math.Abs(float64(predicted.TTFT-actual.TTFT)) / float64(actual.TTFT)
-		m.ttftErr = m.ttftErr.Add(e, driftAlpha)
 		m.ttftErrs.add(e)
 		m.ttftRun.Add(e)
 	}
 	if actual.DecodeTPS > 0 && predicted.Decode > 0 {
 		e := math.Abs(predicted.Decode-actual.DecodeTPS) / actual.DecodeTPS
-		m.decodeErr = m.decodeErr.Add(e, driftAlpha)
 		m.decodeErrs.add(e)
 		m.decodeRun.Add(e)
 	}
@@ -694,15 +686,6 @@ func (p *Predictor) Len() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.workers)
-}
-
-// Errors returns worker's moving averages of relative TTFT and decode
-// prediction error (0 when none are recorded), for metrics.
-func (p *Predictor) Errors(worker string) (ttft, decode float64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	m := p.modelLocked(worker)
-	return m.ttftErr.Value, m.decodeErr.Value
 }
 
 // MedianErrors returns the median relative TTFT and decode prediction

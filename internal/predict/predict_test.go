@@ -151,9 +151,10 @@ func TestPredictor_TrustComesBackWhenPredictionsDo(t *testing.T) {
 	if ok, reason := l.p.Trusted("w"); !ok {
 		t.Fatalf("still untrusted after 17 good predictions of 32: %s", reason)
 	}
-	ttft, dec := l.p.Errors("w")
-	if !(ttft > 0 && ttft < 2) || dec != 0 {
-		t.Fatalf("Errors = %v, %v", ttft, dec)
+	// Over the run, the 32 misses (an error of 2) outnumber the 17 hits.
+	ttft, dec := l.p.RunErrors("w")
+	if got := ttft.Median(); ttft.N() != 49 || got < 1.99 || got > 2.02 || dec.Median() > 0.01 { // to within a tally bin
+		t.Fatalf("RunErrors: ttft median %v of %d, decode median %v", got, ttft.N(), dec.Median())
 	}
 }
 

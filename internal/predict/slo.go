@@ -184,15 +184,14 @@ type Unloaded struct {
 	SoloDecode float64
 }
 
-// FallbackSLO is the SLO used while no worker has any history: 2 s plus
-// 250 ms per 1,000 uncached prompt tokens (a prompt prefilled at 4,000
-// tokens/s), then 15 tokens/s — the plain SLO issue 25's evaluation
-// states, taken as written, not fitted to anything.
+// FallbackSLO is the plain SLO, used while no worker has any history: 2 s
+// plus 250 ms per 1,000 uncached prompt tokens (a prompt prefilled at
+// 4,000 tokens/s), then 15 tokens/s, taken as stated, not fitted to
+// anything.
 var FallbackSLO = SLO{TTFT: 2 * time.Second, TTFTPer1k: 250 * time.Millisecond, MinDecode: 15, OnMiss: OnMissServe}
 
 // DefaultSLO is the SLO of a class nobody configured one for: the plain
-// SLO (FallbackSLO: 2 s plus 250 ms per 1,000 uncached prompt tokens,
-// then 15 tokens/s), relaxed part by part where the fleet cannot keep it
+// SLO (FallbackSLO) relaxed part by part where the fleet cannot keep it
 // even unloaded, by a fixed rule that follows the hardware and no trace:
 //
 //   - TTFT = the larger of 2 s and 2 × the median over workers of
@@ -207,9 +206,8 @@ var FallbackSLO = SLO{TTFT: 2 * time.Second, TTFTPer1k: 250 * time.Millisecond, 
 //
 // It is never stricter than the plain SLO: a default derived from an
 // idle fleet alone (2 × its unloaded first token, half its solo rate)
-// promised what no loaded fleet keeps, and in virtual time it kept fewer
-// of the plain SLO's promises than judging by the learned limits. Each
-// part is taken over the workers that know it.
+// promises what no loaded fleet keeps. Each part is taken over the
+// workers that know it.
 func DefaultSLO(fleet []Unloaded) SLO {
 	s := FallbackSLO
 	var fixed []time.Duration

@@ -55,8 +55,8 @@
 // Forget, SetCapacity and Correct act on the local index only. A worker
 // removed from one replica is forgotten there; the others forget it when
 // they remove it too, and until then what they learnt of it stays, within
-// the worker's capacity, till newer blocks push it out. Each replica sizes its copy from its own scrapes of the
-// workers' KV caches, which agree when the replicas serve one fleet, and
+// the worker's capacity, till newer blocks push it out. Each replica sizes
+// its copy from its own scrapes of the workers' KV caches, which agree when the replicas serve one fleet, and
 // corrects it from the answers it relays. An entry naming a worker this
 // replica does not know is applied all the same, bounded like any other
 // (model, worker) of the index: the replicas of one fleet name the same
@@ -66,9 +66,8 @@
 //
 // A record reaches the other replicas after the publisher's XADD and the
 // follower's blocked XREAD returning: about two round trips to Redis plus
-// the time a record waits behind the batch being sent. BenchmarkPropagation
-// measures it on loopback, from Record on one replica to MatchSources on another;
-// over a network add two round trips. While Redis is down nothing
+// the time a record waits behind the batch being sent (BenchmarkPropagation
+// measures it). While Redis is down nothing
 // propagates; afterwards the follower catches up within MaxBackoff. The
 // follower reports, per applied entry, the time from its XADD (on Redis's
 // clock, corrected by an offset measured with TIME at each connection) to
@@ -124,9 +123,7 @@ import (
 // Defaults for Config fields left zero.
 const (
 	// DefaultMaxLen bounds the stream: at 1,000 requests a second across
-	// the fleet it holds the last 16 s. Redis's MEMORY USAGE of a full
-	// stream: 5.5 MB at 32 hashes an entry, 46 MB at 256 (the default
-	// capacity, the most an entry carries).
+	// the fleet it holds the last 16 s.
 	DefaultMaxLen = 16384
 	// DefaultQueue bounds the records waiting to be published.
 	DefaultQueue = 4096
@@ -280,6 +277,21 @@ func (x *Index) Record(model string, hashes []uint64, worker string) {
 	default:
 		x.dropped.Add(1)
 	}
+}
+
+// SetCapacity bounds what the local index remembers of worker to a KV
+// cache of tokens tokens (see prefix.Index.SetCapacity), so a shared index
+// is sized from the worker's report as a local one is
+// (scheduler.PrefixCapacity). Each replica sizes its own copy from its
+// own scrapes; nothing is published.
+func (x *Index) SetCapacity(worker string, tokens int) { x.local.SetCapacity(worker, tokens) }
+
+// Correct corrects the local index from what worker reported finding
+// cached (see prefix.Index.Correct; scheduler.PrefixCorrector). Each
+// replica learns from the answers it relays; nothing is published: the
+// other replicas learn the same of the worker from theirs.
+func (x *Index) Correct(model, worker string, hashes []uint64, expected, found int) {
+	x.local.Correct(model, worker, hashes, expected, found)
 }
 
 // Forget drops what the local index remembers of worker.
@@ -507,9 +519,7 @@ func (x *Index) apply(v map[string]any, id streamID, offset time.Duration, live 
 	}
 	hashes := make([]uint64, min(len(raw)/8, x.cfg.MaxHashes))
 	for i := range hashes {
-		b := raw[8*i : 8*i+8]
-		hashes[i] = uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-			uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
+		hashes[i] = binary.LittleEndian.Uint64([]byte(raw[8*i : 8*i+8]))
 	}
 	at := time.UnixMilli(int64(id.ms)).Add(offset)
 	x.local.Apply(model, hashes, worker, at)

@@ -7,18 +7,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Lua scripts. Each reads the server's clock (TIME), so expiry does not
-// depend on the replicas' clocks agreeing.
-//
-// Leases live in one ZSET (member "worker/lease-id", score: expiry in ms)
-// and each worker's in-flight count in a hash. Every script that changes
-// one changes the other in the same step — a lease added or re-created
-// adds one, a lease released or expired takes one off — and Redis runs a
-// script atomically, so the count always equals the worker's live members.
-// Each script first reaps the expired leases (the oldest 256 at most; the
-// next script takes the rest) so counts never include a dead replica's
-// slots, and a pick reads all counts with one command instead of counting
-// each worker's leases.
+// The Lua scripts, which keep the leases and counts the package doc
+// describes. A lease is a member "worker/lease-id" of one ZSET, scored by
+// its expiry in ms on the server's clock (TIME), so expiry does not depend
+// on the replicas' clocks agreeing. A script reaps the oldest 256 expired
+// leases at most; the next script takes the rest.
 
 // prelude defines now (ms on the server's clock) and reap(leases, counts).
 const prelude = `
@@ -45,9 +38,8 @@ end
 // candidates packed by packCandidates: two MessagePack arrays, the names,
 // then score without the active term, active weight and limit of each;
 // 6 the wake-up channel. One cmsgpack.unpack turns the candidates into
-// Lua strings and numbers at once; sent as four text arguments per
-// candidate they cost Redis a string per argument and a tonumber (strtod)
-// per number, which was most of the script's run time at 64 candidates.
+// Lua strings and numbers at once, where text arguments would cost Redis
+// a string per argument and a tonumber per number.
 //
 // The turn is the replica's whose waiter is the oldest of the model: any
 // request of that replica may go (its own queue order chose it, and may
@@ -61,8 +53,7 @@ end
 // The in-flight counts come from one HGETALL while the hash holds no more
 // than twice the candidates, else from HMGET: Redis keeps a small hash as
 // one packed list (a listpack, up to hash-max-listpack-entries fields),
-// which HMGET scans once per name — at 64 candidates of 64 busy workers
-// that was a third of the script — and HGETALL walks once. The last picks
+// which HMGET scans once per name and HGETALL walks once. The last picks
 // are read only for the candidates tied at the lowest total, the only
 // ones they can decide between.
 //
@@ -94,8 +85,7 @@ else
 end
 local best, bestTotal, ties, tied = 0, 0, 0, {}
 for i = 1, n do
-  -- a count is HINCRBY's integer or false: + 0 converts it with one
-  -- strtod, tonumber with two
+  -- a count is HINCRBY's integer or false
   local active = actives[i]
   if active then active = active + 0 else active = 0 end
   if active < 0 then active = 0 end

@@ -68,20 +68,11 @@
 // waits on Redis being down.
 //
 // Every renewal that reaches Redis then reconciles: it removes any lease
-// or waiter of this replica that the replica no longer holds — released
-// or gone while Redis could not be told, left by a pick whose answer came
-// too late, or put back by a renewal racing a pick. Left to expire, such a
-// lease would hold its slot for up to LeaseTTL, and such a waiter, still
-// the oldest, every other replica's turn. The replica is the authority on
-// what it holds, so whatever path left a stray entry, it is gone within
-// RenewEvery. The cost is one more script per renewal, reading the lease
-// set and this replica's waiting lists: about one entry per request in
-// flight or queued in the fleet. The lists read are those of the models
-// this replica has requests waiting for (and, once more, of one whose
-// last request just left), not of every model it ever queued for, and a
-// request for a model no worker is known to serve does not wait in the
-// ledger at all (the scheduler's speculative queue), so model names
-// invented by clients cost a renewal nothing.
+// or waiter of this replica that the replica no longer holds, whatever
+// path left it there (see Ledger.reconcile), so a stray entry holds a slot
+// or another replica's turn for at most RenewEvery, not LeaseTTL. The
+// cost is one more script per renewal, reading the lease set and the
+// waiting lists of the models this replica has requests waiting for.
 //
 // # Learned limits and decision counters
 //
@@ -341,10 +332,7 @@ func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Cand
 		l.forget(lease)
 		r := Reservation{Index: -1}
 		if len(vals) == 1+len(cands) {
-			r.Active = make([]int, len(cands))
-			for i := range cands {
-				r.Active[i] = int(toInt(vals[1+i]))
-			}
+			r.Active = toInts(vals[1:])
 		}
 		return r, ErrFull
 	case "ok":
@@ -357,17 +345,13 @@ func (l *Ledger) Reserve(ctx context.Context, model, waitID string, cands []Cand
 		l.forget(lease)
 		return Reservation{}, l.fail("reserve", fmt.Errorf("unexpected reply %v", vals))
 	}
-	active := make([]int, len(cands))
-	for i := range cands {
-		active[i] = int(toInt(vals[2+i]))
-	}
 	l.mu.Lock()
 	l.held[lease] = cands[idx].Worker
 	if waitID != "" {
 		delete(l.waiters, me)
 	}
 	l.mu.Unlock()
-	return Reservation{Worker: cands[idx].Worker, Index: idx, Lease: lease, Active: active}, nil
+	return Reservation{Worker: cands[idx].Worker, Index: idx, Lease: lease, Active: toInts(vals[2:])}, nil
 }
 
 // Adopt records a slot on worker reserved while degraded, from the local
@@ -424,22 +408,19 @@ func (l *Ledger) Wait(ctx context.Context, model, id string) error {
 	l.models[model] = true
 	l.mu.Unlock()
 	us := "" // unknown until Redis answers; the renewal then sets it
+	err := ErrDegraded
 	if !l.degraded.Load() {
-		res, err := l.run(ctx, waitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.cfg.LeaseTTL.Milliseconds())
-		if err != nil {
+		var res any
+		if res, err = l.run(ctx, waitScript, []string{l.key("wait", model), l.key("waitexp", model)}, m, l.cfg.LeaseTTL.Milliseconds()); err != nil {
 			err = l.fail("wait", err)
 		} else {
 			us, _ = res.(string)
 		}
-		l.mu.Lock()
-		l.waiters[m] = waiter{model: model, us: us}
-		l.mu.Unlock()
-		return err
 	}
 	l.mu.Lock()
 	l.waiters[m] = waiter{model: model, us: us}
 	l.mu.Unlock()
-	return ErrDegraded
+	return err
 }
 
 // Unwait takes request id off model's waiting list (it was bound, or gave
@@ -474,18 +455,7 @@ func (l *Ledger) InFlight(ctx context.Context, workers ...string) ([]int, error)
 		return nil, fmt.Errorf("shared: count leases: %w", err)
 	}
 	vals, _ := res.([]any)
-	out := make([]int, len(vals))
-	for i, v := range vals {
-		out[i] = int(toInt(v))
-	}
-	return out, nil
-}
-
-// Held is how many leases this replica holds.
-func (l *Ledger) Held() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.held)
+	return toInts(vals), nil
 }
 
 // Run renews this replica's leases and waiters every RenewEvery, probes
@@ -678,6 +648,14 @@ func (l *Ledger) fail(op string, err error) error {
 			"op", op, "err", err, "replicas", l.cfg.Replicas)
 	}
 	return fmt.Errorf("%w: %s: %v", ErrDegraded, op, err)
+}
+
+func toInts(vals []any) []int {
+	out := make([]int, len(vals))
+	for i, v := range vals {
+		out[i] = int(toInt(v))
+	}
+	return out
 }
 
 func toInt(v any) int64 {

@@ -677,7 +677,12 @@ func TestLedger_RedisRestartUnderLoad(t *testing.T) {
 		}
 		return sum
 	}
-	if got, want := total(), ls[0].Held()+ls[1].Held(); got < want {
+	heldBy := func(l *Ledger) int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.held)
+	}
+	if got, want := total(), heldBy(ls[0])+heldBy(ls[1]); got < want {
 		t.Fatalf("Redis counts %d in flight, the replicas hold %d", got, want)
 	}
 	for _, h := range held {

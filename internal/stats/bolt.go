@@ -59,12 +59,7 @@ func OpenBolt(path string, log *slog.Logger) (s *BoltStore, err error) {
 			return nil, fmt.Errorf("stats store %s: %s is not a directory", path, dir)
 		}
 	}
-	s, err = openBolt(path, false)
-	defer func() {
-		if s != nil {
-			s.log = log
-		}
-	}()
+	s, err = openBolt(path, false, log)
 	switch {
 	case err == nil:
 		return s, nil
@@ -75,13 +70,13 @@ func OpenBolt(path string, log *slog.Logger) (s *BoltStore, err error) {
 		}
 		log.Error("STATS STORE CORRUPT: moved it aside and starting with empty averages; the old file is kept for inspection",
 			"path", path, "moved_to", aside, "err", err)
-		if s, err = openBolt(path, false); err != nil {
+		if s, err = openBolt(path, false, log); err != nil {
 			return nil, fmt.Errorf("stats store %s: after moving the corrupt file aside: %w", path, err)
 		}
 		return s, nil
 	case isReadOnly(err):
 		werr := err
-		if s, err = openBolt(path, true); err != nil {
+		if s, err = openBolt(path, true, log); err != nil {
 			return nil, fmt.Errorf("stats store %s is not writable (%v) and cannot be read either: %w", path, werr, err)
 		}
 		log.Error("stats store is read-only: its averages are loaded, but new ones will not be saved", "path", path, "err", werr)
@@ -94,12 +89,18 @@ func isReadOnly(err error) bool {
 	return errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) || errors.Is(err, syscall.EPERM)
 }
 
-func openBolt(path string, readOnly bool) (*BoltStore, error) {
-	db, err := safeOpen(path, readOnly)
+func openBolt(path string, readOnly bool, log *slog.Logger) (*BoltStore, error) {
+	var db *bolt.DB
+	err := guarded("opening it", func() (err error) {
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, ReadOnly: readOnly})
+		return err
+	})
 	if err != nil {
 		switch {
 		case errors.Is(err, berrors.ErrTimeout):
 			return nil, fmt.Errorf("open stats store %s: another process (another Sluice?) holds it: %w", path, err)
+		case errors.Is(err, errCorrupt):
+			return nil, fmt.Errorf("open stats store %s: %w", path, err)
 		case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
 			errors.Is(err, berrors.ErrVersionMismatch), errors.Is(err, berrors.ErrInvalidMapping),
 			strings.Contains(err.Error(), "file size too small"): // bbolt has no sentinel for a truncated file
@@ -109,7 +110,7 @@ func openBolt(path string, readOnly bool) (*BoltStore, error) {
 	}
 	if err := check(db); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("check stats store %s: %w: %w", path, errCorrupt, err)
+		return nil, fmt.Errorf("check stats store %s: %w", path, err)
 	}
 	if !readOnly {
 		err = db.Update(func(tx *bolt.Tx) error {
@@ -121,58 +122,46 @@ func openBolt(path string, readOnly bool) (*BoltStore, error) {
 			return nil, fmt.Errorf("init stats store %s: %w", path, err)
 		}
 	}
-	return &BoltStore{db: db, path: path, readOnly: readOnly}, nil
+	return &BoltStore{db: db, path: path, readOnly: readOnly, log: log}, nil
 }
 
-// safeOpen is bolt.Open, with a panic (bbolt panics on some damaged
-// freelists) turned into a corruption error. The file handle such a panic
-// leaks is the price of starting at all; it happens once, at start.
-func safeOpen(path string, readOnly bool) (db *bolt.DB, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // a page past a truncated file's end
-	defer func() {
-		if r := recover(); r != nil {
-			db, err = nil, fmt.Errorf("%w: opening it panicked: %v", berrors.ErrInvalid, r)
-		}
-	}()
-	return bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second, ReadOnly: readOnly})
-}
-
-// check walks every page of db (bbolt's consistency check). A corrupt
-// B+tree can make bbolt panic; that is turned into an error here.
-func check(db *bolt.DB) (err error) {
+// guarded runs f, which reads the file, turning a panic into an error
+// that marks the file corrupt: bbolt panics on some damaged pages, and
+// reading a page past a truncated file's end faults. The file handle a
+// panic while opening leaks is the price of starting at all; it happens
+// once, at start.
+func guarded(what string, f func() error) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("reading it panicked: %v", r)
+			err = fmt.Errorf("%w: %s panicked: %v", errCorrupt, what, r)
 		}
 	}()
-	return db.View(func(tx *bolt.Tx) error {
-		var first error
-		for e := range tx.Check() {
-			if first == nil {
-				first = e
-			}
-		}
-		return first
-	})
+	return f()
 }
 
-// ReadOnly reports whether the store was opened read-only (its averages
-// are loaded but Save writes nothing).
-func (s *BoltStore) ReadOnly() bool { return s.readOnly }
+// check walks every page of db (bbolt's consistency check); what it
+// finds marks the file corrupt.
+func check(db *bolt.DB) error {
+	return guarded("reading it", func() error {
+		return db.View(func(tx *bolt.Tx) error {
+			var first error
+			for e := range tx.Check() { // read to the end: Check's goroutine holds tx
+				if first == nil {
+					first = fmt.Errorf("%w: %w", errCorrupt, e)
+				}
+			}
+			return first
+		})
+	})
+}
 
 // Load returns the stored entries of workers that decode; ones that do
 // not are skipped, each logged by name, so one bad entry costs only
 // itself.
-func (s *BoltStore) Load(ctx context.Context, workers []string) (out map[string]WorkerStats, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			out, err = nil, fmt.Errorf("read stats store %s: %w: reading it panicked: %v", s.path, errCorrupt, r)
-		}
-	}()
-	out = map[string]WorkerStats{}
-	err = s.db.View(func(tx *bolt.Tx) error {
+func (s *BoltStore) Load(ctx context.Context, workers []string) (map[string]WorkerStats, error) {
+	out := map[string]WorkerStats{}
+	read := func(tx *bolt.Tx) error {
 		b := tx.Bucket(boltBucket)
 		if b == nil { // a read-only store written by nobody yet
 			return nil
@@ -184,16 +173,14 @@ func (s *BoltStore) Load(ctx context.Context, workers []string) (out map[string]
 			}
 			var ws WorkerStats
 			if err := json.Unmarshal(v, &ws); err != nil {
-				if s.log != nil {
-					s.log.Warn("stats store: skipping an entry that does not decode", "path", s.path, "worker", name, "err", err)
-				}
+				s.log.Warn("stats store: skipping an entry that does not decode", "path", s.path, "worker", name, "err", err)
 				continue
 			}
 			out[name] = ws
 		}
 		return nil
-	})
-	if err != nil {
+	}
+	if err := guarded("reading it", func() error { return s.db.View(read) }); err != nil {
 		return nil, fmt.Errorf("read stats store %s: %w", s.path, err)
 	}
 	return out, nil

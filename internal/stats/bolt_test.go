@@ -224,8 +224,8 @@ func TestOpenBolt_ReadOnlyFileLoadsAndWritesNothing(t *testing.T) {
 		t.Fatalf("a read-only file: %v, want it loaded", err)
 	}
 	defer s.Close()
-	if !s.ReadOnly() || !strings.Contains(logs.String(), "read-only") {
-		t.Fatalf("ReadOnly() = %v; logs %s", s.ReadOnly(), logs.String())
+	if !s.readOnly || !strings.Contains(logs.String(), "read-only") {
+		t.Fatalf("readOnly = %v; logs %s", s.readOnly, logs.String())
 	}
 	got, err := s.Load(context.Background(), []string{"w1", "w2"})
 	if err != nil {

@@ -19,7 +19,6 @@ func sampleFit() *Fit {
 		Theta: []float64{1, 200, 13}, P: []float64{1, 0, 0, 0, 1, 0, 0, 0, 1}, Samples: 42,
 		TTFTDrift: EMA{Value: 0.1, N: 30}, DecodeDrift: EMA{Value: -0.05, N: 29},
 		HoldMs: EMA{Value: 4000, N: 40}, WaitScale: EMA{Value: 0.7, N: 3},
-		TTFTErr: EMA{Value: 0.08, N: 20}, DecodeErr: EMA{Value: 0.05, N: 20},
 		TTFTErrs: []float64{0.1, 0.05}, DecodeErrs: []float64{0.02},
 		Updated: time.Unix(1_700_000_000, 0).UTC(),
 	}

@@ -51,70 +51,56 @@ func OpenRedis(url, prefix string) (*RedisStore, error) {
 func (s *RedisStore) workerKey(name string) string { return s.prefix + "stats:w:" + name }
 func (s *RedisStore) setKey() string               { return s.prefix + "stats:workers" }
 
-// The hash fields of the averages, in the order the fold script reads
-// them; each concurrency level k adds the fields "l<k>.tps", "l<k>.tps_n",
-// "l<k>.sq", "l<k>.sq_n", "l<k>.ttft", "l<k>.ttft_n" and "l<k>.upd_us".
-var redisFields = []string{
-	"ttft_ms", "ttft_ms_n", "e2e_ms", "e2e_ms_n",
-	"output_tokens", "output_tokens_n", "decode_tps", "decode_tps_n", "updated_us",
-}
-
-// foldScript folds observations into one worker's hash with EMA.Add's
-// arithmetic, as Tracker.fold does. KEYS: the worker's hash, the worker
+// foldScript folds observations into one worker's hash as Tracker.fold
+// does, with EMA.Add's arithmetic. KEYS: the worker's hash, the worker
 // set. ARGV: worker name, alpha, updated (unix µs), then per observation
 // five values: TTFT ms, E2E ms, output tokens, decode tokens/s (0: not
-// measured) and the concurrency level (0: unknown). It returns the whole
-// hash (HGETALL), its floats formatted to round-trip a float64 exactly.
+// measured) and the concurrency level (0: unknown). Each average is read
+// once, when first folded into, and all are written back at the end. It
+// returns the whole hash (HGETALL), its floats formatted to round-trip a
+// float64 exactly.
 var foldScript = redis.NewScript(`
-local cur = redis.call('HMGET', KEYS[1], 'ttft_ms', 'ttft_ms_n', 'e2e_ms', 'e2e_ms_n',
-  'output_tokens', 'output_tokens_n', 'decode_tps', 'decode_tps_n', 'updated_us')
-local v, n = {}, {}
-for i = 1, 4 do
-  v[i] = tonumber(cur[2*i-1]) or 0
-  n[i] = tonumber(cur[2*i]) or 0
-end
-local alpha = tonumber(ARGV[2])
-local now = tonumber(ARGV[3])
-local function add(val, cnt, x)
-  if cnt == 0 then return x, 1 end
-  return val + alpha * (x - val), cnt + 1
-end
-local function f(x) return string.format('%.17g', x) end
-for j = 4, #ARGV, 5 do
-  for i = 1, 4 do
-    local x = tonumber(ARGV[j+i-1])
-    if x > 0 then v[i], n[i] = add(v[i], n[i], x) end
+local alpha, now = tonumber(ARGV[2]), tonumber(ARGV[3])
+local avg, set = {}, {}
+local function add(field, x)
+  local e = avg[field]
+  if not e then
+    local c = redis.call('HMGET', KEYS[1], field, field .. '_n')
+    e = {tonumber(c[1]) or 0, tonumber(c[2]) or 0}
+    avg[field] = e
   end
+  if e[2] == 0 then e[1] = x else e[1] = e[1] + alpha * (x - e[1]) end
+  e[2] = e[2] + 1
+end
+for j = 4, #ARGV, 5 do
+  local ttft, e2e, out, tps = tonumber(ARGV[j]), tonumber(ARGV[j+1]), tonumber(ARGV[j+2]), tonumber(ARGV[j+3])
   local k = tonumber(ARGV[j+4])
-  local tps, ttft = tonumber(ARGV[j+3]), tonumber(ARGV[j])
+  if ttft > 0 then add('ttft_ms', ttft) end
+  if e2e > 0 then add('e2e_ms', e2e) end
+  if out > 0 then add('output_tokens', out) end
+  if tps > 0 then add('decode_tps', tps) end
   if k > 0 and (tps > 0 or ttft > 0) then
     local p = 'l' .. string.format('%d', k) .. '.'
-    local l = redis.call('HMGET', KEYS[1], p..'tps', p..'tps_n', p..'sq', p..'sq_n', p..'ttft', p..'ttft_n')
-    local lv, ln = {}, {}
-    for i = 1, 3 do
-      lv[i] = tonumber(l[2*i-1]) or 0
-      ln[i] = tonumber(l[2*i]) or 0
-    end
     if tps > 0 then
-      lv[1], ln[1] = add(lv[1], ln[1], tps)
-      lv[2], ln[2] = add(lv[2], ln[2], tps * tps)
+      add(p .. 'tps', tps)
+      add(p .. 'sq', tps * tps)
     end
-    if ttft > 0 then lv[3], ln[3] = add(lv[3], ln[3], ttft) end
-    redis.call('HSET', KEYS[1], p..'tps', f(lv[1]), p..'tps_n', string.format('%d', ln[1]),
-      p..'sq', f(lv[2]), p..'sq_n', string.format('%d', ln[2]),
-      p..'ttft', f(lv[3]), p..'ttft_n', string.format('%d', ln[3]), p..'upd_us', ARGV[3])
+    if ttft > 0 then add(p .. 'ttft', ttft) end
+    set[p .. 'upd_us'] = ARGV[3]
   end
 end
-local upd = tonumber(cur[9]) or 0
-if now > upd then upd = now end
-local names = {'ttft_ms', 'e2e_ms', 'output_tokens', 'decode_tps'}
-local hset = {}
-for i = 1, 4 do
-  table.insert(hset, names[i]); table.insert(hset, f(v[i]))
-  table.insert(hset, names[i] .. '_n'); table.insert(hset, string.format('%d', n[i]))
+for field, e in pairs(avg) do
+  set[field] = string.format('%.17g', e[1])
+  set[field .. '_n'] = string.format('%d', e[2])
 end
-table.insert(hset, 'updated_us'); table.insert(hset, string.format('%d', upd))
-redis.call('HSET', KEYS[1], unpack(hset))
+local upd = tonumber(redis.call('HGET', KEYS[1], 'updated_us')) or 0
+set['updated_us'] = string.format('%d', math.max(upd, now))
+local args = {}
+for field, v in pairs(set) do
+  table.insert(args, field)
+  table.insert(args, v)
+end
+redis.call('HSET', KEYS[1], unpack(args))
 redis.call('SADD', KEYS[2], ARGV[1])
 return redis.call('HGETALL', KEYS[1])
 `)
@@ -141,7 +127,7 @@ func (s *RedisStore) Fold(ctx context.Context, alpha float64, batch map[string]F
 		args = append(args, name, fmtFloat(alpha), strconv.FormatInt(b.Updated.UnixMicro(), 10))
 		for _, o := range b.Obs {
 			args = append(args, fmtFloat(ms(o.TTFT)), fmtFloat(ms(o.E2E)),
-				strconv.Itoa(o.OutputTokens), fmtFloat(o.DecodeTPS), strconv.Itoa(o.level()))
+				strconv.Itoa(o.OutputTokens), fmtFloat(o.DecodeTPS), strconv.Itoa(LevelOf(o.Concurrency)))
 		}
 		names = append(names, name)
 		cmds = append(cmds, foldScript.EvalSha(ctx, pipe, []string{s.workerKey(name), s.setKey()}, args...))
@@ -193,21 +179,6 @@ func (s *RedisStore) Load(ctx context.Context, workers []string) (map[string]Wor
 	return out, nil
 }
 
-// Save replaces the given workers' averages (each worker atomically). The
-// Tracker folds rather than saves into a RedisStore; Save is for copying
-// averages in from another store.
-func (s *RedisStore) Save(ctx context.Context, entries map[string]WorkerStats) error {
-	pipe := s.rdb.TxPipeline()
-	for name, ws := range entries {
-		pipe.HSet(ctx, s.workerKey(name), encodeFields(ws)...)
-		pipe.SAdd(ctx, s.setKey(), name)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return fmt.Errorf("stats store %s: save: %w", s.desc, err)
-	}
-	return nil
-}
-
 // SaveFits writes each worker's fit, as JSON in its hash's "fit" field,
 // replacing the stored one: fits are not folded, the last replica to
 // flush wins.
@@ -230,40 +201,6 @@ func (s *RedisStore) SaveFits(ctx context.Context, fits map[string]*Fit) error {
 // Close closes the connection pool.
 func (s *RedisStore) Close() error { return s.rdb.Close() }
 
-func encodeFields(ws WorkerStats) []any {
-	out := make([]any, 0, 2*len(redisFields)+14*ws.Levels.Len())
-	for i, e := range []EMA{ws.TTFTMs, ws.E2EMs, ws.OutputTokens, ws.DecodeTPS} {
-		out = append(out, redisFields[2*i], fmtFloat(e.Value), redisFields[2*i+1], strconv.FormatInt(e.N, 10))
-	}
-	out = append(out, redisFields[8], strconv.FormatInt(unixMicro(ws.Updated), 10))
-	if ws.Fit != nil {
-		if b, err := json.Marshal(ws.Fit); err == nil {
-			out = append(out, "fit", string(b))
-		}
-	}
-	for k, l := range ws.Levels.All() {
-		if l.Updated.IsZero() && !l.DecodeTPS.Known() && !l.TTFTMs.Known() {
-			continue
-		}
-		p := "l" + strconv.Itoa(k) + "."
-		for _, f := range []struct {
-			name string
-			e    EMA
-		}{{"tps", l.DecodeTPS}, {"sq", l.DecodeSq}, {"ttft", l.TTFTMs}} {
-			out = append(out, p+f.name, fmtFloat(f.e.Value), p+f.name+"_n", strconv.FormatInt(f.e.N, 10))
-		}
-		out = append(out, p+"upd_us", strconv.FormatInt(unixMicro(l.Updated), 10))
-	}
-	return out
-}
-
-func unixMicro(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixMicro()
-}
-
 func fromMicro(us int64) time.Time {
 	if us <= 0 {
 		return time.Time{}
@@ -280,21 +217,32 @@ func pairs(flat []string) map[string]string {
 	return m
 }
 
-// decodeHash reads a worker's hash; absent fields are zero.
+// decodeHash reads a worker's hash; absent fields are zero. An average
+// is its value and sample count under its name and its name + "_n"
+// ("ttft_ms", "ttft_ms_n", ...); "updated_us" is in unix µs, "fit" the
+// fit as JSON, and concurrency level k has "l<k>.tps", "l<k>.sq" and
+// "l<k>.ttft" with their counts, and "l<k>.upd_us".
 func decodeHash(h map[string]string) (WorkerStats, error) {
 	var firstErr error
-	num := func(key string) float64 {
-		v, err := parseFloat(h[key])
+	note := func(key string, err error) {
 		if err != nil && firstErr == nil {
 			firstErr = fmt.Errorf("%s: %w", key, err)
 		}
+	}
+	num := func(key string) float64 {
+		if h[key] == "" {
+			return 0
+		}
+		v, err := strconv.ParseFloat(h[key], 64)
+		note(key, err)
 		return v
 	}
 	cnt := func(key string) int64 {
-		v, err := parseInt(h[key])
-		if err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("%s: %w", key, err)
+		if h[key] == "" {
+			return 0
 		}
+		v, err := strconv.ParseInt(h[key], 10, 64)
+		note(key, err)
 		return v
 	}
 	ema := func(key string) EMA { return EMA{Value: num(key), N: cnt(key + "_n")} }
@@ -332,17 +280,3 @@ func decodeHash(h map[string]string) (WorkerStats, error) {
 }
 
 func fmtFloat(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
-
-func parseFloat(s string) (float64, error) {
-	if s == "" {
-		return 0, nil
-	}
-	return strconv.ParseFloat(s, 64)
-}
-
-func parseInt(s string) (int64, error) {
-	if s == "" {
-		return 0, nil
-	}
-	return strconv.ParseInt(s, 10, 64)
-}

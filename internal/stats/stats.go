@@ -117,12 +117,9 @@ type Fit struct {
 	// predicted from it.
 	HoldMs    EMA `json:"hold_ms"`
 	WaitScale EMA `json:"wait_scale"`
-	// TTFTErr and DecodeErr are moving averages of the relative error
-	// |predicted − actual| / actual of the predictions recorded against
-	// outcomes; TTFTErrs and DecodeErrs the most recent of those errors,
-	// oldest first, from which trust is judged.
-	TTFTErr    EMA       `json:"ttft_err"`
-	DecodeErr  EMA       `json:"decode_err"`
+	// TTFTErrs and DecodeErrs are the relative errors
+	// |predicted − actual| / actual of the latest predictions recorded
+	// against outcomes, oldest first, from which trust is judged.
 	TTFTErrs   []float64 `json:"ttft_errs,omitempty"`
 	DecodeErrs []float64 `json:"decode_errs,omitempty"`
 	// Updated is when the fit last changed.
@@ -182,25 +179,32 @@ type Observation struct {
 	CachedKnown  bool
 }
 
-// level returns the 1-based concurrency level of an observation, or 0.
-func (o Observation) level() int {
-	if o.Concurrency <= 0 {
+// LevelOf returns the concurrency level, 1 to MaxLevels, that a stream
+// which shared its worker with concurrency streams on average (itself
+// included) is filed under; 0 when concurrency is unknown (0).
+func LevelOf(concurrency float64) int {
+	if concurrency <= 0 {
 		return 0
 	}
-	return min(max(int(math.Round(o.Concurrency)), 1), MaxLevels)
+	return min(max(int(math.Round(concurrency)), 1), MaxLevels)
 }
 
-// Store persists WorkerStats. Implementations must make Save atomic: after
-// a crash the store holds either the old or the new value of each entry,
-// never a torn one.
+// Store persists WorkerStats. A Store is either a Saver or a Folder.
 type Store interface {
 	// Load returns the stored entries of the named workers; a worker
 	// with none is absent from the result.
 	Load(ctx context.Context, workers []string) (map[string]WorkerStats, error)
-	// Save writes the given entries, replacing older values.
-	Save(ctx context.Context, entries map[string]WorkerStats) error
 	// Close releases the store.
 	Close() error
+}
+
+// Saver is a Store of one Tracker, which writes its averages whole.
+type Saver interface {
+	Store
+	// Save writes the given entries, replacing older values, atomically:
+	// after a crash the store holds either the old or the new value of
+	// each entry, never a torn one.
+	Save(ctx context.Context, entries map[string]WorkerStats) error
 }
 
 // Folder is a Store shared by several Trackers (one per router replica)
@@ -216,6 +220,8 @@ type Folder interface {
 	// of every worker it folded. A worker absent from the result was not
 	// folded (the error says why); its observations are sent again.
 	Fold(ctx context.Context, alpha float64, batch map[string]FoldBatch) (map[string]WorkerStats, error)
+	// SaveFits replaces each worker's stored fit: fits are not folded.
+	SaveFits(ctx context.Context, fits map[string]*Fit) error
 }
 
 // FoldBatch is one worker's observations since the last flush.
@@ -234,6 +240,7 @@ const maxPending = 4096
 type Tracker struct {
 	alpha  float64
 	store  Store
+	saver  Saver  // store, when it saves
 	folder Folder // store, when it folds; then pending replaces dirty
 	log    *slog.Logger
 
@@ -247,7 +254,7 @@ type Tracker struct {
 	dirty map[string]bool
 
 	pending map[string]*FoldBatch // observations not yet folded into folder
-	fits    map[string]*Fit       // fits set since the last flush, for a FitSaver folder
+	fits    map[string]*Fit       // fits set since the last flush, for folder
 	dropped int64                 // pending observations dropped since the last flush
 	// parting holds the last stats of forgotten workers whose changes
 	// the store has not taken yet, for the next flush (and for Track,
@@ -276,7 +283,15 @@ func NewTracker(alpha float64, store Store, log *slog.Logger) (*Tracker, error) 
 	}
 	t := &Tracker{alpha: alpha, store: store, log: log, dirty: map[string]bool{}, pending: map[string]*FoldBatch{},
 		fits: map[string]*Fit{}, parting: map[string]*WorkerStats{}}
-	t.folder, _ = store.(Folder)
+	switch st := store.(type) {
+	case Folder:
+		t.folder = st
+	case Saver:
+		t.saver = st
+	case nil:
+	default:
+		return nil, fmt.Errorf("stats: a %T store neither saves nor folds", store)
+	}
 	m := map[string]*cell{}
 	t.stats.Store(&m)
 	return t, nil
@@ -378,12 +393,18 @@ func (t *Tracker) Observe(worker string, o Observation, now time.Time) {
 		p = &FoldBatch{}
 		t.pending[worker] = p
 	}
-	if len(p.Obs) >= maxPending {
-		p.Obs = p.Obs[1:]
-		t.dropped++
-	}
 	p.Obs = append(p.Obs, o)
 	p.Updated = now
+	t.trimLocked(p)
+}
+
+// trimLocked keeps the newest maxPending of p's observations, counting
+// those it drops. t.mu must be held.
+func (t *Tracker) trimLocked(p *FoldBatch) {
+	if n := len(p.Obs) - maxPending; n > 0 {
+		p.Obs = p.Obs[n:]
+		t.dropped += int64(n)
+	}
 }
 
 // updateLocked publishes a copy of worker's stats (zero when it has none)
@@ -410,10 +431,8 @@ func (t *Tracker) setLocked(cur map[string]*cell, c *cell, worker string, s *Wor
 		c.p.Store(s)
 		return
 	}
-	c = &cell{}
-	c.p.Store(s)
 	next := maps.Clone(cur)
-	next[worker] = c
+	next[worker] = newCell(*s)
 	t.stats.Store(&next)
 }
 
@@ -431,7 +450,7 @@ func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats 
 	if o.DecodeTPS > 0 {
 		s.DecodeTPS = s.DecodeTPS.Add(o.DecodeTPS, t.alpha)
 	}
-	if k := o.level(); k > 0 && (o.DecodeTPS > 0 || o.TTFT > 0) {
+	if k := LevelOf(o.Concurrency); k > 0 && (o.DecodeTPS > 0 || o.TTFT > 0) {
 		// With leaves the old value as it was: it stays immutable.
 		s.Levels = s.Levels.With(k, func(l *Level) {
 			if o.DecodeTPS > 0 {
@@ -452,8 +471,8 @@ func (t *Tracker) fold(s WorkerStats, o Observation, now time.Time) WorkerStats 
 // must not change afterwards, and marks the worker for the next flush.
 // A fit is not folded: with a shared store (a Folder) each replica keeps
 // its own, adopting the shared averages keeps it, and the next flush
-// writes it over the stored one when the store is a FitSaver (the last
-// replica to flush wins; a replica starting adopts the stored fit).
+// writes it over the stored one (the last replica to flush wins; a
+// replica starting adopts the stored fit).
 func (t *Tracker) SetFit(worker string, f *Fit, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -465,22 +484,26 @@ func (t *Tracker) SetFit(worker string, f *Fit, now time.Time) {
 	t.fits[worker] = f
 }
 
-// FitSaver is a Folder that also stores fits, which it does not fold:
-// SaveFits replaces each worker's stored fit.
-type FitSaver interface {
-	SaveFits(ctx context.Context, fits map[string]*Fit) error
-}
-
-// keepFit returns ws, adopted from the store, with the fit of old (the
-// local value, may be nil) when it has one: this replica's fit is its
-// freshest; the stored one is only a starting point.
-func keepFit(ws WorkerStats, old *cell) WorkerStats {
-	if old != nil {
-		if f := old.p.Load().Fit; f != nil {
-			ws.Fit = f
+// adoptLocked replaces worker's stats in next, a copy of the held map,
+// by ws, read from the store, with the observations of p (none when nil)
+// that the store has not taken yet folded on top. The local fit, when
+// there is one, stays: this replica's fit is its freshest; the stored one
+// is only a starting point. A worker not in next (forgotten meanwhile) is
+// left out. t.mu must be held.
+func (t *Tracker) adoptLocked(next map[string]*cell, worker string, ws WorkerStats, p *FoldBatch) {
+	old := next[worker]
+	if old == nil {
+		return
+	}
+	if p != nil {
+		for _, o := range p.Obs {
+			ws = t.fold(ws, o, p.Updated)
 		}
 	}
-	return ws
+	if f := old.p.Load().Fit; f != nil {
+		ws.Fit = f
+	}
+	next[worker] = newCell(ws)
 }
 
 // Get returns worker's stats; the zero WorkerStats when none are known.
@@ -556,7 +579,7 @@ func (t *Tracker) Flush(ctx context.Context) error {
 	if len(batch) == 0 {
 		return nil
 	}
-	err := t.store.Save(ctx, batch)
+	err := t.saver.Save(ctx, batch)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err != nil {
@@ -611,8 +634,8 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 	t.fits = map[string]*Fit{}
 	t.mu.Unlock()
 	var fitErr error
-	if fs, ok := t.folder.(FitSaver); ok && len(fits) > 0 {
-		if fitErr = fs.SaveFits(ctx, fits); fitErr != nil {
+	if len(fits) > 0 {
+		if fitErr = t.folder.SaveFits(ctx, fits); fitErr != nil {
 			t.mu.Lock()
 			for name, f := range fits {
 				if _, newer := t.fits[name]; !newer {
@@ -637,8 +660,7 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 	if len(batch) == 0 {
 		return fitErr
 	}
-	cur := *t.stats.Load()
-	next := maps.Clone(cur)
+	next := maps.Clone(*t.stats.Load())
 	for name, b := range batch {
 		later := t.pending[name] // observed while Fold ran
 		ws, ok := folded[name]
@@ -648,22 +670,11 @@ func (t *Tracker) flushFolds(ctx context.Context) error {
 				merged.Obs = append(merged.Obs, later.Obs...)
 				merged.Updated = later.Updated
 			}
-			if n := len(merged.Obs) - maxPending; n > 0 {
-				merged.Obs = merged.Obs[n:]
-				t.dropped += int64(n)
-			}
+			t.trimLocked(merged)
 			t.pending[name] = merged
 			continue
 		}
-		if cur[name] == nil {
-			continue // forgotten: its observations are in the store now
-		}
-		if later != nil {
-			for _, o := range later.Obs {
-				ws = t.fold(ws, o, later.Updated)
-			}
-		}
-		next[name] = newCell(keepFit(ws, cur[name]))
+		t.adoptLocked(next, name, ws, later) // a forgotten worker's observations are in the store now
 	}
 	t.stats.Store(&next)
 	if err != nil {
@@ -690,18 +701,9 @@ func (t *Tracker) Refresh(ctx context.Context) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cur := *t.stats.Load()
-	next := maps.Clone(cur)
+	next := maps.Clone(*t.stats.Load())
 	for name, ws := range loaded {
-		if cur[name] == nil {
-			continue // forgotten while the store was read
-		}
-		if p := t.pending[name]; p != nil {
-			for _, o := range p.Obs {
-				ws = t.fold(ws, o, p.Updated)
-			}
-		}
-		next[name] = newCell(keepFit(ws, cur[name]))
+		t.adoptLocked(next, name, ws, t.pending[name])
 	}
 	t.stats.Store(&next)
 	return nil
