@@ -160,7 +160,7 @@ func (w *Worker) scrapeLlamaCPP(ctx context.Context, now time.Time, wasOK bool) 
 
 func (w *Worker) scrapeVLLM(ctx context.Context, now time.Time, wasOK bool) error {
 	state, err := w.probeHealth(ctx, "/health", func(status int, _ []byte) (telemetry.HealthResult, error) {
-		return telemetry.ParseVLLMHealth(status), nil
+		return telemetry.ParseHealthStatus(status), nil
 	})
 	if state != telemetry.StateReady {
 		return err

@@ -71,6 +71,14 @@ type missing []string
 
 func (m *missing) add(format string, args ...any) { *m = append(*m, fmt.Sprintf(format, args...)) }
 
+// forModel says, of each absent metric, which model it was looked for
+// and which models the payload serves.
+func (m missing) forModel(label, model string, served []string) {
+	for i := range m {
+		m[i] += fmt.Sprintf(" for %s=%q (served: %s)", label, model, strings.Join(served, ", "))
+	}
+}
+
 func (m missing) err() error {
 	if len(m) == 0 {
 		return nil

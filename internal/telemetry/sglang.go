@@ -3,7 +3,6 @@ package telemetry
 import (
 	"fmt"
 	"io"
-	"strings"
 )
 
 // Metric names SGLang exposes on GET /metrics when started with
@@ -57,10 +56,8 @@ func ParseSGLang(r io.Reader, model string) (Metrics, error) {
 			v.V = sumByLabel(mfs, v.Metric, keep, SGLangDPRankLabel)
 		}
 	}
-	if keep != nil && len(miss) > 0 {
-		for i := range miss {
-			miss[i] += fmt.Sprintf(" for %s=%q (served: %s)", SGLangModelLabel, model, strings.Join(models, ", "))
-		}
+	if keep != nil {
+		miss.forModel(SGLangModelLabel, model, models)
 	}
 	if err := miss.err(); err != nil {
 		return m, fmt.Errorf("parse sglang metrics: %w", err)

@@ -116,8 +116,3 @@ func ParseTGIHealth(status int, body io.Reader) HealthResult {
 	}
 	return HealthResult{State: StateError, Message: msg}
 }
-
-// ParseHealthStatus reads a health endpoint that answers with its status
-// alone (SGLang's and trtllm-serve's GET /health, like vLLM's): 200 is
-// ready, anything else an error.
-func ParseHealthStatus(status int) HealthResult { return ParseVLLMHealth(status) }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 )
 
 // Metric names vLLM exposes on GET /metrics (vllm/v1/metrics/loggers.py,
@@ -120,16 +119,7 @@ func ParseVLLM(r io.Reader, model string) (Metrics, error) {
 		return Metrics{}, fmt.Errorf("parse vllm metrics: %w", err)
 	}
 
-	var all []sample
-	for _, name := range []string{VLLMNumRequestsRunning, VLLMNumRequestsWaiting, VLLMKVCacheUsagePerc, VLLMGPUCacheUsagePerc} {
-		ss, _ := samples(mfs, name)
-		all = append(all, ss...)
-	}
-	models := labelValues(all, VLLMModelLabel)
-	var keep func(sample) bool
-	if len(models) > 1 && model != "" {
-		keep = func(s sample) bool { return s.labels[VLLMModelLabel] == model }
-	}
+	keep, models := modelFilter(mfs, []string{VLLMNumRequestsRunning, VLLMNumRequestsWaiting, VLLMKVCacheUsagePerc, VLLMGPUCacheUsagePerc}, VLLMModelLabel, model)
 
 	var miss missing
 	m := Metrics{
@@ -147,10 +137,8 @@ func ParseVLLM(r io.Reader, model string) (Metrics, error) {
 		}
 	}
 	m.PrefixCache = parseVLLMPrefixCache(mfs, keep)
-	if keep != nil && len(miss) > 0 {
-		for i := range miss {
-			miss[i] += fmt.Sprintf(" for %s=%q (served: %s)", VLLMModelLabel, model, strings.Join(models, ", "))
-		}
+	if keep != nil {
+		miss.forModel(VLLMModelLabel, model, models)
 	}
 	if err := miss.err(); err != nil {
 		return m, fmt.Errorf("parse vllm metrics: %w", err)
