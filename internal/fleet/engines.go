@@ -3,7 +3,6 @@ package fleet
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -77,16 +76,9 @@ func (w *Worker) scrapeTGI(ctx context.Context, now time.Time, wasOK bool) error
 // list (TGI serves one model), max_total_tokens its context.
 func (w *Worker) scrapeTGIInfo(ctx context.Context, now time.Time) {
 	url := w.base + "/info"
-	body, err := w.getOK(ctx, url)
+	info, err := fetch(ctx, w, url, telemetry.ParseTGIInfo)
 	if ctx.Err() != nil {
 		return
-	}
-	var info telemetry.TGIInfo
-	if err == nil {
-		info, err = telemetry.ParseTGIInfo(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
 	}
 	w.setTelemetryErr(&w.st.modelsErr, "info", url, err)
 	if err != nil {
@@ -128,16 +120,9 @@ func (w *Worker) scrapeOllama(ctx context.Context, now time.Time) error {
 		return err
 	}
 	url := w.base + "/api/ps"
-	body, err := w.getOK(ctx, url)
+	loaded, err := fetch(ctx, w, url, telemetry.ParseOllamaPS)
 	if ctx.Err() != nil {
 		return nil
-	}
-	var loaded []telemetry.OllamaModel
-	if err == nil {
-		loaded, err = telemetry.ParseOllamaPS(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
 	}
 	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
 	if err == nil {
@@ -169,16 +154,9 @@ func (w *Worker) scrapeOllama(ctx context.Context, now time.Time) error {
 func (w *Worker) scrapeModelCards(ctx context.Context, now time.Time) {
 	url := w.base + "/v1/models"
 	started := time.Now()
-	body, err := w.getOK(ctx, url)
+	cards, err := fetch(ctx, w, url, telemetry.ParseModelCards)
 	if ctx.Err() != nil {
 		return
-	}
-	var cards []telemetry.ModelCard
-	if err == nil {
-		cards, err = telemetry.ParseModelCards(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
 	}
 	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
 	if err != nil {
@@ -204,16 +182,9 @@ func (w *Worker) scrapeModelCards(ctx context.Context, now time.Time) {
 // much of the KV cache their requests hold.
 func (w *Worker) scrapeSlots(ctx context.Context, now time.Time) {
 	url := w.base + "/slots"
-	body, err := w.getOK(ctx, url)
+	s, err := fetch(ctx, w, url, telemetry.ParseLlamaCPPSlots)
 	if ctx.Err() != nil {
 		return
-	}
-	var s telemetry.Slots
-	if err == nil {
-		s, err = telemetry.ParseLlamaCPPSlots(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
 	}
 	w.mu.Lock()
 	if len(s.Slots) > 0 && w.st.running.At.Before(now) {

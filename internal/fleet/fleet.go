@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -112,13 +113,7 @@ func checkURL(s string) error {
 // running worker.
 func (c WorkerConfig) clone() WorkerConfig {
 	c.Models = slices.Clone(c.Models)
-	if c.GPUSelector != nil {
-		sel := make(map[string]string, len(c.GPUSelector))
-		for k, v := range c.GPUSelector {
-			sel[k] = v
-		}
-		c.GPUSelector = sel
-	}
+	c.GPUSelector = maps.Clone(c.GPUSelector)
 	return c
 }
 

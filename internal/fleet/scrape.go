@@ -61,6 +61,21 @@ func (w *Worker) getOK(ctx context.Context, url string) ([]byte, error) {
 	return body, nil
 }
 
+// fetch GETs url and parses a 200 answer with parse, whose error then
+// names url.
+func fetch[T any](ctx context.Context, w *Worker, url string, parse func(io.Reader) (T, error)) (T, error) {
+	body, err := w.getOK(ctx, url)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	v, err := parse(bytes.NewReader(body))
+	if err != nil {
+		err = fmt.Errorf("scrape %s: %w", url, err)
+	}
+	return v, err
+}
+
 // snippet is the start of a body, for error messages.
 func snippet(b []byte) string {
 	b = bytes.TrimSpace(b)
@@ -143,9 +158,7 @@ func (w *Worker) scrapeLlamaCPP(ctx context.Context, now time.Time, wasOK bool) 
 	if state != telemetry.StateReady {
 		return err
 	}
-	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
-		return telemetry.ParseLlamaCPP(r)
-	})
+	w.scrapeMetrics(ctx, now, "/metrics", telemetry.ParseLlamaCPP)
 	w.scrapeSlots(ctx, now)
 	if !wasOK || w.due(now, w.st.propsAt) {
 		w.scrapeProps(ctx, now)
@@ -159,16 +172,11 @@ func (w *Worker) scrapeLlamaCPP(ctx context.Context, now time.Time, wasOK bool) 
 }
 
 func (w *Worker) scrapeVLLM(ctx context.Context, now time.Time, wasOK bool) error {
-	state, err := w.probeHealth(ctx, "/health", func(status int, _ []byte) (telemetry.HealthResult, error) {
-		return telemetry.ParseHealthStatus(status), nil
-	})
+	state, err := w.probeHealth(ctx, "/health", statusHealth)
 	if state != telemetry.StateReady {
 		return err
 	}
-	model := ""
-	if len(w.cfg.Models) == 1 {
-		model = w.cfg.Models[0]
-	}
+	model := w.singleModel()
 	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
 		return telemetry.ParseVLLM(r, model)
 	})
@@ -181,15 +189,7 @@ func (w *Worker) scrapeVLLM(ctx context.Context, now time.Time, wasOK bool) erro
 
 // scrapeOpenAI probes /v1/models: its answer is both health and models.
 func (w *Worker) scrapeOpenAI(ctx context.Context, now time.Time) error {
-	url := w.base + "/v1/models"
-	body, err := w.getOK(ctx, url)
-	var models []string
-	if err == nil {
-		models, err = telemetry.ParseOpenAIModels(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
-	}
+	models, err := fetch(ctx, w, w.base+"/v1/models", telemetry.ParseOpenAIModels)
 	if ctx.Err() != nil {
 		return err
 	}
@@ -213,16 +213,9 @@ func (w *Worker) due(now, last time.Time) bool {
 // Absent or unreadable metrics leave the old readings (and their times).
 func (w *Worker) scrapeMetrics(ctx context.Context, now time.Time, path string, parse func(io.Reader) (telemetry.Metrics, error)) {
 	url := w.base + path
-	body, err := w.getOK(ctx, url)
+	m, err := fetch(ctx, w, url, parse)
 	if ctx.Err() != nil {
 		return
-	}
-	var m telemetry.Metrics
-	if err == nil {
-		m, err = parse(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
 	}
 	src := w.cfg.Kind + " " + path + " "
 	w.mu.Lock()
@@ -248,16 +241,9 @@ func update(r *scheduler.Reading, v telemetry.Value, src string, now time.Time) 
 // scrapeProps reads llama.cpp's /props for the slot count.
 func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
 	url := w.base + "/props"
-	body, err := w.getOK(ctx, url)
+	p, err := fetch(ctx, w, url, telemetry.ParseLlamaCPPProps)
 	if ctx.Err() != nil {
 		return
-	}
-	var p telemetry.Props
-	if err == nil {
-		p, err = telemetry.ParseLlamaCPPProps(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
 	}
 	w.mu.Lock()
 	w.st.propsAt = now
@@ -284,16 +270,9 @@ func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
 // scrapeModels reads /v1/models and publishes the list when it changed.
 func (w *Worker) scrapeModels(ctx context.Context, now time.Time, parse func(io.Reader) ([]string, error)) {
 	url := w.base + "/v1/models"
-	body, err := w.getOK(ctx, url)
+	models, err := fetch(ctx, w, url, parse)
 	if ctx.Err() != nil {
 		return
-	}
-	var models []string
-	if err == nil {
-		models, err = parse(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
 	}
 	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
 	if err == nil {
@@ -347,17 +326,10 @@ func (w *Worker) scrapeGPU(ctx context.Context, now time.Time) {
 	if url == "" {
 		return
 	}
-	body, err := w.getOK(ctx, url)
+	sel := telemetry.Selector(w.cfg.GPUSelector)
+	g, err := fetch(ctx, w, url, func(r io.Reader) (telemetry.GPUMetrics, error) { return telemetry.ParseDCGM(r, sel) })
 	if ctx.Err() != nil {
 		return
-	}
-	sel := telemetry.Selector(w.cfg.GPUSelector)
-	var g telemetry.GPUMetrics
-	if err == nil {
-		g, err = telemetry.ParseDCGM(bytes.NewReader(body), sel)
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
 	}
 	w.mu.Lock()
 	if g.Util.Present {

@@ -137,20 +137,6 @@ func (w *Worker) ReportRequest(err error) {
 	w.observe(outcome{kind: outcomePass})
 }
 
-// ReportResult is ReportRequest for callers that judge the outcome
-// themselves (e.g. an HTTP 5xx is a failure, a 4xx is not): ok is a pass,
-// otherwise reason says what failed.
-func (w *Worker) ReportResult(ok bool, reason string) {
-	if ok {
-		w.observe(outcome{kind: outcomePass})
-		return
-	}
-	if reason == "" {
-		reason = "request failed"
-	}
-	w.observe(outcome{kind: outcomeFail, reason: "request: " + reason})
-}
-
 type outcomeKind int
 
 const (
