@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"reflect"
 	"regexp"
@@ -74,9 +75,9 @@ func (ps Problems) Unwrap() []error {
 	return out
 }
 
-// problem returns a Problem for key.
-func problem(key, format string, args ...any) *Problem {
-	return &Problem{Key: key, Msg: fmt.Sprintf(format, args...)}
+// add appends a Problem for key.
+func (ps *Problems) add(key, format string, args ...any) {
+	*ps = append(*ps, &Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
 }
 
 // Report is what Check found in a config file: the config as far as it
@@ -547,20 +548,9 @@ var removedKeys = map[string]string{
 // typo, else the same key where it belongs when another section has it,
 // else the keys the section has.
 func unknownKey(name string, t reflect.Type, parent string) string {
-	fields := yamlFields(t)
-	names := make([]string, 0, len(fields))
-	for k := range fields {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	best, bestD := "", 0
-	for _, k := range names {
-		if d := editDistance(strings.ToLower(name), k); best == "" || d < bestD {
-			best, bestD = k, d
-		}
-	}
-	if best != "" && bestD <= typoDistance(name) {
-		return fmt.Sprintf("unknown key `%s`; did you mean `%s`?", name, best)
+	names := slices.Sorted(maps.Keys(yamlFields(t)))
+	if near := nearest(name, names); near != "" {
+		return fmt.Sprintf("unknown key `%s`; did you mean `%s`?", name, near)
 	}
 	if elsewhere := findKey(reflect.TypeFor[Config](), "", name); elsewhere != "" {
 		return fmt.Sprintf("unknown key `%s` here; did you mean `%s`?", name, elsewhere)
@@ -597,12 +587,7 @@ func findKey(t reflect.Type, prefix, name string) string {
 		if _, ok := fields[name]; ok {
 			return join(s.prefix, name)
 		}
-		names := make([]string, 0, len(fields))
-		for k := range fields {
-			names = append(names, k)
-		}
-		slices.Sort(names)
-		for _, k := range names {
+		for _, k := range slices.Sorted(maps.Keys(fields)) {
 			queue = append(queue, section{t.Field(fields[k]).Type, join(s.prefix, k)})
 		}
 	}

@@ -84,9 +84,8 @@ func (s *Server) adapterConfig(cfg config.Config) scheduler.AdapterConfig {
 // fleetConfig is w's fleet configuration, with the names of the LoRA
 // files llama.cpp lists.
 func (s *Server) fleetConfig(w config.Worker, key string) fleet.WorkerConfig {
-	fc := toFleet(w, key)
-	fc.AdapterPaths = s.cfg.LoRA.PathNames()
-	return fc
+	return fleet.WorkerConfig{Name: w.Name, URL: w.URL, Kind: w.Kind, Models: w.Models, GPUMetrics: w.GPUMetrics,
+		GPUSelector: w.GPUSelector, AdapterPaths: s.cfg.LoRA.PathNames(), APIKey: key}
 }
 
 // workerSpec is w's scheduler entry: a vLLM worker loads adapters at run

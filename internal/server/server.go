@@ -393,11 +393,6 @@ func (s *Server) observe(r proxy.Result) {
 	s.metrics.observe(r, s.members.liveLocked)
 }
 
-func toFleet(w config.Worker, key string) fleet.WorkerConfig {
-	return fleet.WorkerConfig{Name: w.Name, URL: w.URL, Kind: w.Kind, Models: w.Models,
-		MaxConcurrency: int(w.MaxConcurrency), GPUMetrics: w.GPUMetrics, GPUSelector: w.GPUSelector, APIKey: key}
-}
-
 // addWorker starts probing w and makes it schedulable.
 func (s *Server) addWorker(w config.Worker) error {
 	s.memberMu.Lock()
