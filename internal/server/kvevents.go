@@ -49,9 +49,6 @@ type kvSub struct {
 }
 
 func newKVEvents(log *slog.Logger, timeout time.Duration) *kvEvents {
-	if timeout <= 0 {
-		timeout = 200 * time.Millisecond
-	}
 	return &kvEvents{index: kvevents.NewIndex(), log: log, subs: map[string]*kvSub{}, cache: newTokenCache(tokenCacheSize), timeout: timeout}
 }
 

@@ -73,7 +73,8 @@ type Server struct {
 	stopping atomic.Bool
 	// openFiles returns the process's open-file limit; a test may fake it.
 	openFiles func() (uint64, error)
-	// after is time.After unless a test steers the shutdown phases.
+	// after is time.After unless a test steers the shutdown phases and
+	// drain deadlines.
 	after func(time.Duration) <-chan time.Time
 	// inFlight counts the inference requests being served, queued ones
 	// included; idle gets a value each time it drops to 0.
@@ -117,7 +118,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		log = slog.Default()
 	}
 	s := &Server{log: log, cfg: cfg, mux: http.NewServeMux(), bgDone: make(chan struct{}), idle: make(chan struct{}, 1),
-		listenLoopback: loopbackOnly(cfg.Listen)}
+		listenLoopback: loopbackOnly(cfg.Listen), openFiles: openFileLimit, after: time.After}
 	if err := s.loadKeys(cfg.Auth); err != nil {
 		return nil, err
 	}
