@@ -80,7 +80,7 @@ func (w *Worker) scrapeTGIInfo(ctx context.Context, now time.Time) {
 	if ctx.Err() != nil {
 		return
 	}
-	w.setTelemetryErr(&w.st.modelsErr, "info", url, err)
+	w.setTelemetryErr(&w.st.ModelsError, "info", url, err)
 	if err != nil {
 		return
 	}
@@ -124,7 +124,7 @@ func (w *Worker) scrapeOllama(ctx context.Context, now time.Time) error {
 	if ctx.Err() != nil {
 		return nil
 	}
-	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
+	w.setTelemetryErr(&w.st.ModelsError, "models", url, err)
 	if err == nil {
 		models := slices.Clone(w.cfg.Models)
 		ctxTokens := 0
@@ -158,7 +158,7 @@ func (w *Worker) scrapeModelCards(ctx context.Context, now time.Time) {
 	if ctx.Err() != nil {
 		return
 	}
-	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
+	w.setTelemetryErr(&w.st.ModelsError, "models", url, err)
 	if err != nil {
 		return
 	}
@@ -187,38 +187,38 @@ func (w *Worker) scrapeSlots(ctx context.Context, now time.Time) {
 		return
 	}
 	w.mu.Lock()
-	if len(s.Slots) > 0 && w.st.running.At.Before(now) {
-		update(&w.st.running, telemetry.Value{V: float64(s.Busy), Present: true, Metric: "is_processing"}, KindLlamaCPP+" /slots ", now)
+	if len(s.Slots) > 0 && w.st.Running.At.Before(now) {
+		update(&w.st.Running, telemetry.Value{V: float64(s.Busy), Present: true, Metric: "is_processing"}, KindLlamaCPP+" /slots ", now)
 	}
 	// Current builds export no KV-cache series in /metrics: the busy
 	// slots' tokens over their n_ctx stand in (telemetry.Slots.KVUsage).
 	// An older build's kv_cache_usage_ratio, read this round, wins.
-	if s.KVUsage.Present && w.st.kv.At.Before(now) {
-		update(&w.st.kv, s.KVUsage, KindLlamaCPP+" /slots ", now)
+	if s.KVUsage.Present && w.st.KVPressure.At.Before(now) {
+		update(&w.st.KVPressure, s.KVUsage, KindLlamaCPP+" /slots ", now)
 	}
 	if s.NCtx > 0 {
 		w.setContextLocked(s.NCtx)
 		// With a unified KV cache (llama-server's default in current
 		// builds) a slot's n_ctx is the whole cache; otherwise it is one
 		// slot's share, and the estimate is low by the slot count.
-		w.st.kvTokens = s.NCtx
+		w.st.KVCacheTokens = s.NCtx
 	}
 	if err == nil {
-		w.st.cacheReport = slotsReport(s, w.st.bos, !w.st.propsAt.IsZero(), now)
+		w.st.CacheReport = slotsReport(s, w.st.bos, !w.st.propsAt.IsZero(), now)
 	}
 	w.publishLocked()
 	w.mu.Unlock()
-	w.setTelemetryErr(&w.st.slotsErr, "slots", url, err)
+	w.setTelemetryErr(&w.st.SlotsError, "slots", url, err)
 }
 
 // setContextLocked records a context size reported by the worker and
 // publishes it when it changed; 0 (not reported) keeps the last one.
 // w.mu must be held.
 func (w *Worker) setContextLocked(n int) {
-	if n <= 0 || n == w.st.context {
+	if n <= 0 || n == w.st.ContextTokens {
 		return
 	}
-	w.st.context = n
+	w.st.ContextTokens = n
 	w.publishLocked()
 	w.log.Info("worker context size changed", slog.Int(keyContext, n))
 }
@@ -262,7 +262,7 @@ func slotsReport(s telemetry.Slots, bos string, bosKnown bool, now time.Time) *s
 func (w *Worker) updatePrefixCacheLocked(pc telemetry.PrefixCache, src string, now time.Time) {
 	st := &w.st
 	if pc.KVTokens.Present {
-		st.kvTokens = int(pc.KVTokens.V)
+		st.KVCacheTokens = int(pc.KVTokens.V)
 	}
 	if pc.KVPoolTokens.Present {
 		st.kvPool = int(pc.KVPoolTokens.V)
@@ -273,7 +273,7 @@ func (w *Worker) updatePrefixCacheLocked(pc telemetry.PrefixCache, src string, n
 	q, h := pc.Queries.V, pc.Hits.V
 	if !st.prefixAt.IsZero() && q > st.prefixQueries && h >= st.prefixHits {
 		rate := min((h-st.prefixHits)/(q-st.prefixQueries), 1)
-		st.prefixHitRate = scheduler.Reading{Value: rate, Source: src + pc.Hits.Metric + " / " + pc.Queries.Metric, At: now}
+		st.PrefixHitRate = scheduler.Reading{Value: rate, Source: src + pc.Hits.Metric + " / " + pc.Queries.Metric, At: now}
 	}
 	st.prefixQueries, st.prefixHits, st.prefixAt = q, h, now
 }

@@ -89,8 +89,8 @@ func snippet(b []byte) string {
 func (w *Worker) scrape(ctx context.Context) {
 	now := w.opts.Now()
 	w.mu.Lock()
-	w.st.lastScrape = now
-	wasOK := w.st.health == scheduler.HealthOK
+	w.st.LastScrape = now
+	wasOK := w.st.Health == scheduler.HealthOK
 	w.mu.Unlock()
 
 	var err error
@@ -114,9 +114,9 @@ func (w *Worker) scrape(ctx context.Context) {
 		return // stopping: the failure is ours, not the worker's
 	}
 	w.mu.Lock()
-	w.st.lastErr = ""
+	w.st.LastError = ""
 	if err != nil {
-		w.st.lastErr = err.Error()
+		w.st.LastError = err.Error()
 	}
 	w.mu.Unlock()
 }
@@ -219,16 +219,16 @@ func (w *Worker) scrapeMetrics(ctx context.Context, now time.Time, path string, 
 	}
 	src := w.cfg.Kind + " " + path + " "
 	w.mu.Lock()
-	update(&w.st.queue, m.QueueLen, src, now)
-	update(&w.st.running, m.Running, src, now)
-	update(&w.st.kv, m.KVUsage, src, now)
+	update(&w.st.QueueLen, m.QueueLen, src, now)
+	update(&w.st.Running, m.Running, src, now)
+	update(&w.st.KVPressure, m.KVUsage, src, now)
 	if m.KVUsedTokens.Present && m.KVUsage.Present && m.KVUsage.V > 0 {
 		w.st.kvCells = m.KVUsedTokens.V / m.KVUsage.V
 	}
 	w.updatePrefixCacheLocked(m.PrefixCache, src, now)
 	w.publishLocked()
 	w.mu.Unlock()
-	w.setTelemetryErr(&w.st.metricsErr, "metrics", url, err)
+	w.setTelemetryErr(&w.st.MetricsError, "metrics", url, err)
 }
 
 // update replaces r with v when v is present.
@@ -247,20 +247,20 @@ func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
 	}
 	w.mu.Lock()
 	w.st.propsAt = now
-	changed := err == nil && p.TotalSlots != w.st.slots
+	changed := err == nil && p.TotalSlots != w.st.Slots
 	if changed {
-		w.st.slots = p.TotalSlots
+		w.st.Slots = p.TotalSlots
 		w.publishLocked()
 	}
 	if err == nil {
 		w.st.bos = p.BOSToken
 	}
-	if err == nil && p.NCtx > 0 && w.st.slotsErr != "" {
+	if err == nil && p.NCtx > 0 && w.st.SlotsError != "" {
 		// /slots is off (--no-slots): the defaults' n_ctx stands in.
 		w.setContextLocked(p.NCtx)
 	}
 	w.mu.Unlock()
-	w.setTelemetryErr(&w.st.propsErr, "props", url, err)
+	w.setTelemetryErr(&w.st.PropsError, "props", url, err)
 	if changed {
 		w.log.Info("worker slots changed", slog.Int(keySlots, p.TotalSlots))
 		w.notify()
@@ -274,7 +274,7 @@ func (w *Worker) scrapeModels(ctx context.Context, now time.Time, parse func(io.
 	if ctx.Err() != nil {
 		return
 	}
-	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
+	w.setTelemetryErr(&w.st.ModelsError, "models", url, err)
 	if err == nil {
 		w.setModels(now, models)
 	}
@@ -295,10 +295,10 @@ func (w *Worker) setModels(now time.Time, models []string) {
 
 func (w *Worker) setModelsLocked(now time.Time, models []string) bool {
 	w.st.modelsAt = now
-	if w.st.models != nil && slices.Equal(w.st.models, models) {
+	if w.st.Models != nil && slices.Equal(w.st.Models, models) {
 		return false
 	}
-	w.st.models = slices.Clone(models)
+	w.st.Models = slices.Clone(models)
 	return true
 }
 
@@ -337,9 +337,9 @@ func (w *Worker) scrapeGPU(ctx context.Context, now time.Time) {
 		if len(sel) > 0 {
 			src += sel.String()
 		}
-		w.st.gpu = scheduler.Reading{Value: g.Util.V, Source: src, At: now}
+		w.st.GPUUtil = scheduler.Reading{Value: g.Util.V, Source: src, At: now}
 	}
 	w.publishLocked()
 	w.mu.Unlock()
-	w.setTelemetryErr(&w.st.gpuErr, "gpu metrics", url, err)
+	w.setTelemetryErr(&w.st.GPUError, "gpu metrics", url, err)
 }
