@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -18,30 +17,30 @@ import (
 const keyContext = "context_tokens"
 
 // statusHealth parses a health endpoint that answers with its status.
-func statusHealth(status int, _ []byte) (telemetry.HealthResult, error) {
+func statusHealth(status int, _ io.Reader) (telemetry.HealthResult, error) {
 	return telemetry.ParseHealthStatus(status), nil
 }
 
-// singleModel is the worker's one configured model, or "" when it has
-// none or several: the parsers then pick by what the payload names.
-func (w *Worker) singleModel() string {
+// forModel binds parse to the worker's one configured model, or to ""
+// when it has none or several: the parser then picks by what the payload
+// names.
+func (w *Worker) forModel(parse func(io.Reader, string) (telemetry.Metrics, error)) func(io.Reader) (telemetry.Metrics, error) {
+	model := ""
 	if len(w.cfg.Models) == 1 {
-		return w.cfg.Models[0]
+		model = w.cfg.Models[0]
 	}
-	return ""
+	return func(r io.Reader) (telemetry.Metrics, error) { return parse(r, model) }
 }
 
-// scrapeSGLang probes an SGLang server: GET /health, /metrics (sglang:
-// series) and /v1/models with max_model_len.
-func (w *Worker) scrapeSGLang(ctx context.Context, now time.Time, wasOK bool) error {
+// scrapeModelServer probes a server that answers GET /health with its
+// status alone and lists its models with max_model_len in /v1/models
+// (vLLM, SGLang, trtllm-serve); parse reads its /metrics.
+func (w *Worker) scrapeModelServer(ctx context.Context, now time.Time, wasOK bool, parse func(io.Reader) (telemetry.Metrics, error)) error {
 	state, err := w.probeHealth(ctx, "/health", statusHealth)
 	if state != telemetry.StateReady {
 		return err
 	}
-	model := w.singleModel()
-	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
-		return telemetry.ParseSGLang(r, model)
-	})
+	w.scrapeMetrics(ctx, now, "/metrics", parse)
 	if !wasOK || w.due(now, w.st.modelsAt) {
 		w.scrapeModelCards(ctx, now)
 	}
@@ -53,8 +52,8 @@ func (w *Worker) scrapeSGLang(ctx context.Context, now time.Time, wasOK bool) er
 // model, its context and the batch token budget) and /metrics (tgi_
 // series, read against that budget).
 func (w *Worker) scrapeTGI(ctx context.Context, now time.Time, wasOK bool) error {
-	state, err := w.probeHealth(ctx, "/health", func(status int, body []byte) (telemetry.HealthResult, error) {
-		return telemetry.ParseTGIHealth(status, bytes.NewReader(body)), nil
+	state, err := w.probeHealth(ctx, "/health", func(status int, body io.Reader) (telemetry.HealthResult, error) {
+		return telemetry.ParseTGIHealth(status, body), nil
 	})
 	if state != telemetry.StateReady {
 		return err
@@ -92,30 +91,13 @@ func (w *Worker) scrapeTGIInfo(ctx context.Context, now time.Time) {
 	w.setModels(now, []string{info.ModelID})
 }
 
-// scrapeTRTLLM probes trtllm-serve: GET /health, /metrics (iteration
-// statistics as JSON) and /v1/models.
-func (w *Worker) scrapeTRTLLM(ctx context.Context, now time.Time, wasOK bool) error {
-	state, err := w.probeHealth(ctx, "/health", statusHealth)
-	if state != telemetry.StateReady {
-		return err
-	}
-	w.scrapeMetrics(ctx, now, "/metrics", telemetry.ParseTRTLLMStats)
-	if !wasOK || w.due(now, w.st.modelsAt) {
-		w.scrapeModelCards(ctx, now)
-	}
-	w.scrapeGPU(ctx, now)
-	return nil
-}
-
 // scrapeOllama probes Ollama: GET / for health and /api/ps, every round,
 // for the loaded models. Ollama loads a pulled model on its first
 // request, so the worker serves its configured models as well as the
 // loaded ones; with neither, its models stay unknown. Ollama has no load
 // metrics: the scheduler relies on Sluice's own in-flight count.
 func (w *Worker) scrapeOllama(ctx context.Context, now time.Time) error {
-	state, err := w.probeHealth(ctx, "/", func(status int, body []byte) (telemetry.HealthResult, error) {
-		return telemetry.ParseOllamaRoot(status, bytes.NewReader(body))
-	})
+	state, err := w.probeHealth(ctx, "/", telemetry.ParseOllamaRoot)
 	if state != telemetry.StateReady {
 		return err
 	}

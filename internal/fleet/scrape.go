@@ -98,15 +98,15 @@ func (w *Worker) scrape(ctx context.Context) {
 	case KindLlamaCPP:
 		err = w.scrapeLlamaCPP(ctx, now, wasOK)
 	case KindVLLM:
-		err = w.scrapeVLLM(ctx, now, wasOK)
+		err = w.scrapeModelServer(ctx, now, wasOK, w.forModel(telemetry.ParseVLLM))
 	case KindOpenAI:
 		err = w.scrapeOpenAI(ctx, now)
 	case KindSGLang:
-		err = w.scrapeSGLang(ctx, now, wasOK)
+		err = w.scrapeModelServer(ctx, now, wasOK, w.forModel(telemetry.ParseSGLang))
 	case KindTGI:
 		err = w.scrapeTGI(ctx, now, wasOK)
 	case KindTRTLLM:
-		err = w.scrapeTRTLLM(ctx, now, wasOK)
+		err = w.scrapeModelServer(ctx, now, wasOK, telemetry.ParseTRTLLMStats)
 	case KindOllama:
 		err = w.scrapeOllama(ctx, now)
 	}
@@ -123,12 +123,12 @@ func (w *Worker) scrape(ctx context.Context) {
 
 // probeHealth fetches path and returns the outcome parse makes of it, or
 // a failure. A cancelled ctx returns ok false and records nothing.
-func (w *Worker) probeHealth(ctx context.Context, path string, parse func(int, []byte) (telemetry.HealthResult, error)) (telemetry.ServerState, error) {
+func (w *Worker) probeHealth(ctx context.Context, path string, parse func(int, io.Reader) (telemetry.HealthResult, error)) (telemetry.ServerState, error) {
 	url := w.base + path
 	status, body, err := w.get(ctx, url)
 	if err == nil {
 		var h telemetry.HealthResult
-		h, err = parse(status, body)
+		h, err = parse(status, bytes.NewReader(body))
 		if err == nil {
 			switch h.State {
 			case telemetry.StateReady:
@@ -152,9 +152,7 @@ func (w *Worker) probeHealth(ctx context.Context, path string, parse func(int, [
 }
 
 func (w *Worker) scrapeLlamaCPP(ctx context.Context, now time.Time, wasOK bool) error {
-	state, err := w.probeHealth(ctx, "/health", func(status int, body []byte) (telemetry.HealthResult, error) {
-		return telemetry.ParseLlamaCPPHealth(status, bytes.NewReader(body))
-	})
+	state, err := w.probeHealth(ctx, "/health", telemetry.ParseLlamaCPPHealth)
 	if state != telemetry.StateReady {
 		return err
 	}
@@ -164,24 +162,8 @@ func (w *Worker) scrapeLlamaCPP(ctx context.Context, now time.Time, wasOK bool) 
 		w.scrapeProps(ctx, now)
 	}
 	if !wasOK || w.due(now, w.st.modelsAt) {
-		w.scrapeModels(ctx, now, telemetry.ParseLlamaCPPModels)
+		w.scrapeModels(ctx, now)
 		w.scrapeLoRA(ctx)
-	}
-	w.scrapeGPU(ctx, now)
-	return nil
-}
-
-func (w *Worker) scrapeVLLM(ctx context.Context, now time.Time, wasOK bool) error {
-	state, err := w.probeHealth(ctx, "/health", statusHealth)
-	if state != telemetry.StateReady {
-		return err
-	}
-	model := w.singleModel()
-	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
-		return telemetry.ParseVLLM(r, model)
-	})
-	if !wasOK || w.due(now, w.st.modelsAt) {
-		w.scrapeModelCards(ctx, now)
 	}
 	w.scrapeGPU(ctx, now)
 	return nil
@@ -267,10 +249,11 @@ func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
 	}
 }
 
-// scrapeModels reads /v1/models and publishes the list when it changed.
-func (w *Worker) scrapeModels(ctx context.Context, now time.Time, parse func(io.Reader) ([]string, error)) {
+// scrapeModels reads llama.cpp's /v1/models and publishes the list when
+// it changed.
+func (w *Worker) scrapeModels(ctx context.Context, now time.Time) {
 	url := w.base + "/v1/models"
-	models, err := fetch(ctx, w, url, parse)
+	models, err := fetch(ctx, w, url, telemetry.ParseLlamaCPPModels)
 	if ctx.Err() != nil {
 		return
 	}
