@@ -254,8 +254,8 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		// Agent sessions (proxy/session.go).
 		SessionHeaders:     cfg.Sessions.Headers,
 		FairShareBySession: cfg.Admission.FairShareBy == config.FairShareBySession,
-		// Continuation (issue 21): a stream broken mid-way goes on
-		// elsewhere; each worker's kind says how to ask for the rest.
+		// A stream broken mid-way goes on elsewhere; each worker's kind
+		// says how to ask for the rest.
 		MaxContinuations: cfg.Proxy.MaxContinuations,
 		KindOf:           s.kindOf,
 	})
@@ -610,10 +610,9 @@ func (s *Server) RemoveWorker(name string) error {
 
 // idleConnsPerWorker is how many idle keep-alive connections the proxy
 // keeps to each worker: one per request it may run there at once, so a
-// burst that ends does not close connections the next burst redials
-// (a dial is a third of the router's CPU per short stream). It is the
-// largest configured max_concurrency, and at least 64 for workers whose
-// limit is learned. The worker's own idle timeout (see
+// burst that ends does not close connections the next burst redials. It
+// is the largest configured max_concurrency, and at least 64 for workers
+// whose limit is learned. The worker's own idle timeout (see
 // proxy.idle_conn_timeout) still closes them when they sit unused.
 func idleConnsPerWorker(cfg config.Config) int {
 	n := 64
