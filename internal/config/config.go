@@ -628,6 +628,14 @@ func Load(path string) (Config, error) {
 // Validate reports every problem in cfg, each with its key path: nil, or
 // a Problems.
 func (c *Config) Validate() error {
+	if ps := c.problems(); len(ps) > 0 {
+		return ps
+	}
+	return nil
+}
+
+// problems is every problem in c, each with its key path.
+func (c *Config) problems() Problems {
 	var errs Problems
 	bad := errs.add
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
@@ -792,9 +800,6 @@ func (c *Config) Validate() error {
 	if k := c.Discovery.Kubernetes; k != nil {
 		k.validate(bad)
 	}
-	if len(errs) == 0 {
-		return nil
-	}
 	return errs
 }
 
@@ -869,6 +874,12 @@ func (w Worker) Validate(key string) Problems {
 		} else if err := checkZMQ(w.KVEventsReplay); err != nil {
 			bad("kv_events_replay", "%v", err)
 		}
+	}
+	if (w.TLSCAFile != "" || w.TLSInsecureSkipVerify) && !strings.HasPrefix(w.URL, "https://") {
+		bad("tls_ca_file", "TLS settings need an https url, got %q", w.URL)
+	}
+	if w.TLSCAFile != "" && w.TLSInsecureSkipVerify {
+		bad("tls_insecure_skip_verify", "set with tls_ca_file: a CA file is pointless when nothing is verified")
 	}
 	set := 0
 	for _, v := range []string{w.APIKey, w.APIKeyEnv, w.APIKeyFile} {

@@ -150,14 +150,12 @@ func Check(file string, data []byte) *Report {
 		}
 	}
 	decoded := len(r.Problems)
-	if err := r.Config.Validate(); err != nil {
-		for _, p := range asProblems(err) {
-			// A key whose value did not decode was left at its
-			// default; what validation says of that default would
-			// only repeat the problem.
-			if !slices.ContainsFunc(r.Problems[:decoded], func(q *Problem) bool { return within(p.Key, q.Key) }) {
-				r.Add(p)
-			}
+	for _, p := range r.Config.problems() {
+		// A key whose value did not decode was left at its default;
+		// what validation says of that default would only repeat the
+		// problem.
+		if !slices.ContainsFunc(r.Problems[:decoded], func(q *Problem) bool { return within(p.Key, q.Key) }) {
+			r.Add(p)
 		}
 	}
 	slices.SortStableFunc(r.Problems, func(a, b *Problem) int {
@@ -182,27 +180,6 @@ func within(key, parent string) bool {
 	}
 	rest := key[len(parent):]
 	return rest == "" || rest[0] == '.' || rest[0] == '['
-}
-
-// asProblems turns what Validate returns into Problems: a Problems as it
-// is, a joined error one Problem per error, anything else one Problem.
-func asProblems(err error) Problems {
-	var ps Problems
-	if errors.As(err, &ps) {
-		return ps
-	}
-	var out Problems
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		for _, e := range j.Unwrap() {
-			out = append(out, asProblems(e)...)
-		}
-		return out
-	}
-	var p *Problem
-	if errors.As(err, &p) {
-		return Problems{p}
-	}
-	return Problems{{Msg: err.Error()}}
 }
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)

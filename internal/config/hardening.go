@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// validateHardening checks the auth, server, shutdown and TLS sections and
-// the workers' TLS settings, each problem with its key path.
+// validateHardening checks the auth, server, shutdown and TLS sections,
+// each problem with its key path.
 func (c *Config) validateHardening(bad report) {
 	seen := map[string]int{}
 	for i, k := range c.Auth.Keys {
@@ -66,15 +66,6 @@ func (c *Config) validateHardening(bad report) {
 	positive(bad, "shutdown.grace", c.Shutdown.Grace)
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		bad("tls", "set both cert_file and key_file, or neither")
-	}
-	for i, w := range c.Workers {
-		key := fmt.Sprintf("workers[%d]", i)
-		if (w.TLSCAFile != "" || w.TLSInsecureSkipVerify) && !strings.HasPrefix(w.URL, "https://") {
-			bad(key+".tls_ca_file", "TLS settings need an https url, got %q", w.URL)
-		}
-		if w.TLSCAFile != "" && w.TLSInsecureSkipVerify {
-			bad(key+".tls_insecure_skip_verify", "set with tls_ca_file: a CA file is pointless when nothing is verified")
-		}
 	}
 }
 
