@@ -67,9 +67,14 @@ func (e *MissingError) Error() string {
 func (e *MissingError) Is(target error) bool { return target == ErrMissing }
 
 // missing collects absent metrics and turns them into an error or nil.
+// A nil *missing records nothing: the metric is optional.
 type missing []string
 
-func (m *missing) add(format string, args ...any) { *m = append(*m, fmt.Sprintf(format, args...)) }
+func (m *missing) add(format string, args ...any) {
+	if m != nil {
+		*m = append(*m, fmt.Sprintf(format, args...))
+	}
+}
 
 // forModel says, of each absent metric, which model it was looked for
 // and which models the payload serves.
@@ -113,6 +118,21 @@ func families(r io.Reader) (map[string]*dto.MetricFamily, error) {
 		return nil, malformed("prometheus text", err)
 	}
 	return mfs, nil
+}
+
+// parseMetrics parses Prometheus text and reads it with read, which notes
+// in miss what is absent; its errors name the engine.
+func parseMetrics(r io.Reader, engine string, read func(mfs familyMap, miss *missing) Metrics) (Metrics, error) {
+	mfs, err := families(r)
+	if err != nil {
+		return Metrics{}, fmt.Errorf("parse %s metrics: %w", engine, err)
+	}
+	var miss missing
+	m := read(mfs, &miss)
+	if err := miss.err(); err != nil {
+		return m, fmt.Errorf("parse %s metrics: %w", engine, err)
+	}
+	return m, nil
 }
 
 // sample is one series of a family: its labels and its value.

@@ -1,7 +1,6 @@
 package telemetry
 
 import (
-	"fmt"
 	"io"
 	"strconv"
 )
@@ -67,9 +66,8 @@ type PrefixCache struct {
 func parseVLLMPrefixCache(mfs familyMap, keep func(sample) bool) PrefixCache {
 	var pc PrefixCache
 	for _, names := range [][2]string{{VLLMPrefixCacheQueries, VLLMPrefixCacheHits}, {VLLMGPUPrefixCacheQueries, VLLMGPUPrefixCacheHits}} {
-		var miss missing
-		q := aggregate(mfs, names[0], keep, sum, &miss)
-		h := aggregate(mfs, names[1], keep, sum, &miss)
+		q := aggregate(mfs, names[0], keep, sum, nil)
+		h := aggregate(mfs, names[1], keep, sum, nil)
 		if q.Present && h.Present {
 			pc.Queries, pc.Hits = q, h
 			break
@@ -114,34 +112,25 @@ func parseVLLMPrefixCache(mfs familyMap, keep func(sample) bool) PrefixCache {
 // Malformed text returns an error wrapping ErrMalformed. Absent metrics
 // return the partial Metrics and a *MissingError.
 func ParseVLLM(r io.Reader, model string) (Metrics, error) {
-	mfs, err := families(r)
-	if err != nil {
-		return Metrics{}, fmt.Errorf("parse vllm metrics: %w", err)
-	}
-
-	keep, models := modelFilter(mfs, []string{VLLMNumRequestsRunning, VLLMNumRequestsWaiting, VLLMKVCacheUsagePerc, VLLMGPUCacheUsagePerc}, VLLMModelLabel, model)
-
-	var miss missing
-	m := Metrics{
-		Running:  aggregate(mfs, VLLMNumRequestsRunning, keep, sum, &miss),
-		QueueLen: aggregate(mfs, VLLMNumRequestsWaiting, keep, sum, &miss),
-	}
-	var kvMiss missing
-	m.KVUsage = aggregate(mfs, VLLMKVCacheUsagePerc, keep, maxFraction, &kvMiss)
-	if !m.KVUsage.Present {
-		var oldMiss missing
-		if old := aggregate(mfs, VLLMGPUCacheUsagePerc, keep, maxFraction, &oldMiss); old.Present {
-			m.KVUsage = old
-		} else {
-			miss.add("%s (nor %s)", kvMiss[0], VLLMGPUCacheUsagePerc)
+	return parseMetrics(r, "vllm", func(mfs familyMap, miss *missing) Metrics {
+		keep, models := modelFilter(mfs, []string{VLLMNumRequestsRunning, VLLMNumRequestsWaiting, VLLMKVCacheUsagePerc, VLLMGPUCacheUsagePerc}, VLLMModelLabel, model)
+		m := Metrics{
+			Running:  aggregate(mfs, VLLMNumRequestsRunning, keep, sum, miss),
+			QueueLen: aggregate(mfs, VLLMNumRequestsWaiting, keep, sum, miss),
 		}
-	}
-	m.PrefixCache = parseVLLMPrefixCache(mfs, keep)
-	if keep != nil {
-		miss.forModel(VLLMModelLabel, model, models)
-	}
-	if err := miss.err(); err != nil {
-		return m, fmt.Errorf("parse vllm metrics: %w", err)
-	}
-	return m, nil
+		var kvMiss missing
+		m.KVUsage = aggregate(mfs, VLLMKVCacheUsagePerc, keep, maxFraction, &kvMiss)
+		if !m.KVUsage.Present {
+			if old := aggregate(mfs, VLLMGPUCacheUsagePerc, keep, maxFraction, nil); old.Present {
+				m.KVUsage = old
+			} else {
+				miss.add("%s (nor %s)", kvMiss[0], VLLMGPUCacheUsagePerc)
+			}
+		}
+		m.PrefixCache = parseVLLMPrefixCache(mfs, keep)
+		if keep != nil {
+			miss.forModel(VLLMModelLabel, model, models)
+		}
+		return m
+	})
 }
