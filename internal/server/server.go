@@ -510,22 +510,22 @@ func (s *Server) Reload(cfg config.Config) error {
 	var kept []config.Worker
 	for _, w := range cfg.Workers {
 		next[w.Name] = true
-		if o, ok := old[w.Name]; ok && equalWorker(o, w) {
-			kept = append(kept, w)
-			continue
-		} else if ok {
+		o, ok := old[w.Name]
+		var err error
+		switch {
+		case ok && reflect.DeepEqual(o, w): // not JSON: that redacts the API key
+		case ok:
 			// Changed in place: new probes and address, the same
 			// scheduler worker, so its requests in flight keep counting.
-			if err := s.replaceWorkerLocked(w); err != nil {
-				errs = append(errs, err)
-				kept = append(kept, o)
-				continue
-			}
-			kept = append(kept, w)
-			continue
+			err = s.replaceWorkerLocked(w)
+		default:
+			err = s.addWorkerLocked(w)
 		}
-		if err := s.addWorkerLocked(w); err != nil {
+		if err != nil {
 			errs = append(errs, err)
+			if ok {
+				kept = append(kept, o) // left running as it was
+			}
 			continue
 		}
 		kept = append(kept, w)
@@ -569,10 +569,6 @@ func changedNonWorkerKeys(running, next config.Config) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-func equalWorker(a, b config.Worker) bool {
-	return reflect.DeepEqual(a, b) // not JSON: that redacts the API key
 }
 
 // AddWorker adds a worker at run time (admin API).
