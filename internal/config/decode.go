@@ -168,7 +168,7 @@ func Check(file string, data []byte) *Report {
 
 func lineOrMax(l int) int {
 	if l == 0 {
-		return int(^uint(0) >> 1)
+		return math.MaxInt
 	}
 	return l
 }
@@ -211,9 +211,7 @@ var (
 
 // value decodes n into v, the value at key.
 func (d *decoder) value(n *yaml.Node, v reflect.Value, key string) {
-	for n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
+	n = resolve(n)
 	if _, seen := d.r.lines[key]; !seen && key != "" {
 		d.r.lines[key] = n.Line
 	}
@@ -369,19 +367,13 @@ func (d *decoder) pairs(n *yaml.Node, f func(k, v *yaml.Node)) {
 
 // merge applies the mapping, or list of mappings, of a << key.
 func (d *decoder) merge(v *yaml.Node, f func(k, v *yaml.Node)) {
-	for v.Kind == yaml.AliasNode && v.Alias != nil {
-		v = v.Alias
-	}
-	switch v.Kind {
+	switch v = resolve(v); v.Kind {
 	case yaml.MappingNode:
 		d.pairs(v, f)
 	case yaml.SequenceNode:
 		// Earlier mappings of the list win over later ones.
 		for i := len(v.Content) - 1; i >= 0; i-- {
-			m := v.Content[i]
-			for m.Kind == yaml.AliasNode && m.Alias != nil {
-				m = m.Alias
-			}
+			m := resolve(v.Content[i])
 			if m.Kind != yaml.MappingNode {
 				d.bad(m, "", "<< merges mappings only, got %s", describe(m))
 				continue
@@ -391,6 +383,14 @@ func (d *decoder) merge(v *yaml.Node, f func(k, v *yaml.Node)) {
 	default:
 		d.bad(v, "", "<< merges mappings only, got %s", describe(v))
 	}
+}
+
+// resolve follows n's aliases to the node they name.
+func resolve(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
 }
 
 // scalar decodes a plain value: text, number, true or false, duration.
