@@ -222,18 +222,6 @@ func (f *Fleet) List() []*Worker {
 	return ws
 }
 
-// ScrapeNow runs one probe round of the named worker in the caller's
-// goroutine and returns when it is done: for tests, and for an admin
-// "probe now" button. It waits for a round in progress to finish first.
-func (f *Fleet) ScrapeNow(ctx context.Context, name string) error {
-	w := f.Get(name)
-	if w == nil {
-		return fmt.Errorf("scrape worker %q: %w", name, ErrUnknownWorker)
-	}
-	w.ScrapeNow(ctx)
-	return nil
-}
-
 // Close stops every scraper and waits for them; Add fails afterwards.
 func (f *Fleet) Close() {
 	f.mu.Lock()

@@ -369,9 +369,6 @@ func TestFleet_AddRemoveList(t *testing.T) {
 	if err := h.f.Remove("a"); !errors.Is(err, ErrUnknownWorker) {
 		t.Errorf("second Remove: err = %v, want ErrUnknownWorker", err)
 	}
-	if err := h.f.ScrapeNow(context.Background(), "a"); !errors.Is(err, ErrUnknownWorker) {
-		t.Errorf("ScrapeNow of removed: err = %v", err)
-	}
 	h.f.Close()
 	if _, err := h.f.Add(context.Background(), WorkerConfig{Name: "c", URL: srv.URL, Kind: KindLlamaCPP}); !errors.Is(err, ErrClosed) {
 		t.Errorf("Add after Close: err = %v, want ErrClosed", err)
