@@ -650,10 +650,8 @@ func (c *Config) problems() Problems {
 	if c.HashLoadBound != 0 && !(c.HashLoadBound >= 1 && c.HashLoadBound <= 100) {
 		bad("hash_load_bound", "%v must be from 1 to 100 (times the mean load)", c.HashLoadBound)
 	}
-	if len(c.Workers) == 0 {
-		if c.Discovery.Kubernetes == nil {
-			bad("workers", "at least one worker is needed (or discovery.kubernetes)")
-		}
+	if len(c.Workers) == 0 && c.Discovery.Kubernetes == nil {
+		bad("workers", "at least one worker is needed (or discovery.kubernetes)")
 	}
 	seen := map[string]int{}
 	for i, w := range c.Workers {

@@ -49,7 +49,7 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.005, 2, 16)
 // step to a badly overloaded one.
 var tpotBuckets = prometheus.ExponentialBuckets(0.001, 2, 12)
 
-func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metrics {
+func newMetrics(sched *scheduler.Scheduler, tracker *stats.Tracker) *metrics {
 	wm := []string{"worker", "model"}
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
@@ -190,7 +190,7 @@ var (
 // stateCollector reads the scheduler and tracker at scrape time, so its
 // series always match the current workers.
 type stateCollector struct {
-	sched   func() *scheduler.Scheduler
+	sched   *scheduler.Scheduler
 	tracker *stats.Tracker
 }
 
@@ -201,7 +201,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.sched()
+	s := c.sched
 	for _, w := range s.Gauges() {
 		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(w.Active), w.Name)
 		ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(w.Limit), w.Name)

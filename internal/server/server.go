@@ -216,16 +216,16 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Logger:        log,
 		OnChange:      s.workerChanged,
 	})
-	s.metrics = newMetrics(func() *scheduler.Scheduler { return s.sched }, s.tracker)
+	s.metrics = newMetrics(s.sched, s.tracker)
 	s.metrics.reg.MustRegister(s.shared.collectors()...)
 	s.metrics.reg.MustRegister(prefixShareCollectors(s.prefixShare)...)
 	s.metrics.reg.MustRegister(s.lora.collectors()...)
 	s.dash = dashboard.New(dashboard.Options{
-		Workers:     func() []scheduler.WorkerState { return s.sched.Workers() },
-		Gauges:      func() []scheduler.WorkerGauges { return s.sched.Gauges() },
-		QueueDepths: func() map[string]int { return s.sched.QueueDepths() },
+		Workers:     s.sched.Workers,
+		Gauges:      s.sched.Gauges,
+		QueueDepths: s.sched.QueueDepths,
 		Stats:       s.tracker.Get,
-		Recent:      func(n int) []*decisions.Record { return s.dlog.Recent(n) },
+		Recent:      s.dlog.Recent,
 	})
 	s.proxy = proxy.New(proxy.Options{
 		Scheduler:   s.sched,
