@@ -602,11 +602,11 @@ func DefaultConfig() Config {
 		Server:   ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
 		Shutdown: Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
 		Shared:   Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
-		Sessions: defaultSessions(),
+		Sessions: Sessions{Affinity: true, Headers: slices.Clone(DefaultSessionHeaders), TTL: 30 * time.Minute, MaxSessions: 65536},
 		Limits: Limits{Learning: limit.Config{FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
 			BorrowAfter: 2 * time.Second, DefaultCap: 64}},
 		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
-		LoRA:    defaultLoRA(),
+		LoRA:    LoRA{MaxReplicas: scheduler.DefaultAdapterReplicas, LoadTimeout: scheduler.DefaultAdapterLoadTimeout},
 	}
 }
 

@@ -38,11 +38,6 @@ type LoRAAdapter struct {
 	Base string `yaml:"base"`
 }
 
-// defaultLoRA is lora: left out.
-func defaultLoRA() LoRA {
-	return LoRA{MaxReplicas: scheduler.DefaultAdapterReplicas, LoadTimeout: scheduler.DefaultAdapterLoadTimeout}
-}
-
 // Scheduler is the scheduler's AdapterConfig (without its Loader).
 func (l LoRA) Scheduler() scheduler.AdapterConfig {
 	ac := scheduler.AdapterConfig{LoadOnDemand: l.LoadOnDemand, MaxReplicas: l.MaxReplicas, LoadTimeout: l.LoadTimeout}

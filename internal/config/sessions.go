@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"slices"
 	"time"
 )
 
@@ -40,11 +39,6 @@ const (
 // session_id (KarpelesLab/teamclaude#352, router-for-me/CLIProxyAPI#4452),
 // OpenCode's X-Session-Affinity (BYK/loreai#687).
 var DefaultSessionHeaders = []string{"X-Session-ID", "X-Claude-Code-Session-Id", "Session-Id", "Session_id", "X-Session-Affinity"}
-
-// defaultSessions are the defaults of the sessions section.
-func defaultSessions() Sessions {
-	return Sessions{Affinity: true, Headers: slices.Clone(DefaultSessionHeaders), TTL: 30 * time.Minute, MaxSessions: 65536}
-}
 
 // validateSessions reports the problems of the sessions section and of
 // admission.fair_share_by.
