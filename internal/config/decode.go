@@ -287,9 +287,9 @@ func (d *decoder) structure(n *yaml.Node, v reflect.Value, key string) {
 		}
 		name := k.Value
 		path := join(key, name)
+		d.r.lines[path] = k.Line
 		i, ok := fields[name]
 		if !ok {
-			d.r.lines[path] = k.Line
 			msg, gone := removedKeys[path]
 			if !gone {
 				msg = unknownKey(name, v.Type(), key)
@@ -297,7 +297,6 @@ func (d *decoder) structure(n *yaml.Node, v reflect.Value, key string) {
 			d.r.Add(&Problem{Key: path, Line: k.Line, Msg: msg})
 			return
 		}
-		d.r.lines[path] = k.Line
 		d.value(val, v.Field(i), path)
 	})
 }

@@ -160,16 +160,11 @@ func (m *metrics) observe(r proxy.Result, live func(worker string) bool) {
 
 // forget drops a removed worker's series.
 func (m *metrics) forget(worker string) {
-	l := prometheus.Labels{"worker": worker}
-	m.requests.DeletePartialMatch(l)
-	m.ttft.DeletePartialMatch(l)
-	m.workerTTFT.DeletePartialMatch(l)
-	m.e2e.DeletePartialMatch(l)
-	m.tpot.DeletePartialMatch(l)
-	m.tokens.DeletePartialMatch(l)
-	m.promptTokens.DeletePartialMatch(l)
-	m.staleRetries.DeletePartialMatch(l)
-	m.predError.DeletePartialMatch(l)
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+		m.requests, m.ttft, m.workerTTFT, m.e2e, m.tpot, m.tokens, m.promptTokens, m.staleRetries, m.predError,
+	} {
+		v.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	}
 }
 
 var (
