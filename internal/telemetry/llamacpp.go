@@ -40,7 +40,7 @@ const (
 // a finite number is reported too, since that is a broken payload rather
 // than an older or newer build.
 func ParseLlamaCPP(r io.Reader) (Metrics, error) {
-	return parseMetrics(r, "llama.cpp", func(mfs familyMap, miss *missing) Metrics {
+	return parseProm(r, "llama.cpp", func(mfs familyMap, miss *missing) (Metrics, error) {
 		m := Metrics{
 			Running:  aggregate(mfs, LlamaCPPRequestsProcessing, nil, sum, miss),
 			QueueLen: aggregate(mfs, LlamaCPPRequestsDeferred, nil, sum, miss),
@@ -52,7 +52,7 @@ func ParseLlamaCPP(r io.Reader) (Metrics, error) {
 		if v := aggregate(mfs, LlamaCPPKVCacheTokens, nil, sum, nil); v.Present {
 			m.KVUsedTokens = v
 		}
-		return m
+		return m, nil
 	})
 }
 

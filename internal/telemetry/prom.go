@@ -120,19 +120,21 @@ func families(r io.Reader) (map[string]*dto.MetricFamily, error) {
 	return mfs, nil
 }
 
-// parseMetrics parses Prometheus text and reads it with read, which notes
-// in miss what is absent; its errors name the engine.
-func parseMetrics(r io.Reader, engine string, read func(mfs familyMap, miss *missing) Metrics) (Metrics, error) {
+// parseProm parses Prometheus text and reads it with read, which notes in
+// miss what is absent; its errors name the exporter.
+func parseProm[T any](r io.Reader, exporter string, read func(mfs familyMap, miss *missing) (T, error)) (T, error) {
+	var v T
 	mfs, err := families(r)
+	if err == nil {
+		var miss missing
+		if v, err = read(mfs, &miss); err == nil {
+			err = miss.err()
+		}
+	}
 	if err != nil {
-		return Metrics{}, fmt.Errorf("parse %s metrics: %w", engine, err)
+		return v, fmt.Errorf("parse %s metrics: %w", exporter, err)
 	}
-	var miss missing
-	m := read(mfs, &miss)
-	if err := miss.err(); err != nil {
-		return m, fmt.Errorf("parse %s metrics: %w", engine, err)
-	}
-	return m, nil
+	return v, nil
 }
 
 // sample is one series of a family: its labels and its value.

@@ -34,7 +34,7 @@ const (
 // Malformed text returns an error wrapping ErrMalformed. Absent metrics
 // return the partial Metrics and a *MissingError.
 func ParseSGLang(r io.Reader, model string) (Metrics, error) {
-	return parseMetrics(r, "sglang", func(mfs familyMap, miss *missing) Metrics {
+	return parseProm(r, "sglang", func(mfs familyMap, miss *missing) (Metrics, error) {
 		keep, models := modelFilter(mfs, []string{SGLangNumRunningReqs, SGLangNumQueueReqs, SGLangTokenUsage}, SGLangModelLabel, model)
 		m := Metrics{
 			Running:  aggregate(mfs, SGLangNumRunningReqs, keep, sum, miss),
@@ -50,7 +50,7 @@ func ParseSGLang(r io.Reader, model string) (Metrics, error) {
 		if keep != nil {
 			miss.forModel(SGLangModelLabel, model, models)
 		}
-		return m
+		return m, nil
 	})
 }
 

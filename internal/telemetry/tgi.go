@@ -28,7 +28,7 @@ const (
 // Malformed text returns an error wrapping ErrMalformed. Absent metrics
 // return the partial Metrics and a *MissingError.
 func ParseTGI(r io.Reader, maxBatchTotalTokens int) (Metrics, error) {
-	return parseMetrics(r, "tgi", func(mfs familyMap, miss *missing) Metrics {
+	return parseProm(r, "tgi", func(mfs familyMap, miss *missing) (Metrics, error) {
 		m := Metrics{
 			QueueLen: aggregate(mfs, TGIQueueSize, nil, sum, miss),
 			Running:  aggregate(mfs, TGIBatchCurrentSize, nil, sum, miss),
@@ -41,7 +41,7 @@ func ParseTGI(r io.Reader, maxBatchTotalTokens int) (Metrics, error) {
 		} else {
 			miss.add("%s (no %s in /info to divide by)", TGIBatchCurrentMaxTokens, tgiMaxBatchTotalTokensKey)
 		}
-		return m
+		return m, nil
 	})
 }
 

@@ -112,7 +112,7 @@ func parseVLLMPrefixCache(mfs familyMap, keep func(sample) bool) PrefixCache {
 // Malformed text returns an error wrapping ErrMalformed. Absent metrics
 // return the partial Metrics and a *MissingError.
 func ParseVLLM(r io.Reader, model string) (Metrics, error) {
-	return parseMetrics(r, "vllm", func(mfs familyMap, miss *missing) Metrics {
+	return parseProm(r, "vllm", func(mfs familyMap, miss *missing) (Metrics, error) {
 		keep, models := modelFilter(mfs, []string{VLLMNumRequestsRunning, VLLMNumRequestsWaiting, VLLMKVCacheUsagePerc, VLLMGPUCacheUsagePerc}, VLLMModelLabel, model)
 		m := Metrics{
 			Running:  aggregate(mfs, VLLMNumRequestsRunning, keep, sum, miss),
@@ -131,6 +131,6 @@ func ParseVLLM(r io.Reader, model string) (Metrics, error) {
 		if keep != nil {
 			miss.forModel(VLLMModelLabel, model, models)
 		}
-		return m
+		return m, nil
 	})
 }
