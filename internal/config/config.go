@@ -483,7 +483,7 @@ const DefaultIdleConnTimeout = 90 * time.Second
 // may be anything).
 func DefaultIdleConnTimeouts() map[string]time.Duration {
 	out := map[string]time.Duration{}
-	for _, k := range Kinds {
+	for _, k := range fleet.Kinds {
 		out[k] = DefaultIdleConnTimeout
 	}
 	for _, k := range []string{fleet.KindLlamaCPP, fleet.KindVLLM, fleet.KindSGLang, fleet.KindTRTLLM} {
@@ -581,9 +581,6 @@ type TLS struct {
 	// KeyFile is the PEM private key.
 	KeyFile string `yaml:"key_file"`
 }
-
-// Kinds are the worker kinds Sluice knows how to read.
-var Kinds = fleet.Kinds
 
 // DefaultConfig returns the configuration used for every key left out.
 func DefaultConfig() Config {
@@ -766,8 +763,8 @@ func (c *Config) problems() Problems {
 	positive(bad, "proxy.tokenize_timeout", c.Proxy.TokenizeTimeout)
 	for _, kind := range slices.Sorted(maps.Keys(c.Proxy.IdleConnTimeout)) {
 		key := "proxy.idle_conn_timeout." + kind
-		if !slices.Contains(Kinds, kind) {
-			bad(key, "%q is not a worker kind (one of %v)", kind, Kinds)
+		if !slices.Contains(fleet.Kinds, kind) {
+			bad(key, "%q is not a worker kind (one of %s)", kind, oneOf(fleet.Kinds))
 		}
 		positive(bad, key, c.Proxy.IdleConnTimeout[kind])
 	}
@@ -847,8 +844,8 @@ func (w Worker) Validate(key string) Problems {
 	if err := checkURL(w.URL); err != nil {
 		bad("url", "%v", err)
 	}
-	if !slices.Contains(Kinds, w.Kind) {
-		bad("kind", "%q is not one of %s", w.Kind, oneOf(Kinds))
+	if !slices.Contains(fleet.Kinds, w.Kind) {
+		bad("kind", "%q is not one of %s", w.Kind, oneOf(fleet.Kinds))
 	}
 	validateModels(bad, w.Models)
 	if w.MaxConcurrency < 0 {
@@ -930,8 +927,8 @@ func (k *KubernetesDiscovery) validate(bad report) {
 	if strings.TrimSpace(k.Selector) == "" {
 		bad("selector", "missing: without one every EndpointSlice of the namespace would become workers")
 	}
-	if k.Kind != "" && !slices.Contains(Kinds, k.Kind) {
-		bad("kind", "%q is not one of %s", k.Kind, oneOf(Kinds))
+	if k.Kind != "" && !slices.Contains(fleet.Kinds, k.Kind) {
+		bad("kind", "%q is not one of %s", k.Kind, oneOf(fleet.Kinds))
 	}
 	validateModels(bad, k.Models)
 	if k.MaxConcurrency < 0 {
