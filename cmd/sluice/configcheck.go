@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/discovery"
+	"github.com/sluice-router/sluice/internal/fleet"
 )
 
 // runConfig dispatches `sluice config <subcommand>`.
@@ -66,7 +67,7 @@ func configCheck(w io.Writer, args []string) error {
 		kinds[wk.Kind]++
 	}
 	var parts []string
-	for _, k := range config.Kinds {
+	for _, k := range fleet.Kinds {
 		if n := kinds[k]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", n, k))
 		}

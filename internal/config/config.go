@@ -483,7 +483,7 @@ const DefaultIdleConnTimeout = 90 * time.Second
 // may be anything).
 func DefaultIdleConnTimeouts() map[string]time.Duration {
 	out := map[string]time.Duration{}
-	for _, k := range Kinds {
+	for _, k := range fleet.Kinds {
 		out[k] = DefaultIdleConnTimeout
 	}
 	for _, k := range []string{fleet.KindLlamaCPP, fleet.KindVLLM, fleet.KindSGLang, fleet.KindTRTLLM} {
@@ -582,9 +582,6 @@ type TLS struct {
 	KeyFile string `yaml:"key_file"`
 }
 
-// Kinds are the worker kinds Sluice knows how to read.
-var Kinds = fleet.Kinds
-
 // DefaultConfig returns the configuration used for every key left out.
 func DefaultConfig() Config {
 	return Config{
@@ -602,11 +599,11 @@ func DefaultConfig() Config {
 		Server:   ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
 		Shutdown: Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
 		Shared:   Shared{LeaseTTL: 5 * time.Second, Replicas: 1},
-		Sessions: defaultSessions(),
+		Sessions: Sessions{Affinity: true, Headers: slices.Clone(DefaultSessionHeaders), TTL: 30 * time.Minute, MaxSessions: 65536},
 		Limits: Limits{Learning: limit.Config{FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
 			BorrowAfter: 2 * time.Second, DefaultCap: 64}},
 		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
-		LoRA:    defaultLoRA(),
+		LoRA:    LoRA{MaxReplicas: scheduler.DefaultAdapterReplicas, LoadTimeout: scheduler.DefaultAdapterLoadTimeout},
 	}
 }
 
@@ -628,10 +625,16 @@ func Load(path string) (Config, error) {
 // Validate reports every problem in cfg, each with its key path: nil, or
 // a Problems.
 func (c *Config) Validate() error {
-	var errs Problems
-	bad := func(key, format string, args ...any) {
-		errs = append(errs, problem(key, format, args...))
+	if ps := c.problems(); len(ps) > 0 {
+		return ps
 	}
+	return nil
+}
+
+// problems is every problem in c, each with its key path.
+func (c *Config) problems() Problems {
+	var errs Problems
+	bad := errs.add
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen", "%q is not host:port: %v", c.Listen, err)
 	}
@@ -644,15 +647,13 @@ func (c *Config) Validate() error {
 	if c.HashLoadBound != 0 && !(c.HashLoadBound >= 1 && c.HashLoadBound <= 100) {
 		bad("hash_load_bound", "%v must be from 1 to 100 (times the mean load)", c.HashLoadBound)
 	}
-	if len(c.Workers) == 0 {
-		if c.Discovery.Kubernetes == nil {
-			bad("workers", "at least one worker is needed (or discovery.kubernetes)")
-		}
+	if len(c.Workers) == 0 && c.Discovery.Kubernetes == nil {
+		bad("workers", "at least one worker is needed (or discovery.kubernetes)")
 	}
 	seen := map[string]int{}
 	for i, w := range c.Workers {
 		key := fmt.Sprintf("workers[%d]", i)
-		errs = append(errs, w.validate(key)...)
+		errs = append(errs, w.Validate(key)...)
 		if j, dup := seen[w.Name]; dup && w.Name != "" {
 			bad(key+".name", "duplicate worker name %q (also workers[%d])", w.Name, j)
 		}
@@ -668,14 +669,14 @@ func (c *Config) Validate() error {
 		bad("admission.max_queue", "negative (%d)", c.Admission.MaxQueue)
 	}
 	c.validateSessions(bad)
-	if c.Admission.QueueTimeout <= 0 {
-		bad("admission.queue_timeout", "must be positive, got %v", c.Admission.QueueTimeout)
-	}
+	positive(bad, "admission.queue_timeout", c.Admission.QueueTimeout)
 	if len(c.Admission.Classes) == 0 {
 		bad("admission.classes", "at least one class is needed")
 	}
 	classSeen := map[string]int{}
+	var classNames []string
 	for i, cl := range c.Admission.Classes {
+		classNames = append(classNames, cl.Name)
 		key := fmt.Sprintf("admission.classes[%d]", i)
 		if j, dup := classSeen[cl.Name]; dup {
 			bad(key+".name", "duplicate class %q (also admission.classes[%d])", cl.Name, j)
@@ -696,35 +697,23 @@ func (c *Config) Validate() error {
 			bad(fmt.Sprintf("auth.keys[%d].slo.%s", i, p.Key), "%s", p.Msg)
 		}
 	}
-	classNames := make([]string, len(c.Admission.Classes))
-	for i, cl := range c.Admission.Classes {
-		classNames[i] = cl.Name
-	}
 	for _, name := range slices.Sorted(maps.Keys(c.Admission.SLO)) {
 		key := "admission.slo." + name
 		if _, ok := classSeen[name]; !ok {
-			msg := fmt.Sprintf("%q is not one of admission.classes (%s)", name, strings.Join(classNames, ", "))
-			if near := nearest(name, classNames); near != "" {
-				msg += fmt.Sprintf("; did you mean `%s`?", near)
-			}
-			bad(key, "%s", msg)
+			bad(key, "%s", didYouMean(fmt.Sprintf("%q is not one of admission.classes (%s)", name, strings.Join(classNames, ", ")), name, classNames))
 		}
 		for _, p := range c.Admission.SLO[name].Problems() {
 			bad(key+"."+p.Key, "%s", p.Msg)
 		}
 	}
 	for name, w := range c.Admission.TenantWeights {
-		if w <= 0 {
-			bad("admission.tenant_weights."+name, "must be positive, got %v", w)
-		}
+		positive(bad, "admission.tenant_weights."+name, w)
 	}
-	errs = append(errs, c.LoRA.validate(c.Workers)...)
+	c.LoRA.validate(c.Workers, bad)
 	if c.Stats.Alpha <= 0 || c.Stats.Alpha > 1 {
 		bad("stats.alpha", "%v is outside (0, 1]", c.Stats.Alpha)
 	}
-	if c.Stats.FlushInterval <= 0 {
-		bad("stats.flush_interval", "must be positive, got %v", c.Stats.FlushInterval)
-	}
+	positive(bad, "stats.flush_interval", c.Stats.FlushInterval)
 	if redisconn.IsURL(c.Stats.Store) {
 		if _, _, err := redisconn.Parse(c.Stats.Store, c.Stats.RedisPrefix); err != nil {
 			bad("stats.store", "%v", err)
@@ -734,34 +723,24 @@ func (c *Config) Validate() error {
 	} else if c.Stats.RedisPrefix != "" {
 		bad("stats.redis_prefix", "set but stats.store %q is not a Redis URL", c.Stats.Store)
 	}
-	if c.Decisions.RingSize <= 0 {
-		bad("decisions.ring_size", "must be positive, got %d", c.Decisions.RingSize)
-	}
+	positive(bad, "decisions.ring_size", c.Decisions.RingSize)
 	t := c.Telemetry
-	if t.Interval <= 0 {
-		bad("telemetry.interval", "must be positive, got %v", t.Interval)
-	}
-	if t.Timeout <= 0 {
-		bad("telemetry.timeout", "must be positive, got %v", t.Timeout)
-	}
+	positive(bad, "telemetry.interval", t.Interval)
+	positive(bad, "telemetry.timeout", t.Timeout)
 	if t.StaleAfter < t.Interval {
 		bad("telemetry.stale_after", "%v is shorter than telemetry.interval %v: every reading would be stale", t.StaleAfter, t.Interval)
 	}
 	if t.FailThreshold < 1 {
 		bad("telemetry.fail_threshold", "must be at least 1, got %d", t.FailThreshold)
 	}
-	if c.Proxy.MaxBodyBytes <= 0 {
-		bad("proxy.max_body_bytes", "must be positive, got %d", c.Proxy.MaxBodyBytes)
-	}
+	positive(bad, "proxy.max_body_bytes", c.Proxy.MaxBodyBytes)
 	if c.Proxy.MaxAttempts < 1 {
 		bad("proxy.max_attempts", "must be at least 1, got %d", c.Proxy.MaxAttempts)
 	}
 	if c.Proxy.MaxContinuations < 0 {
 		bad("proxy.max_continuations", "must not be negative (0 turns continuation off), got %d", c.Proxy.MaxContinuations)
 	}
-	if c.Proxy.DrainDeadline <= 0 {
-		bad("proxy.drain_deadline", "must be positive, got %v", c.Proxy.DrainDeadline)
-	}
+	positive(bad, "proxy.drain_deadline", c.Proxy.DrainDeadline)
 	if sh := c.Shared; sh.Redis != "" {
 		if _, _, err := redisconn.Parse(sh.Redis, ""); err != nil {
 			bad("shared.redis", "%v", err)
@@ -776,28 +755,20 @@ func (c *Config) Validate() error {
 			bad("shared.replicas", "must be at least 1, got %d", sh.Replicas)
 		}
 	}
-	if c.Proxy.ResponseHeaderTimeout <= 0 {
-		bad("proxy.response_header_timeout", "must be positive, got %v", c.Proxy.ResponseHeaderTimeout)
-	}
-	if c.Proxy.StreamIdleTimeout <= 0 {
-		bad("proxy.stream_idle_timeout", "must be positive, got %v", c.Proxy.StreamIdleTimeout)
-	}
+	positive(bad, "proxy.response_header_timeout", c.Proxy.ResponseHeaderTimeout)
+	positive(bad, "proxy.stream_idle_timeout", c.Proxy.StreamIdleTimeout)
 	if c.Proxy.TokenizeAbove < 0 {
 		bad("proxy.tokenize_above", "negative (%d); 0 never asks workers to tokenize", c.Proxy.TokenizeAbove)
 	}
-	if c.Proxy.TokenizeTimeout <= 0 {
-		bad("proxy.tokenize_timeout", "must be positive, got %v", c.Proxy.TokenizeTimeout)
-	}
+	positive(bad, "proxy.tokenize_timeout", c.Proxy.TokenizeTimeout)
 	for _, kind := range slices.Sorted(maps.Keys(c.Proxy.IdleConnTimeout)) {
 		key := "proxy.idle_conn_timeout." + kind
-		if !slices.Contains(Kinds, kind) {
-			bad(key, "%q is not a worker kind (one of %v)", kind, Kinds)
+		if !slices.Contains(fleet.Kinds, kind) {
+			bad(key, "%q is not a worker kind (one of %s)", kind, oneOf(fleet.Kinds))
 		}
-		if d := c.Proxy.IdleConnTimeout[kind]; d <= 0 {
-			bad(key, "must be positive, got %v", d)
-		}
+		positive(bad, key, c.Proxy.IdleConnTimeout[kind])
 	}
-	errs = append(errs, c.validateHardening()...)
+	c.validateHardening(bad)
 	l := c.Limits
 	if l.MinStreamTokS < 0 {
 		bad("limits.min_stream_tok_s", "negative (%v); 0 derives the floor from the best solo rate", l.MinStreamTokS)
@@ -822,15 +793,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	if k := c.Discovery.Kubernetes; k != nil {
-		errs = append(errs, k.validate("discovery.kubernetes")...)
-	}
-	if len(errs) == 0 {
-		return nil
+		k.validate(bad)
 	}
 	return errs
 }
 
-// oneOf lists the allowed words, comma separated.
 // nearest returns the word of words close enough to name to be taken for
 // a typo of it, or "".
 func nearest(name string, words []string) string {
@@ -846,6 +813,16 @@ func nearest(name string, words []string) string {
 	return ""
 }
 
+// didYouMean is msg, about name, with the word of words it is a typo of,
+// if any.
+func didYouMean(msg, name string, words []string) string {
+	if near := nearest(name, words); near != "" {
+		msg += fmt.Sprintf("; did you mean `%s`?", near)
+	}
+	return msg
+}
+
+// oneOf lists the allowed words, comma separated.
 func oneOf[S ~string](words []S) string {
 	out := make([]string, len(words))
 	for i, w := range words {
@@ -854,11 +831,11 @@ func oneOf[S ~string](words []S) string {
 	return strings.Join(out, ", ")
 }
 
-func (w Worker) validate(key string) Problems {
+// Validate reports every problem with the worker, each under key (its
+// path, e.g. workers[0]).
+func (w Worker) Validate(key string) Problems {
 	var errs Problems
-	bad := func(k, format string, args ...any) {
-		errs = append(errs, problem(key+"."+k, format, args...))
-	}
+	bad := under(errs.add, key)
 	if w.Name == "" {
 		bad("name", "missing")
 	} else if strings.ContainsAny(w.Name, " \t\n/\"") {
@@ -867,14 +844,10 @@ func (w Worker) validate(key string) Problems {
 	if err := checkURL(w.URL); err != nil {
 		bad("url", "%v", err)
 	}
-	if !slices.Contains(Kinds, w.Kind) {
-		bad("kind", "%q is not one of %s", w.Kind, oneOf(Kinds))
+	if !slices.Contains(fleet.Kinds, w.Kind) {
+		bad("kind", "%q is not one of %s", w.Kind, oneOf(fleet.Kinds))
 	}
-	for i, m := range w.Models {
-		if strings.TrimSpace(m) == "" {
-			bad(fmt.Sprintf("models[%d]", i), "empty model name")
-		}
-	}
+	validateModels(bad, w.Models)
 	if w.MaxConcurrency < 0 {
 		bad("max_concurrency", "negative (%d); use a positive cap or auto", w.MaxConcurrency)
 	}
@@ -896,6 +869,12 @@ func (w Worker) validate(key string) Problems {
 		} else if err := checkZMQ(w.KVEventsReplay); err != nil {
 			bad("kv_events_replay", "%v", err)
 		}
+	}
+	if (w.TLSCAFile != "" || w.TLSInsecureSkipVerify) && !strings.HasPrefix(w.URL, "https://") {
+		bad("tls_ca_file", "TLS settings need an https url, got %q", w.URL)
+	}
+	if w.TLSCAFile != "" && w.TLSInsecureSkipVerify {
+		bad("tls_insecure_skip_verify", "set with tls_ca_file: a CA file is pointless when nothing is verified")
 	}
 	set := 0
 	for _, v := range []string{w.APIKey, w.APIKeyEnv, w.APIKeyFile} {
@@ -943,24 +922,40 @@ func checkURL(s string) error {
 
 // validate checks what can be checked without a cluster; the selector's
 // syntax is checked when discovery starts (and by sluice config check).
-func (k *KubernetesDiscovery) validate(key string) Problems {
-	var errs Problems
-	bad := func(k, format string, args ...any) {
-		errs = append(errs, problem(key+"."+k, format, args...))
-	}
+func (k *KubernetesDiscovery) validate(bad report) {
+	bad = under(bad, "discovery.kubernetes")
 	if strings.TrimSpace(k.Selector) == "" {
 		bad("selector", "missing: without one every EndpointSlice of the namespace would become workers")
 	}
-	if k.Kind != "" && !slices.Contains(Kinds, k.Kind) {
-		bad("kind", "%q is not one of %s", k.Kind, oneOf(Kinds))
+	if k.Kind != "" && !slices.Contains(fleet.Kinds, k.Kind) {
+		bad("kind", "%q is not one of %s", k.Kind, oneOf(fleet.Kinds))
 	}
-	for i, m := range k.Models {
+	validateModels(bad, k.Models)
+	if k.MaxConcurrency < 0 {
+		bad("max_concurrency", "negative (%d); use a positive cap or auto", k.MaxConcurrency)
+	}
+}
+
+// validateModels reports the empty names of a models list.
+func validateModels(bad report, models []string) {
+	for i, m := range models {
 		if strings.TrimSpace(m) == "" {
 			bad(fmt.Sprintf("models[%d]", i), "empty model name")
 		}
 	}
-	if k.MaxConcurrency < 0 {
-		bad("max_concurrency", "negative (%d)", k.MaxConcurrency)
+}
+
+// report records one problem under its key path.
+type report = func(key, format string, args ...any)
+
+// under returns bad with every key put under prefix.
+func under(bad report, prefix string) report {
+	return func(key, format string, args ...any) { bad(prefix+"."+key, format, args...) }
+}
+
+// positive reports v under key unless it is positive.
+func positive[T int | int64 | float64 | time.Duration](bad report, key string, v T) {
+	if v <= 0 {
+		bad(key, "must be positive, got %v", v)
 	}
-	return errs
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"reflect"
 	"regexp"
@@ -74,9 +75,9 @@ func (ps Problems) Unwrap() []error {
 	return out
 }
 
-// problem returns a Problem for key.
-func problem(key, format string, args ...any) *Problem {
-	return &Problem{Key: key, Msg: fmt.Sprintf(format, args...)}
+// add appends a Problem for key.
+func (ps *Problems) add(key, format string, args ...any) {
+	*ps = append(*ps, &Problem{Key: key, Msg: fmt.Sprintf(format, args...)})
 }
 
 // Report is what Check found in a config file: the config as far as it
@@ -149,14 +150,12 @@ func Check(file string, data []byte) *Report {
 		}
 	}
 	decoded := len(r.Problems)
-	if err := r.Config.Validate(); err != nil {
-		for _, p := range asProblems(err) {
-			// A key whose value did not decode was left at its
-			// default; what validation says of that default would
-			// only repeat the problem.
-			if !slices.ContainsFunc(r.Problems[:decoded], func(q *Problem) bool { return within(p.Key, q.Key) }) {
-				r.Add(p)
-			}
+	for _, p := range r.Config.problems() {
+		// A key whose value did not decode was left at its default;
+		// what validation says of that default would only repeat the
+		// problem.
+		if !slices.ContainsFunc(r.Problems[:decoded], func(q *Problem) bool { return within(p.Key, q.Key) }) {
+			r.Add(p)
 		}
 	}
 	slices.SortStableFunc(r.Problems, func(a, b *Problem) int {
@@ -169,7 +168,7 @@ func Check(file string, data []byte) *Report {
 
 func lineOrMax(l int) int {
 	if l == 0 {
-		return int(^uint(0) >> 1)
+		return math.MaxInt
 	}
 	return l
 }
@@ -181,27 +180,6 @@ func within(key, parent string) bool {
 	}
 	rest := key[len(parent):]
 	return rest == "" || rest[0] == '.' || rest[0] == '['
-}
-
-// asProblems turns what Validate returns into Problems: a Problems as it
-// is, a joined error one Problem per error, anything else one Problem.
-func asProblems(err error) Problems {
-	var ps Problems
-	if errors.As(err, &ps) {
-		return ps
-	}
-	var out Problems
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		for _, e := range j.Unwrap() {
-			out = append(out, asProblems(e)...)
-		}
-		return out
-	}
-	var p *Problem
-	if errors.As(err, &p) {
-		return Problems{p}
-	}
-	return Problems{{Msg: err.Error()}}
 }
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
@@ -233,9 +211,7 @@ var (
 
 // value decodes n into v, the value at key.
 func (d *decoder) value(n *yaml.Node, v reflect.Value, key string) {
-	for n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
+	n = resolve(n)
 	if _, seen := d.r.lines[key]; !seen && key != "" {
 		d.r.lines[key] = n.Line
 	}
@@ -311,9 +287,9 @@ func (d *decoder) structure(n *yaml.Node, v reflect.Value, key string) {
 		}
 		name := k.Value
 		path := join(key, name)
+		d.r.lines[path] = k.Line
 		i, ok := fields[name]
 		if !ok {
-			d.r.lines[path] = k.Line
 			msg, gone := removedKeys[path]
 			if !gone {
 				msg = unknownKey(name, v.Type(), key)
@@ -321,7 +297,6 @@ func (d *decoder) structure(n *yaml.Node, v reflect.Value, key string) {
 			d.r.Add(&Problem{Key: path, Line: k.Line, Msg: msg})
 			return
 		}
-		d.r.lines[path] = k.Line
 		d.value(val, v.Field(i), path)
 	})
 }
@@ -391,19 +366,13 @@ func (d *decoder) pairs(n *yaml.Node, f func(k, v *yaml.Node)) {
 
 // merge applies the mapping, or list of mappings, of a << key.
 func (d *decoder) merge(v *yaml.Node, f func(k, v *yaml.Node)) {
-	for v.Kind == yaml.AliasNode && v.Alias != nil {
-		v = v.Alias
-	}
-	switch v.Kind {
+	switch v = resolve(v); v.Kind {
 	case yaml.MappingNode:
 		d.pairs(v, f)
 	case yaml.SequenceNode:
 		// Earlier mappings of the list win over later ones.
 		for i := len(v.Content) - 1; i >= 0; i-- {
-			m := v.Content[i]
-			for m.Kind == yaml.AliasNode && m.Alias != nil {
-				m = m.Alias
-			}
+			m := resolve(v.Content[i])
 			if m.Kind != yaml.MappingNode {
 				d.bad(m, "", "<< merges mappings only, got %s", describe(m))
 				continue
@@ -413,6 +382,14 @@ func (d *decoder) merge(v *yaml.Node, f func(k, v *yaml.Node)) {
 	default:
 		d.bad(v, "", "<< merges mappings only, got %s", describe(v))
 	}
+}
+
+// resolve follows n's aliases to the node they name.
+func resolve(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
 }
 
 // scalar decodes a plain value: text, number, true or false, duration.
@@ -547,20 +524,9 @@ var removedKeys = map[string]string{
 // typo, else the same key where it belongs when another section has it,
 // else the keys the section has.
 func unknownKey(name string, t reflect.Type, parent string) string {
-	fields := yamlFields(t)
-	names := make([]string, 0, len(fields))
-	for k := range fields {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	best, bestD := "", 0
-	for _, k := range names {
-		if d := editDistance(strings.ToLower(name), k); best == "" || d < bestD {
-			best, bestD = k, d
-		}
-	}
-	if best != "" && bestD <= typoDistance(name) {
-		return fmt.Sprintf("unknown key `%s`; did you mean `%s`?", name, best)
+	names := slices.Sorted(maps.Keys(yamlFields(t)))
+	if near := nearest(name, names); near != "" {
+		return fmt.Sprintf("unknown key `%s`; did you mean `%s`?", name, near)
 	}
 	if elsewhere := findKey(reflect.TypeFor[Config](), "", name); elsewhere != "" {
 		return fmt.Sprintf("unknown key `%s` here; did you mean `%s`?", name, elsewhere)
@@ -597,12 +563,7 @@ func findKey(t reflect.Type, prefix, name string) string {
 		if _, ok := fields[name]; ok {
 			return join(s.prefix, name)
 		}
-		names := make([]string, 0, len(fields))
-		for k := range fields {
-			names = append(names, k)
-		}
-		slices.Sort(names)
-		for _, k := range names {
+		for _, k := range slices.Sorted(maps.Keys(fields)) {
 			queue = append(queue, section{t.Field(fields[k]).Type, join(s.prefix, k)})
 		}
 	}

@@ -6,13 +6,9 @@ import (
 	"strings"
 )
 
-// validateHardening checks the auth, server, shutdown and TLS sections and
-// the workers' TLS settings, each problem with its key path.
-func (c *Config) validateHardening() Problems {
-	var errs Problems
-	bad := func(key, format string, args ...any) {
-		errs = append(errs, problem(key, format, args...))
-	}
+// validateHardening checks the auth, server, shutdown and TLS sections,
+// each problem with its key path.
+func (c *Config) validateHardening(bad report) {
 	seen := map[string]int{}
 	for i, k := range c.Auth.Keys {
 		key := fmt.Sprintf("auth.keys[%d]", i)
@@ -60,31 +56,17 @@ func (c *Config) validateHardening() Problems {
 	if sv.ReadHeaderTimeout <= 0 {
 		bad("server.read_header_timeout", "must be positive, got %v (it is the slow-client guard)", sv.ReadHeaderTimeout)
 	}
-	if sv.IdleTimeout <= 0 {
-		bad("server.idle_timeout", "must be positive, got %v", sv.IdleTimeout)
-	}
+	positive(bad, "server.idle_timeout", sv.IdleTimeout)
 	if sv.MaxConnections < 0 {
 		bad("server.max_connections", "negative (%d); 0 sizes it to the open-file limit", sv.MaxConnections)
 	}
 	if c.Shutdown.DrainDelay < 0 {
 		bad("shutdown.drain_delay", "negative (%v)", c.Shutdown.DrainDelay)
 	}
-	if c.Shutdown.Grace <= 0 {
-		bad("shutdown.grace", "must be positive, got %v", c.Shutdown.Grace)
-	}
+	positive(bad, "shutdown.grace", c.Shutdown.Grace)
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		bad("tls", "set both cert_file and key_file, or neither")
 	}
-	for i, w := range c.Workers {
-		key := fmt.Sprintf("workers[%d]", i)
-		if (w.TLSCAFile != "" || w.TLSInsecureSkipVerify) && !strings.HasPrefix(w.URL, "https://") {
-			bad(key+".tls_ca_file", "TLS settings need an https url, got %q", w.URL)
-		}
-		if w.TLSCAFile != "" && w.TLSInsecureSkipVerify {
-			bad(key+".tls_insecure_skip_verify", "set with tls_ca_file: a CA file is pointless when nothing is verified")
-		}
-	}
-	return errs
 }
 
 func checkSHA256(s string) error {

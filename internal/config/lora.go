@@ -38,11 +38,6 @@ type LoRAAdapter struct {
 	Base string `yaml:"base"`
 }
 
-// defaultLoRA is lora: left out.
-func defaultLoRA() LoRA {
-	return LoRA{MaxReplicas: scheduler.DefaultAdapterReplicas, LoadTimeout: scheduler.DefaultAdapterLoadTimeout}
-}
-
 // Scheduler is the scheduler's AdapterConfig (without its Loader).
 func (l LoRA) Scheduler() scheduler.AdapterConfig {
 	ac := scheduler.AdapterConfig{LoadOnDemand: l.LoadOnDemand, MaxReplicas: l.MaxReplicas, LoadTimeout: l.LoadTimeout}
@@ -68,15 +63,11 @@ func (l LoRA) PathNames() map[string]string {
 }
 
 // validate reports the problems of lora: against the workers' models.
-func (l LoRA) validate(workers []Worker) Problems {
-	var errs Problems
-	bad := func(key, format string, args ...any) { errs = append(errs, problem(key, format, args...)) }
+func (l LoRA) validate(workers []Worker, bad report) {
 	if l.MaxReplicas < 1 {
 		bad("lora.max_replicas", "must be at least 1, got %d", l.MaxReplicas)
 	}
-	if l.LoadTimeout <= 0 {
-		bad("lora.load_timeout", "must be positive, got %v", l.LoadTimeout)
-	}
+	positive(bad, "lora.load_timeout", l.LoadTimeout)
 	var models []string
 	for _, w := range workers {
 		for _, m := range w.Models {
@@ -100,17 +91,12 @@ func (l LoRA) validate(workers []Worker) Problems {
 		case a.Base == "":
 			bad(key+".base", "missing: the model the adapter applies to")
 		case len(models) > 0 && !slices.Contains(models, a.Base):
-			msg := fmt.Sprintf("%q is not a model of any worker (%s)", a.Base, oneOf(models))
-			if near := nearest(a.Base, models); near != "" {
-				msg += fmt.Sprintf("; did you mean `%s`?", near)
-			}
-			bad(key+".base", "%s", msg)
+			bad(key+".base", "%s", didYouMean(fmt.Sprintf("%q is not a model of any worker (%s)", a.Base, oneOf(models)), a.Base, models))
 		}
 		if a.Path == "" && l.LoadOnDemand {
 			bad(key+".path", "missing: load_on_demand needs the path a worker loads the adapter from")
 		}
 	}
-	return errs
 }
 
 // checkZMQ checks a ZeroMQ endpoint Sluice connects to: tcp://host:port.

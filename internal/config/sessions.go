@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"slices"
 	"time"
 )
 
@@ -41,22 +40,15 @@ const (
 // OpenCode's X-Session-Affinity (BYK/loreai#687).
 var DefaultSessionHeaders = []string{"X-Session-ID", "X-Claude-Code-Session-Id", "Session-Id", "Session_id", "X-Session-Affinity"}
 
-// defaultSessions are the defaults of the sessions section.
-func defaultSessions() Sessions {
-	return Sessions{Affinity: true, Headers: slices.Clone(DefaultSessionHeaders), TTL: 30 * time.Minute, MaxSessions: 65536}
-}
-
 // validateSessions reports the problems of the sessions section and of
 // admission.fair_share_by.
-func (c *Config) validateSessions(bad func(key, format string, args ...any)) {
+func (c *Config) validateSessions(bad report) {
 	for i, h := range c.Sessions.Headers {
 		if !validHeaderName(h) {
 			bad(fmt.Sprintf("sessions.headers[%d]", i), "%q is not a header name", h)
 		}
 	}
-	if c.Sessions.TTL <= 0 {
-		bad("sessions.ttl", "must be positive, got %v", c.Sessions.TTL)
-	}
+	positive(bad, "sessions.ttl", c.Sessions.TTL)
 	if c.Sessions.MaxSessions < 1 {
 		bad("sessions.max_sessions", "must be at least 1, got %d", c.Sessions.MaxSessions)
 	}

@@ -1,9 +1,7 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -19,30 +17,30 @@ import (
 const keyContext = "context_tokens"
 
 // statusHealth parses a health endpoint that answers with its status.
-func statusHealth(status int, _ []byte) (telemetry.HealthResult, error) {
+func statusHealth(status int, _ io.Reader) (telemetry.HealthResult, error) {
 	return telemetry.ParseHealthStatus(status), nil
 }
 
-// singleModel is the worker's one configured model, or "" when it has
-// none or several: the parsers then pick by what the payload names.
-func (w *Worker) singleModel() string {
+// forModel binds parse to the worker's one configured model, or to ""
+// when it has none or several: the parser then picks by what the payload
+// names.
+func (w *Worker) forModel(parse func(io.Reader, string) (telemetry.Metrics, error)) func(io.Reader) (telemetry.Metrics, error) {
+	model := ""
 	if len(w.cfg.Models) == 1 {
-		return w.cfg.Models[0]
+		model = w.cfg.Models[0]
 	}
-	return ""
+	return func(r io.Reader) (telemetry.Metrics, error) { return parse(r, model) }
 }
 
-// scrapeSGLang probes an SGLang server: GET /health, /metrics (sglang:
-// series) and /v1/models with max_model_len.
-func (w *Worker) scrapeSGLang(ctx context.Context, now time.Time, wasOK bool) error {
+// scrapeModelServer probes a server that answers GET /health with its
+// status alone and lists its models with max_model_len in /v1/models
+// (vLLM, SGLang, trtllm-serve); parse reads its /metrics.
+func (w *Worker) scrapeModelServer(ctx context.Context, now time.Time, wasOK bool, parse func(io.Reader) (telemetry.Metrics, error)) error {
 	state, err := w.probeHealth(ctx, "/health", statusHealth)
 	if state != telemetry.StateReady {
 		return err
 	}
-	model := w.singleModel()
-	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
-		return telemetry.ParseSGLang(r, model)
-	})
+	w.scrapeMetrics(ctx, now, "/metrics", parse)
 	if !wasOK || w.due(now, w.st.modelsAt) {
 		w.scrapeModelCards(ctx, now)
 	}
@@ -54,8 +52,8 @@ func (w *Worker) scrapeSGLang(ctx context.Context, now time.Time, wasOK bool) er
 // model, its context and the batch token budget) and /metrics (tgi_
 // series, read against that budget).
 func (w *Worker) scrapeTGI(ctx context.Context, now time.Time, wasOK bool) error {
-	state, err := w.probeHealth(ctx, "/health", func(status int, body []byte) (telemetry.HealthResult, error) {
-		return telemetry.ParseTGIHealth(status, bytes.NewReader(body)), nil
+	state, err := w.probeHealth(ctx, "/health", func(status int, body io.Reader) (telemetry.HealthResult, error) {
+		return telemetry.ParseTGIHealth(status, body), nil
 	})
 	if state != telemetry.StateReady {
 		return err
@@ -77,18 +75,11 @@ func (w *Worker) scrapeTGI(ctx context.Context, now time.Time, wasOK bool) error
 // list (TGI serves one model), max_total_tokens its context.
 func (w *Worker) scrapeTGIInfo(ctx context.Context, now time.Time) {
 	url := w.base + "/info"
-	body, err := w.getOK(ctx, url)
+	info, err := fetch(ctx, w, url, telemetry.ParseTGIInfo)
 	if ctx.Err() != nil {
 		return
 	}
-	var info telemetry.TGIInfo
-	if err == nil {
-		info, err = telemetry.ParseTGIInfo(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
-	}
-	w.setTelemetryErr(&w.st.modelsErr, "info", url, err)
+	w.setTelemetryErr(&w.st.ModelsError, "info", url, err)
 	if err != nil {
 		return
 	}
@@ -100,46 +91,22 @@ func (w *Worker) scrapeTGIInfo(ctx context.Context, now time.Time) {
 	w.setModels(now, []string{info.ModelID})
 }
 
-// scrapeTRTLLM probes trtllm-serve: GET /health, /metrics (iteration
-// statistics as JSON) and /v1/models.
-func (w *Worker) scrapeTRTLLM(ctx context.Context, now time.Time, wasOK bool) error {
-	state, err := w.probeHealth(ctx, "/health", statusHealth)
-	if state != telemetry.StateReady {
-		return err
-	}
-	w.scrapeMetrics(ctx, now, "/metrics", telemetry.ParseTRTLLMStats)
-	if !wasOK || w.due(now, w.st.modelsAt) {
-		w.scrapeModelCards(ctx, now)
-	}
-	w.scrapeGPU(ctx, now)
-	return nil
-}
-
 // scrapeOllama probes Ollama: GET / for health and /api/ps, every round,
 // for the loaded models. Ollama loads a pulled model on its first
 // request, so the worker serves its configured models as well as the
 // loaded ones; with neither, its models stay unknown. Ollama has no load
 // metrics: the scheduler relies on Sluice's own in-flight count.
 func (w *Worker) scrapeOllama(ctx context.Context, now time.Time) error {
-	state, err := w.probeHealth(ctx, "/", func(status int, body []byte) (telemetry.HealthResult, error) {
-		return telemetry.ParseOllamaRoot(status, bytes.NewReader(body))
-	})
+	state, err := w.probeHealth(ctx, "/", telemetry.ParseOllamaRoot)
 	if state != telemetry.StateReady {
 		return err
 	}
 	url := w.base + "/api/ps"
-	body, err := w.getOK(ctx, url)
+	loaded, err := fetch(ctx, w, url, telemetry.ParseOllamaPS)
 	if ctx.Err() != nil {
 		return nil
 	}
-	var loaded []telemetry.OllamaModel
-	if err == nil {
-		loaded, err = telemetry.ParseOllamaPS(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
-	}
-	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
+	w.setTelemetryErr(&w.st.ModelsError, "models", url, err)
 	if err == nil {
 		models := slices.Clone(w.cfg.Models)
 		ctxTokens := 0
@@ -169,18 +136,11 @@ func (w *Worker) scrapeOllama(ctx context.Context, now time.Time) error {
 func (w *Worker) scrapeModelCards(ctx context.Context, now time.Time) {
 	url := w.base + "/v1/models"
 	started := time.Now()
-	body, err := w.getOK(ctx, url)
+	cards, err := fetch(ctx, w, url, telemetry.ParseModelCards)
 	if ctx.Err() != nil {
 		return
 	}
-	var cards []telemetry.ModelCard
-	if err == nil {
-		cards, err = telemetry.ParseModelCards(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
-	}
-	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
+	w.setTelemetryErr(&w.st.ModelsError, "models", url, err)
 	if err != nil {
 		return
 	}
@@ -204,50 +164,43 @@ func (w *Worker) scrapeModelCards(ctx context.Context, now time.Time) {
 // much of the KV cache their requests hold.
 func (w *Worker) scrapeSlots(ctx context.Context, now time.Time) {
 	url := w.base + "/slots"
-	body, err := w.getOK(ctx, url)
+	s, err := fetch(ctx, w, url, telemetry.ParseLlamaCPPSlots)
 	if ctx.Err() != nil {
 		return
 	}
-	var s telemetry.Slots
-	if err == nil {
-		s, err = telemetry.ParseLlamaCPPSlots(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
-	}
 	w.mu.Lock()
-	if len(s.Slots) > 0 && w.st.running.At.Before(now) {
-		update(&w.st.running, telemetry.Value{V: float64(s.Busy), Present: true, Metric: "is_processing"}, KindLlamaCPP+" /slots ", now)
+	if len(s.Slots) > 0 && w.st.Running.At.Before(now) {
+		update(&w.st.Running, telemetry.Value{V: float64(s.Busy), Present: true, Metric: "is_processing"}, KindLlamaCPP+" /slots ", now)
 	}
 	// Current builds export no KV-cache series in /metrics: the busy
 	// slots' tokens over their n_ctx stand in (telemetry.Slots.KVUsage).
 	// An older build's kv_cache_usage_ratio, read this round, wins.
-	if s.KVUsage.Present && w.st.kv.At.Before(now) {
-		update(&w.st.kv, s.KVUsage, KindLlamaCPP+" /slots ", now)
+	if s.KVUsage.Present && w.st.KVPressure.At.Before(now) {
+		update(&w.st.KVPressure, s.KVUsage, KindLlamaCPP+" /slots ", now)
 	}
 	if s.NCtx > 0 {
 		w.setContextLocked(s.NCtx)
 		// With a unified KV cache (llama-server's default in current
 		// builds) a slot's n_ctx is the whole cache; otherwise it is one
 		// slot's share, and the estimate is low by the slot count.
-		w.st.kvTokens = s.NCtx
+		w.st.KVCacheTokens = s.NCtx
 	}
 	if err == nil {
-		w.st.cacheReport = slotsReport(s, w.st.bos, !w.st.propsAt.IsZero(), now)
+		w.st.CacheReport = slotsReport(s, w.st.bos, !w.st.propsAt.IsZero(), now)
 	}
 	w.publishLocked()
 	w.mu.Unlock()
-	w.setTelemetryErr(&w.st.slotsErr, "slots", url, err)
+	w.setTelemetryErr(&w.st.SlotsError, "slots", url, err)
 }
 
 // setContextLocked records a context size reported by the worker and
 // publishes it when it changed; 0 (not reported) keeps the last one.
 // w.mu must be held.
 func (w *Worker) setContextLocked(n int) {
-	if n <= 0 || n == w.st.context {
+	if n <= 0 || n == w.st.ContextTokens {
 		return
 	}
-	w.st.context = n
+	w.st.ContextTokens = n
 	w.publishLocked()
 	w.log.Info("worker context size changed", slog.Int(keyContext, n))
 }
@@ -291,7 +244,7 @@ func slotsReport(s telemetry.Slots, bos string, bosKnown bool, now time.Time) *s
 func (w *Worker) updatePrefixCacheLocked(pc telemetry.PrefixCache, src string, now time.Time) {
 	st := &w.st
 	if pc.KVTokens.Present {
-		st.kvTokens = int(pc.KVTokens.V)
+		st.KVCacheTokens = int(pc.KVTokens.V)
 	}
 	if pc.KVPoolTokens.Present {
 		st.kvPool = int(pc.KVPoolTokens.V)
@@ -302,7 +255,7 @@ func (w *Worker) updatePrefixCacheLocked(pc telemetry.PrefixCache, src string, n
 	q, h := pc.Queries.V, pc.Hits.V
 	if !st.prefixAt.IsZero() && q > st.prefixQueries && h >= st.prefixHits {
 		rate := min((h-st.prefixHits)/(q-st.prefixQueries), 1)
-		st.prefixHitRate = scheduler.Reading{Value: rate, Source: src + pc.Hits.Metric + " / " + pc.Queries.Metric, At: now}
+		st.PrefixHitRate = scheduler.Reading{Value: rate, Source: src + pc.Hits.Metric + " / " + pc.Queries.Metric, At: now}
 	}
 	st.prefixQueries, st.prefixHits, st.prefixAt = q, h, now
 }

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -46,9 +46,6 @@ type WorkerConfig struct {
 	// single model here also picks its series from /metrics when the
 	// server exposes several.
 	Models []string `json:"models,omitempty"`
-	// MaxConcurrency caps Sluice's in-flight requests on the worker; 0
-	// takes the slot count the worker reports.
-	MaxConcurrency int `json:"max_concurrency,omitempty"`
 	// GPUMetrics is the full URL of a dcgm-exporter /metrics for the
 	// worker's GPU; empty when there is none.
 	GPUMetrics string `json:"gpu_metrics,omitempty"`
@@ -66,59 +63,11 @@ type WorkerConfig struct {
 	APIKey string `json:"-"`
 }
 
-// validate reports every problem with the config, joined.
-func (c WorkerConfig) validate() error {
-	var errs []error
-	if strings.TrimSpace(c.Name) == "" {
-		errs = append(errs, errors.New("name: empty"))
-	}
-	if err := checkURL(c.URL); err != nil {
-		errs = append(errs, fmt.Errorf("url: %w", err))
-	}
-	if !slices.Contains(Kinds, c.Kind) {
-		errs = append(errs, fmt.Errorf("kind: %q is not one of %s", c.Kind, strings.Join(Kinds, ", ")))
-	}
-	if c.MaxConcurrency < 0 {
-		errs = append(errs, fmt.Errorf("max_concurrency: %d is negative", c.MaxConcurrency))
-	}
-	if c.GPUMetrics != "" {
-		if err := checkURL(c.GPUMetrics); err != nil {
-			errs = append(errs, fmt.Errorf("gpu_metrics: %w", err))
-		}
-	} else if len(c.GPUSelector) > 0 {
-		errs = append(errs, errors.New("gpu_selector: set without gpu_metrics"))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("worker %q: %w", c.Name, err)
-	}
-	return nil
-}
-
-func checkURL(s string) error {
-	u, err := url.Parse(s)
-	if err != nil {
-		return err
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("%q: scheme must be http or https", s)
-	}
-	if u.Host == "" {
-		return fmt.Errorf("%q: no host", s)
-	}
-	return nil
-}
-
 // clone returns a deep copy, so a caller's later edits never reach a
 // running worker.
 func (c WorkerConfig) clone() WorkerConfig {
 	c.Models = slices.Clone(c.Models)
-	if c.GPUSelector != nil {
-		sel := make(map[string]string, len(c.GPUSelector))
-		for k, v := range c.GPUSelector {
-			sel[k] = v
-		}
-		c.GPUSelector = sel
-	}
+	c.GPUSelector = maps.Clone(c.GPUSelector)
 	return c
 }
 
@@ -220,14 +169,12 @@ func New(opts Options) *Fleet {
 	return &Fleet{opts: opts.withDefaults(), workers: map[string]*Worker{}}
 }
 
-// Add validates cfg, adds the worker and starts its scraper, whose first
+// Add adds the worker, whose cfg its caller has validated (config.Worker),
+// and starts its scraper, whose first
 // round begins at once. The worker's snapshot starts as HealthUnknown
 // (eligible) with the config's models. ctx's values reach the scraper but
 // its cancellation does not: the scraper runs until Remove or Close.
 func (f *Fleet) Add(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
-	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("add worker: %w", err)
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
@@ -273,18 +220,6 @@ func (f *Fleet) List() []*Worker {
 	f.mu.Unlock()
 	slices.SortFunc(ws, func(a, b *Worker) int { return strings.Compare(a.cfg.Name, b.cfg.Name) })
 	return ws
-}
-
-// ScrapeNow runs one probe round of the named worker in the caller's
-// goroutine and returns when it is done: for tests, and for an admin
-// "probe now" button. It waits for a round in progress to finish first.
-func (f *Fleet) ScrapeNow(ctx context.Context, name string) error {
-	w := f.Get(name)
-	if w == nil {
-		return fmt.Errorf("scrape worker %q: %w", name, ErrUnknownWorker)
-	}
-	w.ScrapeNow(ctx)
-	return nil
 }
 
 // Close stops every scraper and waits for them; Add fails afterwards.

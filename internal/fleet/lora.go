@@ -145,8 +145,8 @@ func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) (alre
 	if !slices.ContainsFunc(w.st.adapters, func(x scheduler.AdapterInfo) bool { return x.Name == a.Name }) {
 		w.st.adapters = append(slices.Clip(w.st.adapters), loaded)
 	}
-	if w.st.models != nil && !slices.Contains(w.st.models, a.Name) {
-		w.st.models = append(slices.Clip(w.st.models), a.Name)
+	if w.st.Models != nil && !slices.Contains(w.st.Models, a.Name) {
+		w.st.Models = append(slices.Clip(w.st.Models), a.Name)
 	}
 	w.publishLocked()
 	w.mu.Unlock()

@@ -61,6 +61,21 @@ func (w *Worker) getOK(ctx context.Context, url string) ([]byte, error) {
 	return body, nil
 }
 
+// fetch GETs url and parses a 200 answer with parse, whose error then
+// names url.
+func fetch[T any](ctx context.Context, w *Worker, url string, parse func(io.Reader) (T, error)) (T, error) {
+	body, err := w.getOK(ctx, url)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	v, err := parse(bytes.NewReader(body))
+	if err != nil {
+		err = fmt.Errorf("scrape %s: %w", url, err)
+	}
+	return v, err
+}
+
 // snippet is the start of a body, for error messages.
 func snippet(b []byte) string {
 	b = bytes.TrimSpace(b)
@@ -74,8 +89,8 @@ func snippet(b []byte) string {
 func (w *Worker) scrape(ctx context.Context) {
 	now := w.opts.Now()
 	w.mu.Lock()
-	w.st.lastScrape = now
-	wasOK := w.st.health == scheduler.HealthOK
+	w.st.LastScrape = now
+	wasOK := w.st.Health == scheduler.HealthOK
 	w.mu.Unlock()
 
 	var err error
@@ -83,15 +98,15 @@ func (w *Worker) scrape(ctx context.Context) {
 	case KindLlamaCPP:
 		err = w.scrapeLlamaCPP(ctx, now, wasOK)
 	case KindVLLM:
-		err = w.scrapeVLLM(ctx, now, wasOK)
+		err = w.scrapeModelServer(ctx, now, wasOK, w.forModel(telemetry.ParseVLLM))
 	case KindOpenAI:
 		err = w.scrapeOpenAI(ctx, now)
 	case KindSGLang:
-		err = w.scrapeSGLang(ctx, now, wasOK)
+		err = w.scrapeModelServer(ctx, now, wasOK, w.forModel(telemetry.ParseSGLang))
 	case KindTGI:
 		err = w.scrapeTGI(ctx, now, wasOK)
 	case KindTRTLLM:
-		err = w.scrapeTRTLLM(ctx, now, wasOK)
+		err = w.scrapeModelServer(ctx, now, wasOK, telemetry.ParseTRTLLMStats)
 	case KindOllama:
 		err = w.scrapeOllama(ctx, now)
 	}
@@ -99,21 +114,21 @@ func (w *Worker) scrape(ctx context.Context) {
 		return // stopping: the failure is ours, not the worker's
 	}
 	w.mu.Lock()
-	w.st.lastErr = ""
+	w.st.LastError = ""
 	if err != nil {
-		w.st.lastErr = err.Error()
+		w.st.LastError = err.Error()
 	}
 	w.mu.Unlock()
 }
 
 // probeHealth fetches path and returns the outcome parse makes of it, or
 // a failure. A cancelled ctx returns ok false and records nothing.
-func (w *Worker) probeHealth(ctx context.Context, path string, parse func(int, []byte) (telemetry.HealthResult, error)) (telemetry.ServerState, error) {
+func (w *Worker) probeHealth(ctx context.Context, path string, parse func(int, io.Reader) (telemetry.HealthResult, error)) (telemetry.ServerState, error) {
 	url := w.base + path
 	status, body, err := w.get(ctx, url)
 	if err == nil {
 		var h telemetry.HealthResult
-		h, err = parse(status, body)
+		h, err = parse(status, bytes.NewReader(body))
 		if err == nil {
 			switch h.State {
 			case telemetry.StateReady:
@@ -137,43 +152,18 @@ func (w *Worker) probeHealth(ctx context.Context, path string, parse func(int, [
 }
 
 func (w *Worker) scrapeLlamaCPP(ctx context.Context, now time.Time, wasOK bool) error {
-	state, err := w.probeHealth(ctx, "/health", func(status int, body []byte) (telemetry.HealthResult, error) {
-		return telemetry.ParseLlamaCPPHealth(status, bytes.NewReader(body))
-	})
+	state, err := w.probeHealth(ctx, "/health", telemetry.ParseLlamaCPPHealth)
 	if state != telemetry.StateReady {
 		return err
 	}
-	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
-		return telemetry.ParseLlamaCPP(r)
-	})
+	w.scrapeMetrics(ctx, now, "/metrics", telemetry.ParseLlamaCPP)
 	w.scrapeSlots(ctx, now)
 	if !wasOK || w.due(now, w.st.propsAt) {
 		w.scrapeProps(ctx, now)
 	}
 	if !wasOK || w.due(now, w.st.modelsAt) {
-		w.scrapeModels(ctx, now, telemetry.ParseLlamaCPPModels)
+		w.scrapeModels(ctx, now)
 		w.scrapeLoRA(ctx)
-	}
-	w.scrapeGPU(ctx, now)
-	return nil
-}
-
-func (w *Worker) scrapeVLLM(ctx context.Context, now time.Time, wasOK bool) error {
-	state, err := w.probeHealth(ctx, "/health", func(status int, _ []byte) (telemetry.HealthResult, error) {
-		return telemetry.ParseVLLMHealth(status), nil
-	})
-	if state != telemetry.StateReady {
-		return err
-	}
-	model := ""
-	if len(w.cfg.Models) == 1 {
-		model = w.cfg.Models[0]
-	}
-	w.scrapeMetrics(ctx, now, "/metrics", func(r io.Reader) (telemetry.Metrics, error) {
-		return telemetry.ParseVLLM(r, model)
-	})
-	if !wasOK || w.due(now, w.st.modelsAt) {
-		w.scrapeModelCards(ctx, now)
 	}
 	w.scrapeGPU(ctx, now)
 	return nil
@@ -181,15 +171,7 @@ func (w *Worker) scrapeVLLM(ctx context.Context, now time.Time, wasOK bool) erro
 
 // scrapeOpenAI probes /v1/models: its answer is both health and models.
 func (w *Worker) scrapeOpenAI(ctx context.Context, now time.Time) error {
-	url := w.base + "/v1/models"
-	body, err := w.getOK(ctx, url)
-	var models []string
-	if err == nil {
-		models, err = telemetry.ParseOpenAIModels(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
-	}
+	models, err := fetch(ctx, w, w.base+"/v1/models", telemetry.ParseOpenAIModels)
 	if ctx.Err() != nil {
 		return err
 	}
@@ -213,29 +195,22 @@ func (w *Worker) due(now, last time.Time) bool {
 // Absent or unreadable metrics leave the old readings (and their times).
 func (w *Worker) scrapeMetrics(ctx context.Context, now time.Time, path string, parse func(io.Reader) (telemetry.Metrics, error)) {
 	url := w.base + path
-	body, err := w.getOK(ctx, url)
+	m, err := fetch(ctx, w, url, parse)
 	if ctx.Err() != nil {
 		return
 	}
-	var m telemetry.Metrics
-	if err == nil {
-		m, err = parse(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
-	}
 	src := w.cfg.Kind + " " + path + " "
 	w.mu.Lock()
-	update(&w.st.queue, m.QueueLen, src, now)
-	update(&w.st.running, m.Running, src, now)
-	update(&w.st.kv, m.KVUsage, src, now)
+	update(&w.st.QueueLen, m.QueueLen, src, now)
+	update(&w.st.Running, m.Running, src, now)
+	update(&w.st.KVPressure, m.KVUsage, src, now)
 	if m.KVUsedTokens.Present && m.KVUsage.Present && m.KVUsage.V > 0 {
 		w.st.kvCells = m.KVUsedTokens.V / m.KVUsage.V
 	}
 	w.updatePrefixCacheLocked(m.PrefixCache, src, now)
 	w.publishLocked()
 	w.mu.Unlock()
-	w.setTelemetryErr(&w.st.metricsErr, "metrics", url, err)
+	w.setTelemetryErr(&w.st.MetricsError, "metrics", url, err)
 }
 
 // update replaces r with v when v is present.
@@ -248,54 +223,41 @@ func update(r *scheduler.Reading, v telemetry.Value, src string, now time.Time) 
 // scrapeProps reads llama.cpp's /props for the slot count.
 func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
 	url := w.base + "/props"
-	body, err := w.getOK(ctx, url)
+	p, err := fetch(ctx, w, url, telemetry.ParseLlamaCPPProps)
 	if ctx.Err() != nil {
 		return
 	}
-	var p telemetry.Props
-	if err == nil {
-		p, err = telemetry.ParseLlamaCPPProps(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
-	}
 	w.mu.Lock()
 	w.st.propsAt = now
-	changed := err == nil && p.TotalSlots != w.st.slots
+	changed := err == nil && p.TotalSlots != w.st.Slots
 	if changed {
-		w.st.slots = p.TotalSlots
+		w.st.Slots = p.TotalSlots
 		w.publishLocked()
 	}
 	if err == nil {
 		w.st.bos = p.BOSToken
 	}
-	if err == nil && p.NCtx > 0 && w.st.slotsErr != "" {
+	if err == nil && p.NCtx > 0 && w.st.SlotsError != "" {
 		// /slots is off (--no-slots): the defaults' n_ctx stands in.
 		w.setContextLocked(p.NCtx)
 	}
 	w.mu.Unlock()
-	w.setTelemetryErr(&w.st.propsErr, "props", url, err)
+	w.setTelemetryErr(&w.st.PropsError, "props", url, err)
 	if changed {
 		w.log.Info("worker slots changed", slog.Int(keySlots, p.TotalSlots))
 		w.notify()
 	}
 }
 
-// scrapeModels reads /v1/models and publishes the list when it changed.
-func (w *Worker) scrapeModels(ctx context.Context, now time.Time, parse func(io.Reader) ([]string, error)) {
+// scrapeModels reads llama.cpp's /v1/models and publishes the list when
+// it changed.
+func (w *Worker) scrapeModels(ctx context.Context, now time.Time) {
 	url := w.base + "/v1/models"
-	body, err := w.getOK(ctx, url)
+	models, err := fetch(ctx, w, url, telemetry.ParseLlamaCPPModels)
 	if ctx.Err() != nil {
 		return
 	}
-	var models []string
-	if err == nil {
-		models, err = parse(bytes.NewReader(body))
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
-	}
-	w.setTelemetryErr(&w.st.modelsErr, "models", url, err)
+	w.setTelemetryErr(&w.st.ModelsError, "models", url, err)
 	if err == nil {
 		w.setModels(now, models)
 	}
@@ -316,10 +278,10 @@ func (w *Worker) setModels(now time.Time, models []string) {
 
 func (w *Worker) setModelsLocked(now time.Time, models []string) bool {
 	w.st.modelsAt = now
-	if w.st.models != nil && slices.Equal(w.st.models, models) {
+	if w.st.Models != nil && slices.Equal(w.st.Models, models) {
 		return false
 	}
-	w.st.models = slices.Clone(models)
+	w.st.Models = slices.Clone(models)
 	return true
 }
 
@@ -347,17 +309,10 @@ func (w *Worker) scrapeGPU(ctx context.Context, now time.Time) {
 	if url == "" {
 		return
 	}
-	body, err := w.getOK(ctx, url)
+	sel := telemetry.Selector(w.cfg.GPUSelector)
+	g, err := fetch(ctx, w, url, func(r io.Reader) (telemetry.GPUMetrics, error) { return telemetry.ParseDCGM(r, sel) })
 	if ctx.Err() != nil {
 		return
-	}
-	sel := telemetry.Selector(w.cfg.GPUSelector)
-	var g telemetry.GPUMetrics
-	if err == nil {
-		g, err = telemetry.ParseDCGM(bytes.NewReader(body), sel)
-		if err != nil {
-			err = fmt.Errorf("scrape %s: %w", url, err)
-		}
 	}
 	w.mu.Lock()
 	if g.Util.Present {
@@ -365,9 +320,9 @@ func (w *Worker) scrapeGPU(ctx context.Context, now time.Time) {
 		if len(sel) > 0 {
 			src += sel.String()
 		}
-		w.st.gpu = scheduler.Reading{Value: g.Util.V, Source: src, At: now}
+		w.st.GPUUtil = scheduler.Reading{Value: g.Util.V, Source: src, At: now}
 	}
 	w.publishLocked()
 	w.mu.Unlock()
-	w.setTelemetryErr(&w.st.gpuErr, "gpu metrics", url, err)
+	w.setTelemetryErr(&w.st.GPUError, "gpu metrics", url, err)
 }

@@ -49,40 +49,19 @@ type Worker struct {
 // workerState is everything mutable about a worker. One owner: the
 // Worker's mutex; probes and request reports go through the same methods.
 type workerState struct {
-	health scheduler.Health
-	reason string
-	fails  int
-	passes int
+	probed // what State reports
 
-	lastScrape time.Time
-	lastErr    string // last probe round's failure; "" when it passed
-	metricsErr string // current /metrics problem; "" when none
-	gpuErr     string // current dcgm-exporter problem; "" when none
-	propsErr   string
-	modelsErr  string
-
-	models   []string // nil until /v1/models answered
 	modelsAt time.Time
-	slots    int
 	propsAt  time.Time
-	context  int // ContextTokens; 0 when unknown
 	infoAt   time.Time
 	tgiBatch int // TGI /info max_batch_total_tokens; 0 when unknown
-	slotsErr string
 
-	queue, running, kv, gpu scheduler.Reading
-
-	// What the worker says of its prompt cache: llama.cpp's slots'
-	// prompts as block hashes (nil when it does not say), the model's BOS
-	// text from /props that starts each of them, the KV cache size, and
-	// vLLM's prefix-cache counters at the last scrape with the hit rate
-	// between the last two.
-	cacheReport               *scheduler.CacheReport
+	// What the worker says of its prompt cache besides probed's: the
+	// model's BOS text from /props that starts each of llama.cpp's slot
+	// prompts, and vLLM's prefix-cache counters at the last scrape.
 	bos                       string
-	kvTokens                  int
 	prefixQueries, prefixHits float64
 	prefixAt                  time.Time
-	prefixHitRate             scheduler.Reading
 
 	// kvPool is the KV cache one request draws from as vLLM reports it
 	// (its smallest engine's); kvCells is the whole cache's size as
@@ -137,20 +116,6 @@ func (w *Worker) ReportRequest(err error) {
 	w.observe(outcome{kind: outcomePass})
 }
 
-// ReportResult is ReportRequest for callers that judge the outcome
-// themselves (e.g. an HTTP 5xx is a failure, a 4xx is not): ok is a pass,
-// otherwise reason says what failed.
-func (w *Worker) ReportResult(ok bool, reason string) {
-	if ok {
-		w.observe(outcome{kind: outcomePass})
-		return
-	}
-	if reason == "" {
-		reason = "request failed"
-	}
-	w.observe(outcome{kind: outcomeFail, reason: "request: " + reason})
-}
-
 type outcomeKind int
 
 const (
@@ -168,27 +133,27 @@ type outcome struct {
 // logs and notifies when the health changed.
 func (w *Worker) observe(o outcome) {
 	w.mu.Lock()
-	before, beforeReason := w.st.health, w.st.reason
+	before, beforeReason := w.st.Health, w.st.Reason
 	st := &w.st
 	switch o.kind {
 	case outcomeLoading:
-		st.fails, st.passes = 0, 0
-		st.health, st.reason = scheduler.HealthLoading, o.reason
+		st.ConsecutiveFailures, st.ConsecutivePasses = 0, 0
+		st.Health, st.Reason = scheduler.HealthLoading, o.reason
 	case outcomePass:
-		st.fails = 0
-		st.passes++
-		if st.health != scheduler.HealthDown || st.passes >= w.opts.RiseThreshold {
-			st.health, st.reason = scheduler.HealthOK, ""
+		st.ConsecutiveFailures = 0
+		st.ConsecutivePasses++
+		if st.Health != scheduler.HealthDown || st.ConsecutivePasses >= w.opts.RiseThreshold {
+			st.Health, st.Reason = scheduler.HealthOK, ""
 		}
 	case outcomeFail:
-		st.passes = 0
-		st.fails++
-		st.reason = o.reason
-		if st.fails >= w.opts.FailThreshold {
-			st.health = scheduler.HealthDown
+		st.ConsecutivePasses = 0
+		st.ConsecutiveFailures++
+		st.Reason = o.reason
+		if st.ConsecutiveFailures >= w.opts.FailThreshold {
+			st.Health = scheduler.HealthDown
 		}
 	}
-	after, fails := st.health, st.fails
+	after, fails := st.Health, st.ConsecutiveFailures
 	w.publishLocked()
 	w.mu.Unlock()
 
@@ -221,18 +186,18 @@ func (w *Worker) publishLocked() { w.snap.Store(w.buildLocked()) }
 func (w *Worker) buildLocked() *scheduler.Snapshot {
 	st := &w.st
 	return &scheduler.Snapshot{
-		Health:        st.health,
-		HealthReason:  st.reason,
-		Models:        slices.Clone(st.models),
-		Slots:         st.slots,
-		ContextTokens: st.context,
-		QueueLen:      st.queue,
-		KVPressure:    st.kv,
-		GPUUtil:       st.gpu,
-		KVCacheTokens: st.kvTokens,
+		Health:        st.Health,
+		HealthReason:  st.Reason,
+		Models:        slices.Clone(st.Models),
+		Slots:         st.Slots,
+		ContextTokens: st.ContextTokens,
+		QueueLen:      st.QueueLen,
+		KVPressure:    st.KVPressure,
+		GPUUtil:       st.GPUUtil,
+		KVCacheTokens: st.KVCacheTokens,
 		KVPoolTokens:  w.poolLocked(),
-		PrefixHitRate: st.prefixHitRate,
-		CacheReport:   st.cacheReport,
+		PrefixHitRate: st.PrefixHitRate,
+		CacheReport:   st.CacheReport,
 		Adapters:      slices.Clone(st.adapters),
 	}
 }
@@ -253,17 +218,27 @@ func (w *Worker) poolLocked() int {
 	switch {
 	case st.kvPool > 0:
 		return st.kvPool
-	case st.kvCells > 0 && st.kvTokens > 0 && st.kvCells <= 1.01*float64(st.kvTokens):
-		return st.kvTokens
+	case st.kvCells > 0 && st.KVCacheTokens > 0 && st.kvCells <= 1.01*float64(st.KVCacheTokens):
+		return st.KVCacheTokens
 	}
 	return 0
 }
 
 // State is a worker's condition for the admin API.
 type State struct {
-	Name   string           `json:"name"`
-	URL    string           `json:"url"`
-	Kind   string           `json:"kind"`
+	Name string `json:"name"`
+	URL  string `json:"url"`
+	Kind string `json:"kind"`
+	probed
+	// ConfigModels are the models of the config.
+	ConfigModels []string `json:"config_models,omitempty"`
+	// Stale lists the readings older than StaleAfter.
+	Stale []string `json:"stale,omitempty"`
+}
+
+// probed is what the probes and request reports found of a worker: kept
+// under the Worker's mutex (workerState) and reported as it is (State).
+type probed struct {
 	Health scheduler.Health `json:"health"`
 	// Reason says why the worker is not OK (last failure, loading).
 	Reason string `json:"reason,omitempty"`
@@ -274,22 +249,20 @@ type State struct {
 	// failure, empty when it passed.
 	LastScrape time.Time `json:"last_scrape,omitzero"`
 	LastError  string    `json:"last_error,omitempty"`
-	// MetricsError, GPUError, PropsError and ModelsError are the current
-	// telemetry problems, empty when none.
+	// MetricsError, GPUError, PropsError, ModelsError and SlotsError
+	// (llama.cpp /slots) are the current telemetry problems, empty when
+	// none.
 	MetricsError string `json:"metrics_error,omitempty"`
 	GPUError     string `json:"gpu_error,omitempty"`
 	PropsError   string `json:"props_error,omitempty"`
 	ModelsError  string `json:"models_error,omitempty"`
-	// Models are the discovered models; nil when not known yet.
+	SlotsError   string `json:"slots_error,omitempty"`
+	// Models are the discovered models; nil until /v1/models answered.
 	Models []string `json:"models"`
-	// ConfigModels are the models of the config.
-	ConfigModels []string `json:"config_models,omitempty"`
 	// Slots is the reported slot count; 0 when unknown.
 	Slots int `json:"slots,omitempty"`
 	// ContextTokens is the reported per-slot context size; 0 when unknown.
 	ContextTokens int `json:"context_tokens,omitempty"`
-	// SlotsError is the current llama.cpp /slots problem, empty when none.
-	SlotsError string `json:"slots_error,omitempty"`
 	// The readings, with their sources and times. Running is not part of
 	// the scheduler's snapshot (Sluice counts its own in-flight requests)
 	// but shows what the worker itself says.
@@ -304,33 +277,22 @@ type State struct {
 	// own prefix cache between its last two scrapes (vLLM).
 	PrefixHitRate scheduler.Reading `json:"prefix_hit_rate,omitzero"`
 	// CacheReport summarises what the worker says its slots hold
-	// (llama.cpp /slots with prompts); nil when it says nothing.
+	// (llama.cpp /slots with prompts, as block hashes); nil when it says
+	// nothing.
 	CacheReport *scheduler.CacheReport `json:"cache_report,omitempty"`
-	// Stale lists the readings older than StaleAfter.
-	Stale []string `json:"stale,omitempty"`
 }
 
 // State returns the worker's current condition.
 func (w *Worker) State() State {
 	now := w.opts.Now()
 	w.mu.Lock()
-	st := w.st
+	s := State{Name: w.cfg.Name, URL: w.cfg.URL, Kind: w.cfg.Kind, probed: w.st.probed, ConfigModels: slices.Clone(w.cfg.Models)}
 	w.mu.Unlock()
-	s := State{
-		Name: w.cfg.Name, URL: w.cfg.URL, Kind: w.cfg.Kind,
-		Health: st.health, Reason: st.reason,
-		ConsecutiveFailures: st.fails, ConsecutivePasses: st.passes,
-		LastScrape: st.lastScrape, LastError: st.lastErr,
-		MetricsError: st.metricsErr, GPUError: st.gpuErr, PropsError: st.propsErr, ModelsError: st.modelsErr,
-		Models: slices.Clone(st.models), ConfigModels: slices.Clone(w.cfg.Models), Slots: st.slots,
-		ContextTokens: st.context, SlotsError: st.slotsErr,
-		QueueLen: st.queue, Running: st.running, KVPressure: st.kv, GPUUtil: st.gpu,
-		KVCacheTokens: st.kvTokens, PrefixHitRate: st.prefixHitRate, CacheReport: st.cacheReport,
-	}
+	s.Models = slices.Clone(s.Models)
 	for _, r := range []struct {
 		name string
 		r    scheduler.Reading
-	}{{"queue_len", st.queue}, {"running", st.running}, {"kv_pressure", st.kv}, {"gpu_util", st.gpu}} {
+	}{{"queue_len", s.QueueLen}, {"running", s.Running}, {"kv_pressure", s.KVPressure}, {"gpu_util", s.GPUUtil}} {
 		if r.r.Known() && now.Sub(r.r.At) > w.opts.StaleAfter {
 			s.Stale = append(s.Stale, r.name)
 		}

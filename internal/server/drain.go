@@ -23,7 +23,7 @@ import (
 // is its member's (member.go), and goes with it.
 func (s *Server) drainAt(worker string, d time.Duration) {
 	fire := make(chan struct{})
-	wait := s.afterFunc()(d)
+	wait := s.after(d)
 	stop := s.proxy.DrainAfter(worker, fire)
 	done := make(chan struct{})
 	go func() {
@@ -40,13 +40,6 @@ func (s *Server) drainAt(worker string, d time.Duration) {
 		return stop()
 	}
 	s.setDrain(worker, cancel)
-}
-
-func (s *Server) afterFunc() func(time.Duration) <-chan time.Time {
-	if s.after != nil {
-		return s.after
-	}
-	return time.After
 }
 
 // drainWithDeadline is POST /api/workers/{name}/drain: without a deadline

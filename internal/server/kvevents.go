@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -49,9 +50,6 @@ type kvSub struct {
 }
 
 func newKVEvents(log *slog.Logger, timeout time.Duration) *kvEvents {
-	if timeout <= 0 {
-		timeout = 200 * time.Millisecond
-	}
 	return &kvEvents{index: kvevents.NewIndex(), log: log, subs: map[string]*kvSub{}, cache: newTokenCache(tokenCacheSize), timeout: timeout}
 }
 
@@ -178,15 +176,7 @@ func (k *kvEvents) view(name string) *kvView {
 func (k *kvEvents) names() []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if len(k.subs) == 0 {
-		return nil
-	}
-	out := make([]string, 0, len(k.subs))
-	for n := range k.subs {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(k.subs))
 }
 
 // kvBlocks is the proxy's KVBlocks hook: the keys of the request's token

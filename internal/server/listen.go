@@ -44,11 +44,7 @@ func (s *Server) maxConnections() (n int, limit uint64, err error) {
 	if n = s.cfg.Server.MaxConnections; n > 0 {
 		return n, 0, nil
 	}
-	files := s.openFiles
-	if files == nil {
-		files = openFileLimit
-	}
-	limit, err = files()
+	limit, err = s.openFiles()
 	if err != nil || limit == 0 {
 		return 0, 0, err
 	}
@@ -145,17 +141,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	s.stopping.Store(true)
 	delay := s.cfg.Shutdown.DrainDelay
 	interrupted := errors.Is(context.Cause(ctx), ErrInterrupted)
-	after := s.after
-	if after == nil {
-		after = time.After
-	}
 	switch {
 	case delay <= 0:
 	case interrupted && s.inFlight.Load() == 0:
 		s.log.Info("shutting down: interrupted with nothing in flight, no drain delay", "grace", grace)
 	default:
 		s.log.Info("shutting down: /readyz now answers 503", "drain_delay", delay, "grace", grace)
-		if err := s.drainDelay(after(delay), interrupted, errc); err != nil {
+		if err := s.drainDelay(s.after(delay), interrupted, errc); err != nil {
 			return err
 		}
 	}
@@ -167,7 +159,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 		s.sched.Close()
 		s.log.Info("shut down: every request finished")
 		return err
-	case <-after(grace):
+	case <-s.after(grace):
 	}
 	// Whatever is still queued will not be placed in time, and the streams
 	// still running are ended: say so to each.
@@ -177,7 +169,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	case err := <-done:
 		s.log.Warn("shut down at the grace deadline: queued requests got 503 shutting_down, running streams an error event", "grace", grace)
 		return err
-	case <-after(refuseWindow):
+	case <-s.after(refuseWindow):
 	}
 	s.log.Warn("shut down at the grace deadline: closing connections still open", "grace", grace)
 	err := hs.Close()
@@ -207,10 +199,6 @@ func (s *Server) drainDelay(done <-chan time.Time, interrupted bool, errc <-chan
 		}
 	}
 }
-
-// Stopping reports whether the router is shutting down (it then answers
-// /readyz with 503).
-func (s *Server) Stopping() bool { return s.stopping.Load() }
 
 // limitListener accepts at most n connections at a time. Beyond that,
 // Accept is not called: new connections wait in the kernel's backlog

@@ -420,7 +420,7 @@ func TestMaxConnections_SizedToTheOpenFileLimit(t *testing.T) {
 		}
 	}
 	// This machine's limit is known, and leaves room for connections.
-	if n, files, err := (&Server{cfg: config.DefaultConfig()}).maxConnections(); err != nil || n < 1 || files <= fileReserve {
+	if n, files, err := (&Server{cfg: config.DefaultConfig(), openFiles: openFileLimit}).maxConnections(); err != nil || n < 1 || files <= fileReserve {
 		t.Errorf("this machine: %d connections for an open-file limit of %d (%v)", n, files, err)
 	}
 }

@@ -84,9 +84,8 @@ func (s *Server) adapterConfig(cfg config.Config) scheduler.AdapterConfig {
 // fleetConfig is w's fleet configuration, with the names of the LoRA
 // files llama.cpp lists.
 func (s *Server) fleetConfig(w config.Worker, key string) fleet.WorkerConfig {
-	fc := toFleet(w, key)
-	fc.AdapterPaths = s.cfg.LoRA.PathNames()
-	return fc
+	return fleet.WorkerConfig{Name: w.Name, URL: w.URL, Kind: w.Kind, Models: w.Models, GPUMetrics: w.GPUMetrics,
+		GPUSelector: w.GPUSelector, AdapterPaths: s.cfg.LoRA.PathNames(), APIKey: key}
 }
 
 // workerSpec is w's scheduler entry: a vLLM worker loads adapters at run
@@ -110,26 +109,23 @@ type modelEntry struct {
 // workers hold with their base, and the configured adapters that can be
 // served (held somewhere, or loadable on demand).
 func (s *Server) modelList() []modelEntry {
+	ids := s.sched.Models()
+	served := len(ids) // the models, before the adapters the workers hold
 	parents := map[string]string{}
 	for _, ws := range s.sched.Workers() {
 		for _, a := range ws.Adapters {
 			if a.Base != "" {
 				parents[a.Name] = a.Base
 			}
-		}
-	}
-	ids := s.sched.Models()
-	for _, a := range s.cfg.LoRA.Adapters {
-		parents[a.Name] = a.Base
-		if s.cfg.LoRA.LoadOnDemand && slices.Contains(ids, a.Base) && !slices.Contains(ids, a.Name) {
-			ids = append(ids, a.Name)
-		}
-	}
-	for _, ws := range s.sched.Workers() {
-		for _, a := range ws.Adapters {
 			if !slices.Contains(ids, a.Name) {
 				ids = append(ids, a.Name)
 			}
+		}
+	}
+	for _, a := range s.cfg.LoRA.Adapters {
+		parents[a.Name] = a.Base
+		if s.cfg.LoRA.LoadOnDemand && slices.Contains(ids[:served], a.Base) && !slices.Contains(ids, a.Name) {
+			ids = append(ids, a.Name)
 		}
 	}
 	slices.Sort(ids)

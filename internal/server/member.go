@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"net/url"
+	"strconv"
 	"sync"
 
 	"github.com/sluice-router/sluice/internal/config"
@@ -63,8 +64,11 @@ func (ms *members) liveLocked(name string) bool {
 }
 
 // newMember checks what a worker needs before it is probed or scheduled —
-// its URL, its API key, its TLS settings — and makes its member.
+// its settings, its API key, its TLS files — and makes its member.
 func (s *Server) newMember(w config.Worker) (*member, error) {
+	if ps := w.Validate("worker " + strconv.Quote(w.Name)); len(ps) > 0 {
+		return nil, ps
+	}
 	u, err := url.Parse(w.URL)
 	if err != nil {
 		return nil, fmt.Errorf("worker %s: url: %w", w.Name, err)

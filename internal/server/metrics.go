@@ -49,7 +49,7 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.005, 2, 16)
 // step to a badly overloaded one.
 var tpotBuckets = prometheus.ExponentialBuckets(0.001, 2, 12)
 
-func newMetrics(sched func() *scheduler.Scheduler, tracker *stats.Tracker) *metrics {
+func newMetrics(sched *scheduler.Scheduler, tracker *stats.Tracker) *metrics {
 	wm := []string{"worker", "model"}
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
@@ -160,16 +160,11 @@ func (m *metrics) observe(r proxy.Result, live func(worker string) bool) {
 
 // forget drops a removed worker's series.
 func (m *metrics) forget(worker string) {
-	l := prometheus.Labels{"worker": worker}
-	m.requests.DeletePartialMatch(l)
-	m.ttft.DeletePartialMatch(l)
-	m.workerTTFT.DeletePartialMatch(l)
-	m.e2e.DeletePartialMatch(l)
-	m.tpot.DeletePartialMatch(l)
-	m.tokens.DeletePartialMatch(l)
-	m.promptTokens.DeletePartialMatch(l)
-	m.staleRetries.DeletePartialMatch(l)
-	m.predError.DeletePartialMatch(l)
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+		m.requests, m.ttft, m.workerTTFT, m.e2e, m.tpot, m.tokens, m.promptTokens, m.staleRetries, m.predError,
+	} {
+		v.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	}
 }
 
 var (
@@ -190,7 +185,7 @@ var (
 // stateCollector reads the scheduler and tracker at scrape time, so its
 // series always match the current workers.
 type stateCollector struct {
-	sched   func() *scheduler.Scheduler
+	sched   *scheduler.Scheduler
 	tracker *stats.Tracker
 }
 
@@ -201,7 +196,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.sched()
+	s := c.sched
 	for _, w := range s.Gauges() {
 		ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(w.Active), w.Name)
 		ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(w.Limit), w.Name)

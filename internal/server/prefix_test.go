@@ -128,9 +128,7 @@ func TestRouter_WorkerReportBeatsTheGuess(t *testing.T) {
 	}
 	readAll(t, direct)
 	for _, name := range []string{"gpu0", "gpu1"} {
-		if err := r.srv.fleet.ScrapeNow(context.Background(), name); err != nil {
-			t.Fatal(err)
-		}
+		r.srv.fleet.Get(name).ScrapeNow(context.Background())
 	}
 
 	resp, err := http.Post(r.url+"/v1/completions", "application/json",

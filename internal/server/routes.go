@@ -34,7 +34,7 @@ func (s *Server) routes() {
 	s.routeFunc("GET /api/workers", s.listWorkers)
 	s.routeFunc("POST /api/workers", s.postWorker)
 	s.routeFunc("POST /api/workers/{name}/drain", s.drainWithDeadline)
-	s.routeFunc("POST /api/workers/{name}/undrain", s.drainWorker(false))
+	s.routeFunc("POST /api/workers/{name}/undrain", s.undrainWorker)
 	s.routeFunc("DELETE /api/workers/{name}", s.deleteWorker)
 	s.route("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
 	s.routeFunc("GET /{$}", s.dash.Index)
@@ -138,18 +138,16 @@ func (s *Server) postWorker(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, map[string]string{"added": wc.Name})
 }
 
-func (s *Server) drainWorker(drain bool) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		name := r.PathValue("name")
-		if !drain {
-			s.stopDrains(name)
-		}
-		if err := s.sched.SetDraining(name, drain); err != nil {
-			proxy.WriteError(w, http.StatusNotFound, "worker_not_found", err.Error())
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"worker": name, "draining": drain})
+// undrainWorker is POST /api/workers/{name}/undrain: the worker takes new
+// work again, and its pending drain deadline is cancelled.
+func (s *Server) undrainWorker(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	s.stopDrains(name)
+	if err := s.sched.SetDraining(name, false); err != nil {
+		proxy.WriteError(w, http.StatusNotFound, "worker_not_found", err.Error())
+		return
 	}
+	writeJSON(w, http.StatusOK, map[string]any{"worker": name, "draining": false})
 }
 
 func (s *Server) deleteWorker(w http.ResponseWriter, r *http.Request) {

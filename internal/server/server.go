@@ -73,7 +73,8 @@ type Server struct {
 	stopping atomic.Bool
 	// openFiles returns the process's open-file limit; a test may fake it.
 	openFiles func() (uint64, error)
-	// after is time.After unless a test steers the shutdown phases.
+	// after is time.After unless a test steers the shutdown phases and
+	// drain deadlines.
 	after func(time.Duration) <-chan time.Time
 	// inFlight counts the inference requests being served, queued ones
 	// included; idle gets a value each time it drops to 0.
@@ -117,7 +118,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		log = slog.Default()
 	}
 	s := &Server{log: log, cfg: cfg, mux: http.NewServeMux(), bgDone: make(chan struct{}), idle: make(chan struct{}, 1),
-		listenLoopback: loopbackOnly(cfg.Listen)}
+		listenLoopback: loopbackOnly(cfg.Listen), openFiles: openFileLimit, after: time.After}
 	if err := s.loadKeys(cfg.Auth); err != nil {
 		return nil, err
 	}
@@ -215,16 +216,16 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		Logger:        log,
 		OnChange:      s.workerChanged,
 	})
-	s.metrics = newMetrics(func() *scheduler.Scheduler { return s.sched }, s.tracker)
+	s.metrics = newMetrics(s.sched, s.tracker)
 	s.metrics.reg.MustRegister(s.shared.collectors()...)
 	s.metrics.reg.MustRegister(prefixShareCollectors(s.prefixShare)...)
 	s.metrics.reg.MustRegister(s.lora.collectors()...)
 	s.dash = dashboard.New(dashboard.Options{
-		Workers:     func() []scheduler.WorkerState { return s.sched.Workers() },
-		Gauges:      func() []scheduler.WorkerGauges { return s.sched.Gauges() },
-		QueueDepths: func() map[string]int { return s.sched.QueueDepths() },
+		Workers:     s.sched.Workers,
+		Gauges:      s.sched.Gauges,
+		QueueDepths: s.sched.QueueDepths,
 		Stats:       s.tracker.Get,
-		Recent:      func(n int) []*decisions.Record { return s.dlog.Recent(n) },
+		Recent:      s.dlog.Recent,
 	})
 	s.proxy = proxy.New(proxy.Options{
 		Scheduler:   s.sched,
@@ -253,8 +254,8 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		// Agent sessions (proxy/session.go).
 		SessionHeaders:     cfg.Sessions.Headers,
 		FairShareBySession: cfg.Admission.FairShareBy == config.FairShareBySession,
-		// Continuation (issue 21): a stream broken mid-way goes on
-		// elsewhere; each worker's kind says how to ask for the rest.
+		// A stream broken mid-way goes on elsewhere; each worker's kind
+		// says how to ask for the rest.
 		MaxContinuations: cfg.Proxy.MaxContinuations,
 		KindOf:           s.kindOf,
 	})
@@ -393,11 +394,6 @@ func (s *Server) observe(r proxy.Result) {
 	s.metrics.observe(r, s.members.liveLocked)
 }
 
-func toFleet(w config.Worker, key string) fleet.WorkerConfig {
-	return fleet.WorkerConfig{Name: w.Name, URL: w.URL, Kind: w.Kind, Models: w.Models,
-		MaxConcurrency: int(w.MaxConcurrency), GPUMetrics: w.GPUMetrics, GPUSelector: w.GPUSelector, APIKey: key}
-}
-
 // addWorker starts probing w and makes it schedulable.
 func (s *Server) addWorker(w config.Worker) error {
 	s.memberMu.Lock()
@@ -514,22 +510,22 @@ func (s *Server) Reload(cfg config.Config) error {
 	var kept []config.Worker
 	for _, w := range cfg.Workers {
 		next[w.Name] = true
-		if o, ok := old[w.Name]; ok && equalWorker(o, w) {
-			kept = append(kept, w)
-			continue
-		} else if ok {
+		o, ok := old[w.Name]
+		var err error
+		switch {
+		case ok && reflect.DeepEqual(o, w): // not JSON: that redacts the API key
+		case ok:
 			// Changed in place: new probes and address, the same
 			// scheduler worker, so its requests in flight keep counting.
-			if err := s.replaceWorkerLocked(w); err != nil {
-				errs = append(errs, err)
-				kept = append(kept, o)
-				continue
-			}
-			kept = append(kept, w)
-			continue
+			err = s.replaceWorkerLocked(w)
+		default:
+			err = s.addWorkerLocked(w)
 		}
-		if err := s.addWorkerLocked(w); err != nil {
+		if err != nil {
 			errs = append(errs, err)
+			if ok {
+				kept = append(kept, o) // left running as it was
+			}
 			continue
 		}
 		kept = append(kept, w)
@@ -575,10 +571,6 @@ func changedNonWorkerKeys(running, next config.Config) []string {
 	return out
 }
 
-func equalWorker(a, b config.Worker) bool {
-	return reflect.DeepEqual(a, b) // not JSON: that redacts the API key
-}
-
 // AddWorker adds a worker at run time (admin API).
 func (s *Server) AddWorker(w config.Worker) error {
 	if w.Kind == "" {
@@ -614,10 +606,9 @@ func (s *Server) RemoveWorker(name string) error {
 
 // idleConnsPerWorker is how many idle keep-alive connections the proxy
 // keeps to each worker: one per request it may run there at once, so a
-// burst that ends does not close connections the next burst redials
-// (a dial is a third of the router's CPU per short stream). It is the
-// largest configured max_concurrency, and at least 64 for workers whose
-// limit is learned. The worker's own idle timeout (see
+// burst that ends does not close connections the next burst redials. It
+// is the largest configured max_concurrency, and at least 64 for workers
+// whose limit is learned. The worker's own idle timeout (see
 // proxy.idle_conn_timeout) still closes them when they sit unused.
 func idleConnsPerWorker(cfg config.Config) int {
 	n := 64

@@ -114,28 +114,15 @@ const SlotsKVMetric = "n_prompt_tokens/n_ctx"
 // not an array, or has no slot, is an error; a slot without n_ctx leaves
 // NCtx 0 and returns the rest with a *MissingError.
 //
-// What the endpoint gives depends on the build (tools/server/README.md
-// and server-context.cpp of ggml-org/llama.cpp):
-//
-//   - Early 2024 builds (examples/server) answered only with --slots
-//     (later --slots-endpoint-disable turned it off), with a "prompt" that
-//     was the request's own JSON prompt, a string or an array of tokens.
-//   - From late 2024 the endpoint is on by default (--no-slots turns it
-//     off, and then it answers 501 "This server does not support slots
-//     endpoint"), and each slot's "prompt" is its tokens detokenized with
-//     special tokens rendered (so it starts with the model's BOS text, and
-//     a chat request's prompt is the chat template's output).
-//   - Since October 2025 (ggml-org/llama.cpp#16482, "server : add option
-//     to debug the slot contents") slots are serialised with
-//     server_slot::to_json(only_metrics) called as to_json(slots_debug ==
-//     0): "prompt" and "generated" are left out unless the server runs
-//     with LLAMA_SERVER_SLOTS_DEBUG=1, and a slot that never ran a task has
-//     no id_task, params or next_token. In router mode (several models)
-//     /slots takes ?model=.
-//
-// The endpoint is under the server's --api-key like every other. A
-// "prompt" that is a string is kept in Prompt; any other shape (the old
-// token arrays) is ignored, as if absent.
+// What "prompt" holds depends on the build (tools/server of
+// ggml-org/llama.cpp): the request's own JSON prompt, a string or token
+// array, in early builds; the slot's tokens detokenized with special
+// tokens rendered (so starting with the model's BOS text; a chat
+// request's prompt is the chat template's output) in later ones; and in
+// current ones nothing, unless the server runs with
+// LLAMA_SERVER_SLOTS_DEBUG=1. --no-slots turns the endpoint off (501). A
+// "prompt" that is a string is kept in Prompt; any other shape is
+// ignored, as if absent.
 //
 // KVUsage stands in for the llamacpp:kv_cache_usage_ratio that current
 // builds no longer export. Their slots report n_prompt_tokens, the size of

@@ -83,57 +83,49 @@ func gpuID(labels map[string]string) string {
 // Malformed text returns an error wrapping ErrMalformed. Absent metrics
 // return the partial GPUMetrics and a *MissingError.
 func ParseDCGM(r io.Reader, sel Selector) (GPUMetrics, error) {
-	mfs, err := families(r)
-	if err != nil {
-		return GPUMetrics{}, fmt.Errorf("parse dcgm metrics: %w", err)
-	}
-	var miss missing
-	g := GPUMetrics{
-		Util:      Value{Metric: DCGMGPUUtil},
-		FBUsedMiB: Value{Metric: DCGMFBUsed},
-		FBFreeMiB: Value{Metric: DCGMFBFree},
-	}
-
-	util, ok := samples(mfs, DCGMGPUUtil)
-	if !ok {
-		// Without the utilisation series, pick the GPU on memory.
-		util, ok = samples(mfs, DCGMFBUsed)
+	return parseProm(r, "dcgm", func(mfs familyMap, miss *missing) (GPUMetrics, error) {
+		g := GPUMetrics{
+			Util:      Value{Metric: DCGMGPUUtil},
+			FBUsedMiB: Value{Metric: DCGMFBUsed},
+			FBFreeMiB: Value{Metric: DCGMFBFree},
+		}
+		util, ok := samples(mfs, DCGMGPUUtil)
 		if !ok {
-			util, _ = samples(mfs, DCGMFBFree)
+			// Without the utilisation series, pick the GPU on memory.
+			util, ok = samples(mfs, DCGMFBUsed)
+			if !ok {
+				util, _ = samples(mfs, DCGMFBFree)
+			}
 		}
-	}
-	if len(util) == 0 {
-		miss.add("%s", DCGMGPUUtil)
-		miss.add("%s", DCGMFBUsed)
-		miss.add("%s", DCGMFBFree)
-		return g, fmt.Errorf("parse dcgm metrics: %w", miss.err())
-	}
-	var chosen []sample
-	ids := map[string]bool{}
-	for _, s := range util {
-		if sel.matches(s.labels) {
-			chosen = append(chosen, s)
-			ids[gpuID(s.labels)] = true
+		if len(util) == 0 {
+			miss.add("%s", DCGMGPUUtil)
+			miss.add("%s", DCGMFBUsed)
+			miss.add("%s", DCGMFBFree)
+			return g, nil
 		}
-	}
-	switch {
-	case len(chosen) == 0:
-		return g, fmt.Errorf("parse dcgm metrics: no GPU matches %s (GPUs: %s)", sel, describeGPUs(util))
-	case len(ids) > 1:
-		return g, fmt.Errorf("parse dcgm metrics: %s matches %d GPUs (GPUs: %s); select one by %s or %s",
-			sel, len(ids), describeGPUs(chosen), DCGMLabelGPU, DCGMLabelUUID)
-	}
-	id := gpuID(chosen[0].labels)
-	g.Labels = chosen[0].labels
-	sameGPU := func(s sample) bool { return sel.matches(s.labels) && gpuID(s.labels) == id }
-
-	g.Util = aggregate(mfs, DCGMGPUUtil, sameGPU, func(vs []float64) float64 { return clamp01(vs[0] / 100) }, &miss)
-	g.FBUsedMiB = aggregate(mfs, DCGMFBUsed, sameGPU, first, &miss)
-	g.FBFreeMiB = aggregate(mfs, DCGMFBFree, sameGPU, first, &miss)
-	if err := miss.err(); err != nil {
-		return g, fmt.Errorf("parse dcgm metrics: %w", err)
-	}
-	return g, nil
+		var chosen []sample
+		ids := map[string]bool{}
+		for _, s := range util {
+			if sel.matches(s.labels) {
+				chosen = append(chosen, s)
+				ids[gpuID(s.labels)] = true
+			}
+		}
+		switch {
+		case len(chosen) == 0:
+			return g, fmt.Errorf("no GPU matches %s (GPUs: %s)", sel, describeGPUs(util))
+		case len(ids) > 1:
+			return g, fmt.Errorf("%s matches %d GPUs (GPUs: %s); select one by %s or %s",
+				sel, len(ids), describeGPUs(chosen), DCGMLabelGPU, DCGMLabelUUID)
+		}
+		id := gpuID(chosen[0].labels)
+		g.Labels = chosen[0].labels
+		sameGPU := func(s sample) bool { return sel.matches(s.labels) && gpuID(s.labels) == id }
+		g.Util = aggregate(mfs, DCGMGPUUtil, sameGPU, func(vs []float64) float64 { return clamp01(vs[0] / 100) }, miss)
+		g.FBUsedMiB = aggregate(mfs, DCGMFBUsed, sameGPU, first, miss)
+		g.FBFreeMiB = aggregate(mfs, DCGMFBFree, sameGPU, first, miss)
+		return g, nil
+	})
 }
 
 func first(vs []float64) float64 { return max(vs[0], 0) }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 )
 
 // ServerState is what a health endpoint says about a server.
@@ -96,10 +97,12 @@ func ParseLlamaCPPHealth(status int, body io.Reader) (HealthResult, error) {
 	}
 }
 
-// ParseVLLMHealth reads vLLM's GET /health answer: 200 with an empty body
-// is ready; any other status (503 once the engine is dead) is an error.
-// vLLM only listens once its model is loaded, so it has no loading answer.
-func ParseVLLMHealth(status int) HealthResult {
+// ParseHealthStatus reads a health endpoint that answers with its status
+// alone (vLLM's, SGLang's and trtllm-serve's GET /health): 200 is ready;
+// anything else (vLLM's 503 once the engine is dead) is an error. These
+// servers only listen once their model is loaded, so there is no loading
+// answer.
+func ParseHealthStatus(status int) HealthResult {
 	if status == http.StatusOK {
 		return HealthResult{State: StateReady}
 	}
@@ -170,7 +173,7 @@ var ErrNoModelList = errors.New(`no "data" list of models`)
 // ParseOpenAIModels reads an OpenAI GET /v1/models list and returns
 // data[].id in order, without duplicates or empty ids. An empty list is
 // a non-nil empty slice: the server has no model, which is a fact.
-// This is the parser for vLLM and any OpenAI-compatible server.
+// This is the parser for any OpenAI-compatible server.
 func ParseOpenAIModels(r io.Reader) ([]string, error) {
 	var l openAIModels
 	if err := decodeJSON(r, &l); err != nil {
@@ -221,13 +224,8 @@ func ParseLlamaCPPModels(r io.Reader) ([]string, error) {
 }
 
 func appendUnique(ids []string, id string) []string {
-	if id == "" {
+	if id == "" || slices.Contains(ids, id) {
 		return ids
-	}
-	for _, have := range ids {
-		if have == id {
-			return ids
-		}
 	}
 	return append(ids, id)
 }

@@ -1,9 +1,6 @@
 package telemetry
 
-import (
-	"fmt"
-	"io"
-)
+import "io"
 
 // Metric names llama.cpp's server exposes on GET /metrics (started with
 // --metrics). The names are those of tools/server in ggml-org/llama.cpp
@@ -43,27 +40,20 @@ const (
 // a finite number is reported too, since that is a broken payload rather
 // than an older or newer build.
 func ParseLlamaCPP(r io.Reader) (Metrics, error) {
-	mfs, err := families(r)
-	if err != nil {
-		return Metrics{}, fmt.Errorf("parse llama.cpp metrics: %w", err)
-	}
-	var miss missing
-	m := Metrics{
-		Running:  aggregate(mfs, LlamaCPPRequestsProcessing, nil, sum, &miss),
-		QueueLen: aggregate(mfs, LlamaCPPRequestsDeferred, nil, sum, &miss),
-		KVUsage:  Value{Metric: LlamaCPPKVCacheUsageRatio},
-	}
-	if _, ok := mfs[LlamaCPPKVCacheUsageRatio]; ok {
-		m.KVUsage = aggregate(mfs, LlamaCPPKVCacheUsageRatio, nil, maxFraction, &miss)
-	}
-	var optional missing
-	if v := aggregate(mfs, LlamaCPPKVCacheTokens, nil, sum, &optional); v.Present {
-		m.KVUsedTokens = v
-	}
-	if err := miss.err(); err != nil {
-		return m, fmt.Errorf("parse llama.cpp metrics: %w", err)
-	}
-	return m, nil
+	return parseProm(r, "llama.cpp", func(mfs familyMap, miss *missing) (Metrics, error) {
+		m := Metrics{
+			Running:  aggregate(mfs, LlamaCPPRequestsProcessing, nil, sum, miss),
+			QueueLen: aggregate(mfs, LlamaCPPRequestsDeferred, nil, sum, miss),
+			KVUsage:  Value{Metric: LlamaCPPKVCacheUsageRatio},
+		}
+		if _, ok := mfs[LlamaCPPKVCacheUsageRatio]; ok {
+			m.KVUsage = aggregate(mfs, LlamaCPPKVCacheUsageRatio, nil, maxFraction, miss)
+		}
+		if v := aggregate(mfs, LlamaCPPKVCacheTokens, nil, sum, nil); v.Present {
+			m.KVUsedTokens = v
+		}
+		return m, nil
+	})
 }
 
 // combine folds the values of several series into one.

@@ -67,9 +67,22 @@ func (e *MissingError) Error() string {
 func (e *MissingError) Is(target error) bool { return target == ErrMissing }
 
 // missing collects absent metrics and turns them into an error or nil.
+// A nil *missing records nothing: the metric is optional.
 type missing []string
 
-func (m *missing) add(format string, args ...any) { *m = append(*m, fmt.Sprintf(format, args...)) }
+func (m *missing) add(format string, args ...any) {
+	if m != nil {
+		*m = append(*m, fmt.Sprintf(format, args...))
+	}
+}
+
+// forModel says, of each absent metric, which model it was looked for
+// and which models the payload serves.
+func (m missing) forModel(label, model string, served []string) {
+	for i := range m {
+		m[i] += fmt.Sprintf(" for %s=%q (served: %s)", label, model, strings.Join(served, ", "))
+	}
+}
 
 func (m missing) err() error {
 	if len(m) == 0 {
@@ -105,6 +118,23 @@ func families(r io.Reader) (map[string]*dto.MetricFamily, error) {
 		return nil, malformed("prometheus text", err)
 	}
 	return mfs, nil
+}
+
+// parseProm parses Prometheus text and reads it with read, which notes in
+// miss what is absent; its errors name the exporter.
+func parseProm[T any](r io.Reader, exporter string, read func(mfs familyMap, miss *missing) (T, error)) (T, error) {
+	var v T
+	mfs, err := families(r)
+	if err == nil {
+		var miss missing
+		if v, err = read(mfs, &miss); err == nil {
+			err = miss.err()
+		}
+	}
+	if err != nil {
+		return v, fmt.Errorf("parse %s metrics: %w", exporter, err)
+	}
+	return v, nil
 }
 
 // sample is one series of a family: its labels and its value.

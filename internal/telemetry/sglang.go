@@ -1,10 +1,6 @@
 package telemetry
 
-import (
-	"fmt"
-	"io"
-	"strings"
-)
+import "io"
 
 // Metric names SGLang exposes on GET /metrics when started with
 // --enable-metrics (python/sglang/srt/metrics/collector.py; the example in
@@ -38,34 +34,24 @@ const (
 // Malformed text returns an error wrapping ErrMalformed. Absent metrics
 // return the partial Metrics and a *MissingError.
 func ParseSGLang(r io.Reader, model string) (Metrics, error) {
-	mfs, err := families(r)
-	if err != nil {
-		return Metrics{}, fmt.Errorf("parse sglang metrics: %w", err)
-	}
-	names := []string{SGLangNumRunningReqs, SGLangNumQueueReqs, SGLangTokenUsage}
-	keep, models := modelFilter(mfs, names, SGLangModelLabel, model)
-
-	var miss missing
-	m := Metrics{
-		Running:  aggregate(mfs, SGLangNumRunningReqs, keep, sum, &miss),
-		QueueLen: aggregate(mfs, SGLangNumQueueReqs, keep, sum, &miss),
-		KVUsage:  aggregate(mfs, SGLangTokenUsage, keep, maxFraction, &miss),
-	}
-	// Counts: largest within a dp_rank, summed across ranks.
-	for _, v := range []*Value{&m.Running, &m.QueueLen} {
-		if v.Present {
-			v.V = sumByLabel(mfs, v.Metric, keep, SGLangDPRankLabel)
+	return parseProm(r, "sglang", func(mfs familyMap, miss *missing) (Metrics, error) {
+		keep, models := modelFilter(mfs, []string{SGLangNumRunningReqs, SGLangNumQueueReqs, SGLangTokenUsage}, SGLangModelLabel, model)
+		m := Metrics{
+			Running:  aggregate(mfs, SGLangNumRunningReqs, keep, sum, miss),
+			QueueLen: aggregate(mfs, SGLangNumQueueReqs, keep, sum, miss),
+			KVUsage:  aggregate(mfs, SGLangTokenUsage, keep, maxFraction, miss),
 		}
-	}
-	if keep != nil && len(miss) > 0 {
-		for i := range miss {
-			miss[i] += fmt.Sprintf(" for %s=%q (served: %s)", SGLangModelLabel, model, strings.Join(models, ", "))
+		// Counts: largest within a dp_rank, summed across ranks.
+		for _, v := range []*Value{&m.Running, &m.QueueLen} {
+			if v.Present {
+				v.V = sumByLabel(mfs, v.Metric, keep, SGLangDPRankLabel)
+			}
 		}
-	}
-	if err := miss.err(); err != nil {
-		return m, fmt.Errorf("parse sglang metrics: %w", err)
-	}
-	return m, nil
+		if keep != nil {
+			miss.forModel(SGLangModelLabel, model, models)
+		}
+		return m, nil
+	})
 }
 
 // modelFilter returns the series filter for model among the families

@@ -365,11 +365,11 @@ func TestParseLlamaCPPHealth_Golden(t *testing.T) {
 	}
 }
 
-func TestParseVLLMHealth(t *testing.T) {
-	if got, want := ParseVLLMHealth(200).State, StateReady; got != want {
+func TestParseHealthStatus(t *testing.T) {
+	if got, want := ParseHealthStatus(200).State, StateReady; got != want {
 		t.Errorf("200: state = %v, want %v", got, want)
 	}
-	if got, want := ParseVLLMHealth(503).State, StateError; got != want {
+	if got, want := ParseHealthStatus(503).State, StateError; got != want {
 		t.Errorf("503: state = %v, want %v", got, want)
 	}
 }

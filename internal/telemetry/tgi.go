@@ -28,27 +28,21 @@ const (
 // Malformed text returns an error wrapping ErrMalformed. Absent metrics
 // return the partial Metrics and a *MissingError.
 func ParseTGI(r io.Reader, maxBatchTotalTokens int) (Metrics, error) {
-	mfs, err := families(r)
-	if err != nil {
-		return Metrics{}, fmt.Errorf("parse tgi metrics: %w", err)
-	}
-	var miss missing
-	m := Metrics{
-		QueueLen: aggregate(mfs, TGIQueueSize, nil, sum, &miss),
-		Running:  aggregate(mfs, TGIBatchCurrentSize, nil, sum, &miss),
-	}
-	if maxBatchTotalTokens > 0 {
-		m.KVUsage = aggregate(mfs, TGIBatchCurrentMaxTokens, nil, func(vs []float64) float64 {
-			return clamp01(sum(vs) / float64(maxBatchTotalTokens))
-		}, &miss)
-	} else {
-		m.KVUsage = Value{Metric: TGIBatchCurrentMaxTokens}
-		miss.add("%s (no %s in /info to divide by)", TGIBatchCurrentMaxTokens, tgiMaxBatchTotalTokensKey)
-	}
-	if err := miss.err(); err != nil {
-		return m, fmt.Errorf("parse tgi metrics: %w", err)
-	}
-	return m, nil
+	return parseProm(r, "tgi", func(mfs familyMap, miss *missing) (Metrics, error) {
+		m := Metrics{
+			QueueLen: aggregate(mfs, TGIQueueSize, nil, sum, miss),
+			Running:  aggregate(mfs, TGIBatchCurrentSize, nil, sum, miss),
+			KVUsage:  Value{Metric: TGIBatchCurrentMaxTokens},
+		}
+		if maxBatchTotalTokens > 0 {
+			m.KVUsage = aggregate(mfs, TGIBatchCurrentMaxTokens, nil, func(vs []float64) float64 {
+				return clamp01(sum(vs) / float64(maxBatchTotalTokens))
+			}, miss)
+		} else {
+			miss.add("%s (no %s in /info to divide by)", TGIBatchCurrentMaxTokens, tgiMaxBatchTotalTokensKey)
+		}
+		return m, nil
+	})
 }
 
 // TGIInfo is what TGI's GET /info says that Sluice uses.
@@ -116,8 +110,3 @@ func ParseTGIHealth(status int, body io.Reader) HealthResult {
 	}
 	return HealthResult{State: StateError, Message: msg}
 }
-
-// ParseHealthStatus reads a health endpoint that answers with its status
-// alone (SGLang's and trtllm-serve's GET /health, like vLLM's): 200 is
-// ready, anything else an error.
-func ParseHealthStatus(status int) HealthResult { return ParseVLLMHealth(status) }

@@ -1,10 +1,8 @@
 package telemetry
 
 import (
-	"fmt"
 	"io"
 	"strconv"
-	"strings"
 )
 
 // Metric names vLLM exposes on GET /metrics (vllm/v1/metrics/loggers.py,
@@ -68,9 +66,8 @@ type PrefixCache struct {
 func parseVLLMPrefixCache(mfs familyMap, keep func(sample) bool) PrefixCache {
 	var pc PrefixCache
 	for _, names := range [][2]string{{VLLMPrefixCacheQueries, VLLMPrefixCacheHits}, {VLLMGPUPrefixCacheQueries, VLLMGPUPrefixCacheHits}} {
-		var miss missing
-		q := aggregate(mfs, names[0], keep, sum, &miss)
-		h := aggregate(mfs, names[1], keep, sum, &miss)
+		q := aggregate(mfs, names[0], keep, sum, nil)
+		h := aggregate(mfs, names[1], keep, sum, nil)
 		if q.Present && h.Present {
 			pc.Queries, pc.Hits = q, h
 			break
@@ -115,45 +112,25 @@ func parseVLLMPrefixCache(mfs familyMap, keep func(sample) bool) PrefixCache {
 // Malformed text returns an error wrapping ErrMalformed. Absent metrics
 // return the partial Metrics and a *MissingError.
 func ParseVLLM(r io.Reader, model string) (Metrics, error) {
-	mfs, err := families(r)
-	if err != nil {
-		return Metrics{}, fmt.Errorf("parse vllm metrics: %w", err)
-	}
-
-	var all []sample
-	for _, name := range []string{VLLMNumRequestsRunning, VLLMNumRequestsWaiting, VLLMKVCacheUsagePerc, VLLMGPUCacheUsagePerc} {
-		ss, _ := samples(mfs, name)
-		all = append(all, ss...)
-	}
-	models := labelValues(all, VLLMModelLabel)
-	var keep func(sample) bool
-	if len(models) > 1 && model != "" {
-		keep = func(s sample) bool { return s.labels[VLLMModelLabel] == model }
-	}
-
-	var miss missing
-	m := Metrics{
-		Running:  aggregate(mfs, VLLMNumRequestsRunning, keep, sum, &miss),
-		QueueLen: aggregate(mfs, VLLMNumRequestsWaiting, keep, sum, &miss),
-	}
-	var kvMiss missing
-	m.KVUsage = aggregate(mfs, VLLMKVCacheUsagePerc, keep, maxFraction, &kvMiss)
-	if !m.KVUsage.Present {
-		var oldMiss missing
-		if old := aggregate(mfs, VLLMGPUCacheUsagePerc, keep, maxFraction, &oldMiss); old.Present {
-			m.KVUsage = old
-		} else {
-			miss.add("%s (nor %s)", kvMiss[0], VLLMGPUCacheUsagePerc)
+	return parseProm(r, "vllm", func(mfs familyMap, miss *missing) (Metrics, error) {
+		keep, models := modelFilter(mfs, []string{VLLMNumRequestsRunning, VLLMNumRequestsWaiting, VLLMKVCacheUsagePerc, VLLMGPUCacheUsagePerc}, VLLMModelLabel, model)
+		m := Metrics{
+			Running:  aggregate(mfs, VLLMNumRequestsRunning, keep, sum, miss),
+			QueueLen: aggregate(mfs, VLLMNumRequestsWaiting, keep, sum, miss),
 		}
-	}
-	m.PrefixCache = parseVLLMPrefixCache(mfs, keep)
-	if keep != nil && len(miss) > 0 {
-		for i := range miss {
-			miss[i] += fmt.Sprintf(" for %s=%q (served: %s)", VLLMModelLabel, model, strings.Join(models, ", "))
+		var kvMiss missing
+		m.KVUsage = aggregate(mfs, VLLMKVCacheUsagePerc, keep, maxFraction, &kvMiss)
+		if !m.KVUsage.Present {
+			if old := aggregate(mfs, VLLMGPUCacheUsagePerc, keep, maxFraction, nil); old.Present {
+				m.KVUsage = old
+			} else {
+				miss.add("%s (nor %s)", kvMiss[0], VLLMGPUCacheUsagePerc)
+			}
 		}
-	}
-	if err := miss.err(); err != nil {
-		return m, fmt.Errorf("parse vllm metrics: %w", err)
-	}
-	return m, nil
+		m.PrefixCache = parseVLLMPrefixCache(mfs, keep)
+		if keep != nil {
+			miss.forModel(VLLMModelLabel, model, models)
+		}
+		return m, nil
+	})
 }
