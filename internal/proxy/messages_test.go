@@ -43,7 +43,7 @@ func TestMessages_StreamGolden(t *testing.T) {
 			}
 			for _, size := range []int{1, 7, len(in)} { // however the reads fall
 				rec := httptest.NewRecorder()
-				m, err := relayStream(rec, &chunkReader{b: in, size: size}, time.Now(), anthropicMessages, failureText{})
+				m, err := relayStream(rec, &chunkReader{b: in, size: size}, time.Now(), protocolFor("/v1/messages"), failureText{})
 				out := rec.Body.Bytes()
 				if !bytes.HasPrefix(out, in) {
 					t.Fatalf("read %d at a time: relayed stream differs from the worker's:\n%s", size, out)
@@ -84,7 +84,7 @@ func TestMessages_FirstTokenIsTheFirstContentDelta(t *testing.T) {
 		{`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{"}}`, true},
 	}
 	for _, e := range events {
-		if got := readAnthropicEvent(nil, []byte(e.data)); got.content != e.content || !got.valid {
+		if got := readAnthropicEvent([]byte(e.data)); got.content != e.content || !got.valid {
 			t.Errorf("%s: content %v (valid %v), want %v", e.data, got.content, got.valid, e.content)
 		}
 	}
@@ -260,7 +260,7 @@ func TestMessages_ErrorShape(t *testing.T) {
 	}
 	// A refusal of the scheduler keeps its Retry-After.
 	rec := httptest.NewRecorder()
-	writeRefusal(anthropicMessages, rec, &scheduler.Refusal{Err: scheduler.ErrQueueFull, Reason: "queue_full", RetryAfter: 3 * time.Second}, "m")
+	writeRefusal(protocolFor("/v1/messages"), rec, &scheduler.Refusal{Err: scheduler.ErrQueueFull, Reason: "queue_full", RetryAfter: 3 * time.Second}, "m")
 	if rec.Code != StatusOverloaded || rec.Header().Get("Retry-After") != "3" || !strings.Contains(rec.Body.String(), `"overloaded_error"`) {
 		t.Errorf("queue full on /v1/messages: %d, Retry-After %q, %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body.String())
 	}

@@ -399,7 +399,7 @@ func (h *Handler) prepare(c *call) (req scheduler.Request, ok bool) {
 	}
 	req.SLO = slo
 	if c.cs, err = h.continuation(r, c.body, *p); err != nil {
-		res.Status, res.Reason = writeError(c.w, http.StatusBadRequest, "invalid_header", err.Error())
+		res.Status, res.Reason = p.proto.writeError(c.w, http.StatusBadRequest, "invalid_header", "", err.Error())
 		return req, false
 	}
 	if n, src, ok := h.ratio.estimate(*p); ok {

@@ -44,7 +44,7 @@ func (b *streamBreak) Unwrap() error { return b.err }
 // token, unless the worker states its count (usage's completion_tokens,
 // llama.cpp's tokens_predicted), which is believed over the events.
 type contStream struct {
-	proto *protocol // how its events read; nil reads OpenAI chunks
+	proto *protocol // how its events read
 	route string    // how it is continued; "" when it cannot be
 	kinds []string
 	left  int // continuations left
@@ -75,14 +75,6 @@ type contStream struct {
 // resumable reports whether the stream may be continued elsewhere,
 // and so is relayed whole events at a time.
 func (cs *contStream) resumable() bool { return cs.route != "" }
-
-// read is how the stream's events read (streamMeter.read).
-func (cs *contStream) read() func(typ, data []byte) eventInfo {
-	if cs.proto == nil {
-		return nil
-	}
-	return cs.proto.read
-}
 
 // movable reports whether the stream may be moved elsewhere now (by a
 // drain deadline): cutting one that cannot go on would only end it.
@@ -152,7 +144,7 @@ func (cs *contStream) relay(w http.ResponseWriter, body io.Reader, start time.Ti
 	bp := relayBuffers.Get().(*[]byte)
 	defer relayBuffers.Put(bp)
 	buf := *bp
-	pt := part{cs: cs, m: streamMeter{read: cs.read()}}
+	pt := part{cs: cs, m: streamMeter{read: cs.proto.read}}
 	cs.part, cs.reported = 0, 0
 	var readErr, writeErr error
 	for pt.broken == "" && writeErr == nil {

@@ -135,25 +135,11 @@ var tokenLimits = []struct {
 	{"max_output_tokens", 0, func(in *inference) *int { return in.MaxOutputTokens }},
 }
 
-// parseInference validates body. needModel is false for llama.cpp's native
-// /completion, which has no model field. Its error is a *badRequest.
-func parseInference(body []byte, needModel bool) (parsed, error) {
-	return parseRoute(body, needModel, nil)
-}
-
-// parseChat validates a chat completion's body: parseInference's checks
-// and its messages (requireMessages).
-func parseChat(body []byte) (parsed, error) { return parseRoute(body, true, requireMessages) }
-
-// parseCompletion validates a completion's body: parseInference's checks
-// and its prompt (requirePrompt).
-func parseCompletion(body []byte, needModel bool) (parsed, error) {
-	return parseRoute(body, needModel, requirePrompt)
-}
-
-// parseRoute is parseInference with the route's own check of the
-// decoded body, when it has one.
-func parseRoute(body []byte, needModel bool, check func(*inference) error) (parsed, error) {
+// parseInference validates an OpenAI-style body: its model (needModel is
+// false for llama.cpp's native routes, which have none), its token
+// limits, and what the route's check (nil for none) asks of the decoded
+// body. Its error is a *badRequest.
+func parseInference(body []byte, needModel bool, check func(*inference) error) (parsed, error) {
 	var in inference
 	if err := decodeBody(body, &in); err != nil {
 		return parsed{}, err

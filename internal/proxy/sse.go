@@ -229,9 +229,8 @@ func (c *chunk) reportedTokens() int {
 // streamMeter follows an SSE stream event by event, through the one SSE
 // parser (package sse) fed the bytes the relay forwards.
 type streamMeter struct {
-	// read reads an event of a typed stream (protocol.read); nil reads
-	// OpenAI chunks.
-	read     func(typ, data []byte) eventInfo
+	read func(data []byte) eventInfo // protocol.read
+
 	parser   sse.Parser
 	content  int // events that carried generated text
 	reported int // tokens the worker reported, if any
@@ -274,12 +273,7 @@ func (m *streamMeter) take(e sse.Event) eventInfo {
 		m.done = true
 		return eventInfo{}
 	}
-	var c eventInfo
-	if m.read != nil {
-		c = m.read(e.Type, data)
-	} else {
-		c = readEvent(data)
-	}
+	c := m.read(data)
 	switch {
 	case !c.valid:
 		return c
