@@ -66,13 +66,7 @@ func (h *Handler) broke(t *try, brk *streamBreak) {
 	default:
 		h.report(t.lease.Worker, brk)
 	}
-	t.res.Reason = "upstream_failed"
-	switch brk.reason {
-	case breakIdle:
-		t.res.Reason = "stream_idle"
-	case breakShutdown:
-		t.res.Reason = "shutting_down"
-	}
+	t.res.Reason = brk.code()
 	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", t.lease.Worker, "decision", decisionID(t.lease.Decision), "reason", brk.reason, "err", brk.err)
 }
 

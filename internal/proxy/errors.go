@@ -148,10 +148,13 @@ func (f failureText) noAnswer() string {
 
 // streamEnd is the message of the error event that ends a stream broken
 // for good: reason is the break's (breakUpstream and the others), err
-// what broke it.
+// what broke it. A stream the router's shutdown cut gets shutdownMessage,
+// which tells the client to send the request again.
 func (f failureText) streamEnd(reason string, err error) string {
 	var what string
 	switch {
+	case reason == breakShutdown:
+		return shutdownMessage
 	case reason == breakIdle || errors.Is(err, ErrStreamIdle):
 		what = "stalled: its worker sent nothing for longer than the stream idle timeout"
 	case reason == breakErrorEvent:

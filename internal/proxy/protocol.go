@@ -3,7 +3,6 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 )
@@ -155,10 +154,4 @@ func anthropicStreamError(code, msg string) []byte {
 // for /v1/messages, OpenAI's elsewhere. The guard answers with it.
 func WriteErrorFor(w http.ResponseWriter, path string, status int, reason, msg string) {
 	protocolFor(path).writeError(w, status, reason, "", msg)
-}
-
-// writeStreamEnd ends a broken stream with p's error event.
-func writeStreamEnd(p *protocol, w io.Writer, rc *http.ResponseController, code, msg string) {
-	w.Write(p.streamError(code, msg))
-	rc.Flush()
 }

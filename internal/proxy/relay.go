@@ -307,16 +307,21 @@ func (pt *part) result(readErr, writeErr error) (measured, error) {
 // error, logged where it broke, says how). A worker's error event the
 // client already has says it.
 func endStream(w http.ResponseWriter, proto *protocol, ft failureText, brk *streamBreak) {
-	rc := http.NewResponseController(w)
-	switch {
-	case brk.told:
-	case brk.reason == breakIdle:
-		writeStreamEnd(proto, w, rc, "stream_idle", ft.streamEnd(brk.reason, brk.err))
-	case brk.reason == breakShutdown:
-		writeStreamEnd(proto, w, rc, "shutting_down", shutdownMessage)
-	default:
-		writeStreamEnd(proto, w, rc, "upstream_failed", ft.streamEnd(brk.reason, brk.err))
+	if brk.told {
+		return
 	}
+	w.Write(proto.streamError(brk.code(), ft.streamEnd(brk.reason, brk.err)))
+	http.NewResponseController(w).Flush()
+}
+
+// code is the break as the client's error event and the Result's reason
+// name it: an idle worker and the router's shutdown by their own names,
+// every other fault of the worker as upstream_failed.
+func (b *streamBreak) code() string {
+	if b.reason == breakIdle || b.reason == breakShutdown {
+		return b.reason
+	}
+	return breakUpstream
 }
 
 // rewrite appends to out the event e of a continuation as the client's
