@@ -190,10 +190,7 @@ func parseInference(body []byte, needModel bool, check func(*inference) error) (
 	if firstByte(in.Prompt) == '"' {
 		p.promptString = in.Prompt
 	}
-	p.promptTokens = max(pc.tokens(), 1)
-	p.promptText = pc.text.String()
-	p.promptRunes = pc.runes
-	p.promptExtra = pc.tokens() - pc.runes/charsPerToken
+	p.setPrompt(&pc)
 	p.promptCacheKey, p.user = jsonString(in.PromptCacheKey), jsonString(in.User)
 	return p, nil
 }
@@ -325,6 +322,15 @@ const (
 	// /tokenize.
 	maxPromptText = 1 << 20
 )
+
+// setPrompt sets p's prompt size, and what the calibration and the
+// worker's /tokenize refine it from, to c's estimate.
+func (p *parsed) setPrompt(c *promptCount) {
+	p.promptTokens = max(c.tokens(), 1)
+	p.promptText = c.text.String()
+	p.promptRunes = c.runes
+	p.promptExtra = c.tokens() - c.runes/charsPerToken
+}
 
 // promptCount estimates a prompt's tokens from its text content only:
 // strings of messages' content (plain or text parts), prompts, inputs and
