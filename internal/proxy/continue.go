@@ -89,36 +89,25 @@ func continueHeader(h http.Header) (off bool, err error) {
 	return true, nil
 }
 
-// contRequest is what continuation reads of a request body.
-type contRequest struct {
-	N        *int            `json:"n"`
-	Messages json.RawMessage `json:"messages"`
-	Prompt   json.RawMessage `json:"prompt"`
-}
-
 // canContinue reports whether a streamed request on path may be continued
 // at all, by its body: one choice, and a prompt or chat the engine can be
 // asked to extend (a prompt string, or one string in an array; a chat
 // whose last message is not already the assistant's).
-func canContinue(path string, body []byte) (route string, kinds []string, ok bool) {
+func canContinue(path string, p parsed) (route string, kinds []string, ok bool) {
 	c, known := continuable[path]
 	if !known {
 		return "", nil, false
 	}
-	var in contRequest
-	if json.Unmarshal(body, &in) != nil || (in.N != nil && *in.N > 1) {
+	if n := 1; isSet(p.choices) && (json.Unmarshal(p.choices, &n) != nil || n > 1) {
 		return "", nil, false
 	}
 	switch c.route {
 	case routeChat:
-		var msgs []struct {
-			Role string `json:"role"`
-		}
-		if json.Unmarshal(in.Messages, &msgs) != nil || len(msgs) == 0 || msgs[len(msgs)-1].Role == "assistant" {
+		if p.lastRole == "" || p.lastRole == "assistant" {
 			return "", nil, false
 		}
 	default:
-		if _, ok := promptString(in.Prompt); !ok {
+		if _, ok := promptString(p.prompt); !ok {
 			return "", nil, false
 		}
 	}

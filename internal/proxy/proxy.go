@@ -398,7 +398,7 @@ func (h *Handler) prepare(c *call) (req scheduler.Request, ok bool) {
 		return req, false
 	}
 	req.SLO = slo
-	if c.cs, err = h.continuation(r, c.body, *p); err != nil {
+	if c.cs, err = h.continuation(r, *p); err != nil {
 		res.Status, res.Reason = p.proto.writeError(c.w, http.StatusBadRequest, "invalid_header", "", err.Error())
 		return req, false
 	}
@@ -482,10 +482,14 @@ type Field struct {
 // kvBlocks gets the request's token blocks for the exact index of KV
 // events, within the tokenize budget; nil without the hook or a prompt.
 func (h *Handler) kvBlocks(ctx context.Context, p parsed) []uint64 {
-	if h.opt.KVBlocks == nil || (len(p.messages) == 0 && len(p.promptString) == 0) {
+	in := TokenizeInput{Messages: p.messages, Template: p.template}
+	if firstByte(p.prompt) == '"' {
+		in.Prompt = p.prompt
+	}
+	if h.opt.KVBlocks == nil || (len(in.Messages) == 0 && len(in.Prompt) == 0) {
 		return nil
 	}
-	return h.opt.KVBlocks(ctx, p.model, TokenizeInput{Messages: p.messages, Template: p.template, Prompt: p.promptString})
+	return h.opt.KVBlocks(ctx, p.model, in)
 }
 
 // try is one attempt of a call on a lease's worker.

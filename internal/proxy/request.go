@@ -21,6 +21,7 @@ type inference struct {
 	MaxOutputTokens     *int            `json:"max_output_tokens"` // /v1/responses
 	Messages            messagesField   `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
+	N                   json.RawMessage `json:"n"` // choices: a stream of more is never continued
 	PromptEmbeds        present         `json:"prompt_embeds"` // vLLM: in place of a prompt
 	Input               json.RawMessage `json:"input"`         // embeddings, /v1/responses
 	Instructions        json.RawMessage `json:"instructions"`  // /v1/responses
@@ -93,9 +94,13 @@ type parsed struct {
 	// the body), where its prefix may be cached.
 	prefix []uint64
 	// messages is the body's messages as sent (valid ones only), and
-	// promptString its prompt when that is one JSON string: what a
-	// worker's /tokenize is given for the token blocks of KV events.
-	messages, promptString json.RawMessage
+	// prompt its prompt: what a worker's /tokenize is given for the
+	// token blocks of KV events, and what a continuation extends.
+	messages, prompt json.RawMessage
+	// lastRole is the role of the last of valid messages; choices the
+	// body's n as sent. A continuation reads them (canContinue).
+	lastRole string
+	choices  json.RawMessage
 	// template is the body's chat-template fields beside its messages
 	// (templateFields), for the same /tokenize.
 	template []Field
@@ -178,8 +183,8 @@ func parseInference(body []byte, needModel bool, check func(*inference) error) (
 	}
 	if !in.Messages.bad {
 		p.prefix = prefix.FromMessages(in.Messages.msgs, in.Prompt, prefix.BlockBytes)
-		if len(in.Messages.msgs) > 0 {
-			p.messages = in.Messages.raw
+		if n := len(in.Messages.msgs); n > 0 {
+			p.messages, p.lastRole = in.Messages.raw, in.Messages.msgs[n-1].Role
 			for _, f := range templateFields {
 				if v := f.get(&in); len(v) > 0 && string(v) != "null" {
 					p.template = append(p.template, Field{f.name, v})
@@ -187,9 +192,7 @@ func parseInference(body []byte, needModel bool, check func(*inference) error) (
 			}
 		}
 	}
-	if firstByte(in.Prompt) == '"' {
-		p.promptString = in.Prompt
-	}
+	p.prompt, p.choices = in.Prompt, in.N
 	p.setPrompt(&pc)
 	p.promptCacheKey, p.user = jsonString(in.PromptCacheKey), jsonString(in.User)
 	return p, nil
