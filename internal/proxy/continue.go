@@ -69,22 +69,16 @@ var continuable = map[string]struct {
 	"/completion":          {routeNative, []string{kindLlamaCPP}},
 }
 
-// HeaderContinue is the request header that turns continuation off for
-// one request ("off"; no other value is accepted).
-const HeaderContinue = "X-Sluice-Continue"
-
-// errBadContinueHeader is why a request with another value is refused.
-var errBadContinueHeader = errors.New(`header X-Sluice-Continue: the only value is "off" (leave it out to allow continuation)`)
-
-// continueHeader reads X-Sluice-Continue: whether it turns continuation
-// off, or an error for a value it does not know.
+// continueHeader reads X-Sluice-Continue, which turns continuation off
+// for one request: whether it does ("off"), or an error for any other
+// value.
 func continueHeader(h http.Header) (off bool, err error) {
-	v, ok := h[http.CanonicalHeaderKey(HeaderContinue)]
-	if !ok {
+	v := h.Values("X-Sluice-Continue")
+	if len(v) == 0 {
 		return false, nil
 	}
 	if len(v) != 1 || !strings.EqualFold(strings.TrimSpace(v[0]), "off") {
-		return false, fmt.Errorf("%w, got %q", errBadContinueHeader, strings.Join(v, ", "))
+		return false, fmt.Errorf(`header X-Sluice-Continue: the only value is "off" (leave it out to allow continuation), got %q`, strings.Join(v, ", "))
 	}
 	return true, nil
 }

@@ -59,11 +59,6 @@ type Reporter interface {
 	ReportRequest(worker string, err error)
 }
 
-// Observer receives the measurements of each finished request: the stats
-// tracker for the averages, and metrics. It is the scheduler's, since
-// Lease.Complete hands the observation to it.
-type Observer = scheduler.Observer
-
 // Result is what the proxy tells its metrics hook about one request.
 type Result struct {
 	Worker string // empty when never placed
@@ -112,8 +107,10 @@ type Options struct {
 	// Authorization may be forwarded to a worker without a key. The
 	// client's header is dropped otherwise, and when Credentials is nil.
 	Credentials func(worker string) (apiKey string, forwardClientAuth bool)
-	// Observer receives per-request measurements; nil discards them.
-	Observer Observer
+	// Observer receives the measurements of each finished request (the
+	// stats tracker, for the averages), through Lease.Complete; nil
+	// discards them.
+	Observer scheduler.Observer
 	// Reporter receives per-attempt outcomes; nil discards them.
 	Reporter Reporter
 	// OnResult is called once per request when it ends; may be nil.
@@ -225,6 +222,9 @@ func New(opt Options) *Handler {
 	}
 	if opt.IdleTimeout <= 0 {
 		opt.IdleTimeout = time.Minute
+	}
+	if opt.TokenizeTimeout <= 0 {
+		opt.TokenizeTimeout = 200 * time.Millisecond
 	}
 	h := &Handler{opt: opt, fresh: fresh, ratio: newTokenRatio()}
 	h.stopping, h.endStreams = context.WithCancel(context.Background())
@@ -445,11 +445,7 @@ func (h *Handler) tokenize(ctx context.Context, p parsed) (int, bool) {
 	if h.opt.Tokenize == nil || h.opt.TokenizeAbove <= 0 || p.promptTokens < h.opt.TokenizeAbove || p.promptText == "" {
 		return 0, false
 	}
-	timeout := h.opt.TokenizeTimeout
-	if timeout <= 0 {
-		timeout = 200 * time.Millisecond
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, h.opt.TokenizeTimeout)
 	defer cancel()
 	n, err := h.opt.Tokenize(ctx, p.model, p.promptText)
 	if err != nil || n <= 0 {
@@ -896,21 +892,14 @@ func (c *capture) parse(ch *chunk) bool {
 		return err == nil || errors.As(err, &te)
 	}
 	found := false
-	for _, key := range []string{`"usage"`, `"timings"`} {
+	for key, dst := range map[string]any{`"usage"`: &ch.Usage, `"timings"`: &ch.Timings} {
 		i := bytes.LastIndex(c.buf, []byte(key))
 		if i < 0 {
 			continue
 		}
 		rest := bytes.TrimLeft(c.buf[i+len(key):], " \t\r\n")
-		if len(rest) == 0 || rest[0] != ':' {
-			continue
-		}
-		dec := json.NewDecoder(bytes.NewReader(rest[1:]))
-		switch key {
-		case `"usage"`:
-			found = dec.Decode(&ch.Usage) == nil || found
-		case `"timings"`:
-			found = dec.Decode(&ch.Timings) == nil || found
+		if len(rest) > 0 && rest[0] == ':' && json.NewDecoder(bytes.NewReader(rest[1:])).Decode(dst) == nil {
+			found = true
 		}
 	}
 	return found

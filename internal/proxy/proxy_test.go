@@ -70,7 +70,8 @@ func meterLines(stream string) (m *streamMeter, firstLine int) {
 	for i, l := range lines {
 		note(i, m.feed([]byte(l)))
 	}
-	note(len(lines), m.end())
+	m.end()
+	note(len(lines), m.first)
 	return m, firstLine
 }
 

@@ -339,12 +339,12 @@ func (cs *contStream) rewrite(out []byte, e sse.Event, data []byte, info eventIn
 	if _, ok := m["id"]; ok && cs.id != "" {
 		m["id"], _ = json.Marshal(cs.id)
 	}
-	empty := len(m["usage"]) == 0 || string(m["usage"]) == "null"
+	empty := !isSet(m["usage"])
 	if raw, ok := m["choices"]; ok {
 		var choices []map[string]json.RawMessage
 		if json.Unmarshal(raw, &choices) == nil {
 			for _, ch := range choices {
-				if fr := ch["finish_reason"]; len(fr) > 0 && string(fr) != "null" {
+				if isSet(ch["finish_reason"]) {
 					empty = false
 				}
 				var d map[string]json.RawMessage
@@ -377,7 +377,7 @@ func (cs *contStream) rewrite(out []byte, e sse.Event, data []byte, info eventIn
 		}
 		return max(own-cs.carried, 0)
 	}
-	if raw := m["usage"]; len(raw) > 0 && string(raw) != "null" {
+	if raw := m["usage"]; isSet(raw) {
 		var u map[string]json.RawMessage
 		if json.Unmarshal(raw, &u) == nil {
 			var pt, ct int

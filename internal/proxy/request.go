@@ -21,7 +21,7 @@ type inference struct {
 	MaxOutputTokens     *int            `json:"max_output_tokens"` // /v1/responses
 	Messages            messagesField   `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
-	N                   json.RawMessage `json:"n"` // choices: a stream of more is never continued
+	N                   json.RawMessage `json:"n"`             // choices: a stream of more is never continued
 	PromptEmbeds        present         `json:"prompt_embeds"` // vLLM: in place of a prompt
 	Input               json.RawMessage `json:"input"`         // embeddings, /v1/responses
 	Instructions        json.RawMessage `json:"instructions"`  // /v1/responses
@@ -186,7 +186,7 @@ func parseInference(body []byte, needModel bool, check func(*inference) error) (
 		if n := len(in.Messages.msgs); n > 0 {
 			p.messages, p.lastRole = in.Messages.raw, in.Messages.msgs[n-1].Role
 			for _, f := range templateFields {
-				if v := f.get(&in); len(v) > 0 && string(v) != "null" {
+				if v := f.get(&in); isSet(v) {
 					p.template = append(p.template, Field{f.name, v})
 				}
 			}

@@ -86,7 +86,7 @@ func readEvent(data []byte) eventInfo {
 	if json.Unmarshal(data, &c) != nil {
 		return eventInfo{}
 	}
-	if len(c.Error) > 0 && !bytes.Equal(c.Error, []byte("null")) {
+	if isSet(c.Error) {
 		return eventInfo{valid: true, err: string(c.Error)}
 	}
 	info := eventInfo{
@@ -246,12 +246,11 @@ type streamMeter struct {
 	first       bool // the last feed or end held the stream's first content
 }
 
-// end ends the stream (see sse.Parser.End) and reports whether what was
-// pending held its first content.
-func (m *streamMeter) end() (first bool) {
+// end ends the stream (see sse.Parser.End); first then says whether what
+// was pending held its first content.
+func (m *streamMeter) end() {
 	m.first = false
 	m.parser.End(m.event)
-	return m.first
 }
 
 // event reads one dispatched event. An event named "error", or whose
