@@ -21,18 +21,13 @@ import (
 //   - /v1/completions and llama.cpp's /completion: the sent text is
 //     appended to the prompt.
 //   - chat on vLLM and SGLang: a last message {"role": "assistant",
-//     "content": <sent text>} with "continue_final_message": true and
-//     "add_generation_prompt": false. vLLM's ChatCompletionRequest
-//     (vllm/entrypoints/openai/protocol.py) documents continue_final_message
-//     as "the chat will be formatted so that the final message in the chat
-//     is open-ended, without any EOS tokens. The model will continue this
-//     message rather than starting a new one ... Cannot be used at the same
-//     time as add_generation_prompt" (whose default is true); SGLang's
-//     request takes the same field.
+//     "content": <sent text>} with "continue_final_message": true (the
+//     model continues that message, left open without an end-of-sequence
+//     token) and "add_generation_prompt": false, which vLLM requires
+//     beside it (vLLM's ChatCompletionRequest; SGLang takes the same).
 //   - chat on llama.cpp: the same last message alone: llama-server
-//     prefills a trailing assistant message (its --no-prefill-assistant
-//     help: "Whether to prefill the assistant's response if the last
-//     message is an assistant message (default: prefill enabled)").
+//     prefills a trailing assistant message unless started with
+//     --no-prefill-assistant.
 //
 // Other kinds (TGI, TensorRT-LLM, Ollama, a generic OpenAI server) are not
 // known to continue a message, so they are never chosen for a

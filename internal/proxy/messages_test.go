@@ -241,9 +241,9 @@ func TestMessages_ErrorShape(t *testing.T) {
 		{404, "model_not_found", 404, "not_found_error"},
 		{413, "body_too_large", 413, "request_too_large"},
 		{429, "rate_limited", 429, "rate_limit_error"},
-		{429, "queue_full", StatusOverloaded, "overloaded_error"},
-		{503, "slo_unmeetable", StatusOverloaded, "overloaded_error"},
-		{503, "deadline_unmeetable", StatusOverloaded, "overloaded_error"},
+		{429, "queue_full", statusOverloaded, "overloaded_error"},
+		{503, "slo_unmeetable", statusOverloaded, "overloaded_error"},
+		{503, "deadline_unmeetable", statusOverloaded, "overloaded_error"},
 		{502, "upstream_failed", 502, "api_error"},
 		{500, "internal", 500, "api_error"},
 	}
@@ -261,7 +261,7 @@ func TestMessages_ErrorShape(t *testing.T) {
 	// A refusal of the scheduler keeps its Retry-After.
 	rec := httptest.NewRecorder()
 	writeRefusal(protocolFor("/v1/messages"), rec, &scheduler.Refusal{Err: scheduler.ErrQueueFull, Reason: "queue_full", RetryAfter: 3 * time.Second}, "m")
-	if rec.Code != StatusOverloaded || rec.Header().Get("Retry-After") != "3" || !strings.Contains(rec.Body.String(), `"overloaded_error"`) {
+	if rec.Code != statusOverloaded || rec.Header().Get("Retry-After") != "3" || !strings.Contains(rec.Body.String(), `"overloaded_error"`) {
 		t.Errorf("queue full on /v1/messages: %d, Retry-After %q, %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body.String())
 	}
 	if rec := httptest.NewRecorder(); true {

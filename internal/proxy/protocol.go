@@ -96,9 +96,9 @@ func anthropicErrorJSON(typ, msg string) []byte {
 	return out
 }
 
-// StatusOverloaded is Anthropic's 529, "overloaded_error": the API is
+// statusOverloaded is Anthropic's 529, "overloaded_error": the API is
 // temporarily overloaded. Its SDKs retry it, as they retry 429 and 5xx.
-const StatusOverloaded = 529
+const statusOverloaded = 529
 
 // anthropicStatus maps a refusal, as Sluice's OpenAI-shaped answers state
 // it (status and reason), to Anthropic's status and error type. A full
@@ -111,11 +111,11 @@ const StatusOverloaded = 529
 func anthropicStatus(status int, reason string) (int, string) {
 	switch {
 	case status == http.StatusTooManyRequests && (reason == "queue_full" || reason == "queue_bytes_full"):
-		return StatusOverloaded, "overloaded_error"
+		return statusOverloaded, "overloaded_error"
 	case status == http.StatusTooManyRequests:
 		return status, "rate_limit_error"
 	case status == http.StatusServiceUnavailable:
-		return StatusOverloaded, "overloaded_error"
+		return statusOverloaded, "overloaded_error"
 	case status == http.StatusUnauthorized:
 		return status, "authentication_error"
 	case status == http.StatusForbidden:
