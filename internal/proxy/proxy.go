@@ -117,8 +117,8 @@ type Options struct {
 	OnResult func(Result)
 	// Transport sends requests to workers; http.DefaultTransport if nil.
 	// When it has a RoundTripFresh method (see freshSender), a request
-	// whose pooled connection was found closed is resent through it;
-	// an *http.Transport gets a copy without keep-alives for that.
+	// whose pooled connection was found closed is resent through it,
+	// else through RoundTrip.
 	Transport http.RoundTripper
 	// MaxBodyBytes bounds a request body (413 beyond it).
 	MaxBodyBytes int64
@@ -200,16 +200,9 @@ func New(opt Options) *Handler {
 	if opt.Transport == nil {
 		opt.Transport = http.DefaultTransport
 	}
-	var fresh func(*http.Request) (*http.Response, error)
-	switch t := opt.Transport.(type) {
-	case freshSender:
+	fresh := opt.Transport.RoundTrip // may pick another pooled connection
+	if t, ok := opt.Transport.(freshSender); ok {
 		fresh = t.RoundTripFresh
-	case *http.Transport:
-		nk := t.Clone()
-		nk.DisableKeepAlives = true
-		fresh = nk.RoundTrip
-	default:
-		fresh = opt.Transport.RoundTrip // may pick another pooled connection
 	}
 	if opt.MaxAttempts < 1 {
 		opt.MaxAttempts = 1
