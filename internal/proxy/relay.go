@@ -114,8 +114,10 @@ func (cs *contStream) follow(info eventInfo) {
 
 // counts notes the token counts an event states.
 func (cs *contStream) counts(info eventInfo) {
-	if info.reported > 0 {
-		cs.reported = info.reported // the worker's own count, before any rewrite
+	// The worker's own count, before any rewrite, less a token asked
+	// for beyond the limit, which the client does not get.
+	if n := info.reported - cs.overshoot; n > 0 {
+		cs.reported = n
 	}
 	if info.prompt > 0 && !cs.cont {
 		cs.prompt = info.prompt
@@ -225,15 +227,17 @@ func (pt *part) event(e sse.Event) {
 		return
 	}
 	data := bytes.TrimSpace(e.Data)
-	if pt.m.complete() { // after the end: usage, [DONE]; nothing can break
-		if cs.cont {
-			pt.wbuf = cs.rewrite(pt.wbuf, e, data, readEvent(data))
-		}
-		return
-	}
-	info := pt.m.take(e) // a continuable stream's events read as OpenAI chunks
+	ended := pt.m.complete() // what follows the end (usage, [DONE]) cannot break it
+	info := pt.m.take(e)
 	if pt.m.failed {
 		pt.broken = breakErrorEvent
+		return
+	}
+	if ended {
+		cs.counts(info)
+		if cs.cont {
+			pt.wbuf = cs.rewrite(pt.wbuf, e, data, info)
+		}
 		return
 	}
 	if cs.overshoot > 0 && info.content {

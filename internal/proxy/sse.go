@@ -254,15 +254,17 @@ func (m *streamMeter) end() {
 }
 
 // event reads one dispatched event. An event named "error", or whose
-// data holds an "error" that is not null, fails the stream; data that is
-// not a chunk (not JSON, or of another shape) counts for nothing.
+// data holds an "error" that is not null, fails the stream, unless it
+// comes after the stream's end (see complete); data that is not a chunk
+// (not JSON, or of another shape) counts for nothing.
 func (m *streamMeter) event(e sse.Event) { m.take(e) }
 
 // take is event, returning what it read of the data for a relay that
 // follows the event too, so that an event is decoded once.
 func (m *streamMeter) take(e sse.Event) eventInfo {
 	data := bytes.TrimSpace(e.Data)
-	if string(e.Type) == "error" {
+	ended := m.complete() // an error after the end fails nothing
+	if string(e.Type) == "error" && !ended {
 		m.failed = true
 		if m.failure == "" {
 			m.failure = string(data)
@@ -277,8 +279,9 @@ func (m *streamMeter) take(e sse.Event) eventInfo {
 	case !c.valid:
 		return c
 	case c.err != "":
-		m.failed = true
-		m.failure = c.err
+		if !ended {
+			m.failed, m.failure = true, c.err
+		}
 		return c
 	}
 	if c.reported > 0 {
