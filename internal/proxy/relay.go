@@ -340,8 +340,10 @@ func (cs *contStream) rewrite(out []byte, e sse.Event, data []byte, info eventIn
 	if json.Unmarshal(data, &m) != nil {
 		return appendEvent(out, e.Type, data)
 	}
-	if _, ok := m["id"]; ok && cs.id != "" {
-		m["id"], _ = json.Marshal(cs.id)
+	for k := range m {
+		if strings.EqualFold(k, "id") && cs.id != "" { // keys match as a decode matches them
+			m[k], _ = json.Marshal(cs.id)
+		}
 	}
 	empty := !isSet(m["usage"])
 	if raw, ok := m["choices"]; ok {

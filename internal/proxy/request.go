@@ -357,7 +357,7 @@ func (c *promptCount) add(raw json.RawMessage) {
 		return
 	}
 	var elems []json.RawMessage
-	if raw[0] == '[' && json.Unmarshal(raw, &elems) == nil && len(elems) > 0 && firstByte(elems[0]) == '{' {
+	if firstByte(raw) == '[' && json.Unmarshal(raw, &elems) == nil && len(elems) > 0 && firstByte(elems[0]) == '{' {
 		c.messages += len(elems)
 	}
 	c.walkJSON(raw)
