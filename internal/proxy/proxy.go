@@ -299,7 +299,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		p.model = models[0]
 	}
-	h.serve(w, r, body, p, start, &res)
+	h.serve(&call{w: w, r: r, body: body, p: p, start: start, res: &res})
 }
 
 // call is one client request on its way through the proxy: what each
@@ -316,8 +316,8 @@ type call struct {
 
 // serve places the request and relays it, retrying on another worker while
 // nothing has been written to the client.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
-	c := &call{w: w, r: r, body: body, p: p, start: start, res: res}
+func (h *Handler) serve(c *call) {
+	w, r, res := c.w, c.r, c.res
 	req, ok := h.prepare(c)
 	if !ok {
 		return
@@ -342,7 +342,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		}
 		res.Attempts = req.Attempt
 		res.Worker, res.QueueWait, res.Decision = lease.Worker, lease.QueueWait, lease.Decision
-		sent, err := h.attemptLease(c, body, lease)
+		sent, err := h.attemptLease(c, c.body, lease)
 		var brk *streamBreak
 		if errors.As(err, &brk) {
 			h.continueStream(c, req, lease.Worker, brk)
