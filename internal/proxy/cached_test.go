@@ -22,7 +22,7 @@ func TestReadEvent_CachedTokens(t *testing.T) {
 			t.Errorf("%s: cached %d (known %v), want %d (%v)", tc.name, got.cached, got.cachedKnown, tc.want, tc.known)
 		}
 	}
-	a := readAnthropicEvent(nil, []byte(`{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_read_input_tokens":640}}}`))
+	a := readAnthropicEvent([]byte(`{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_read_input_tokens":640}}}`))
 	if a.cached != 640 || !a.cachedKnown {
 		t.Errorf("Anthropic message_start: cached %d (known %v), want 640", a.cached, a.cachedKnown)
 	}

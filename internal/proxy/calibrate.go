@@ -7,13 +7,13 @@ import (
 )
 
 // Calibration of the prompt estimate. Four characters a token is right for
-// English under GPT-style BPE vocabularies and far off elsewhere: a
-// llama-server counted 828 tokens for a 400-word prompt estimated at 404,
-// and the context check let a 3,028-token prompt through to a 2,048-token
-// slot. Workers say what they counted (usage.prompt_tokens, llama.cpp's
-// timings prompt_n + cache_n, and the n_prompt_tokens of the 400 a prompt
-// too long for its slot gets), so the estimate learns, per model, how many
-// tokens a character of prompt text is worth.
+// English under GPT-style BPE vocabularies and far off elsewhere (code,
+// other languages, other tokenizers), enough for the context check to let
+// a prompt through to a slot too small for it. Workers say what they
+// counted (usage.prompt_tokens, llama.cpp's timings prompt_n + cache_n,
+// and the n_prompt_tokens of the 400 a prompt too long for its slot
+// gets), so the estimate learns, per model, how many tokens a character
+// of prompt text is worth.
 const (
 	// calibrationAlpha is the weight of the newest ratio in the moving
 	// average: a model's tokenizer does not change, but prompts differ

@@ -11,7 +11,7 @@ import (
 // chatOf is a chat request of one message of text.
 func chatOf(t *testing.T, text string) parsed {
 	t.Helper()
-	p, err := parseInference([]byte(`{"model":"m","messages":[{"role":"user","content":"`+text+`"}]}`), true)
+	p, err := parseInference([]byte(`{"model":"m","messages":[{"role":"user","content":"`+text+`"}]}`), true, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

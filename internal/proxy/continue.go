@@ -21,18 +21,13 @@ import (
 //   - /v1/completions and llama.cpp's /completion: the sent text is
 //     appended to the prompt.
 //   - chat on vLLM and SGLang: a last message {"role": "assistant",
-//     "content": <sent text>} with "continue_final_message": true and
-//     "add_generation_prompt": false. vLLM's ChatCompletionRequest
-//     (vllm/entrypoints/openai/protocol.py) documents continue_final_message
-//     as "the chat will be formatted so that the final message in the chat
-//     is open-ended, without any EOS tokens. The model will continue this
-//     message rather than starting a new one ... Cannot be used at the same
-//     time as add_generation_prompt" (whose default is true); SGLang's
-//     request takes the same field.
+//     "content": <sent text>} with "continue_final_message": true (the
+//     model continues that message, left open without an end-of-sequence
+//     token) and "add_generation_prompt": false, which vLLM requires
+//     beside it (vLLM's ChatCompletionRequest; SGLang takes the same).
 //   - chat on llama.cpp: the same last message alone: llama-server
-//     prefills a trailing assistant message (its --no-prefill-assistant
-//     help: "Whether to prefill the assistant's response if the last
-//     message is an assistant message (default: prefill enabled)").
+//     prefills a trailing assistant message unless started with
+//     --no-prefill-assistant.
 //
 // Other kinds (TGI, TensorRT-LLM, Ollama, a generic OpenAI server) are not
 // known to continue a message, so they are never chosen for a
@@ -69,56 +64,39 @@ var continuable = map[string]struct {
 	"/completion":          {routeNative, []string{kindLlamaCPP}},
 }
 
-// HeaderContinue is the request header that turns continuation off for
-// one request ("off"; no other value is accepted).
-const HeaderContinue = "X-Sluice-Continue"
-
-// errBadContinueHeader is why a request with another value is refused.
-var errBadContinueHeader = errors.New(`header X-Sluice-Continue: the only value is "off" (leave it out to allow continuation)`)
-
-// continueHeader reads X-Sluice-Continue: whether it turns continuation
-// off, or an error for a value it does not know.
+// continueHeader reads X-Sluice-Continue, which turns continuation off
+// for one request: whether it does ("off"), or an error for any other
+// value.
 func continueHeader(h http.Header) (off bool, err error) {
-	v, ok := h[http.CanonicalHeaderKey(HeaderContinue)]
-	if !ok {
+	v := h.Values("X-Sluice-Continue")
+	if len(v) == 0 {
 		return false, nil
 	}
 	if len(v) != 1 || !strings.EqualFold(strings.TrimSpace(v[0]), "off") {
-		return false, fmt.Errorf("%w, got %q", errBadContinueHeader, strings.Join(v, ", "))
+		return false, fmt.Errorf(`header X-Sluice-Continue: the only value is "off" (leave it out to allow continuation), got %q`, strings.Join(v, ", "))
 	}
 	return true, nil
-}
-
-// contRequest is what continuation reads of a request body.
-type contRequest struct {
-	N        *int            `json:"n"`
-	Messages json.RawMessage `json:"messages"`
-	Prompt   json.RawMessage `json:"prompt"`
 }
 
 // canContinue reports whether a streamed request on path may be continued
 // at all, by its body: one choice, and a prompt or chat the engine can be
 // asked to extend (a prompt string, or one string in an array; a chat
 // whose last message is not already the assistant's).
-func canContinue(path string, body []byte) (route string, kinds []string, ok bool) {
+func canContinue(path string, p parsed) (route string, kinds []string, ok bool) {
 	c, known := continuable[path]
 	if !known {
 		return "", nil, false
 	}
-	var in contRequest
-	if json.Unmarshal(body, &in) != nil || (in.N != nil && *in.N > 1) {
+	if n := 1; isSet(p.choices) && (json.Unmarshal(p.choices, &n) != nil || n > 1) {
 		return "", nil, false
 	}
 	switch c.route {
 	case routeChat:
-		var msgs []struct {
-			Role string `json:"role"`
-		}
-		if json.Unmarshal(in.Messages, &msgs) != nil || len(msgs) == 0 || msgs[len(msgs)-1].Role == "assistant" {
+		if p.lastRole == "" || p.lastRole == "assistant" {
 			return "", nil, false
 		}
 	default:
-		if _, ok := promptString(in.Prompt); !ok {
+		if _, ok := promptString(p.prompt); !ok {
 			return "", nil, false
 		}
 	}

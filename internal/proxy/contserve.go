@@ -37,7 +37,7 @@ func (c Continued) DecisionContinuation() decisions.Continuation {
 // continuation decides whether the request's stream may be continued
 // elsewhere if its worker breaks it, and returns its state if so. Only a
 // bad X-Sluice-Continue header is an error.
-func (h *Handler) continuation(r *http.Request, body []byte, p parsed) (*contStream, error) {
+func (h *Handler) continuation(r *http.Request, p parsed) (*contStream, error) {
 	off, err := continueHeader(r.Header)
 	if err != nil || off || !p.stream || h.opt.MaxContinuations <= 0 {
 		return nil, err
@@ -45,7 +45,7 @@ func (h *Handler) continuation(r *http.Request, body []byte, p parsed) (*contStr
 	if id, ok := auth.FromContext(r.Context()); ok && id.NoContinue {
 		return nil, nil
 	}
-	route, kinds, ok := canContinue(r.URL.Path, body)
+	route, kinds, ok := canContinue(r.URL.Path, p)
 	if !ok {
 		return nil, nil
 	}
@@ -66,13 +66,7 @@ func (h *Handler) broke(t *try, brk *streamBreak) {
 	default:
 		h.report(t.lease.Worker, brk)
 	}
-	t.res.Reason = "upstream_failed"
-	switch brk.reason {
-	case breakIdle:
-		t.res.Reason = "stream_idle"
-	case breakShutdown:
-		t.res.Reason = "shutting_down"
-	}
+	t.res.Reason = brk.code()
 	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", t.lease.Worker, "decision", decisionID(t.lease.Decision), "reason", brk.reason, "err", brk.err)
 }
 

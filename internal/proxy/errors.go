@@ -33,34 +33,35 @@ func errorJSON(code, typ, param, msg string) []byte {
 	return out
 }
 
-// writeError writes an OpenAI-style error with status and a
-// machine-readable reason, in the body and in X-Sluice-Reason, and returns
-// both for the caller's accounting.
-func writeError(w http.ResponseWriter, status int, reason, msg string) (int, string) {
-	return writeParamError(w, status, reason, "", msg)
-}
-
-// writeParamError is writeError for an error about one request field,
-// named in the body's param.
-func writeParamError(w http.ResponseWriter, status int, reason, param, msg string) (int, string) {
+// writeOpenAIError writes an OpenAI-style error with status and a
+// machine-readable reason, in the body and in X-Sluice-Reason; param
+// names the request field it is about ("" for none). It returns status
+// and reason for the caller's accounting.
+func writeOpenAIError(w http.ResponseWriter, status int, reason, param, msg string) (int, string) {
 	typ := "invalid_request_error"
-	if status >= 500 || status == http.StatusTooManyRequests {
+	switch {
+	case status == http.StatusTooManyRequests:
+		typ = "rate_limit_error"
+	case status >= 500:
 		typ = "server_error"
 	}
-	if status == http.StatusTooManyRequests {
-		typ = "rate_limit_error"
-	}
+	return writeJSONError(w, status, reason, errorJSON(reason, typ, param, msg))
+}
+
+// writeJSONError answers with status and an error body, naming reason
+// in X-Sluice-Reason.
+func writeJSONError(w http.ResponseWriter, status int, reason string, body []byte) (int, string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Sluice-Reason", reason)
 	w.WriteHeader(status)
-	w.Write(append(errorJSON(reason, typ, param, msg), '\n'))
+	w.Write(append(body, '\n'))
 	return status, reason
 }
 
-// WriteError is writeError for other packages of Sluice that answer with
-// the same error shape.
+// WriteError is writeOpenAIError for other packages of Sluice that
+// answer with the same error shape.
 func WriteError(w http.ResponseWriter, status int, reason, msg string) {
-	writeError(w, status, reason, msg)
+	writeOpenAIError(w, status, reason, "", msg)
 }
 
 // StatusOf maps an admission outcome to its HTTP status. It is the one
@@ -147,10 +148,13 @@ func (f failureText) noAnswer() string {
 
 // streamEnd is the message of the error event that ends a stream broken
 // for good: reason is the break's (breakUpstream and the others), err
-// what broke it.
+// what broke it. A stream the router's shutdown cut gets shutdownMessage,
+// which tells the client to send the request again.
 func (f failureText) streamEnd(reason string, err error) string {
 	var what string
 	switch {
+	case reason == breakShutdown:
+		return shutdownMessage
 	case reason == breakIdle || errors.Is(err, ErrStreamIdle):
 		what = "stalled: its worker sent nothing for longer than the stream idle timeout"
 	case reason == breakErrorEvent:

@@ -52,7 +52,7 @@ func (u *anthropicUsage) prompt() int {
 }
 
 // readAnthropicEvent reads one Messages stream event's data.
-func readAnthropicEvent(_, data []byte) eventInfo {
+func readAnthropicEvent(data []byte) eventInfo {
 	var e anthropicEvent
 	if json.Unmarshal(data, &e) != nil {
 		return eventInfo{}
@@ -114,7 +114,7 @@ var responsesDeltas = map[string]bool{
 }
 
 // readResponsesEvent reads one Responses stream event's data.
-func readResponsesEvent(_, data []byte) eventInfo {
+func readResponsesEvent(data []byte) eventInfo {
 	var e responsesEvent
 	if json.Unmarshal(data, &e) != nil {
 		return eventInfo{}

@@ -50,7 +50,7 @@ func FuzzContinuationRelay(f *testing.F) {
 	f.Add([]byte("data: {\"id\":\"y\",\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0}]}}]}\n\n"), false, uint8(0))
 	f.Fuzz(func(t *testing.T, in []byte, cont bool, carried uint8) {
 		const first = "chatcmpl-first"
-		cs := &contStream{route: routeChat, left: 1}
+		cs := &contStream{proto: openAI, route: routeChat, left: 1}
 		if cont {
 			cs.id, cs.cont, cs.sentAny, cs.carried = first, true, true, int(carried)
 		}

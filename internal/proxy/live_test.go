@@ -11,7 +11,7 @@ import (
 // began and one whose continuations are used up (cutting either would
 // only end it with an error event); a stream unregistered, or on another
 // worker, is not touched.
-func TestContinueElsewhere_MovesOnlyStreamsThatCanMove(t *testing.T) {
+func TestMove_MovesOnlyStreamsThatCanMove(t *testing.T) {
 	var h Handler
 	var told []string
 	stream := func(name, worker string, canMove bool) (*contStream, func()) {
@@ -33,7 +33,7 @@ func TestContinueElsewhere_MovesOnlyStreamsThatCanMove(t *testing.T) {
 	remove()
 	stream("elsewhere", "w1", true)
 	stream("last", "w0", true)
-	if n := h.ContinueElsewhere("w0"); n != 2 || !slices.Equal(told, []string{"first", "last"}) {
+	if n := h.live.move("w0"); n != 2 || !slices.Equal(told, []string{"first", "last"}) {
 		t.Fatalf("moved %d: %v, want first and last, in that order", n, told)
 	}
 	if tool.stuck == "" {
@@ -79,7 +79,7 @@ func TestDrainAfter_MovesTheStreamsThereAtTheDeadline(t *testing.T) {
 	if !stop() {
 		t.Fatal("stop before the deadline reported it had fired")
 	}
-	if n := h.ContinueElsewhere("w1"); n != 1 || <-moved != "elsewhere" {
+	if n := h.live.move("w1"); n != 1 || <-moved != "elsewhere" {
 		t.Fatalf("w1: moved %d", n)
 	}
 	select {

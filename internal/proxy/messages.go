@@ -86,18 +86,14 @@ func parseMessages(body []byte, countTokens bool) (parsed, error) {
 	p.stream = in.Stream && !countTokens
 	text, media := prefix.AnthropicText(in.System, in.Tools, in.Messages)
 	p.prefix = prefix.Text(text, prefix.BlockBytes)
-	runes := utf8.RuneCountInString(text)
-	msgs := len(in.Messages)
+	pc := promptCount{runes: utf8.RuneCountInString(text), media: media, messages: len(in.Messages)}
 	if len(in.System.Blocks) > 0 {
-		msgs++
+		pc.messages++ // the system prompt is one more message to the template
 	}
-	tokens := runes/charsPerToken + media*mediaTokens + msgs*messageTokens
-	p.promptTokens = max(tokens, 1)
-	p.promptRunes = runes
-	p.promptExtra = tokens - runes/charsPerToken
 	if len(text) <= maxPromptText {
-		p.promptText = text
+		pc.text.WriteString(text)
 	}
+	p.setPrompt(&pc)
 	if in.Metadata != nil {
 		p.metadataUserID = jsonString(in.Metadata.UserID)
 	}

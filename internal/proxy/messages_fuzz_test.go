@@ -67,7 +67,7 @@ func FuzzMessagesStream(f *testing.F) {
 	f.Add([]byte("data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":-3,\"input_tokens\":-1}}\n\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		rec := httptest.NewRecorder()
-		m, err := relayStream(rec, bytes.NewReader(in), time.Now(), anthropicMessages, failureText{})
+		m, err := relayStream(rec, bytes.NewReader(in), time.Now(), protocolFor("/v1/messages"), failureText{})
 		out := rec.Body.Bytes()
 		if !bytes.HasPrefix(out, in) {
 			t.Fatalf("relay changed the stream:\nin  %q\nout %q", in, out)

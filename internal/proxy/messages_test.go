@@ -43,7 +43,7 @@ func TestMessages_StreamGolden(t *testing.T) {
 			}
 			for _, size := range []int{1, 7, len(in)} { // however the reads fall
 				rec := httptest.NewRecorder()
-				m, err := relayStream(rec, &chunkReader{b: in, size: size}, time.Now(), anthropicMessages, failureText{})
+				m, err := relayStream(rec, &chunkReader{b: in, size: size}, time.Now(), protocolFor("/v1/messages"), failureText{})
 				out := rec.Body.Bytes()
 				if !bytes.HasPrefix(out, in) {
 					t.Fatalf("read %d at a time: relayed stream differs from the worker's:\n%s", size, out)
@@ -84,7 +84,7 @@ func TestMessages_FirstTokenIsTheFirstContentDelta(t *testing.T) {
 		{`{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{"}}`, true},
 	}
 	for _, e := range events {
-		if got := readAnthropicEvent(nil, []byte(e.data)); got.content != e.content || !got.valid {
+		if got := readAnthropicEvent([]byte(e.data)); got.content != e.content || !got.valid {
 			t.Errorf("%s: content %v (valid %v), want %v", e.data, got.content, got.valid, e.content)
 		}
 	}
@@ -241,9 +241,9 @@ func TestMessages_ErrorShape(t *testing.T) {
 		{404, "model_not_found", 404, "not_found_error"},
 		{413, "body_too_large", 413, "request_too_large"},
 		{429, "rate_limited", 429, "rate_limit_error"},
-		{429, "queue_full", StatusOverloaded, "overloaded_error"},
-		{503, "slo_unmeetable", StatusOverloaded, "overloaded_error"},
-		{503, "deadline_unmeetable", StatusOverloaded, "overloaded_error"},
+		{429, "queue_full", statusOverloaded, "overloaded_error"},
+		{503, "slo_unmeetable", statusOverloaded, "overloaded_error"},
+		{503, "deadline_unmeetable", statusOverloaded, "overloaded_error"},
 		{502, "upstream_failed", 502, "api_error"},
 		{500, "internal", 500, "api_error"},
 	}
@@ -260,8 +260,8 @@ func TestMessages_ErrorShape(t *testing.T) {
 	}
 	// A refusal of the scheduler keeps its Retry-After.
 	rec := httptest.NewRecorder()
-	writeRefusal(anthropicMessages, rec, &scheduler.Refusal{Err: scheduler.ErrQueueFull, Reason: "queue_full", RetryAfter: 3 * time.Second}, "m")
-	if rec.Code != StatusOverloaded || rec.Header().Get("Retry-After") != "3" || !strings.Contains(rec.Body.String(), `"overloaded_error"`) {
+	writeRefusal(protocolFor("/v1/messages"), rec, &scheduler.Refusal{Err: scheduler.ErrQueueFull, Reason: "queue_full", RetryAfter: 3 * time.Second}, "m")
+	if rec.Code != statusOverloaded || rec.Header().Get("Retry-After") != "3" || !strings.Contains(rec.Body.String(), `"overloaded_error"`) {
 		t.Errorf("queue full on /v1/messages: %d, Retry-After %q, %s", rec.Code, rec.Header().Get("Retry-After"), rec.Body.String())
 	}
 	if rec := httptest.NewRecorder(); true {

@@ -3,7 +3,6 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 )
@@ -13,8 +12,6 @@ import (
 // how a stream that fails is ended. Everything else — admission, retries,
 // the relay, the finish sequence — is one implementation for all.
 type protocol struct {
-	// name names the API in logs.
-	name string
 	// route is the client route a worker must serve (Request.Route), ""
 	// for the routes every engine serves.
 	route string
@@ -25,91 +22,56 @@ type protocol struct {
 	writeError func(w http.ResponseWriter, status int, reason, param, msg string) (int, string)
 	// streamError is the event that ends a stream the worker broke.
 	streamError func(code, msg string) []byte
-	// read reads one event of a stream; nil reads OpenAI chunks
-	// (readEvent).
-	read func(typ, data []byte) eventInfo
+	// read reads one event's data of a stream.
+	read func(data []byte) eventInfo
 }
 
-// protocols by route; a route not listed is OpenAI's.
-var (
-	openAI = &protocol{
-		name:        "openai",
-		parse:       func(b []byte) (parsed, error) { return parseInference(b, true) },
-		writeError:  writeParamError,
+// openAIProtocol is an OpenAI-shaped API whose bodies parseInference
+// reads: needModel is false for llama.cpp's native routes, check is what
+// the route's requests must hold beside the model (nil for nothing), and
+// read reads its stream's events.
+func openAIProtocol(needModel bool, check func(*inference) error, read func([]byte) eventInfo) *protocol {
+	return &protocol{
+		parse:       func(b []byte) (parsed, error) { return parseInference(b, needModel, check) },
+		writeError:  writeOpenAIError,
 		streamError: openAIStreamError,
+		read:        read,
 	}
-	// chat and completions are OpenAI's, with the messages or the prompt
-	// their requests must hold.
-	chat = &protocol{
-		name:        "openai",
-		parse:       parseChat,
-		writeError:  writeParamError,
-		streamError: openAIStreamError,
-	}
-	completions = &protocol{
-		name:        "openai",
-		parse:       func(b []byte) (parsed, error) { return parseCompletion(b, true) },
-		writeError:  writeParamError,
-		streamError: openAIStreamError,
-	}
-	// native is llama.cpp's own /rerank, and nativeCompletion its own
-	// /completion: model optional.
-	native = &protocol{
-		name:        "llama.cpp",
-		parse:       func(b []byte) (parsed, error) { return parseInference(b, false) },
-		writeError:  writeParamError,
-		streamError: openAIStreamError,
-	}
-	nativeCompletion = &protocol{
-		name:        "llama.cpp",
-		parse:       func(b []byte) (parsed, error) { return parseCompletion(b, false) },
-		writeError:  writeParamError,
-		streamError: openAIStreamError,
-	}
-	// responses is OpenAI's Responses API: OpenAI's errors, but typed
-	// stream events ending at response.completed, with no [DONE].
-	responses = &protocol{
-		name:        "openai responses",
-		parse:       func(b []byte) (parsed, error) { return parseInference(b, true) },
-		writeError:  writeParamError,
-		streamError: openAIStreamError,
-		read:        readResponsesEvent,
-	}
-	anthropicMessages = &protocol{
-		name:        "anthropic",
-		route:       "/v1/messages",
-		parse:       func(b []byte) (parsed, error) { return parseMessages(b, false) },
+}
+
+// anthropicProtocol is the Messages API on route; countTokens for
+// count_tokens, whose body has no max_tokens.
+func anthropicProtocol(route string, countTokens bool) *protocol {
+	return &protocol{
+		route:       route,
+		parse:       func(b []byte) (parsed, error) { return parseMessages(b, countTokens) },
 		writeError:  writeAnthropicError,
 		streamError: anthropicStreamError,
 		read:        readAnthropicEvent,
 	}
-	anthropicCount = &protocol{
-		name:        "anthropic",
-		route:       "/v1/messages/count_tokens",
-		parse:       func(b []byte) (parsed, error) { return parseMessages(b, true) },
-		writeError:  writeAnthropicError,
-		streamError: anthropicStreamError,
-		read:        readAnthropicEvent,
-	}
-)
+}
+
+// openAI is the protocol of a route protocols does not list.
+var openAI = openAIProtocol(true, nil, readEvent)
+
+// protocols by route. Chat and completions requests must hold messages
+// or a prompt; llama.cpp's own /completion and /rerank need no model.
+// The Responses API has OpenAI's errors, but typed stream events ending
+// at response.completed, with no [DONE].
+var protocols = map[string]*protocol{
+	"/v1/chat/completions":      openAIProtocol(true, requireMessages, readEvent),
+	"/v1/completions":           openAIProtocol(true, requirePrompt, readEvent),
+	"/completion":               openAIProtocol(false, requirePrompt, readEvent),
+	"/rerank":                   openAIProtocol(false, nil, readEvent),
+	"/v1/responses":             openAIProtocol(true, nil, readResponsesEvent),
+	"/v1/messages":              anthropicProtocol("/v1/messages", false),
+	"/v1/messages/count_tokens": anthropicProtocol("/v1/messages/count_tokens", true),
+}
 
 // protocolFor returns the protocol of a request path.
 func protocolFor(path string) *protocol {
-	switch path {
-	case "/v1/chat/completions":
-		return chat
-	case "/v1/completions":
-		return completions
-	case "/completion":
-		return nativeCompletion
-	case "/rerank":
-		return native
-	case "/v1/responses":
-		return responses
-	case "/v1/messages":
-		return anthropicMessages
-	case "/v1/messages/count_tokens":
-		return anthropicCount
+	if p, ok := protocols[path]; ok {
+		return p
 	}
 	return openAI
 }
@@ -134,9 +96,9 @@ func anthropicErrorJSON(typ, msg string) []byte {
 	return out
 }
 
-// StatusOverloaded is Anthropic's 529, "overloaded_error": the API is
+// statusOverloaded is Anthropic's 529, "overloaded_error": the API is
 // temporarily overloaded. Its SDKs retry it, as they retry 429 and 5xx.
-const StatusOverloaded = 529
+const statusOverloaded = 529
 
 // anthropicStatus maps a refusal, as Sluice's OpenAI-shaped answers state
 // it (status and reason), to Anthropic's status and error type. A full
@@ -149,11 +111,11 @@ const StatusOverloaded = 529
 func anthropicStatus(status int, reason string) (int, string) {
 	switch {
 	case status == http.StatusTooManyRequests && (reason == "queue_full" || reason == "queue_bytes_full"):
-		return StatusOverloaded, "overloaded_error"
+		return statusOverloaded, "overloaded_error"
 	case status == http.StatusTooManyRequests:
 		return status, "rate_limit_error"
 	case status == http.StatusServiceUnavailable:
-		return StatusOverloaded, "overloaded_error"
+		return statusOverloaded, "overloaded_error"
 	case status == http.StatusUnauthorized:
 		return status, "authentication_error"
 	case status == http.StatusForbidden:
@@ -176,11 +138,7 @@ func writeAnthropicError(w http.ResponseWriter, status int, reason, param, msg s
 	if param != "" && !strings.HasPrefix(msg, param) {
 		msg = param + ": " + msg
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Sluice-Reason", reason)
-	w.WriteHeader(status)
-	w.Write(append(anthropicErrorJSON(typ, msg), '\n'))
-	return status, reason
+	return writeJSONError(w, status, reason, anthropicErrorJSON(typ, msg))
 }
 
 // anthropicStreamError is Anthropic's mid-stream error event.
@@ -196,10 +154,4 @@ func anthropicStreamError(code, msg string) []byte {
 // for /v1/messages, OpenAI's elsewhere. The guard answers with it.
 func WriteErrorFor(w http.ResponseWriter, path string, status int, reason, msg string) {
 	protocolFor(path).writeError(w, status, reason, "", msg)
-}
-
-// writeStreamEnd ends a broken stream with p's error event.
-func writeStreamEnd(p *protocol, w io.Writer, rc *http.ResponseController, code, msg string) {
-	w.Write(p.streamError(code, msg))
-	rc.Flush()
 }

@@ -59,11 +59,6 @@ type Reporter interface {
 	ReportRequest(worker string, err error)
 }
 
-// Observer receives the measurements of each finished request: the stats
-// tracker for the averages, and metrics. It is the scheduler's, since
-// Lease.Complete hands the observation to it.
-type Observer = scheduler.Observer
-
 // Result is what the proxy tells its metrics hook about one request.
 type Result struct {
 	Worker string // empty when never placed
@@ -112,16 +107,18 @@ type Options struct {
 	// Authorization may be forwarded to a worker without a key. The
 	// client's header is dropped otherwise, and when Credentials is nil.
 	Credentials func(worker string) (apiKey string, forwardClientAuth bool)
-	// Observer receives per-request measurements; nil discards them.
-	Observer Observer
+	// Observer receives the measurements of each finished request (the
+	// stats tracker, for the averages), through Lease.Complete; nil
+	// discards them.
+	Observer scheduler.Observer
 	// Reporter receives per-attempt outcomes; nil discards them.
 	Reporter Reporter
 	// OnResult is called once per request when it ends; may be nil.
 	OnResult func(Result)
 	// Transport sends requests to workers; http.DefaultTransport if nil.
 	// When it has a RoundTripFresh method (see freshSender), a request
-	// whose pooled connection was found closed is resent through it;
-	// an *http.Transport gets a copy without keep-alives for that.
+	// whose pooled connection was found closed is resent through it,
+	// else through RoundTrip.
 	Transport http.RoundTripper
 	// MaxBodyBytes bounds a request body (413 beyond it).
 	MaxBodyBytes int64
@@ -203,16 +200,9 @@ func New(opt Options) *Handler {
 	if opt.Transport == nil {
 		opt.Transport = http.DefaultTransport
 	}
-	var fresh func(*http.Request) (*http.Response, error)
-	switch t := opt.Transport.(type) {
-	case freshSender:
+	fresh := opt.Transport.RoundTrip // may pick another pooled connection
+	if t, ok := opt.Transport.(freshSender); ok {
 		fresh = t.RoundTripFresh
-	case *http.Transport:
-		nk := t.Clone()
-		nk.DisableKeepAlives = true
-		fresh = nk.RoundTrip
-	default:
-		fresh = opt.Transport.RoundTrip // may pick another pooled connection
 	}
 	if opt.MaxAttempts < 1 {
 		opt.MaxAttempts = 1
@@ -225,6 +215,9 @@ func New(opt Options) *Handler {
 	}
 	if opt.IdleTimeout <= 0 {
 		opt.IdleTimeout = time.Minute
+	}
+	if opt.TokenizeTimeout <= 0 {
+		opt.TokenizeTimeout = 200 * time.Millisecond
 	}
 	h := &Handler{opt: opt, fresh: fresh, ratio: newTokenRatio()}
 	h.stopping, h.endStreams = context.WithCancel(context.Background())
@@ -306,7 +299,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		p.model = models[0]
 	}
-	h.serve(w, r, body, p, start, &res)
+	h.serve(&call{w: w, r: r, body: body, p: p, start: start, res: &res})
 }
 
 // call is one client request on its way through the proxy: what each
@@ -323,8 +316,8 @@ type call struct {
 
 // serve places the request and relays it, retrying on another worker while
 // nothing has been written to the client.
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p parsed, start time.Time, res *Result) {
-	c := &call{w: w, r: r, body: body, p: p, start: start, res: res}
+func (h *Handler) serve(c *call) {
+	w, r, res := c.w, c.r, c.res
 	req, ok := h.prepare(c)
 	if !ok {
 		return
@@ -349,7 +342,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, body []byte, p p
 		}
 		res.Attempts = req.Attempt
 		res.Worker, res.QueueWait, res.Decision = lease.Worker, lease.QueueWait, lease.Decision
-		sent, err := h.attemptLease(c, body, lease)
+		sent, err := h.attemptLease(c, c.body, lease)
 		var brk *streamBreak
 		if errors.As(err, &brk) {
 			h.continueStream(c, req, lease.Worker, brk)
@@ -398,8 +391,8 @@ func (h *Handler) prepare(c *call) (req scheduler.Request, ok bool) {
 		return req, false
 	}
 	req.SLO = slo
-	if c.cs, err = h.continuation(r, c.body, *p); err != nil {
-		res.Status, res.Reason = writeError(c.w, http.StatusBadRequest, "invalid_header", err.Error())
+	if c.cs, err = h.continuation(r, *p); err != nil {
+		res.Status, res.Reason = p.proto.writeError(c.w, http.StatusBadRequest, "invalid_header", "", err.Error())
 		return req, false
 	}
 	if n, src, ok := h.ratio.estimate(*p); ok {
@@ -445,11 +438,7 @@ func (h *Handler) tokenize(ctx context.Context, p parsed) (int, bool) {
 	if h.opt.Tokenize == nil || h.opt.TokenizeAbove <= 0 || p.promptTokens < h.opt.TokenizeAbove || p.promptText == "" {
 		return 0, false
 	}
-	timeout := h.opt.TokenizeTimeout
-	if timeout <= 0 {
-		timeout = 200 * time.Millisecond
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, h.opt.TokenizeTimeout)
 	defer cancel()
 	n, err := h.opt.Tokenize(ctx, p.model, p.promptText)
 	if err != nil || n <= 0 {
@@ -482,10 +471,14 @@ type Field struct {
 // kvBlocks gets the request's token blocks for the exact index of KV
 // events, within the tokenize budget; nil without the hook or a prompt.
 func (h *Handler) kvBlocks(ctx context.Context, p parsed) []uint64 {
-	if h.opt.KVBlocks == nil || (len(p.messages) == 0 && len(p.promptString) == 0) {
+	in := TokenizeInput{Messages: p.messages, Template: p.template}
+	if firstByte(p.prompt) == '"' {
+		in.Prompt = p.prompt
+	}
+	if h.opt.KVBlocks == nil || (len(in.Messages) == 0 && len(in.Prompt) == 0) {
 		return nil
 	}
-	return h.opt.KVBlocks(ctx, p.model, TokenizeInput{Messages: p.messages, Template: p.template, Prompt: p.promptString})
+	return h.opt.KVBlocks(ctx, p.model, in)
 }
 
 // try is one attempt of a call on a lease's worker.
@@ -892,21 +885,14 @@ func (c *capture) parse(ch *chunk) bool {
 		return err == nil || errors.As(err, &te)
 	}
 	found := false
-	for _, key := range []string{`"usage"`, `"timings"`} {
+	for key, dst := range map[string]any{`"usage"`: &ch.Usage, `"timings"`: &ch.Timings} {
 		i := bytes.LastIndex(c.buf, []byte(key))
 		if i < 0 {
 			continue
 		}
 		rest := bytes.TrimLeft(c.buf[i+len(key):], " \t\r\n")
-		if len(rest) == 0 || rest[0] != ':' {
-			continue
-		}
-		dec := json.NewDecoder(bytes.NewReader(rest[1:]))
-		switch key {
-		case `"usage"`:
-			found = dec.Decode(&ch.Usage) == nil || found
-		case `"timings"`:
-			found = dec.Decode(&ch.Timings) == nil || found
+		if len(rest) > 0 && rest[0] == ':' && json.NewDecoder(bytes.NewReader(rest[1:])).Decode(dst) == nil {
+			found = true
 		}
 	}
 	return found

@@ -34,7 +34,7 @@ func TestParseInference(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseInference([]byte(tt.body), tt.needModel)
+			got, err := parseInference([]byte(tt.body), tt.needModel, nil)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("err %v, want %q", err, tt.err)
@@ -56,7 +56,7 @@ func TestParseInference(t *testing.T) {
 // content (the blank line that dispatched its event), -1 for none, -2 for
 // more than one.
 func meterLines(stream string) (m *streamMeter, firstLine int) {
-	m = &streamMeter{}
+	m = &streamMeter{read: readEvent}
 	firstLine = -1
 	note := func(i int, first bool) {
 		switch {
@@ -70,7 +70,8 @@ func meterLines(stream string) (m *streamMeter, firstLine int) {
 	for i, l := range lines {
 		note(i, m.feed([]byte(l)))
 	}
-	note(len(lines), m.end())
+	m.end()
+	note(len(lines), m.first)
 	return m, firstLine
 }
 
@@ -124,9 +125,9 @@ func FuzzParseInference(f *testing.F) {
 	f.Add([]byte(`{"model":"m","prompt":null,"prompt_embeds":"AAAA"}`))
 	f.Add([]byte(`{"model":"m","prompt":{"prompt_string":"x","multimodal_data":[]}}`))
 	parsers := map[string]func([]byte) (parsed, error){
-		"inference":  func(b []byte) (parsed, error) { return parseInference(b, true) },
-		"chat":       parseChat,
-		"completion": func(b []byte) (parsed, error) { return parseCompletion(b, true) },
+		"inference":  func(b []byte) (parsed, error) { return parseInference(b, true, nil) },
+		"chat":       func(b []byte) (parsed, error) { return parseInference(b, true, requireMessages) },
+		"completion": func(b []byte) (parsed, error) { return parseInference(b, true, requirePrompt) },
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for name, parse := range parsers {
@@ -179,7 +180,7 @@ func FuzzStreamMeter(f *testing.F) {
 		if firstLine == -2 || lines.tokens() < 0 {
 			t.Fatalf("first line %d, %d tokens", firstLine, lines.tokens())
 		}
-		var whole, split streamMeter
+		whole, split := streamMeter{read: readEvent}, streamMeter{read: readEvent}
 		whole.feed(b)
 		whole.end()
 		cut = min(max(cut, 0), len(b))
@@ -244,7 +245,7 @@ func TestParseInference_PromptCountsTextOnly(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := parseInference([]byte(tt.body), true)
+			p, err := parseInference([]byte(tt.body), true, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

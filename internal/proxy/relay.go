@@ -44,7 +44,7 @@ func (b *streamBreak) Unwrap() error { return b.err }
 // token, unless the worker states its count (usage's completion_tokens,
 // llama.cpp's tokens_predicted), which is believed over the events.
 type contStream struct {
-	proto *protocol // how its events read; nil reads OpenAI chunks
+	proto *protocol // how its events read
 	route string    // how it is continued; "" when it cannot be
 	kinds []string
 	left  int // continuations left
@@ -75,14 +75,6 @@ type contStream struct {
 // resumable reports whether the stream may be continued elsewhere,
 // and so is relayed whole events at a time.
 func (cs *contStream) resumable() bool { return cs.route != "" }
-
-// read is how the stream's events read (streamMeter.read).
-func (cs *contStream) read() func(typ, data []byte) eventInfo {
-	if cs.proto == nil {
-		return nil
-	}
-	return cs.proto.read
-}
 
 // movable reports whether the stream may be moved elsewhere now (by a
 // drain deadline): cutting one that cannot go on would only end it.
@@ -122,8 +114,10 @@ func (cs *contStream) follow(info eventInfo) {
 
 // counts notes the token counts an event states.
 func (cs *contStream) counts(info eventInfo) {
-	if info.reported > 0 {
-		cs.reported = info.reported // the worker's own count, before any rewrite
+	// The worker's own count, before any rewrite, less a token asked
+	// for beyond the limit, which the client does not get.
+	if n := info.reported - cs.overshoot; n > 0 {
+		cs.reported = n
 	}
 	if info.prompt > 0 && !cs.cont {
 		cs.prompt = info.prompt
@@ -152,7 +146,7 @@ func (cs *contStream) relay(w http.ResponseWriter, body io.Reader, start time.Ti
 	bp := relayBuffers.Get().(*[]byte)
 	defer relayBuffers.Put(bp)
 	buf := *bp
-	pt := part{cs: cs, m: streamMeter{read: cs.read()}}
+	pt := part{cs: cs, m: streamMeter{read: cs.proto.read}}
 	cs.part, cs.reported = 0, 0
 	var readErr, writeErr error
 	for pt.broken == "" && writeErr == nil {
@@ -233,15 +227,17 @@ func (pt *part) event(e sse.Event) {
 		return
 	}
 	data := bytes.TrimSpace(e.Data)
-	if pt.m.complete() { // after the end: usage, [DONE]; nothing can break
-		if cs.cont {
-			pt.wbuf = cs.rewrite(pt.wbuf, e, data, readEvent(data))
-		}
-		return
-	}
-	info := pt.m.take(e) // a continuable stream's events read as OpenAI chunks
+	ended := pt.m.complete() // what follows the end (usage, [DONE]) cannot break it
+	info := pt.m.take(e)
 	if pt.m.failed {
 		pt.broken = breakErrorEvent
+		return
+	}
+	if ended {
+		cs.counts(info)
+		if cs.cont {
+			pt.wbuf = cs.rewrite(pt.wbuf, e, data, info)
+		}
 		return
 	}
 	if cs.overshoot > 0 && info.content {
@@ -315,16 +311,21 @@ func (pt *part) result(readErr, writeErr error) (measured, error) {
 // error, logged where it broke, says how). A worker's error event the
 // client already has says it.
 func endStream(w http.ResponseWriter, proto *protocol, ft failureText, brk *streamBreak) {
-	rc := http.NewResponseController(w)
-	switch {
-	case brk.told:
-	case brk.reason == breakIdle:
-		writeStreamEnd(proto, w, rc, "stream_idle", ft.streamEnd(brk.reason, brk.err))
-	case brk.reason == breakShutdown:
-		writeStreamEnd(proto, w, rc, "shutting_down", shutdownMessage)
-	default:
-		writeStreamEnd(proto, w, rc, "upstream_failed", ft.streamEnd(brk.reason, brk.err))
+	if brk.told {
+		return
 	}
+	w.Write(proto.streamError(brk.code(), ft.streamEnd(brk.reason, brk.err)))
+	http.NewResponseController(w).Flush()
+}
+
+// code is the break as the client's error event and the Result's reason
+// name it: an idle worker and the router's shutdown by their own names,
+// every other fault of the worker as upstream_failed.
+func (b *streamBreak) code() string {
+	if b.reason == breakIdle || b.reason == breakShutdown {
+		return b.reason
+	}
+	return breakUpstream
 }
 
 // rewrite appends to out the event e of a continuation as the client's
@@ -339,15 +340,17 @@ func (cs *contStream) rewrite(out []byte, e sse.Event, data []byte, info eventIn
 	if json.Unmarshal(data, &m) != nil {
 		return appendEvent(out, e.Type, data)
 	}
-	if _, ok := m["id"]; ok && cs.id != "" {
-		m["id"], _ = json.Marshal(cs.id)
+	for k := range m {
+		if strings.EqualFold(k, "id") && cs.id != "" { // keys match as a decode matches them
+			m[k], _ = json.Marshal(cs.id)
+		}
 	}
-	empty := len(m["usage"]) == 0 || string(m["usage"]) == "null"
+	empty := !isSet(m["usage"])
 	if raw, ok := m["choices"]; ok {
 		var choices []map[string]json.RawMessage
 		if json.Unmarshal(raw, &choices) == nil {
 			for _, ch := range choices {
-				if fr := ch["finish_reason"]; len(fr) > 0 && string(fr) != "null" {
+				if isSet(ch["finish_reason"]) {
 					empty = false
 				}
 				var d map[string]json.RawMessage
@@ -380,7 +383,7 @@ func (cs *contStream) rewrite(out []byte, e sse.Event, data []byte, info eventIn
 		}
 		return max(own-cs.carried, 0)
 	}
-	if raw := m["usage"]; len(raw) > 0 && string(raw) != "null" {
+	if raw := m["usage"]; isSet(raw) {
 		var u map[string]json.RawMessage
 		if json.Unmarshal(raw, &u) == nil {
 			var pt, ct int

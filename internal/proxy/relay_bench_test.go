@@ -38,7 +38,7 @@ func BenchmarkRelay(b *testing.B) {
 			return err
 		}},
 		{"continuable", func(w *httptest.ResponseRecorder, r *eventReader) error {
-			cs := &contStream{route: routeChat, left: 1}
+			cs := &contStream{proto: openAI, route: routeChat, left: 1}
 			_, err := cs.relay(w, r, time.Now())
 			return err
 		}},

@@ -158,3 +158,28 @@ func relayStream(w http.ResponseWriter, body io.Reader, start time.Time, proto *
 	}
 	return m, err
 }
+
+// A stream that may be continued is metered as one that may not: the
+// usage a worker sends after its final chunk gives the prompt, cached and
+// output counts, and an error event after the end fails neither.
+func TestRelay_MetersWhatFollowsTheEnd(t *testing.T) {
+	in := "data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n" +
+		"data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n" +
+		"data: {\"id\":\"a\",\"choices\":[],\"usage\":{\"prompt_tokens\":77,\"completion_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":64}}}\n\n" +
+		"event: error\ndata: {\"error\":\"late\"}\n\n" +
+		"data: [DONE]\n\n"
+	for _, route := range []string{"", routeChat} {
+		cs := &contStream{proto: openAI, route: route, left: 1}
+		rec := httptest.NewRecorder()
+		m, err := cs.relay(rec, strings.NewReader(in), time.Now())
+		if err != nil || !m.complete || m.tokens != 5 || m.promptTokens != 77 || m.cachedTokens != 64 || !m.cachedKnown {
+			t.Errorf("route %q: measured %+v, err %v; want complete, 5 tokens, prompt 77 with 64 cached", route, m, err)
+		}
+		if route != "" && cs.emitted() != 5 {
+			t.Errorf("route %q: emitted %d, want the worker's 5", route, cs.emitted())
+		}
+		if rec.Body.String() != in {
+			t.Errorf("route %q: relayed %q, want the stream as sent", route, rec.Body.String())
+		}
+	}
+}

@@ -59,7 +59,7 @@ func TestContinuation_DrainIsNotTheWorkersFailure(t *testing.T) {
 	case <-time.After(10 * time.Second): // a bound on failure, not a wait
 		t.Fatal("the continuation never reached worker b")
 	}
-	if n := r.h.ContinueElsewhere("b"); n != 1 {
+	if n := r.h.live.move("b"); n != 1 {
 		t.Fatalf("the drain moved %d streams from b, want 1", n)
 	}
 	ans := <-got

@@ -21,6 +21,7 @@ type inference struct {
 	MaxOutputTokens     *int            `json:"max_output_tokens"` // /v1/responses
 	Messages            messagesField   `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
+	N                   json.RawMessage `json:"n"`             // choices: a stream of more is never continued
 	PromptEmbeds        present         `json:"prompt_embeds"` // vLLM: in place of a prompt
 	Input               json.RawMessage `json:"input"`         // embeddings, /v1/responses
 	Instructions        json.RawMessage `json:"instructions"`  // /v1/responses
@@ -93,9 +94,13 @@ type parsed struct {
 	// the body), where its prefix may be cached.
 	prefix []uint64
 	// messages is the body's messages as sent (valid ones only), and
-	// promptString its prompt when that is one JSON string: what a
-	// worker's /tokenize is given for the token blocks of KV events.
-	messages, promptString json.RawMessage
+	// prompt its prompt: what a worker's /tokenize is given for the
+	// token blocks of KV events, and what a continuation extends.
+	messages, prompt json.RawMessage
+	// lastRole is the role of the last of valid messages; choices the
+	// body's n as sent. A continuation reads them (canContinue).
+	lastRole string
+	choices  json.RawMessage
 	// template is the body's chat-template fields beside its messages
 	// (templateFields), for the same /tokenize.
 	template []Field
@@ -135,25 +140,11 @@ var tokenLimits = []struct {
 	{"max_output_tokens", 0, func(in *inference) *int { return in.MaxOutputTokens }},
 }
 
-// parseInference validates body. needModel is false for llama.cpp's native
-// /completion, which has no model field. Its error is a *badRequest.
-func parseInference(body []byte, needModel bool) (parsed, error) {
-	return parseRoute(body, needModel, nil)
-}
-
-// parseChat validates a chat completion's body: parseInference's checks
-// and its messages (requireMessages).
-func parseChat(body []byte) (parsed, error) { return parseRoute(body, true, requireMessages) }
-
-// parseCompletion validates a completion's body: parseInference's checks
-// and its prompt (requirePrompt).
-func parseCompletion(body []byte, needModel bool) (parsed, error) {
-	return parseRoute(body, needModel, requirePrompt)
-}
-
-// parseRoute is parseInference with the route's own check of the
-// decoded body, when it has one.
-func parseRoute(body []byte, needModel bool, check func(*inference) error) (parsed, error) {
+// parseInference validates an OpenAI-style body: its model (needModel is
+// false for llama.cpp's native routes, which have none), its token
+// limits, and what the route's check (nil for none) asks of the decoded
+// body. Its error is a *badRequest.
+func parseInference(body []byte, needModel bool, check func(*inference) error) (parsed, error) {
 	var in inference
 	if err := decodeBody(body, &in); err != nil {
 		return parsed{}, err
@@ -192,22 +183,17 @@ func parseRoute(body []byte, needModel bool, check func(*inference) error) (pars
 	}
 	if !in.Messages.bad {
 		p.prefix = prefix.FromMessages(in.Messages.msgs, in.Prompt, prefix.BlockBytes)
-		if len(in.Messages.msgs) > 0 {
-			p.messages = in.Messages.raw
+		if n := len(in.Messages.msgs); n > 0 {
+			p.messages, p.lastRole = in.Messages.raw, in.Messages.msgs[n-1].Role
 			for _, f := range templateFields {
-				if v := f.get(&in); len(v) > 0 && string(v) != "null" {
+				if v := f.get(&in); isSet(v) {
 					p.template = append(p.template, Field{f.name, v})
 				}
 			}
 		}
 	}
-	if firstByte(in.Prompt) == '"' {
-		p.promptString = in.Prompt
-	}
-	p.promptTokens = max(pc.tokens(), 1)
-	p.promptText = pc.text.String()
-	p.promptRunes = pc.runes
-	p.promptExtra = pc.tokens() - pc.runes/charsPerToken
+	p.prompt, p.choices = in.Prompt, in.N
+	p.setPrompt(&pc)
 	p.promptCacheKey, p.user = jsonString(in.PromptCacheKey), jsonString(in.User)
 	return p, nil
 }
@@ -340,6 +326,15 @@ const (
 	maxPromptText = 1 << 20
 )
 
+// setPrompt sets p's prompt size, and what the calibration and the
+// worker's /tokenize refine it from, to c's estimate.
+func (p *parsed) setPrompt(c *promptCount) {
+	p.promptTokens = max(c.tokens(), 1)
+	p.promptText = c.text.String()
+	p.promptRunes = c.runes
+	p.promptExtra = c.tokens() - c.runes/charsPerToken
+}
+
 // promptCount estimates a prompt's tokens from its text content only:
 // strings of messages' content (plain or text parts), prompts, inputs and
 // documents. JSON syntax, roles and part types count nothing; an image or
@@ -362,7 +357,7 @@ func (c *promptCount) add(raw json.RawMessage) {
 		return
 	}
 	var elems []json.RawMessage
-	if raw[0] == '[' && json.Unmarshal(raw, &elems) == nil && len(elems) > 0 && firstByte(elems[0]) == '{' {
+	if firstByte(raw) == '[' && json.Unmarshal(raw, &elems) == nil && len(elems) > 0 && firstByte(elems[0]) == '{' {
 		c.messages += len(elems)
 	}
 	c.walkJSON(raw)

@@ -74,7 +74,7 @@ func sameAsTwice(t *testing.T, body []byte) {
 	if !bytes.Equal(in.Messages.raw, wantMsgs) || !bytes.Equal(in.Prompt, wantPrompt) {
 		t.Fatalf("body %.200q: messages %q prompt %q, want %q and %q", body, in.Messages.raw, in.Prompt, wantMsgs, wantPrompt)
 	}
-	p, err := parseInference(body, false)
+	p, err := parseInference(body, false, nil)
 	if err != nil {
 		return // a limit refused after the decode, the same code as before
 	}
@@ -111,7 +111,7 @@ func TestParseInference_OneDecodeReadsAsTwoDid(t *testing.T) {
 		sameAsTwice(t, []byte(body))
 	}
 	// The prefix must really come out of the one decode.
-	p, err := parseInference([]byte(oneDecodeBodies[0]), true)
+	p, err := parseInference([]byte(oneDecodeBodies[0]), true, nil)
 	if err != nil || len(p.prefix) == 0 {
 		t.Fatalf("chat body: prefix %v, err %v; want blocks", p.prefix, err)
 	}
@@ -153,7 +153,7 @@ func BenchmarkParseInference(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for b.Loop() {
-			if p, err := parseInference(body, true); err != nil || len(p.prefix) == 0 {
+			if p, err := parseInference(body, true, nil); err != nil || len(p.prefix) == 0 {
 				b.Fatal(err)
 			}
 		}
@@ -190,7 +190,7 @@ func TestParseInference_KeepsTheChatTemplatesInputs(t *testing.T) {
 		{"no messages: a prompt has no template", `{"model":"m","prompt":"hi","tools":[]}`, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := parseInference([]byte(tt.body), true)
+			p, err := parseInference([]byte(tt.body), true, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -86,7 +86,7 @@ func readEvent(data []byte) eventInfo {
 	if json.Unmarshal(data, &c) != nil {
 		return eventInfo{}
 	}
-	if len(c.Error) > 0 && !bytes.Equal(c.Error, []byte("null")) {
+	if isSet(c.Error) {
 		return eventInfo{valid: true, err: string(c.Error)}
 	}
 	info := eventInfo{
@@ -229,9 +229,8 @@ func (c *chunk) reportedTokens() int {
 // streamMeter follows an SSE stream event by event, through the one SSE
 // parser (package sse) fed the bytes the relay forwards.
 type streamMeter struct {
-	// read reads an event of a typed stream (protocol.read); nil reads
-	// OpenAI chunks.
-	read     func(typ, data []byte) eventInfo
+	read func(data []byte) eventInfo // protocol.read
+
 	parser   sse.Parser
 	content  int // events that carried generated text
 	reported int // tokens the worker reported, if any
@@ -247,24 +246,25 @@ type streamMeter struct {
 	first       bool // the last feed or end held the stream's first content
 }
 
-// end ends the stream (see sse.Parser.End) and reports whether what was
-// pending held its first content.
-func (m *streamMeter) end() (first bool) {
+// end ends the stream (see sse.Parser.End); first then says whether what
+// was pending held its first content.
+func (m *streamMeter) end() {
 	m.first = false
 	m.parser.End(m.event)
-	return m.first
 }
 
 // event reads one dispatched event. An event named "error", or whose
-// data holds an "error" that is not null, fails the stream; data that is
-// not a chunk (not JSON, or of another shape) counts for nothing.
+// data holds an "error" that is not null, fails the stream, unless it
+// comes after the stream's end (see complete); data that is not a chunk
+// (not JSON, or of another shape) counts for nothing.
 func (m *streamMeter) event(e sse.Event) { m.take(e) }
 
 // take is event, returning what it read of the data for a relay that
 // follows the event too, so that an event is decoded once.
 func (m *streamMeter) take(e sse.Event) eventInfo {
 	data := bytes.TrimSpace(e.Data)
-	if string(e.Type) == "error" {
+	ended := m.complete() // an error after the end fails nothing
+	if string(e.Type) == "error" && !ended {
 		m.failed = true
 		if m.failure == "" {
 			m.failure = string(data)
@@ -274,18 +274,14 @@ func (m *streamMeter) take(e sse.Event) eventInfo {
 		m.done = true
 		return eventInfo{}
 	}
-	var c eventInfo
-	if m.read != nil {
-		c = m.read(e.Type, data)
-	} else {
-		c = readEvent(data)
-	}
+	c := m.read(data)
 	switch {
 	case !c.valid:
 		return c
 	case c.err != "":
-		m.failed = true
-		m.failure = c.err
+		if !ended {
+			m.failed, m.failure = true, c.err
+		}
 		return c
 	}
 	if c.reported > 0 {
