@@ -6,22 +6,21 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/fairq"
 	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/predict"
 )
 
 // Ticket is one request's place in admission. See the package doc.
 type Ticket struct {
-	req    Request
-	seq    uint64
-	front  bool
-	enq    time.Time
+	req Request
+	// entry is its place in its model's queue: its sequence number,
+	// arrival, class (an index of Scheduler.classes), expected cost in
+	// tokens (prompt plus expected output) and whether it is a retry.
+	entry  fairq.Entry[*Ticket]
 	depth  int
 	notify func(*Ticket)
 	done   chan struct{}
-	cls    int     // index of its class in Scheduler.classes
-	cost   float64 // expected tokens: prompt plus expected output
-	inFlow bool    // it is a live entry of its flow's arrivals (queue.go)
 
 	// res is the reservation the ledger is making for it, if any;
 	// waiting says it is on the shared ledger's waiting list.
@@ -183,7 +182,7 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 	w.cost += cost
 	s.picks++
 	w.lastPick = s.picks
-	wait := now.Sub(t.enq)
+	wait := now.Sub(t.entry.Arrival)
 	if rec != nil {
 		rec.Outcome = "bound"
 		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
@@ -214,11 +213,11 @@ func (s *Scheduler) refuseLocked(t *Ticket, rec *decisions.Record, cause error) 
 		t.res.gone = true // the ledger's answer gives back what it reserved
 		t.res = nil
 	}
-	wait := s.clock.Now().Sub(t.enq)
+	wait := s.clock.Now().Sub(t.entry.Arrival)
 	// Retry-After: the work waiting for its model plus its own at the
 	// model's drain rate, measured while requests waited; else the queue
 	// timeout.
-	retry, ok := s.rates[t.req.Model].timeFor(t.cost + s.queues[t.req.Model].workOrZero())
+	retry, ok := s.rates[t.req.Model].timeFor(t.entry.Cost + s.queues.of(t.req.Model).Work())
 	if !ok {
 		retry = s.cfg.QueueTimeout
 	}

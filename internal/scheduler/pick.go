@@ -383,7 +383,7 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 	}
 	if p.learning {
 		p.floor = s.limits.Floor(p.req.Model, best)
-		p.waited = s.queues[p.req.Model].oldestWait(p.env.Now)
+		p.waited = s.queues.of(p.req.Model).OldestWait(p.env.Now)
 	}
 	for i := range p.views {
 		v := &p.views[i]

@@ -95,6 +95,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/fairq"
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
 )
@@ -226,7 +227,7 @@ type Scheduler struct {
 
 	classes  []Class // in priority order
 	defClass int     // index of the default class
-	order    order
+	order    fairq.Order
 
 	mu      sync.Mutex
 	workers []*worker // in configuration order
@@ -309,7 +310,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	s := &Scheduler{
 		classes:    classes,
 		defClass:   def,
-		order:      order{overtake: cfg.MaxOvertake},
+		order:      fairq.Order{Overtake: cfg.MaxOvertake},
 		rates:      map[string]*drainRate{},
 		est:        estimator{def: cfg.DefaultOutputTokens},
 		cfg:        cfg,
@@ -386,7 +387,7 @@ func (s *Scheduler) refuseAll() []*Ticket {
 	s.closed = true
 	var done []*Ticket
 	for _, q := range s.queues {
-		q.each(func(t *Ticket) { done = append(done, t) })
+		done = slices.AppendSeq(done, q.All())
 	}
 	clear(s.queues)
 	for _, t := range done {
