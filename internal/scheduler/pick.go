@@ -48,7 +48,7 @@ type pick struct {
 	floor    float64
 	waited   time.Duration
 	// out and outSrc are the request's expected output and where that
-	// came from (estimate.go), when a prediction or a record needs them.
+	// came from (internal/outlen), when a prediction or a record needs them.
 	out    float64
 	outSrc string
 	// beliefs are what the sources of a candidate's Belief read besides
@@ -372,7 +372,7 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 		p.resolveAdapter()
 	}
 	if !s.cfg.NoRecords || (s.cfg.Predictor != nil && !p.baseline) {
-		p.out, p.outSrc = s.est.estimate(&p.req)
+		p.out, p.outSrc = s.est.Estimate(outOf(&p.req))
 	}
 	p.beliefs = beliefSrc{conf: s.conf, now: now}
 	if s.conf.sessions && req.Session != "" && s.cfg.PrefixIndex != nil && !p.baseline && (s.prefixWeighted || s.conf.affinity) {

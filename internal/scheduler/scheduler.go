@@ -95,8 +95,10 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/drain"
 	"github.com/sluice-router/sluice/internal/fairq"
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/outlen"
 	"github.com/sluice-router/sluice/internal/predict"
 )
 
@@ -235,9 +237,9 @@ type Scheduler struct {
 	// leaving are the removed workers whose streams still run, by name
 	// (registry.go).
 	leaving map[string]*worker
-	queues  queues                // only models with requests waiting
-	rates   map[string]*drainRate // drain rates of served models
-	est     estimator
+	queues  queues                 // only models with requests waiting
+	rates   map[string]*drain.Rate // drain rates of served models
+	est     outlen.Estimator
 	seq     uint64        // tickets submitted
 	picks   uint64        // reservations made
 	ids     atomic.Uint64 // decision records made: read without the lock (fillRecord)
@@ -311,8 +313,8 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 		classes:    classes,
 		defClass:   def,
 		order:      fairq.Order{Overtake: cfg.MaxOvertake},
-		rates:      map[string]*drainRate{},
-		est:        estimator{def: cfg.DefaultOutputTokens},
+		rates:      map[string]*drain.Rate{},
+		est:        outlen.Estimator{Default: cfg.DefaultOutputTokens},
 		cfg:        cfg,
 		limits:     new(cfg.Limits.WithDefaults()),
 		terms:      cfg.Terms,

@@ -176,7 +176,7 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 		why = fmt.Errorf("%w (%d MiB)", ErrQueueBytesFull, s.cfg.MaxQueueBytes>>20)
 	case !t.entry.Retry:
 		// The work that would be bound before it, at the drain rate.
-		if wait, ok := s.rates[t.req.Model].timeFor(s.queues.of(t.req.Model).Ahead(&t.entry, s.weightOf(t.req.Tenant))); ok && wait > deadlineMargin*s.maxWait(t.req.Class) {
+		if wait, ok := s.rates[t.req.Model].TimeFor(s.queues.of(t.req.Model).Ahead(&t.entry, s.weightOf(t.req.Tenant))); ok && wait > deadlineMargin*s.maxWait(t.req.Class) {
 			why, retryAfter = ErrDeadlineUnmeetable, wait-s.maxWait(t.req.Class)
 		}
 	}
