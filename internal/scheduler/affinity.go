@@ -79,7 +79,7 @@ func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
 	}
 	b := beliefSrc{conf: s.conf, now: s.clock.Now()}
 	if req.Session != "" && s.cfg.PrefixIndex != nil {
-		b.session = s.sessions.lookup(req.Model, req.Session, b.now)
+		b.session = s.sessions.Lookup(req.Model, req.Session, b.now)
 	}
 	c := [1]Candidate{{Name: w.spec.Name, Active: w.active, Snap: w.snapshot()}}
 	b.set(&req, c[:], func(int) []kvSent { return w.kvSent })

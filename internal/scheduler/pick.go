@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/sessions"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -55,7 +56,7 @@ type pick struct {
 	// the request and the candidate (prefix.go); session is where the
 	// request's session went last, as beliefs.session points to it.
 	beliefs beliefSrc
-	session sessionEntry
+	session sessions.Last
 
 	bufs  *pickBufs   // where views and elig come from (release)
 	views []view      // every worker, in configuration order
@@ -376,7 +377,7 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 	}
 	p.beliefs = beliefSrc{conf: s.conf, now: now}
 	if s.conf.sessions && req.Session != "" && s.cfg.PrefixIndex != nil && !p.baseline && (s.prefixWeighted || s.conf.affinity) {
-		if e := s.sessions.lookup(req.Model, req.Session, now); e != nil {
+		if e := s.sessions.Lookup(req.Model, req.Session, now); e != nil {
 			p.session = *e
 			p.beliefs.session = &p.session
 		}

@@ -100,6 +100,7 @@ import (
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/outlen"
 	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/sessions"
 )
 
 // Config configures a Scheduler.
@@ -172,9 +173,9 @@ type Config struct {
 	// naming its session (Request.Session) is expected to find its
 	// session's previous prompt on the worker that served it. It counts
 	// through the prefix term, so only with a PrefixIndex and the term
-	// weighted. SessionTTL (DefaultSessionTTL when 0) is how long a
+	// weighted. SessionTTL (sessions.DefaultTTL when 0) is how long a
 	// session is remembered after its latest request, MaxSessions
-	// (DefaultMaxSessions when 0) how many are.
+	// (sessions.DefaultMax when 0) how many are.
 	SessionAffinity bool
 	SessionTTL      time.Duration
 	MaxSessions     int
@@ -254,8 +255,8 @@ type Scheduler struct {
 	// prefixWeighted says the prefix term counts: a PrefixIndex is set and
 	// the term's weight is not 0. Otherwise no pick asks the index.
 	prefixWeighted bool
-	// sessions is the session table (sessions.go); nil when off.
-	sessions *sessionTable
+	// sessions is the session table (internal/sessions); nil when off.
+	sessions *sessions.Table
 	// conf is what a pick's stages read of the configuration (pick.go).
 	conf *pickConf
 	// derivedSLO is each model's default SLO as last derived (promise.go).
@@ -336,7 +337,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	}
 	s.picker = newPicker(cfg.Policy, s.terms, cfg.Seed, cfg.HashLoadBound)
 	if cfg.SessionAffinity {
-		s.sessions = newSessionTable(cfg.SessionTTL, cfg.MaxSessions)
+		s.sessions = sessions.New(cfg.SessionTTL, cfg.MaxSessions)
 	}
 	s.measured.r = cfg.Stats
 	s.measured.via, _ = cfg.Stats.(statsVia)
