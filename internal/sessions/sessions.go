@@ -91,11 +91,3 @@ func (t *Table) Record(model, session string, last Last) {
 	}
 	t.m[k] = t.ll.PushFront(&entry{key: k, Last: last})
 }
-
-// Len is the number of sessions remembered.
-func (t *Table) Len() int {
-	if t == nil {
-		return 0
-	}
-	return t.ll.Len()
-}

@@ -13,8 +13,8 @@ func TestTable_IsBounded(t *testing.T) {
 	tb.Record("m", "a", Last{Worker: "w0", Tokens: 10, At: t0})
 	tb.Record("m", "b", Last{Worker: "w1", Tokens: 10, At: t0})
 	tb.Record("m", "c", Last{Worker: "w0", Tokens: 10, At: t0}) // evicts a
-	if tb.Len() != 2 || tb.Lookup("m", "a", t0) != nil {
-		t.Fatalf("after 3 sessions in a table of 2: %d kept, a found %v", tb.Len(), tb.Lookup("m", "a", t0) != nil)
+	if tb.ll.Len() != 2 || tb.Lookup("m", "a", t0) != nil {
+		t.Fatalf("after 3 sessions in a table of 2: %d kept, a found %v", tb.ll.Len(), tb.Lookup("m", "a", t0) != nil)
 	}
 	if e := tb.Lookup("m", "b", t0.Add(30*time.Second)); e == nil || e.Worker != "w1" {
 		t.Fatalf("b within its TTL: %+v", e)
@@ -35,7 +35,7 @@ func TestTable_IsBounded(t *testing.T) {
 	}
 	var off *Table
 	off.Record("m", "a", Last{Worker: "w0"})
-	if off.Lookup("m", "a", t0) != nil || off.Len() != 0 {
+	if off.Lookup("m", "a", t0) != nil {
 		t.Fatal("a nil table remembered a session")
 	}
 }
