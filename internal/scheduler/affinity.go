@@ -1,9 +1,7 @@
 package scheduler
 
 import (
-	"cmp"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/limit"
@@ -81,7 +79,7 @@ func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
 	}
 	b := beliefSrc{conf: s.conf, now: s.clock.Now()}
 	if req.Session != "" && s.cfg.PrefixIndex != nil {
-		b.session = s.sessions.lookup(req.Model, req.Session, b.now)
+		b.session = s.sessions.Lookup(req.Model, req.Session, b.now)
 	}
 	c := [1]Candidate{{Name: w.spec.Name, Active: w.active, Snap: w.snapshot()}}
 	b.set(&req, c[:], func(int) []kvSent { return w.kvSent })
@@ -135,33 +133,6 @@ func atLearnedLimit(v *view) bool {
 		lim.limit == lim.learned && active == lim.learned && active < lim.cap
 }
 
-// behind appends to buf the requests waiting behind head in its class
-// that may overtake it: arrived after it by no more than the aging bound,
-// in arrival order, at most affinityScan.
-func (q *queue) behind(buf []*Ticket, head *Ticket, bound time.Duration) []*Ticket {
-	if head.front {
-		return buf
-	}
-	q.classes[head.cls].eachFlow(func(f *flow) {
-		n := 0 // a flow's arrivals are in order: its first affinityScan will do
-		for _, t := range f.arrivals {
-			if n == affinityScan || t.enq.Sub(head.enq) > bound {
-				break
-			}
-			if !t.inFlow || t == head || t.seq < head.seq {
-				continue
-			}
-			buf = append(buf, t)
-			n++
-		}
-	})
-	slices.SortFunc(buf, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
-	if len(buf) > affinityScan {
-		buf = buf[:affinityScan]
-	}
-	return buf
-}
-
 // affinityOvertakeLocked applies the holder-first rule to q's head, whose
 // pick chose headPick.w (nil: nobody). It returns the request to bind
 // instead, its worker and record, or nil to bind the head as planned.
@@ -170,7 +141,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		return nil, choice{}
 	}
 	w := headPick.w
-	waiting := q.behind(nil, head, s.order.overtake)
+	waiting := q.Behind(&head.entry, s.order.Overtake, affinityScan)
 	if len(waiting) == 0 {
 		return nil, choice{}
 	}
@@ -187,7 +158,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		if best == nil {
 			return nil, choice{}
 		}
-		if c := s.pickLocked(best.req, best.enq, now, false); c.w == w {
+		if c := s.pickLocked(best.req, best.entry.Arrival, now, false); c.w == w {
 			explainOvertake(c.rec, head, best, holderFirst(w.spec.Name, bestMatch, headMatch))
 			return best, c
 		}
@@ -218,7 +189,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		if !holds {
 			continue
 		}
-		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil {
+		if c := s.pickLocked(t.req, t.entry.Arrival, now, false); c.w != nil {
 			explainOvertake(c.rec, head, t, holderFirst(c.w.spec.Name, s.matchOnLocked(t.req, c.w), s.matchOnLocked(head.req, c.w)))
 			return t, c
 		}

@@ -49,7 +49,7 @@ func (s *Scheduler) stepWhileWaiting(model string) (leave func()) {
 			close(st.stop)
 			return
 		}
-		if !now.Add(s.limits.StepIn(s.queues[model].oldestWait(now))).Equal(st.due) {
+		if !now.Add(s.limits.StepIn(s.queues.of(model).OldestWait(now))).Equal(st.due) {
 			select {
 			case st.wake <- struct{}{}:
 			default: // already woken
@@ -68,7 +68,7 @@ func (s *Scheduler) runStep(model string, st *borrowStep) {
 		}
 		now := s.clock.Now()
 		s.mu.Lock()
-		d := s.limits.StepIn(s.queues[model].oldestWait(now))
+		d := s.limits.StepIn(s.queues.of(model).OldestWait(now))
 		st.due = now.Add(d)
 		s.mu.Unlock()
 		t := s.clock.NewTimer(d)

@@ -85,7 +85,7 @@ func (s *Scheduler) gaugesLocked(now time.Time) ([]WorkerGauges, []limit.State) 
 		if ms := w.models(snap); len(ms) > 0 && !s.limits.Fixed {
 			var ok bool
 			if m, ok = models[ms[0]]; !ok {
-				m = byModel{s.floorFor(ms[0]), s.queues[ms[0]].oldestWait(now)}
+				m = byModel{s.floorFor(ms[0]), s.queues.of(ms[0]).OldestWait(now)}
 				models[ms[0]] = m
 			}
 		}

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/outlen"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -95,46 +95,13 @@ func TestScheduler_RecordsClassTenantAndEstimate(t *testing.T) {
 		got = append(got, view{r.Class, r.Tenant, r.EstimateSource, r.Outcome, r.ExpectedOutputTokens})
 	}
 	want := []view{
-		{"batch", "acme", EstimateDefault, "bound", 200},
-		{"interactive", "", EstimateModel, "bound", 80},
-		{"interactive", "", EstimateMaxTokens, "bound", 10},
-		{"urgent", "", EstimateModel, "unknown_priority_class", 80},
+		{"batch", "acme", outlen.FromDefault, "bound", 200},
+		{"interactive", "", outlen.FromModel, "bound", 80},
+		{"interactive", "", outlen.FromMaxTokens, "bound", 10},
+		{"urgent", "", outlen.FromModel, "unknown_priority_class", 80},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("records (-want +got):\n%s", diff)
-	}
-}
-
-func TestEstimator_LearnsAndFallsBack(t *testing.T) {
-	e := estimator{def: 256}
-	est := func(r Request) string {
-		out, src := e.estimate(&r)
-		return fmt.Sprintf("%.0f %s", out, src)
-	}
-	small := Request{Model: "m", Tenant: "t", PromptTokens: 100}
-	if got, want := est(small), "256 default"; got != want {
-		t.Fatalf("before any sample: %s, want %s", got, want)
-	}
-	e.observe(&Request{Model: "m", Tenant: "other", PromptTokens: 100}, 40)
-	if got, want := est(small), "40 model"; got != want {
-		t.Fatalf("after another tenant's sample: %s, want %s", got, want)
-	}
-	for range 3 {
-		e.observe(&Request{Model: "m", Tenant: "t", PromptTokens: 120}, 10) // same bucket as 100: 64..127
-	}
-	if got, want := est(small), "10 bucket"; got != want {
-		t.Fatalf("after 3 samples in the bucket: %s, want %s", got, want)
-	}
-	large := Request{Model: "m", Tenant: "t", PromptTokens: 5000}
-	if got, want := est(large), "10 tenant"; got != want {
-		t.Fatalf("another bucket: %s, want %s", got, want)
-	}
-	capped := Request{Model: "m", Tenant: "new", MaxTokens: 5}
-	if got, want := est(capped), "5 max_tokens"; got != want {
-		t.Fatalf("capped: %s, want %s", got, want)
-	}
-	if got, want := est(Request{Model: "unseen"}), "256 default"; got != want {
-		t.Fatalf("unseen model: %s, want %s", got, want)
 	}
 }
 

@@ -11,7 +11,7 @@ import (
 )
 
 // dispatchLocked binds queued requests to workers with room, each queue's
-// head in its order (see queue), heads across models retries first, then
+// head in its order (internal/fairq), heads across models retries first, then
 // by class, then by arrival, until no queue has a placeable request.
 func (s *Scheduler) dispatchLocked() []*Ticket { return s.dispatchExceptLocked("", false) }
 
@@ -43,9 +43,9 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 				}
 				continue
 			}
-			heads = append(heads, head{q, q.head(s.order)})
+			heads = append(heads, head{q, q.Head(s.order)})
 		}
-		slices.SortFunc(heads, func(a, b head) int { return s.order.compare(a.q.keyOf(a.t), b.q.keyOf(b.t)) })
+		slices.SortFunc(heads, func(a, b head) int { return s.order.Compare(a.q.KeyOf(&a.t.entry), b.q.KeyOf(&b.t.entry)) })
 		bound := false
 		for _, h := range heads {
 			if t, c := s.placeableLocked(h.q, now); t != nil {
@@ -82,14 +82,14 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 	for model, q := range s.queues {
 		why, spec := s.admissibleLocked(Request{Model: model})
 		if why != nil {
-			q.each(func(t *Ticket) { gone = append(gone, t) })
+			gone = slices.AppendSeq(gone, q.All())
 			continue
 		}
 		if q.spec && !spec {
 			q.spec = false
 			s.ledger.join(q)
 		}
-		for _, t := range q.retries {
+		for t := range q.Retries() {
 			if len(t.req.Exclude) > 0 {
 				if why, _ := s.admissibleLocked(t.req); why != nil {
 					gone = append(gone, t)
@@ -97,7 +97,7 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 			}
 		}
 	}
-	slices.SortFunc(gone, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
+	slices.SortFunc(gone, func(a, b *Ticket) int { return cmp.Compare(a.entry.Seq, b.entry.Seq) })
 	for _, t := range gone {
 		cause, _ := s.admissibleLocked(t.req)
 		if errors.Is(cause, ErrUnknownModel) && !s.queues[t.req.Model].spec {
@@ -114,26 +114,26 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 }
 
 // placeableLocked returns the ticket of q that goes next if a worker can
-// take it now: the first in the queue order (order.go) that the placement
+// take it now: the first in the queue order (internal/fairq) that the placement
 // check lets through (choice.placeable), or one that overtakes it
 // (overtakeLocked). Tickets normally share one fate (same model, same
 // eligible workers), so past the retries only the queue's next is tried;
 // a retry that excludes workers which failed it is skipped over, so it
 // cannot hold back the requests behind it.
 func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
-	for _, t := range q.retries {
-		if c := s.pickLocked(t.req, t.enq, now, false); c.w != nil || c.refuse {
+	for t := range q.Retries() {
+		if c := s.pickLocked(t.req, t.entry.Arrival, now, false); c.w != nil || c.refuse {
 			return t, c
 		}
 		if len(t.req.Exclude) == 0 {
 			return nil, choice{}
 		}
 	}
-	head := q.next(s.order)
+	head := q.Next(s.order)
 	if head == nil {
 		return nil, choice{}
 	}
-	c := s.pickLocked(head.req, head.enq, now, false)
+	c := s.pickLocked(head.req, head.entry.Arrival, now, false)
 	ok, why := c.placeable()
 	if u, uc := s.overtakeLocked(q, head, c, ok, why, now); u != nil {
 		return u, uc
@@ -198,8 +198,8 @@ func (s *Scheduler) overtakeLocked(q *queue, head *Ticket, c choice, ok bool, wh
 	if ok || why == holdNone || s.cfg.Ledger != nil {
 		return nil, choice{}
 	}
-	for _, t := range q.behind(nil, head, s.order.overtake) {
-		if tc := s.pickLocked(t.req, t.enq, now, false); tc.w != nil {
+	for _, t := range q.Behind(&head.entry, s.order.Overtake, affinityScan) {
+		if tc := s.pickLocked(t.req, t.entry.Arrival, now, false); tc.w != nil {
 			explainOvertake(tc.rec, head, t, why.explain(head))
 			return t, tc
 		}
@@ -222,7 +222,7 @@ func explainOvertake(rec *decisions.Record, head, t *Ticket, why string) {
 	if rec == nil {
 		return
 	}
-	longer := t.enq.Sub(head.enq).Seconds()
+	longer := t.entry.Arrival.Sub(head.entry.Arrival).Seconds()
 	rec.AddExplain(func(r *decisions.Record) {
 		r.Reason += fmt.Sprintf("; bound before an older waiting request (it has waited %.1fs longer): %s", longer, why)
 	})

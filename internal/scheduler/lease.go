@@ -6,22 +6,23 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/drain"
+	"github.com/sluice-router/sluice/internal/fairq"
 	"github.com/sluice-router/sluice/internal/lora"
+	"github.com/sluice-router/sluice/internal/outlen"
 	"github.com/sluice-router/sluice/internal/predict"
 )
 
 // Ticket is one request's place in admission. See the package doc.
 type Ticket struct {
-	req    Request
-	seq    uint64
-	front  bool
-	enq    time.Time
+	req Request
+	// entry is its place in its model's queue: its sequence number,
+	// arrival, class (an index of Scheduler.classes), expected cost in
+	// tokens (prompt plus expected output) and whether it is a retry.
+	entry  fairq.Entry[*Ticket]
 	depth  int
 	notify func(*Ticket)
 	done   chan struct{}
-	cls    int     // index of its class in Scheduler.classes
-	cost   float64 // expected tokens: prompt plus expected output
-	inFlow bool    // it is a live entry of its flow's arrivals (queue.go)
 
 	// res is the reservation the ledger is making for it, if any;
 	// waiting says it is on the shared ledger's waiting list.
@@ -108,7 +109,7 @@ func (s *Scheduler) end(l *Lease, outputTokens int) []*Ticket {
 // holds s.mu.
 func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Ticket {
 	if outputTokens > 0 {
-		s.est.observe(&l.req, outputTokens)
+		s.est.Observe(outOf(&l.req), outputTokens)
 	}
 	// The shared slot first: the dispatch below asks the ledger, which
 	// must already count it free, or this replica's own queue could not
@@ -129,18 +130,23 @@ func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Tick
 		// what they were expected to cost; an idle spell says nothing.
 		d := s.rates[l.model]
 		if d == nil {
-			d = &drainRate{}
+			d = &drain.Rate{}
 			s.rates[l.model] = d
 		}
 		work := l.cost
 		if outputTokens > 0 {
 			work = float64(l.req.PromptTokens + outputTokens)
 		}
-		d.drained(work, q.since, now)
+		d.Drained(work, q.since, now)
 	}
 	done := s.dispatchLocked()
 	s.changed.notify()
 	return done
+}
+
+// outOf is what the output estimate of req is keyed by.
+func outOf(req *Request) outlen.Request {
+	return outlen.Request{Model: req.Model, Tenant: req.Tenant, PromptTokens: req.PromptTokens, MaxTokens: req.MaxTokens}
 }
 
 // expectedCost estimates the tokens a request will keep a worker busy
@@ -150,7 +156,7 @@ func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Tick
 // measured history, the worker's mean output stands in. w is nil for the
 // queue's order and deadlines.
 func (s *Scheduler) expectedCost(w *worker, req Request) float64 {
-	out, _ := s.est.estimate(&req)
+	out, _ := s.est.Estimate(outOf(&req))
 	if w != nil && s.cfg.Stats != nil {
 		// Placing on a worker: its own measured mean output, when it has
 		// one, weighs in the job-cost term (the estimate there raised the
@@ -183,7 +189,7 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 	w.cost += cost
 	s.picks++
 	w.lastPick = s.picks
-	wait := now.Sub(t.enq)
+	wait := now.Sub(t.entry.Arrival)
 	if rec != nil {
 		rec.Outcome = "bound"
 		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
@@ -207,18 +213,18 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 func (s *Scheduler) refuseLocked(t *Ticket, rec *decisions.Record, cause error) {
 	if rec == nil && !s.cfg.NoRecords {
 		rec = new(decisions.Record)
-		out, src := s.est.estimate(&t.req)
+		out, src := s.est.Estimate(outOf(&t.req))
 		s.fillRecord(rec, &t.req, s.clock.Now(), out, src)
 	}
 	if t.res != nil {
 		t.res.gone = true // the ledger's answer gives back what it reserved
 		t.res = nil
 	}
-	wait := s.clock.Now().Sub(t.enq)
+	wait := s.clock.Now().Sub(t.entry.Arrival)
 	// Retry-After: the work waiting for its model plus its own at the
 	// model's drain rate, measured while requests waited; else the queue
 	// timeout.
-	retry, ok := s.rates[t.req.Model].timeFor(t.cost + s.queues[t.req.Model].workOrZero())
+	retry, ok := s.rates[t.req.Model].TimeFor(t.entry.Cost + s.queues.of(t.req.Model).Work())
 	if !ok {
 		retry = s.cfg.QueueTimeout
 	}

@@ -83,7 +83,7 @@ var (
 	ErrLedgerDown = errors.New("scheduler: shared state unavailable")
 )
 
-func ticketWaitID(t *Ticket) string { return strconv.FormatUint(t.seq, 10) }
+func ticketWaitID(t *Ticket) string { return strconv.FormatUint(t.entry.Seq, 10) }
 
 // activeWeight is the weight of the active-requests term, 0 without one.
 func (s *Scheduler) activeWeight() float64 {
@@ -168,9 +168,8 @@ func (r *ledgerRunner) join(q *queue) {
 	if r == nil {
 		return
 	}
-	var ts []*Ticket
-	q.each(func(t *Ticket) { ts = append(ts, t) })
-	slices.SortFunc(ts, func(a, b *Ticket) int { return cmp.Compare(a.seq, b.seq) })
+	ts := slices.Collect(q.All())
+	slices.SortFunc(ts, func(a, b *Ticket) int { return cmp.Compare(a.entry.Seq, b.entry.Seq) })
 	for _, t := range ts {
 		r.queued(t, q)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/sessions"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -48,14 +49,14 @@ type pick struct {
 	floor    float64
 	waited   time.Duration
 	// out and outSrc are the request's expected output and where that
-	// came from (estimate.go), when a prediction or a record needs them.
+	// came from (internal/outlen), when a prediction or a record needs them.
 	out    float64
 	outSrc string
 	// beliefs are what the sources of a candidate's Belief read besides
 	// the request and the candidate (prefix.go); session is where the
 	// request's session went last, as beliefs.session points to it.
 	beliefs beliefSrc
-	session sessionEntry
+	session sessions.Last
 
 	bufs  *pickBufs   // where views and elig come from (release)
 	views []view      // every worker, in configuration order
@@ -372,18 +373,18 @@ func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pic
 		p.resolveAdapter()
 	}
 	if !s.cfg.NoRecords || (s.cfg.Predictor != nil && !p.baseline) {
-		p.out, p.outSrc = s.est.estimate(&p.req)
+		p.out, p.outSrc = s.est.Estimate(outOf(&p.req))
 	}
 	p.beliefs = beliefSrc{conf: s.conf, now: now}
 	if s.conf.sessions && req.Session != "" && s.cfg.PrefixIndex != nil && !p.baseline && (s.prefixWeighted || s.conf.affinity) {
-		if e := s.sessions.lookup(req.Model, req.Session, now); e != nil {
+		if e := s.sessions.Lookup(req.Model, req.Session, now); e != nil {
 			p.session = *e
 			p.beliefs.session = &p.session
 		}
 	}
 	if p.learning {
 		p.floor = s.limits.Floor(p.req.Model, best)
-		p.waited = s.queues[p.req.Model].oldestWait(p.env.Now)
+		p.waited = s.queues.of(p.req.Model).OldestWait(p.env.Now)
 	}
 	for i := range p.views {
 		v := &p.views[i]

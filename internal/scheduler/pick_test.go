@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/sessions"
 )
 
 // guessIndex is a PrefixIndex that guesses a fixed match per worker.
@@ -32,7 +33,7 @@ func TestBeliefs_OnAValue(t *testing.T) {
 	now := time.Unix(1000, 0)
 	cfg := &Config{PrefixIndex: guessIndex{"a": 0.25, "b": 0.5, "c": 0.5, "d": 0.5}, KVIndex: kvAnswers{"d": 1}, StaleAfter: time.Second}
 	b := beliefSrc{conf: &pickConf{cfg: cfg, sessions: true}, now: now,
-		session: &sessionEntry{worker: "c", tokens: 300, first: 1}}
+		session: &sessions.Last{Worker: "c", Tokens: 300, First: 1}}
 	req := &Request{Model: "m", Prefix: []uint64{1, 2, 3, 4}, KVBlocks: []uint64{1, 2, 3, 4}, Session: "s", PromptTokens: 400}
 	fresh := &Snapshot{CacheReport: &CacheReport{At: now.Add(-time.Millisecond), Blocks: map[uint64]struct{}{1: {}, 2: {}, 3: {}}}}
 	stale := &Snapshot{CacheReport: &CacheReport{At: now.Add(-time.Minute), Blocks: map[uint64]struct{}{1: {}, 2: {}, 3: {}, 4: {}}}}

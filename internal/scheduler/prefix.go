@@ -3,6 +3,8 @@ package scheduler
 import (
 	"fmt"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/sessions"
 )
 
 // PrefixIndex tells where a request's prompt prefix is expected to be in a
@@ -157,7 +159,7 @@ type KVIndex interface {
 type beliefSrc struct {
 	conf    *pickConf
 	now     time.Time
-	session *sessionEntry
+	session *sessions.Last
 }
 
 // set sets the Belief of each of cands, zeroed, about req, from every
@@ -250,7 +252,7 @@ func (s *Scheduler) recordPrefixLocked(req Request, w *worker) {
 		if len(req.Prefix) > 0 {
 			first = req.Prefix[0]
 		}
-		s.sessions.record(req.Model, req.Session, w.spec.Name, req.PromptTokens, first, s.clock.Now())
+		s.sessions.Record(req.Model, req.Session, sessions.Last{Worker: w.spec.Name, Tokens: req.PromptTokens, First: first, At: s.clock.Now()})
 	}
 	if s.cfg.PrefixIndex == nil || len(req.Prefix) == 0 {
 		return

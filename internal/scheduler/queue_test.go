@@ -307,26 +307,3 @@ func TestScheduler_SessionsShareWithinTheirTenant(t *testing.T) {
 		t.Fatalf("bind order (-want +got):\n%s", diff)
 	}
 }
-
-// The wait predicted for a request counts a tenant's sessions as sharing
-// that tenant's part of the queue: ten sessions of a do not put ten
-// shares of work ahead of b's next request.
-func TestQueue_AheadCountsSessionsWithinTheirTenant(t *testing.T) {
-	q := newQueue(1, time.Unix(1000, 0))
-	var seq uint64
-	enqueue := func(tenant, flow string) *Ticket {
-		seq++
-		tk := &Ticket{req: Request{Tenant: tenant, Flow: flow}, seq: seq, cost: 200}
-		q.push(tk, 1)
-		return tk
-	}
-	for i := range 10 {
-		enqueue("a", fmt.Sprint("s", i))
-	}
-	enqueue("b", "s0")
-	next := &Ticket{req: Request{Tenant: "b", Flow: "s0"}, cost: 200}
-	// b's one request, then as much of a's work: 200 + 200.
-	if got, want := q.ahead(next, 1), 400.0; got != want {
-		t.Fatalf("work ahead of b's next request %v tokens, want %v", got, want)
-	}
-}

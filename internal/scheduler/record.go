@@ -220,7 +220,7 @@ func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at [
 }
 
 // fillRecord fills in a new record's header: its ID and what it says of
-// the request, whose expected output is out, from src (estimate.go). It
+// the request, whose expected output is out, from src (internal/outlen). It
 // reads the configuration and the ID counter alone.
 func (s *Scheduler) fillRecord(rec *decisions.Record, req *Request, now time.Time, out float64, src string) {
 	var id [64]byte

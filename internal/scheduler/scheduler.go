@@ -95,8 +95,12 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
+	"github.com/sluice-router/sluice/internal/drain"
+	"github.com/sluice-router/sluice/internal/fairq"
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/outlen"
 	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/sessions"
 )
 
 // Config configures a Scheduler.
@@ -169,9 +173,9 @@ type Config struct {
 	// naming its session (Request.Session) is expected to find its
 	// session's previous prompt on the worker that served it. It counts
 	// through the prefix term, so only with a PrefixIndex and the term
-	// weighted. SessionTTL (DefaultSessionTTL when 0) is how long a
+	// weighted. SessionTTL (sessions.DefaultTTL when 0) is how long a
 	// session is remembered after its latest request, MaxSessions
-	// (DefaultMaxSessions when 0) how many are.
+	// (sessions.DefaultMax when 0) how many are.
 	SessionAffinity bool
 	SessionTTL      time.Duration
 	MaxSessions     int
@@ -226,7 +230,7 @@ type Scheduler struct {
 
 	classes  []Class // in priority order
 	defClass int     // index of the default class
-	order    order
+	order    fairq.Order
 
 	mu      sync.Mutex
 	workers []*worker // in configuration order
@@ -234,9 +238,9 @@ type Scheduler struct {
 	// leaving are the removed workers whose streams still run, by name
 	// (registry.go).
 	leaving map[string]*worker
-	queues  queues                // only models with requests waiting
-	rates   map[string]*drainRate // drain rates of served models
-	est     estimator
+	queues  queues                 // only models with requests waiting
+	rates   map[string]*drain.Rate // drain rates of served models
+	est     outlen.Estimator
 	seq     uint64        // tickets submitted
 	picks   uint64        // reservations made
 	ids     atomic.Uint64 // decision records made: read without the lock (fillRecord)
@@ -251,8 +255,8 @@ type Scheduler struct {
 	// prefixWeighted says the prefix term counts: a PrefixIndex is set and
 	// the term's weight is not 0. Otherwise no pick asks the index.
 	prefixWeighted bool
-	// sessions is the session table (sessions.go); nil when off.
-	sessions *sessionTable
+	// sessions is the session table (internal/sessions); nil when off.
+	sessions *sessions.Table
 	// conf is what a pick's stages read of the configuration (pick.go).
 	conf *pickConf
 	// derivedSLO is each model's default SLO as last derived (promise.go).
@@ -309,9 +313,9 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	s := &Scheduler{
 		classes:    classes,
 		defClass:   def,
-		order:      order{overtake: cfg.MaxOvertake},
-		rates:      map[string]*drainRate{},
-		est:        estimator{def: cfg.DefaultOutputTokens},
+		order:      fairq.Order{Overtake: cfg.MaxOvertake},
+		rates:      map[string]*drain.Rate{},
+		est:        outlen.Estimator{Default: cfg.DefaultOutputTokens},
 		cfg:        cfg,
 		limits:     new(cfg.Limits.WithDefaults()),
 		terms:      cfg.Terms,
@@ -333,7 +337,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	}
 	s.picker = newPicker(cfg.Policy, s.terms, cfg.Seed, cfg.HashLoadBound)
 	if cfg.SessionAffinity {
-		s.sessions = newSessionTable(cfg.SessionTTL, cfg.MaxSessions)
+		s.sessions = sessions.New(cfg.SessionTTL, cfg.MaxSessions)
 	}
 	s.measured.r = cfg.Stats
 	s.measured.via, _ = cfg.Stats.(statsVia)
@@ -386,7 +390,7 @@ func (s *Scheduler) refuseAll() []*Ticket {
 	s.closed = true
 	var done []*Ticket
 	for _, q := range s.queues {
-		q.each(func(t *Ticket) { done = append(done, t) })
+		done = slices.AppendSeq(done, q.All())
 	}
 	clear(s.queues)
 	for _, t := range done {

@@ -1,9 +1,6 @@
 package scheduler
 
-import (
-	"container/list"
-	"time"
-)
+import "github.com/sluice-router/sluice/internal/sessions"
 
 // Session affinity: an agent or chat client that names its session
 // (Request.Session: a header such as X-Session-ID, the OpenAI
@@ -28,87 +25,13 @@ import (
 // may still hold the conversation, and a worker that evicted it costs the
 // request only the prefill it would have paid anywhere).
 //
-// The table is bounded (MaxSessions, least recently used out) and lives
-// under the scheduler's lock; it is not shared between replicas.
-
-// Defaults of the session table.
-const (
-	DefaultSessionTTL  = 30 * time.Minute
-	DefaultMaxSessions = 65536
-)
+// The table (internal/sessions) is bounded (MaxSessions, least recently
+// used out) and lives under the scheduler's lock; it is not shared between
+// replicas.
 
 // prefixSourceSession is Candidate.PrefixSource when the match came from
 // the session hint; the record adds where the session key came from.
 const prefixSourceSession = "session hint"
-
-// sessionKey is one session of one model.
-type sessionKey struct{ model, session string }
-
-// sessionEntry is where a session went last.
-type sessionEntry struct {
-	key    sessionKey
-	worker string
-	tokens int    // the prompt size of its latest request
-	first  uint64 // its first prefix block's hash, 0 when it had none
-	at     time.Time
-}
-
-// sessionTable remembers the latest worker of each session, least
-// recently used first out. Its zero value is off (nil map).
-type sessionTable struct {
-	ttl time.Duration
-	max int
-	ll  *list.List // of *sessionEntry, most recent first
-	m   map[sessionKey]*list.Element
-}
-
-func newSessionTable(ttl time.Duration, max int) *sessionTable {
-	if ttl <= 0 {
-		ttl = DefaultSessionTTL
-	}
-	if max <= 0 {
-		max = DefaultMaxSessions
-	}
-	return &sessionTable{ttl: ttl, max: max, ll: list.New(), m: map[sessionKey]*list.Element{}}
-}
-
-// lookup returns the live entry of a session, or nil.
-func (t *sessionTable) lookup(model, session string, now time.Time) *sessionEntry {
-	if t == nil || session == "" {
-		return nil
-	}
-	el, ok := t.m[sessionKey{model, session}]
-	if !ok {
-		return nil
-	}
-	e := el.Value.(*sessionEntry)
-	if now.Sub(e.at) > t.ttl {
-		t.ll.Remove(el)
-		delete(t.m, e.key)
-		return nil
-	}
-	return e
-}
-
-// record notes that worker serves session's request of tokens prompt
-// tokens now.
-func (t *sessionTable) record(model, session, worker string, tokens int, first uint64, now time.Time) {
-	if t == nil || session == "" {
-		return
-	}
-	k := sessionKey{model, session}
-	if el, ok := t.m[k]; ok {
-		e := el.Value.(*sessionEntry)
-		e.worker, e.tokens, e.first, e.at = worker, tokens, first, now
-		t.ll.MoveToFront(el)
-		return
-	}
-	for t.ll.Len() >= t.max {
-		old := t.ll.Remove(t.ll.Back()).(*sessionEntry)
-		delete(t.m, old.key)
-	}
-	t.m[k] = t.ll.PushFront(&sessionEntry{key: k, worker: worker, tokens: tokens, first: first, at: now})
-}
 
 // affine reports whether req has anything the prefix term can match: prompt
 // blocks, or a session the table may know.
@@ -121,16 +44,16 @@ func (s *Scheduler) affine(req *Request) bool { return s.conf.affine(req) }
 // under the same key, or one the client compacted), and starting with the
 // same block when both have blocks (a user field shared by unrelated
 // conversations would otherwise pull them all onto one card).
-func sessionMatch(e *sessionEntry, req *Request, c *Candidate) {
-	if e == nil || e.worker != c.Name || e.tokens > req.PromptTokens {
+func sessionMatch(e *sessions.Last, req *Request, c *Candidate) {
+	if e == nil || e.Worker != c.Name || e.Tokens > req.PromptTokens {
 		return
 	}
-	if e.first != 0 && len(req.Prefix) > 0 && req.Prefix[0] != e.first {
+	if e.First != 0 && len(req.Prefix) > 0 && req.Prefix[0] != e.First {
 		return
 	}
 	m := 1.0
 	if req.PromptTokens > 0 {
-		m = float64(e.tokens) / float64(req.PromptTokens)
+		m = float64(e.Tokens) / float64(req.PromptTokens)
 	}
 	if m > c.PrefixMatch {
 		c.PrefixMatch, c.PrefixSource = m, prefixSourceSession

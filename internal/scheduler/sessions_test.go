@@ -3,7 +3,6 @@ package scheduler
 import (
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sluice-router/sluice/internal/prefix"
 )
@@ -81,28 +80,6 @@ func TestSessions_HintDoesNotHerdOntoABusyWorker(t *testing.T) {
 	busy2.Release()
 }
 
-// A session is forgotten after SessionTTL, and the table holds at most
-// MaxSessions, the least recently used going first.
-func TestSessions_TableIsBounded(t *testing.T) {
-	tb := newSessionTable(time.Minute, 2)
-	t0 := time.Unix(1000, 0)
-	tb.record("m", "a", "w0", 10, 0, t0)
-	tb.record("m", "b", "w1", 10, 0, t0)
-	tb.record("m", "c", "w0", 10, 0, t0) // evicts a
-	if tb.ll.Len() != 2 || tb.lookup("m", "a", t0) != nil {
-		t.Fatalf("after 3 sessions in a table of 2: %d kept, a found %v", tb.ll.Len(), tb.lookup("m", "a", t0) != nil)
-	}
-	if e := tb.lookup("m", "b", t0.Add(30*time.Second)); e == nil || e.worker != "w1" {
-		t.Fatalf("b within its TTL: %+v", e)
-	}
-	if e := tb.lookup("m", "c", t0.Add(2*time.Minute)); e != nil {
-		t.Fatalf("c past its TTL still found: %+v", e)
-	}
-	if e := tb.lookup("n", "b", t0); e != nil {
-		t.Fatalf("session b of another model found: %+v", e)
-	}
-}
-
 // With fair share by session, two sessions of one tenant share the queue
 // as two tenants would: the one with a backlog does not starve the other.
 func TestSessions_FlowSharesTheQueue(t *testing.T) {
@@ -128,12 +105,4 @@ func TestSessions_FlowSharesTheQueue(t *testing.T) {
 		l, _ := tk.Result()
 		l.Release()
 	}
-}
-
-// len is the number of sessions remembered.
-func (t *sessionTable) len() int {
-	if t == nil {
-		return 0
-	}
-	return t.ll.Len()
 }

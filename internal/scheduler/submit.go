@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/fairq"
 	"github.com/sluice-router/sluice/internal/predict"
 )
 
@@ -77,7 +78,9 @@ func (s *Scheduler) Submit(req Request, notify func(*Ticket)) *Ticket {
 		req.Attempt = 1
 	}
 	now := s.clock.Now()
-	t := &Ticket{req: req, enq: now, notify: notify, done: make(chan struct{}), front: req.Attempt > 1}
+	t := &Ticket{req: req, notify: notify, done: make(chan struct{})}
+	t.entry = fairq.Entry[*Ticket]{Item: t, Arrival: now, Retry: req.Attempt > 1,
+		Tenant: req.Tenant, Flow: req.Flow, Bytes: int64(req.BodyBytes)}
 	s.finish(s.submit(t, now))
 	return t
 }
@@ -89,7 +92,7 @@ func (s *Scheduler) submit(t *Ticket, now time.Time) []*Ticket {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq++
-	t.seq = s.seq
+	t.entry.Seq = s.seq
 	done := s.submitLocked(t, now)
 	s.changed.notify()
 	return done
@@ -110,13 +113,13 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 		s.refuseLocked(t, rec, fmt.Errorf("%w %q (configured: %s)", ErrUnknownClass, t.req.Class, strings.Join(names, ", ")))
 		return []*Ticket{t}
 	}
-	t.cls, t.req.Class = cls, s.classes[cls].Name
-	t.cost = s.expectedCost(nil, t.req)
+	t.entry.Class, t.req.Class = cls, s.classes[cls].Name
+	t.entry.Cost = s.expectedCost(nil, t.req)
 	q := s.queues[t.req.Model]
 	// A new request may only jump the queue when nobody of its model is
 	// waiting (a retry was accepted earlier and goes first), nor waiting
 	// for the shared ledger's answer.
-	mayJump := q == nil || t.front || s.cfg.Policy != PolicySluice
+	mayJump := q == nil || t.entry.Retry || s.cfg.Policy != PolicySluice
 	if mayJump && s.reserving[t.req.Model] != nil {
 		// It waits only for the answer to another request of its model:
 		// it asks the ledger next, and goes on the shared waiting list
@@ -124,7 +127,7 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 		return s.queueLocked(t, now, false)
 	}
 	if mayJump {
-		c := s.pickLocked(t.req, t.enq, now, false) // t.enq is now
+		c := s.pickLocked(t.req, t.entry.Arrival, now, false) // t.entry.Arrival is now
 		if c.refuse {
 			s.refuseLocked(t, c.rec, ErrSLOUnmeetable)
 			return []*Ticket{t}
@@ -157,23 +160,23 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 		return nil
 	}
 	if q != nil {
-		t.depth = q.n
+		t.depth = q.Len()
 	}
 	why, spec := s.admissibleLocked(t.req)
 	var retryAfter time.Duration
 	switch {
 	case why != nil:
-	case t.depth >= s.cfg.MaxQueue && !t.front:
+	case t.depth >= s.cfg.MaxQueue && !t.entry.Retry:
 		why = ErrQueueFull
 	case spec && q == nil && s.queues.speculative() >= s.cfg.MaxQueue:
 		// Requests for models nobody is known to serve yet share one
 		// budget: client-supplied names must not grow state unbounded.
 		why = ErrQueueFull
-	case !t.front && s.cfg.MaxQueueBytes > 0 && s.queues.bytes()+int64(t.req.BodyBytes) > s.cfg.MaxQueueBytes:
+	case !t.entry.Retry && s.cfg.MaxQueueBytes > 0 && s.queues.bytes()+int64(t.req.BodyBytes) > s.cfg.MaxQueueBytes:
 		why = fmt.Errorf("%w (%d MiB)", ErrQueueBytesFull, s.cfg.MaxQueueBytes>>20)
-	case !t.front:
+	case !t.entry.Retry:
 		// The work that would be bound before it, at the drain rate.
-		if wait, ok := s.rates[t.req.Model].timeFor(q.ahead(t, s.weightOf(t.req.Tenant))); ok && wait > deadlineMargin*s.maxWait(t.req.Class) {
+		if wait, ok := s.rates[t.req.Model].TimeFor(s.queues.of(t.req.Model).Ahead(&t.entry, s.weightOf(t.req.Tenant))); ok && wait > deadlineMargin*s.maxWait(t.req.Class) {
 			why, retryAfter = ErrDeadlineUnmeetable, wait-s.maxWait(t.req.Class)
 		}
 	}
@@ -186,12 +189,11 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 		return []*Ticket{t}
 	}
 	if q == nil {
-		q = newQueue(len(s.classes), now)
-		q.spec = spec
+		q = &queue{Queue: fairq.New[*Ticket](len(s.classes)), since: now, spec: spec}
 		s.queues[t.req.Model] = q
 	}
 	t.queued = true
-	q.push(t, s.weightOf(t.req.Tenant))
+	q.Push(&t.entry, s.weightOf(t.req.Tenant))
 	if shared {
 		s.ledger.queued(t, q)
 	}
@@ -240,7 +242,7 @@ func (s *Scheduler) QueueDepth(model string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if q, ok := s.queues[model]; ok {
-		return q.n
+		return q.Len()
 	}
 	return 0
 }
@@ -253,7 +255,7 @@ func (s *Scheduler) QueueDepths() map[string]int {
 	out := make(map[string]int, len(s.queues))
 	served(s.workers, func(m string) { out[m] = 0 })
 	for m, q := range s.queues {
-		out[m] = q.n
+		out[m] = q.Len()
 	}
 	return out
 }
@@ -276,11 +278,8 @@ func (s *Scheduler) QueueDepthsByClass() map[string]map[string]int {
 		if out[m] == nil {
 			zero(m)
 		}
-		for i, cq := range q.classes {
-			out[m][s.classes[i].Name] += cq.n
-		}
-		for _, t := range q.retries {
-			out[m][s.classes[t.cls].Name]++
+		for i, n := range q.ByClass() {
+			out[m][s.classes[i].Name] += n
 		}
 	}
 	return out

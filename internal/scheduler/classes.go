@@ -1,0 +1,97 @@
+package scheduler
+
+import (
+	"cmp"
+	"fmt"
+	"time"
+)
+
+// classOf returns the index of the request's class in s.classes, the
+// default class for an empty name.
+func (s *Scheduler) classOf(name string) (int, bool) {
+	if name == "" {
+		return s.defClass, true
+	}
+	for i, c := range s.classes {
+		if c.Name == name {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// RequestedClass returns the class a request runs in when its API key
+// grants the class granted (empty: the default) and the request asks for
+// asked (the X-Sluice-Priority header; empty: no ask). A client may lower
+// its priority, never raise it above its key's: an ask for a higher class
+// gets the granted one. An unknown ask is returned as is, for admission to
+// refuse with ErrUnknownClass.
+func (s *Scheduler) RequestedClass(granted, asked string) string {
+	if asked == "" {
+		return granted
+	}
+	a, ok := s.classOf(asked)
+	if !ok {
+		return asked
+	}
+	if g, ok := s.classOf(granted); ok && s.classes[a].Priority < s.classes[g].Priority {
+		return granted
+	}
+	return asked
+}
+
+// maxWait returns the queueing deadline of the named class.
+func (s *Scheduler) maxWait(class string) time.Duration {
+	if i, ok := s.classOf(class); ok && s.classes[i].MaxQueueWait > 0 {
+		return s.classes[i].MaxQueueWait
+	}
+	return s.cfg.QueueTimeout
+}
+
+// weightOf returns a tenant's fair-share weight, 1 unless configured.
+func (s *Scheduler) weightOf(tenant string) float64 {
+	if w := s.cfg.TenantWeights[tenant]; w > 0 {
+		return w
+	}
+	return 1
+}
+
+// checkClasses reports what makes a list of classes unusable.
+func checkClasses(cs []Class) error {
+	seen := map[string]bool{}
+	for i, c := range cs {
+		switch {
+		case c.Name == "":
+			return fmt.Errorf("scheduler: class %d has no name", i)
+		case seen[c.Name]:
+			return fmt.Errorf("scheduler: class %q listed twice", c.Name)
+		case c.MaxQueueWait < 0:
+			return fmt.Errorf("scheduler: class %q: negative max_queue_wait %v", c.Name, c.MaxQueueWait)
+		}
+		seen[c.Name] = true
+	}
+	return nil
+}
+
+// sortClasses returns the classes in priority order, stable for equal
+// priorities, and the index of the default (first configured) class.
+func sortClasses(cs []Class) ([]Class, int) {
+	if len(cs) == 0 {
+		cs = DefaultClasses()
+	}
+	def := cs[0].Name
+	out := make([]Class, len(cs))
+	copy(out, cs)
+	// Insertion sort keeps equal priorities in configuration order.
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && cmp.Less(out[j].Priority, out[j-1].Priority); j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	for i, c := range out {
+		if c.Name == def {
+			return out, i
+		}
+	}
+	return out, 0
+}
