@@ -3,27 +3,17 @@ package scheduler
 import "fmt"
 
 // A filter is one eligibility rule of a pick. keep returns the views of
-// in (indexes into p.views) that pass the rule, compacted in place (in order), and marks every
-// one it drops with why, its reason code; explain puts that reason in
-// words when a decision record is read. Filters read the pick and its
-// views and write nothing else, so each is testable on a pick built by
-// hand.
-//
-// A worker's reason is the first rule that dropped it, in the order of
-// the codes below; the filter stage runs whyDraining through whyAdapter, the
-// KV-fit rule runs after the affinity relaxation (pick.go). A new rule is
-// a file with its type, a code here and its entry in filters (and, for a
-// rule, in rulesWhy).
+// in (indexes into p.views) that pass, compacted in place, and marks each
+// one it drops with why; explain puts the reason in words when a record
+// is read. A worker's reason is the first rule that dropped it, in code
+// order. A new rule is a type, a code and its entry in filters.
 type filter interface {
 	keep(p *pick, in []int32, why uint8) []int32
 	explain(pr *pickRecord, sl *slot) string
 }
 
 // A rule is a filter whose verdict on a view depends on the view and the
-// pick alone, not on which other views are left: passes says whether v
-// passes it, and its keep is keepRule. Every filter from whyDraining
-// through whyFull is one; the adapter, KV-fit and promise filters look at
-// the others left.
+// pick alone; every filter from whyDraining through whyFull is one.
 type rule interface {
 	filter
 	passes(p *pick, v *view) bool
@@ -35,9 +25,8 @@ func keepRule(p *pick, in []int32, why uint8, r rule) []int32 {
 }
 
 // keepRules runs the rules whyDraining through whyFull over in, in one
-// pass: a view fails at the first rule it does not pass (rulesWhy), which
-// is what running each rule's keep in turn leaves, in one visit of each
-// view instead of one per rule (TestKeepRules).
+// visit of each view; it leaves what running each rule's keep in turn
+// leaves (TestKeepRules).
 func keepRules(p *pick, in []int32) []int32 {
 	n := 0
 	for _, i := range in {
@@ -52,9 +41,8 @@ func keepRules(p *pick, in []int32) []int32 {
 	return in[:n]
 }
 
-// rulesWhy is the code of the first rule v does not pass, in code order,
-// or whyEligible. The rules are called by their types, not through
-// filters, so that each check is a direct (inlined) call.
+// rulesWhy is the code of the first rule v does not pass, or
+// whyEligible; the rules are called by type so each check inlines.
 func rulesWhy(p *pick, v *view) uint8 {
 	switch {
 	case !(drainingFilter{}).passes(p, v):
@@ -128,9 +116,7 @@ func keepIf(p *pick, in []int32, why uint8, ok func(v *view) bool) []int32 {
 	return in[:n]
 }
 
-// drainingFilter keeps out a worker being drained (the admin API, a
-// config reload, an endpoint going away): it finishes what it runs and
-// takes nothing new.
+// drainingFilter keeps out a worker being drained.
 type drainingFilter struct{}
 
 func (f drainingFilter) keep(p *pick, in []int32, why uint8) []int32 {
@@ -174,9 +160,8 @@ func (excludedFilter) explain(*pickRecord, *slot) string {
 	return "already failed this request"
 }
 
-// contextFilter keeps out a worker whose context (per slot, as it reports
-// it) is shorter than the prompt: it would refuse the request. The prompt
-// size is an estimate, so only the prompt is held against it (tooLong).
+// contextFilter keeps out a worker whose context is shorter than the
+// prompt (tooLong).
 type contextFilter struct{}
 
 func (f contextFilter) keep(p *pick, in []int32, why uint8) []int32 {
@@ -188,10 +173,7 @@ func (contextFilter) explain(pr *pickRecord, sl *slot) string {
 }
 
 // limitFilter keeps a worker only while Sluice runs fewer requests there
-// than its concurrency limit (limit.go). The baselines have no limit.
-// Under admission by promise too: judging trusted workers up to their
-// cap instead lost SLO attainment, so the learned limit stays the bound
-// and the promise stage chooses within it.
+// than its concurrency limit. The baselines have no limit.
 type limitFilter struct{}
 
 func (f limitFilter) keep(p *pick, in []int32, why uint8) []int32 {

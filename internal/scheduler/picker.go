@@ -6,9 +6,8 @@ import (
 )
 
 // Policy selects how a worker is chosen. PolicySluice scores and queues;
-// the others are the baselines people use today, built in so a benchmark
-// compares policies and nothing else. Baselines neither queue nor respect
-// max_concurrency, as nginx and HAProxy do not.
+// the others are common baselines, built in so a benchmark compares
+// policies and nothing else. Baselines neither queue nor respect limits.
 type Policy string
 
 // The routing policies.
@@ -25,17 +24,14 @@ const (
 var Policies = []Policy{PolicySluice, PolicyRoundRobin, PolicyLeastConnections, PolicyRandom, PolicyPowerOfTwo, PolicyConsistentHash}
 
 // A picker is a policy's choice among a pick's eligible workers (at
-// least one): choose returns the index in p.elig of the worker to serve
-// the request and, when pr is not nil, says why in pr. Pickers keep
-// their own state (a round-robin position, a random source), guarded by
-// the scheduler's lock.
+// least one): choose returns the index in p.elig and, when pr is not nil,
+// says why in pr. Its state is under the scheduler's lock.
 type picker interface {
 	choose(p *pick, pr *pickRecord) int
 }
 
-// newPicker returns the picker of a policy. The random ones draw from a
-// source seeded by seed, so a benchmark's baselines are reproducible;
-// consistent-hash bounds each worker's load by bound (1 or more).
+// newPicker returns the picker of a policy; the random ones are seeded by
+// seed, so a benchmark's baselines are reproducible.
 func newPicker(policy Policy, terms []WeightedTerm, seed uint64, bound float64) picker {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	switch policy {
@@ -54,11 +50,8 @@ func newPicker(policy Policy, terms []WeightedTerm, seed uint64, bound float64) 
 }
 
 // scorePicker is Sluice's policy: the lowest weighted sum of the terms
-// (totals, terms.go) wins; ties go to the least recently picked worker,
-// then to the first in configuration order, so the choice is never
-// random. The totals are left in p.total for the record (pickRecord.keep) and
-// the shared ledger (newReservation); ranks, the per-term breakdown
-// and the reason in words are computed when the record is read.
+// wins, ties broken by rankKey. The totals are left in p.total for the
+// record and the shared ledger.
 type scorePicker struct {
 	terms []WeightedTerm
 }
@@ -81,8 +74,7 @@ func (sp *scorePicker) choose(p *pick, pr *pickRecord) int {
 }
 
 // rankKey orders candidates: lowest total, then least recently picked,
-// then first in configuration order. No two workers share a key, so the
-// order is total and the pick deterministic.
+// then first in configuration order, so the pick is deterministic.
 type rankKey struct {
 	total    float64
 	lastPick uint64

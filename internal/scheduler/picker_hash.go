@@ -8,23 +8,16 @@ import (
 	"github.com/sluice-router/sluice/internal/hashring"
 )
 
-// DefaultHashLoadBound is consistent-hash's load bound when none is set:
-// a worker takes a request only while its requests in flight are under
-// 1.25 times the fleet's mean (counting the new one), the default of
-// KubeAI's PrefixHash.
+// DefaultHashLoadBound is consistent-hash's load bound when none is set,
+// as in KubeAI's PrefixHash.
 const DefaultHashLoadBound = 1.25
 
 // consistentHash is consistent hashing with bounded loads (Mirrokni,
-// Thorup and Zadimoghaddam) on the prompt's first block: a request goes
-// to the first worker clockwise from its key's point on a ring of the
-// workers' points that is eligible and has fewer requests in flight than
-// ceil(bound × (in flight + 1) / eligible workers). Requests that share
-// their first block go to the same worker until it is that much busier
-// than the mean, then to the next worker on the ring: the simple
-// prefix-cache router (KubeAI's PrefixHash) that Sluice's placement is
-// compared against. A request with no known prompt goes to the worker
-// with the fewest requests in flight. Like the other baselines it neither
-// queues nor respects limits.
+// Thorup and Zadimoghaddam) on the prompt's first block: the first
+// eligible worker clockwise on the ring with fewer requests in flight than
+// ceil(bound × (in flight + 1) / eligible workers) takes the request. It is
+// the simple prefix-cache router (KubeAI's PrefixHash) Sluice is compared
+// against. A request with no known prompt goes to the least busy worker.
 type consistentHash struct {
 	bound float64
 	ring  hashring.Ring // of the workers, a member's index a view's

@@ -22,9 +22,7 @@ type Weights struct {
 	Prefix float64 `yaml:"prefix" json:"prefix"`
 }
 
-// DefaultWeights returns the weights Sluice ships with: concurrency
-// dominates, throughput is a reward, memory pressure is visible, a cached
-// prompt prefix is worth half of one request in flight.
+// DefaultWeights returns the weights Sluice ships with.
 func DefaultWeights() Weights {
 	return Weights{ActiveRequests: 100, QueueLength: 10, Latency: 5, JobCost: 2, Throughput: 3, KVPressure: 15, GPUUtil: 15, Prefix: 50}
 }
@@ -60,10 +58,9 @@ type Env struct {
 }
 
 // Term is one part of the score. Score sees every eligible candidate at
-// once, so it can normalise across them, and writes raw[i] and norm[i] for
-// cands[i]; the weight multiplies norm. Score is on the hot path and
-// writes only numbers; Provenance says where a raw value came from, and is
-// called only when a decision record is read.
+// once, so it can normalise across them, and writes raw[i] and norm[i];
+// the weight multiplies norm. Provenance says where a raw value came
+// from, and is called only when a decision record is read.
 type Term interface {
 	// Name identifies the term in records and config.
 	Name() string
@@ -78,8 +75,7 @@ type Term interface {
 }
 
 // activeRequests is the number of requests Sluice has in flight on the
-// worker, absolute: concurrency hurts most on a GPU, and "everyone has 3"
-// must not look like "everyone is idle".
+// worker, absolute, so that "everyone has 3" does not look idle.
 type activeRequests struct{}
 
 func (activeRequests) Name() string { return "active_requests" }
@@ -94,10 +90,8 @@ func (activeRequests) Provenance(*Env, *Candidate) (string, time.Time, bool) {
 	return "sluice in-flight count", time.Time{}, false
 }
 
-// queueLength is the worker's own waiting queue as its telemetry reports it
-// (llama.cpp requests_deferred, vLLM num_requests_waiting), absolute. A
-// worker that reports no queue gets the mean of those that do (0 when none
-// does), and a stale reading fades towards that mean (see telemetryTerm).
+// queueLength is the worker's own waiting queue as its telemetry reports
+// it, absolute; missing or stale readings are neutral (telemetryTerm).
 type queueLength struct{}
 
 func (queueLength) Name() string { return "queue_length" }
@@ -109,9 +103,8 @@ func (queueLength) Provenance(env *Env, c *Candidate) (string, time.Time, bool) 
 	return readingProvenance(env, c.Snap.QueueLen)
 }
 
-// kvPressure is the fraction of the worker's KV cache in use, 0..1; a
-// worker that reports none is neutral (the mean of those that do, 0.5 when
-// none does), never the best.
+// kvPressure is the fraction of the worker's KV cache in use, 0..1;
+// missing readings are neutral.
 type kvPressure struct{}
 
 func (kvPressure) Name() string { return "kv_pressure" }
@@ -136,10 +129,8 @@ func (gpuUtil) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
 	return readingProvenance(env, c.Snap.GPUUtil)
 }
 
-// The telemetry readings a term scores: which one, and how it is scaled
-// (a queue is a count, not below 0; the others are fractions, 0..1). A
-// constant rather than a function value, so the loop over candidates
-// calls nothing.
+// The telemetry readings a term scores, as constants so the loop over
+// candidates calls no function value.
 const (
 	readQueue uint8 = iota
 	readKV
@@ -163,11 +154,9 @@ func scaleReading(which uint8, v float64) float64 {
 	return clamp01(v)
 }
 
-// confidence is how much a telemetry reading is trusted: 1 while it is
-// fresher than StaleAfter, falling linearly to 0 at three times that age,
-// and 0 for a reading never made. A scrape that stopped answering thus
-// stops steering decisions within a few intervals, instead of its last
-// value winning (or losing) forever.
+// confidence is how much a telemetry reading is trusted: 1 while fresher
+// than StaleAfter, falling linearly to 0 at three times that age, and 0
+// for a reading never made, so a dead scrape stops steering decisions.
 func confidence(env *Env, r *Reading) float64 {
 	if !r.Known() {
 		return 0
@@ -182,11 +171,9 @@ func confidence(env *Env, r *Reading) float64 {
 	return clamp01(float64(3*env.StaleAfter-age) / float64(2*env.StaleAfter))
 }
 
-// telemetryTerm scores a scraped reading: norm is the reading scaled,
-// blended with the neutral value by the reading's confidence. The neutral
-// value is the confidence-weighted mean of the candidates' scaled
-// readings, or fallback when no candidate has one: missing telemetry is
-// neither the best nor the worst.
+// telemetryTerm scores a scraped reading: the scaled reading blended with
+// a neutral value by its confidence. The neutral value is the
+// confidence-weighted mean of the candidates' readings, else fallback.
 func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, which uint8, fallback float64) {
 	sum, wsum := 0.0, 0.0
 	for i := range c {
@@ -272,10 +259,8 @@ func (jobCost) Provenance(*Env, *Candidate) (string, time.Time, bool) {
 }
 
 // ratioToMax normalises a measured average as value/max over the
-// candidates that have history, which keeps small differences small (min-max
-// scaling would turn 30.0 vs 30.1 tok/s into 0 vs 1). A candidate with no
-// history gets the mean of the others' normalised values — neither the best
-// nor the worst — or 0.5 when nobody has history.
+// candidates with history, keeping small differences small (min-max would
+// not). A candidate without history gets the mean of the others, or 0.5.
 func ratioToMax(c []Candidate, raw, norm []float64, which uint8) {
 	maxv := 0.0
 	for i := range c {
@@ -329,8 +314,7 @@ func emaProvenance(c *Candidate, which uint8, name string) (string, time.Time, b
 }
 
 // DefaultTerms returns the terms of Sluice's score, in record order, with
-// their weights from w. A new term is its type, its test, its weight
-// here and its entry below.
+// their weights from w.
 func DefaultTerms(w Weights) []WeightedTerm {
 	return []WeightedTerm{
 		{activeRequests{}, w.ActiveRequests},
@@ -350,9 +334,8 @@ type WeightedTerm struct {
 	Weight float64
 }
 
-// readsTelemetry is a Term that reads scraped telemetry (as opposed to
-// Sluice's own counters and averages, which are never stale): a record
-// marks its stale readings.
+// readsTelemetry is a Term that reads scraped telemetry, whose stale
+// readings a record marks.
 type readsTelemetry interface{ telemetry() }
 
 func (queueLength) telemetry() {}
