@@ -25,11 +25,9 @@ func (b *busy) move(active int, now time.Time) {
 	}
 }
 
-// MeanConcurrency returns the mean number of requests Sluice had in flight
-// on the lease's worker since the lease was made, this one included: the
-// concurrency level its measurements belong to. With replicas sharing the
-// fleet it counts theirs too, as the shared ledger last reported them.
-// Call it before Release.
+// MeanConcurrency returns the mean number of requests in flight on the
+// lease's worker since the lease was made, this one and other replicas'
+// included: the level its measurements belong to. Call it before Release.
 func (l *Lease) MeanConcurrency() float64 {
 	s := l.s
 	now := s.clock.Now()

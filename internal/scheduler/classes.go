@@ -21,11 +21,9 @@ func (s *Scheduler) classOf(name string) (int, bool) {
 }
 
 // RequestedClass returns the class a request runs in when its API key
-// grants the class granted (empty: the default) and the request asks for
-// asked (the X-Sluice-Priority header; empty: no ask). A client may lower
-// its priority, never raise it above its key's: an ask for a higher class
-// gets the granted one. An unknown ask is returned as is, for admission to
-// refuse with ErrUnknownClass.
+// grants granted (empty: the default) and it asks for asked (empty: no
+// ask). A client may lower its priority, never raise it above its key's.
+// An unknown ask is returned as is, for admission to refuse.
 func (s *Scheduler) RequestedClass(granted, asked string) string {
 	if asked == "" {
 		return granted

@@ -28,16 +28,14 @@ var (
 	// ErrPromptTooLong: the prompt is longer than the context of every
 	// worker serving the model (as they report it).
 	ErrPromptTooLong = errors.New("the prompt is longer than the context of every worker serving this model")
-	// ErrDeadlineUnmeetable: the work queued ahead, at the rate the
-	// model's queue drains, would keep the request waiting past its
-	// class's max_queue_wait; it is refused now rather than served late.
+	// ErrDeadlineUnmeetable: the work queued ahead, at the model's drain
+	// rate, would keep the request waiting past its class's deadline.
 	ErrDeadlineUnmeetable = errors.New("the request cannot be served within its class's queue deadline")
 	// ErrUnknownClass: the request names a priority class that is not
 	// configured.
 	ErrUnknownClass = errors.New("unknown priority class")
 	// ErrRouteNotServed: workers serve the model, but none of them serves
-	// the request's route (Request.Route; WorkerSpec.Unserved), e.g.
-	// /v1/messages on an engine without the Anthropic Messages API.
+	// the request's route.
 	ErrRouteNotServed = errors.New("no worker serving this model serves this route")
 )
 
