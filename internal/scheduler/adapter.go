@@ -11,34 +11,18 @@ import (
 	"github.com/sluice-router/sluice/internal/lora"
 )
 
-// LoRA adapters.
+// LoRA adapters (docs/routing.md, LoRA adapters). A request whose model
+// names an adapter runs on a worker that holds it: its telemetry lists it
+// (Snapshot.Adapters), or a load Sluice made there succeeded or is
+// running. With AdapterConfig.LoadOnDemand a worker that serves the base
+// model and loads adapters at run time may be chosen to load it, while
+// fewer than MaxReplicas workers hold it (filter_adapter.go).
 //
-// A request whose model names a LoRA adapter runs on a worker that holds
-// the adapter loaded over its base model. A worker holds an adapter when
-// its telemetry lists it (Snapshot.Adapters: vLLM's /v1/models entries
-// with a parent, llama.cpp's /lora-adapters), when a load Sluice made
-// there succeeded, or while such a load runs (the request then waits for
-// it before it is sent). With AdapterConfig.LoadOnDemand, a worker that
-// serves the base model and can load adapters at run time
-// (WorkerSpec.LoadsAdapters: vLLM with runtime LoRA updating) may be
-// chosen to load it, while fewer than MaxReplicas workers hold it: the
-// adapter rule (filter_adapter.go) keeps a holder with room over any
-// loader, so an adapter goes to a new card only when its holders are
-// full, and never to more than MaxReplicas cards.
-//
-// The load is a network call, so it is never made under the scheduler's
-// lock: the pick only notes that the chosen worker will get the adapter
-// (a lora.Load, counted as a holder by later picks), and Lease.Ready,
-// which Admit calls after the bind, makes the call through the
-// AdapterLoader outside the lock. Later requests bound to the same worker
-// meanwhile wait for the same load; whichever of the requests bound to it
-// is ready first makes it, so a request released before Ready (its
-// client left as it was bound) leaves the load to the others, and a load
-// no request is left to make is forgotten at the last release. A failed
-// load is forgotten too (the worker does not hold the adapter) and Admit
-// places the request again elsewhere, excluding that worker; when no
-// worker is left it refuses it with ErrAdapterLoad naming the load's
-// error.
+// A load is a network call, never made under the lock: the pick notes a
+// lora.Load on the chosen worker, and Lease.Ready makes the call. Leases
+// bound there meanwhile wait for the same load, made by whichever is ready
+// first. A failed load is forgotten, and Admit places the request again
+// elsewhere.
 
 // AdapterSpec is a LoRA adapter the configuration names.
 type AdapterSpec struct {
@@ -61,9 +45,8 @@ type AdapterInfo struct {
 	Source string `json:"source,omitempty"`
 }
 
-// AdapterLoader loads an adapter on a worker: vLLM's POST
-// /v1/load_lora_adapter. It is called outside the scheduler's lock, and
-// on success the worker's telemetry should list the adapter from then on.
+// AdapterLoader loads an adapter on a worker (vLLM's POST
+// /v1/load_lora_adapter). It is called outside the scheduler's lock.
 type AdapterLoader interface {
 	LoadAdapter(ctx context.Context, worker string, a AdapterSpec) error
 }
@@ -73,8 +56,8 @@ type AdapterConfig struct {
 	// Adapters are the adapters the configuration names.
 	Adapters []AdapterSpec
 	// LoadOnDemand lets a request for a configured adapter go to a
-	// worker that does not hold it but can load it (WorkerSpec.
-	// LoadsAdapters), when no holder has room.
+	// worker that can load it (WorkerSpec.LoadsAdapters) when no holder
+	// has room.
 	LoadOnDemand bool
 	// MaxReplicas bounds how many workers may hold an adapter loaded on
 	// demand; DefaultAdapterReplicas when 0.
@@ -104,9 +87,8 @@ type adapterPick struct {
 	onDemand   bool
 }
 
-// adapterOf returns what the pick must know of model when it names
-// an adapter, configured or reported by a worker; nil otherwise. A name
-// that is also some worker's base model is a model, not an adapter.
+// adapterOf returns what the pick must know of model when it names a
+// configured adapter; nil otherwise.
 func (s *Scheduler) adapterOf(model string) *adapterPick {
 	if s.adapters == nil {
 		return nil
@@ -130,10 +112,8 @@ func (w *worker) holdsLocked(snap *Snapshot, a string) bool {
 	return w.adapters.Holds(a, slices.ContainsFunc(snap.Adapters, func(ai AdapterInfo) bool { return ai.Name == a }))
 }
 
-// servesAdapterLocked reports whether w could ever run a request for the
-// configured adapter ap, so that waiting for it is not pointless: it
-// holds it, or serves its base model and may load adapters (the adapter
-// rule then says whether it may load this one now).
+// servesAdapterLocked reports whether w could ever run a request for ap,
+// so that waiting is not pointless: it holds it, or may load it.
 func (w *worker) servesAdapterLocked(snap *Snapshot, ap *adapterPick) bool {
 	return w.holdsLocked(snap, ap.spec.Name) || (ap.onDemand && w.spec.LoadsAdapters && w.serves(snap, ap.spec.Base))
 }
@@ -156,10 +136,9 @@ func (p *pick) resolveAdapter() {
 			unknown = true
 		}
 	}
-	// No load while some worker's adapters are unknown: counting it as
-	// holding none could put the adapter on more than max_replicas cards
-	// once its first scrape says it had it all along. The request waits
-	// for that scrape (a telemetry change dispatches the queue).
+	// No load while some worker's adapters are unknown: its first scrape
+	// may show it held the adapter all along, which would put it on more
+	// than max_replicas cards. The request waits for that scrape.
 	for i := range p.views {
 		v := &p.views[i]
 		v.loadable = !v.holds && ap.onDemand && v.w.spec.LoadsAdapters && ap.holders < ap.max && !unknown
@@ -167,9 +146,9 @@ func (p *pick) resolveAdapter() {
 }
 
 // bindAdapter gives l, bound to w, the load it waits for when w does not
-// hold the request's adapter ap (nil: none) yet: the load running or due
-// there, or a new one (made at Lease.Ready). It returns what the record
-// says.
+// yet hold the request's adapter ap (nil: none): the one running there, or
+// a new one made at Lease.Ready. It returns the adapter's state for the
+// record.
 func (w *worker) bindAdapter(l *Lease, ap *adapterPick) string {
 	if ap == nil {
 		return ""
@@ -201,13 +180,11 @@ func adapterRecord(ap *adapterPick, state string) *decisions.Adapter {
 	return &decisions.Adapter{Name: ap.spec.Name, Base: ap.spec.Base, State: state, Holders: ap.holders, MaxReplicas: ap.max}
 }
 
-// Ready makes the lease's worker ready for its request: when the request
-// names a LoRA adapter the worker is still to load, it loads it (the
-// first lease bound there to be ready) or waits for the load (the
-// others), outside the scheduler's lock. It returns the load's error,
-// after which the caller releases the lease and places the request
-// elsewhere; nil when there is nothing to load. Admit calls it; a caller
-// of Submit must, or release the lease.
+// Ready makes the lease's worker ready for its request: when the request's
+// LoRA adapter is still to be loaded there, it loads it or waits for the
+// load already started, outside the scheduler's lock. It returns the
+// load's error, after which the caller releases the lease. Admit calls
+// it; a caller of Submit must, or release the lease.
 func (l *Lease) Ready(ctx context.Context) error {
 	ld := l.load
 	if ld == nil {
@@ -241,9 +218,8 @@ func wrapLoad(worker string, ld *lora.Load) error {
 	return fmt.Errorf("load LoRA adapter %q on %s: %w", ld.Name, worker, ld.Err())
 }
 
-// loadDone ends a load: the worker holds the adapter from now on, or,
-// when it failed, does not, and the requests waiting for a holder may be
-// placed again.
+// loadDone ends a load, successful or not, and places the requests
+// waiting for a holder.
 func (s *Scheduler) loadDone(w *worker, ld *lora.Load, err error) {
 	s.finish(s.settleLoad(w, ld, err, s.clock.Now()))
 }
