@@ -1,9 +1,6 @@
 package scheduler
 
-import (
-	"fmt"
-	"math/rand/v2"
-)
+import "github.com/sluice-router/sluice/internal/baseline"
 
 // Policy selects how a worker is chosen. PolicySluice scores and queues;
 // the others are common baselines, built in so a benchmark compares
@@ -33,20 +30,50 @@ type picker interface {
 // newPicker returns the picker of a policy; the random ones are seeded by
 // seed, so a benchmark's baselines are reproducible.
 func newPicker(policy Policy, terms []WeightedTerm, seed uint64, bound float64) picker {
-	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	switch policy {
 	case PolicyRoundRobin:
-		return &roundRobin{}
+		return baselinePicker{baseline.RoundRobin()}
 	case PolicyLeastConnections:
-		return leastConnections{}
+		return baselinePicker{baseline.LeastConnections()}
 	case PolicyRandom:
-		return randomPicker{rng}
+		return baselinePicker{baseline.Random(seed)}
 	case PolicyPowerOfTwo:
-		return powerOfTwo{rng}
+		return baselinePicker{baseline.PowerOfTwo(seed)}
 	case PolicyConsistentHash:
-		return &consistentHash{bound: bound}
+		return baselinePicker{baseline.ConsistentHash(bound)}
 	}
 	return &scorePicker{terms: terms}
+}
+
+// DefaultHashLoadBound is consistent-hash's load bound when none is set,
+// as in KubeAI's PrefixHash.
+const DefaultHashLoadBound = 1.25
+
+// baselinePicker is a baseline policy's choice (package baseline).
+type baselinePicker struct{ b baseline.Picker }
+
+func (bp baselinePicker) choose(p *pick, pr *pickRecord) int {
+	best, why := bp.b.Choose((*baselineView)(p), pr != nil)
+	if pr != nil {
+		pr.rec.Reason = why
+	}
+	return best
+}
+
+// baselineView is what a baseline reads of a pick.
+type baselineView pick
+
+func (b *baselineView) Len() int              { return len(b.elig) }
+func (b *baselineView) Active(j int) int      { return b.views[b.elig[j]].active }
+func (b *baselineView) LastPick(j int) uint64 { return b.views[b.elig[j]].lastPick }
+func (b *baselineView) Index(j int) int       { return int(b.elig[j]) }
+func (b *baselineView) All() int              { return len(b.views) }
+func (b *baselineView) Name(i int) string     { return b.views[i].w.spec.Name }
+func (b *baselineView) Key() (uint64, bool) {
+	if len(b.req.Prefix) == 0 {
+		return 0, false
+	}
+	return b.req.Prefix[0], true
 }
 
 // scorePicker is Sluice's policy: the lowest weighted sum of the terms
@@ -89,66 +116,4 @@ func (k rankKey) less(o rankKey) bool {
 		return k.lastPick < o.lastPick
 	}
 	return k.order < o.order
-}
-
-// roundRobin takes the eligible workers in turn.
-type roundRobin struct{ n uint64 }
-
-func (r *roundRobin) choose(p *pick, pr *pickRecord) int {
-	best := int(r.n % uint64(len(p.elig)))
-	r.n++
-	if pr != nil {
-		pr.rec.Reason = "round-robin"
-	}
-	return best
-}
-
-// leastConnections takes the worker with the fewest requests in flight,
-// the least recently picked among ties (nginx's and HAProxy's least_conn).
-type leastConnections struct{}
-
-func (leastConnections) choose(p *pick, pr *pickRecord) int {
-	best := 0
-	for i := range p.elig {
-		v, b := p.at(i), p.at(best)
-		if v.active < b.active || (v.active == b.active && v.lastPick < b.lastPick) {
-			best = i
-		}
-	}
-	if pr != nil {
-		pr.rec.Reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", p.at(best).active)
-	}
-	return best
-}
-
-// randomPicker takes a worker at random.
-type randomPicker struct{ rng *rand.Rand }
-
-func (r randomPicker) choose(p *pick, pr *pickRecord) int {
-	best := r.rng.IntN(len(p.elig))
-	if pr != nil {
-		pr.rec.Reason = "random"
-	}
-	return best
-}
-
-// powerOfTwo takes the less busy of two workers drawn at random.
-type powerOfTwo struct{ rng *rand.Rand }
-
-func (r powerOfTwo) choose(p *pick, pr *pickRecord) int {
-	n := len(p.elig)
-	a, b := r.rng.IntN(n), r.rng.IntN(n)
-	if n > 1 {
-		for b == a {
-			b = r.rng.IntN(n)
-		}
-	}
-	best := a
-	if p.at(b).active < p.at(a).active {
-		best = b
-	}
-	if pr != nil {
-		pr.rec.Reason = fmt.Sprintf("fewer active of two random (%s, %s)", p.at(a).w.spec.Name, p.at(b).w.spec.Name)
-	}
-	return best
 }
