@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/promise"
 	"github.com/sluice-router/sluice/internal/sessions"
 	"github.com/sluice-router/sluice/internal/stats"
 )
@@ -48,12 +49,11 @@ type pick struct {
 	kvHeld bool
 
 	// Admission by promise (promise.go): bySLO says the stage runs;
-	// preds are the eligible workers' predictions (parallel to cands).
+	// judged are the eligible workers' predictions (parallel to cands).
 	bySLO   bool
 	arrived time.Time
-	promise promiseState
-	preds   []predict.Prediction
-	meets   []bool
+	promise promise.Judgment
+	judged  []promise.Worker
 	// pending is the reservation the ledger is to make (ledger.go).
 	pending *reservation
 	// adapter is the request's LoRA adapter, nil when its model is none
@@ -176,7 +176,7 @@ type choice struct {
 	pending *reservation
 	kvHeld  bool
 	// sloWait says the promise stage chose to wait for this request
-	// (verdictWait): a request behind it may be placed meanwhile.
+	// (promise.Wait): a request behind it may be placed meanwhile.
 	sloWait bool
 	// refuse says the promise stage refused the request (on_miss:
 	// refuse); pred is the chosen worker's prediction, when one was made.
@@ -208,12 +208,12 @@ func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool)
 			d = s.derivedLocked(req.Model, now)
 		}
 		p.promiseStage(d)
-		if p.promise.verdict == verdictRefuse {
+		if p.promise.Verdict == promise.Refuse {
 			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now)}
 		}
 		if len(p.elig) == 0 {
-			// It waits (verdictWait, or every worker at its learned limit).
-			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait, room: p.room()}
+			// It waits (promise.Wait, or every worker at its learned limit).
+			return choice{kvHeld: p.kvHeld, sloWait: p.promise.Verdict == promise.Wait, room: p.room()}
 		}
 	}
 	var pr *pickRecord
@@ -279,8 +279,8 @@ func (p *pick) chosen(best int, pr *pickRecord, always bool) choice {
 	predictor := p.conf.cfg.Predictor
 	if predictor != nil && !p.baseline && !always {
 		c.found = p.inputFor(v, &p.cands[best])
-		if p.bySLO && len(p.preds) > best {
-			c.pred = &p.preds[best]
+		if p.bySLO && len(p.judged) > best {
+			c.pred = &p.judged[best].Pred
 		} else if p.pending == nil {
 			pred := predictor.Predict(v.w.spec.Name, c.found)
 			c.pred = &pred
@@ -299,7 +299,7 @@ func (p *pick) chosen(best int, pr *pickRecord, always bool) choice {
 	}
 	if c.pred != nil {
 		_, why := predictor.Trusted(v.w.spec.Name)
-		pr.rec.Promise = promiseRecord(&p.promise, c.pred, why)
+		pr.rec.Promise = p.promise.Record(c.pred, why)
 		pr.rec.Promise.ExpectedCachedTokens = c.found.CachedTokens
 	}
 	return c
