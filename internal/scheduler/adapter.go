@@ -221,17 +221,11 @@ func wrapLoad(worker string, ld *lora.Load) error {
 // loadDone ends a load, successful or not, and places the requests
 // waiting for a holder.
 func (s *Scheduler) loadDone(w *worker, ld *lora.Load, err error) {
-	s.finish(s.settleLoad(w, ld, err, s.clock.Now()))
-}
-
-// settleLoad is loadDone under s.mu, returning the tickets it ended.
-func (s *Scheduler) settleLoad(w *worker, ld *lora.Load, err error, now time.Time) []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w.adapters.Settle(ld, err, now)
-	done := s.sweepLocked(s.dispatchLocked())
-	s.changed.notify()
-	return done
+	now := s.clock.Now()
+	s.update(func() ([]*Ticket, error) {
+		w.adapters.Settle(ld, err, now)
+		return s.sweepLocked(s.dispatchLocked()), nil
+	})
 }
 
 // adaptersOfLocked lists what w holds, for WorkerState: what it reports,

@@ -89,14 +89,7 @@ func (l *Lease) Release() {
 		return
 	}
 	s := l.s
-	s.finish(s.end(l, 0))
-}
-
-// end is endLocked under s.mu.
-func (s *Scheduler) end(l *Lease, outputTokens int) []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.endLocked(l, outputTokens, s.clock.Now())
+	s.update(func() ([]*Ticket, error) { return s.endLocked(l, 0, s.clock.Now()), nil })
 }
 
 // endLocked gives l's slot back and places the queued requests that can

@@ -99,61 +99,51 @@ func (w *worker) serves(s *Snapshot, model string) bool {
 
 // AddWorker adds a worker and places any queued requests it can take.
 func (s *Scheduler) AddWorker(spec WorkerSpec) error {
-	done, err := s.addWorker(spec)
-	s.finish(done)
-	return err
-}
-
-// addWorker is AddWorker under s.mu, returning the tickets it ended.
-func (s *Scheduler) addWorker(spec WorkerSpec) ([]*Ticket, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.byName[spec.Name]; ok {
-		return nil, fmt.Errorf("scheduler: worker %q already exists", spec.Name)
-	}
-	w := s.leaving[spec.Name]
-	if w != nil {
-		delete(s.leaving, spec.Name)
-		w.spec, w.removed, w.draining = spec, false, false
-		w.prefixKV = 0 // the prefix index forgot the worker with its removal
-	} else {
-		w = &worker{spec: spec}
-	}
-	w.order = len(s.workers)
-	s.workers = append(s.workers, w)
-	s.byName[spec.Name] = w
-	done := s.dispatchLocked()
-	s.changed.notify()
-	return done, nil
+	return s.update(func() ([]*Ticket, error) {
+		if _, ok := s.byName[spec.Name]; ok {
+			return nil, fmt.Errorf("scheduler: worker %q already exists", spec.Name)
+		}
+		w := s.leaving[spec.Name]
+		if w != nil {
+			delete(s.leaving, spec.Name)
+			w.spec, w.removed, w.draining = spec, false, false
+			w.prefixKV = 0 // the prefix index forgot the worker with its removal
+		} else {
+			w = &worker{spec: spec}
+		}
+		w.order = len(s.workers)
+		s.workers = append(s.workers, w)
+		s.byName[spec.Name] = w
+		return s.dispatchLocked(), nil
+	})
 }
 
 // RemoveWorker stops sending requests to a worker. Requests in flight on
 // it finish normally; queued requests nobody left can serve are refused.
 func (s *Scheduler) RemoveWorker(name string) error {
-	done, err := s.removeWorker(name)
-	s.finish(done)
-	return err
+	return s.update(func() ([]*Ticket, error) {
+		w, err := s.named(name)
+		if err != nil {
+			return nil, err
+		}
+		w.removed = true
+		delete(s.byName, name)
+		s.workers = slices.DeleteFunc(s.workers, func(x *worker) bool { return x == w })
+		for i, x := range s.workers {
+			x.order = i
+		}
+		s.leaving[name] = w
+		s.retireLocked(w)
+		return s.sweepLocked(nil), nil
+	})
 }
 
-// removeWorker is RemoveWorker under s.mu, returning the tickets it ended.
-func (s *Scheduler) removeWorker(name string) ([]*Ticket, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, ok := s.byName[name]
-	if !ok {
-		return nil, fmt.Errorf("scheduler: no worker %q", name)
+// named returns the worker of that name, under the lock.
+func (s *Scheduler) named(name string) (*worker, error) {
+	if w, ok := s.byName[name]; ok {
+		return w, nil
 	}
-	w.removed = true
-	delete(s.byName, name)
-	s.workers = slices.DeleteFunc(s.workers, func(x *worker) bool { return x == w })
-	for i, x := range s.workers {
-		x.order = i
-	}
-	s.leaving[name] = w
-	s.retireLocked(w)
-	done := s.sweepLocked(nil)
-	s.changed.notify()
-	return done, nil
+	return nil, fmt.Errorf("scheduler: no worker %q", name)
 }
 
 // forgetter is a StatsReader that holds per-worker state (*stats.Tracker).
@@ -185,46 +175,28 @@ func (s *Scheduler) retireLocked(w *worker) {
 // SetDraining stops (or resumes) new requests to a worker; queued
 // requests that no other worker can serve are refused.
 func (s *Scheduler) SetDraining(name string, draining bool) error {
-	done, err := s.setDraining(name, draining)
-	s.finish(done)
-	return err
-}
-
-// setDraining is SetDraining under s.mu, returning the tickets it ended.
-func (s *Scheduler) setDraining(name string, draining bool) ([]*Ticket, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, ok := s.byName[name]
-	if !ok {
-		return nil, fmt.Errorf("scheduler: no worker %q", name)
-	}
-	w.draining = draining
-	done := s.sweepLocked(s.dispatchLocked())
-	s.changed.notify()
-	return done, nil
+	return s.update(func() ([]*Ticket, error) {
+		w, err := s.named(name)
+		if err != nil {
+			return nil, err
+		}
+		w.draining = draining
+		return s.sweepLocked(s.dispatchLocked()), nil
+	})
 }
 
 // UpdateWorker replaces a worker's spec in place. Its requests in flight
 // and their cost stay, so a config reload cannot admit a fresh full batch
 // while the old leases still run.
 func (s *Scheduler) UpdateWorker(spec WorkerSpec) error {
-	done, err := s.updateWorker(spec)
-	s.finish(done)
-	return err
-}
-
-// updateWorker is UpdateWorker under s.mu, returning the tickets it ended.
-func (s *Scheduler) updateWorker(spec WorkerSpec) ([]*Ticket, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, ok := s.byName[spec.Name]
-	if !ok {
-		return nil, fmt.Errorf("scheduler: no worker %q", spec.Name)
-	}
-	w.spec = spec
-	done := s.sweepLocked(s.dispatchLocked())
-	s.changed.notify()
-	return done, nil
+	return s.update(func() ([]*Ticket, error) {
+		w, err := s.named(spec.Name)
+		if err != nil {
+			return nil, err
+		}
+		w.spec = spec
+		return s.sweepLocked(s.dispatchLocked()), nil
+	})
 }
 
 // Kick places queued requests that have become placeable for reasons the
@@ -232,16 +204,7 @@ func (s *Scheduler) updateWorker(spec WorkerSpec) ([]*Ticket, error) {
 // more slots) and refuses those that no longer can be. The fleet calls it
 // when a snapshot changes.
 func (s *Scheduler) Kick() {
-	s.finish(s.kick())
-}
-
-// kick is Kick under s.mu, returning the tickets it ended.
-func (s *Scheduler) kick() []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	done := s.sweepLocked(s.dispatchLocked())
-	s.changed.notify()
-	return done
+	s.update(func() ([]*Ticket, error) { return s.sweepLocked(s.dispatchLocked()), nil })
 }
 
 // unplaceable names the refusal for a request no worker can take now

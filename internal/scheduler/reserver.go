@@ -83,87 +83,78 @@ func (s *Scheduler) startReserveLocked(t *Ticket, c choice) {
 	})
 }
 
-// reserved handles the ledger's answer to res. See the comment at the top
-// of this file.
+// reserved handles the ledger's answer to res (see the top of this
+// file): it gives the hold back and binds, queues or falls back.
 func (s *Scheduler) reserved(res *reservation, pick SharedPick, err error) {
-	s.finish(s.settleReserve(res, pick, err))
-}
-
-// settleReserve is reserved under s.mu, returning the tickets it ended.
-func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) []*Ticket {
-	t := res.t
-	model := t.req.Model
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.clock.Now()
-	w := res.hold
-	w.busy.move(w.inFlight(), now)
-	w.active--
-	w.cost -= res.holdCost
-	if w.active == 0 {
-		w.cost = 0
-	}
-	s.retireLocked(w)
-	delete(s.reserving, model)
-	t.res = nil
-	var done []*Ticket
-	ok := err == nil && pick.Index >= 0 && pick.Index < len(res.sc) && len(pick.Active) == len(res.sc)
-	switch {
-	case res.gone:
-		if ok {
-			s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
+	s.update(func() ([]*Ticket, error) {
+		t := res.t
+		model := t.req.Model
+		now := s.clock.Now()
+		w := res.hold
+		w.busy.move(w.inFlight(), now)
+		w.active--
+		w.cost -= res.holdCost
+		if w.active == 0 {
+			w.cost = 0
 		}
-	case ok && !res.elig[pick.Index].removed && !res.elig[pick.Index].draining:
-		for i, e := range res.elig {
-			res.tot[i] = res.sc[i].Score + res.aw*float64(pick.Active[i])
-			e.setRemoteLocked(pick.Active[i]-e.active, now)
-		}
-		s.bindReservedLocked(res, pick.Index, pick.Lease, pick.Active, now)
-		done = append(done, t)
-	case ok: // the worker it chose left meanwhile
-		s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
-		done = s.queueLocked(t, now, true)
-	case errors.Is(err, ErrLedgerDown):
-		// The local view is all there is: levels count this replica's
-		// streams only until the ledger answers again.
-		for _, e := range s.workers {
-			e.setRemoteLocked(0, now)
-		}
-		best := -1
-		for i, e := range res.elig {
-			if e.removed || e.draining || e.active >= s.ledger.l.LocalLimit(res.sc[i].Limit) {
-				continue
+		s.retireLocked(w)
+		delete(s.reserving, model)
+		t.res = nil
+		var done []*Ticket
+		ok := err == nil && pick.Index >= 0 && pick.Index < len(res.sc) && len(pick.Active) == len(res.sc)
+		switch {
+		case res.gone:
+			if ok {
+				s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
 			}
-			if best < 0 || (rankKey{res.tot[i], e.lastPick, e.order}).less(rankKey{res.tot[best], res.elig[best].lastPick, res.elig[best].order}) {
-				best = i
-			}
-		}
-		if best >= 0 {
-			s.bindReservedLocked(res, best, s.ledger.l.Adopt(res.sc[best].Worker), res.active, now)
-			done = append(done, t)
-		} else {
-			done = s.queueLocked(t, now, true)
-		}
-	default:
-		if errors.Is(err, ErrLedgerBusy) && len(pick.Active) == len(res.sc) {
-			// Full: the counts are the fleet at its busiest, the levels
-			// its streams run at now.
+		case ok && !res.elig[pick.Index].removed && !res.elig[pick.Index].draining:
 			for i, e := range res.elig {
+				res.tot[i] = res.sc[i].Score + res.aw*float64(pick.Active[i])
 				e.setRemoteLocked(pick.Active[i]-e.active, now)
 			}
+			s.bindReservedLocked(res, pick.Index, pick.Lease, pick.Active, now)
+			done = append(done, t)
+		case ok: // the worker it chose left meanwhile
+			s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
+			done = s.queueLocked(t, now, true)
+		case errors.Is(err, ErrLedgerDown):
+			// The local view is all there is: levels count this replica's
+			// streams only until the ledger answers again.
+			for _, e := range s.workers {
+				e.setRemoteLocked(0, now)
+			}
+			best := -1
+			for i, e := range res.elig {
+				if e.removed || e.draining || e.active >= s.ledger.l.LocalLimit(res.sc[i].Limit) {
+					continue
+				}
+				if best < 0 || (rankKey{res.tot[i], e.lastPick, e.order}).less(rankKey{res.tot[best], res.elig[best].lastPick, res.elig[best].order}) {
+					best = i
+				}
+			}
+			if best >= 0 {
+				s.bindReservedLocked(res, best, s.ledger.l.Adopt(res.sc[best].Worker), res.active, now)
+				done = append(done, t)
+			} else {
+				done = s.queueLocked(t, now, true)
+			}
+		default:
+			if errors.Is(err, ErrLedgerBusy) && len(pick.Active) == len(res.sc) {
+				// Full: the counts are the fleet at its busiest, the levels
+				// its streams run at now.
+				for i, e := range res.elig {
+					e.setRemoteLocked(pick.Active[i]-e.active, now)
+				}
+			}
+			done = s.queueLocked(t, now, true)
+			if !res.missed {
+				// Nothing freed meanwhile: the model waits for the next
+				// release or wake-up, not for another round trip now.
+				return append(done, s.dispatchExceptLocked(model, true)...), nil
+			}
 		}
-		done = s.queueLocked(t, now, true)
-		if !res.missed {
-			// Nothing freed meanwhile: the model waits for the next
-			// release or wake-up, not for another round trip now.
-			done = append(done, s.dispatchExceptLocked(model, true)...)
-			s.changed.notify()
-			return done
-		}
-	}
-	done = append(done, s.dispatchLocked()...)
-	s.changed.notify()
-	return done
+		return append(done, s.dispatchLocked()...), nil
+	})
 }
 
 // bindReservedLocked binds res's ticket to its candidate i with the

@@ -317,36 +317,47 @@ func (s *Scheduler) Policy() Policy { return s.cfg.Policy }
 // Close refuses every queued request with ErrClosed and every later one.
 func (s *Scheduler) Close() {
 	s.closing.Store(true)
-	s.finish(s.refuseAll())
+	s.update(func() ([]*Ticket, error) {
+		s.closed = true
+		var done []*Ticket
+		for _, q := range s.queues {
+			done = slices.AppendSeq(done, q.All())
+		}
+		clear(s.queues)
+		for _, t := range done {
+			s.ledger.gone(t)
+		}
+		for _, res := range s.reserving {
+			if !res.t.queued && !res.gone { // a new request waiting for the ledger
+				done = append(done, res.t)
+			}
+		}
+		for _, t := range done {
+			s.refuseLocked(t, nil, ErrClosed)
+		}
+		return done, nil
+	})
 	if s.ledger != nil {
 		s.ledger.wait() // the calls queued so far, the Unwaits above among them
 	}
 }
 
-// refuseAll is Close under s.mu: it refuses every queued request, and
-// every new one waiting for the ledger, returning them.
-func (s *Scheduler) refuseAll() []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	var done []*Ticket
-	for _, q := range s.queues {
-		done = slices.AppendSeq(done, q.All())
-	}
-	clear(s.queues)
-	for _, t := range done {
-		s.ledger.gone(t)
-	}
-	for _, res := range s.reserving {
-		if !res.t.queued && !res.gone { // a new request waiting for the ledger
-			done = append(done, res.t)
+// update runs fn under the lock and, unless it failed, wakes whoever waits
+// on Changed; then it ends the tickets fn ended, outside the lock. The
+// unlock is deferred: a term or predictor that panics fails this call
+// only, and leaves the lock free for the next.
+func (s *Scheduler) update(fn func() ([]*Ticket, error)) error {
+	done, err := func() ([]*Ticket, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		done, err := fn()
+		if err == nil {
+			s.changed.notify()
 		}
-	}
-	for _, t := range done {
-		s.refuseLocked(t, nil, ErrClosed)
-	}
-	s.changed.notify()
-	return done
+		return done, err
+	}()
+	s.finish(done)
+	return err
 }
 
 // finish ends tickets outside the lock: records, then wake-ups.

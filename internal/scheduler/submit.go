@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -72,19 +73,12 @@ func (s *Scheduler) Submit(req Request, notify func(*Ticket)) *Ticket {
 	t := &Ticket{req: req, notify: notify, done: make(chan struct{})}
 	t.entry = fairq.Entry[*Ticket]{Item: t, Arrival: now, Retry: req.Attempt > 1,
 		Tenant: req.Tenant, Flow: req.Flow, Bytes: int64(req.BodyBytes)}
-	s.finish(s.submit(t, now))
+	s.update(func() ([]*Ticket, error) {
+		s.seq++
+		t.entry.Seq = s.seq
+		return s.submitLocked(t, now), nil
+	})
 	return t
-}
-
-// submit is Submit under s.mu, returning the tickets it ended.
-func (s *Scheduler) submit(t *Ticket, now time.Time) []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.seq++
-	t.entry.Seq = s.seq
-	done := s.submitLocked(t, now)
-	s.changed.notify()
-	return done
 }
 
 func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
@@ -197,30 +191,25 @@ const deadlineMargin = 2
 // still queued, and reports whether it did. When it returns false the
 // ticket has ended already; if it was bound, the caller owns the lease.
 func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
-	done, ok := s.cancel(t, cause, s.clock.Now())
-	s.finish(done)
-	return ok
+	now := s.clock.Now()
+	return s.update(func() ([]*Ticket, error) {
+		if !t.queued && t.res == nil {
+			return nil, errEnded
+		}
+		if t.queued {
+			s.queues.unqueue(t, false)
+			s.ledger.gone(t)
+		}
+		rec := s.refusalRecordLocked(t.req, now)
+		s.refuseLocked(t, rec, cause)
+		// The head may have changed: a retry blocked by its exclusions can
+		// have been holding back requests that fit now.
+		return append(s.dispatchLocked(), t), nil
+	}) == nil
 }
 
-// cancel is Cancel under s.mu, returning the tickets it ended.
-func (s *Scheduler) cancel(t *Ticket, cause error, now time.Time) ([]*Ticket, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !t.queued && t.res == nil {
-		return nil, false
-	}
-	if t.queued {
-		s.queues.unqueue(t, false)
-		s.ledger.gone(t)
-	}
-	rec := s.refusalRecordLocked(t.req, now)
-	s.refuseLocked(t, rec, cause)
-	// The head may have changed: a retry blocked by its exclusions can
-	// have been holding back requests that fit now.
-	done := append(s.dispatchLocked(), t)
-	s.changed.notify()
-	return done, true
-}
+// errEnded tells update that Cancel found its ticket ended: nothing changed.
+var errEnded = errors.New("the ticket has ended")
 
 // QueueDepth returns how many requests wait for model.
 func (s *Scheduler) QueueDepth(model string) int {
