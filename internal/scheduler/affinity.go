@@ -52,7 +52,7 @@ func (s *Scheduler) affinityOn() bool {
 // matchOnLocked is how much of req's prefix w is believed to hold, for a
 // request outside a pick, as the Belief would say now.
 func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
-	if !s.affine(&req) {
+	if !s.conf.affine(&req) {
 		return 0
 	}
 	b := beliefSrc{conf: s.conf, now: s.clock.Now()}
@@ -147,7 +147,7 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 	room := headPick.room
 	budget := affinityMatchBudget
 	for _, t := range waiting {
-		if !s.affine(&t.req) {
+		if !s.conf.affine(&t.req) {
 			continue
 		}
 		holds := false

@@ -58,35 +58,32 @@ type Refusal struct {
 func (r *Refusal) Error() string { return r.Err.Error() }
 func (r *Refusal) Unwrap() error { return r.Err }
 
+// reasons are the stable codes of the sentinel errors.
+var reasons = []struct {
+	err  error
+	code string
+}{
+	{ErrQueueFull, "queue_full"},
+	{ErrQueueBytesFull, "queue_bytes_full"},
+	{ErrQueueTimeout, "queue_timeout"},
+	{ErrUnknownModel, "model_not_found"},
+	{ErrNoHealthyWorker, "no_healthy_worker"},
+	{ErrClientGone, "client_gone"},
+	{ErrClosed, "shutting_down"},
+	{ErrDeadlineUnmeetable, "deadline_unmeetable"},
+	{ErrPromptTooLong, "context_length_exceeded"},
+	{ErrUnknownClass, "unknown_priority_class"},
+	{ErrSLOUnmeetable, "slo_unmeetable"},
+	{ErrRouteNotServed, "route_not_served"},
+	{ErrAdapterLoad, "adapter_load_failed"},
+}
+
 // reasonOf returns the stable code of a sentinel error.
 func reasonOf(err error) string {
-	switch {
-	case errors.Is(err, ErrQueueFull):
-		return "queue_full"
-	case errors.Is(err, ErrQueueBytesFull):
-		return "queue_bytes_full"
-	case errors.Is(err, ErrQueueTimeout):
-		return "queue_timeout"
-	case errors.Is(err, ErrUnknownModel):
-		return "model_not_found"
-	case errors.Is(err, ErrNoHealthyWorker):
-		return "no_healthy_worker"
-	case errors.Is(err, ErrClientGone):
-		return "client_gone"
-	case errors.Is(err, ErrClosed):
-		return "shutting_down"
-	case errors.Is(err, ErrDeadlineUnmeetable):
-		return "deadline_unmeetable"
-	case errors.Is(err, ErrPromptTooLong):
-		return "context_length_exceeded"
-	case errors.Is(err, ErrUnknownClass):
-		return "unknown_priority_class"
-	case errors.Is(err, ErrSLOUnmeetable):
-		return "slo_unmeetable"
-	case errors.Is(err, ErrRouteNotServed):
-		return "route_not_served"
-	case errors.Is(err, ErrAdapterLoad):
-		return "adapter_load_failed"
+	for _, r := range reasons {
+		if errors.Is(err, r.err) {
+			return r.code
+		}
 	}
 	return "internal"
 }

@@ -6,22 +6,26 @@ import "fmt"
 // in (indexes into p.views) that pass, compacted in place, and marks each
 // one it drops with why; explain puts the reason in words when a record
 // is read. A worker's reason is the first rule that dropped it, in code
-// order. A new rule is a type, a code and its entry in filters.
+// order. A new rule is a type, a code and its entry in filters (and, for
+// a rule, in rulesWhy).
 type filter interface {
 	keep(p *pick, in []int32, why uint8) []int32
 	explain(pr *pickRecord, sl *slot) string
 }
 
-// A rule is a filter whose verdict on a view depends on the view and the
-// pick alone; every filter from whyDraining through whyFull is one.
+// A rule is an eligibility rule whose verdict on a view depends on the
+// view and the pick alone; every filter from whyDraining through whyFull
+// is one, made a filter by ruleFilter.
 type rule interface {
-	filter
 	passes(p *pick, v *view) bool
+	explain(pr *pickRecord, sl *slot) string
 }
 
-// keepRule is the keep of a rule r.
-func keepRule(p *pick, in []int32, why uint8, r rule) []int32 {
-	return keepIf(p, in, why, func(v *view) bool { return r.passes(p, v) })
+// ruleFilter is a rule as a filter.
+type ruleFilter struct{ rule }
+
+func (f ruleFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepIf(p, in, why, func(v *view) bool { return f.passes(p, v) })
 }
 
 // keepRules runs the rules whyDraining through whyFull over in, in one
@@ -87,15 +91,15 @@ const (
 
 // filters are the rules by code.
 var filters = [...]filter{
-	whyDraining: drainingFilter{},
-	whyDown:     healthFilter{},
-	whyLoading:  loadingFilter{},
-	whyModel:    modelFilter{},
-	whyRoute:    routeFilter{},
-	whyExcluded: excludedFilter{},
-	whyKind:     kindFilter{},
-	whyContext:  contextFilter{},
-	whyFull:     limitFilter{},
+	whyDraining: ruleFilter{drainingFilter{}},
+	whyDown:     ruleFilter{healthFilter{}},
+	whyLoading:  ruleFilter{loadingFilter{}},
+	whyModel:    ruleFilter{modelFilter{}},
+	whyRoute:    ruleFilter{routeFilter{}},
+	whyExcluded: ruleFilter{excludedFilter{}},
+	whyKind:     ruleFilter{kindFilter{}},
+	whyContext:  ruleFilter{contextFilter{}},
+	whyFull:     ruleFilter{limitFilter{}},
 	whyAdapter:  adapterFilter{},
 	whyKVFit:    kvFitFilter{},
 	whySLO:      sloFilter{},
@@ -119,9 +123,6 @@ func keepIf(p *pick, in []int32, why uint8, ok func(v *view) bool) []int32 {
 // drainingFilter keeps out a worker being drained.
 type drainingFilter struct{}
 
-func (f drainingFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (drainingFilter) passes(_ *pick, v *view) bool      { return !v.draining }
 func (drainingFilter) explain(*pickRecord, *slot) string { return "draining" }
 
@@ -129,9 +130,6 @@ func (drainingFilter) explain(*pickRecord, *slot) string { return "draining" }
 // requests in a row); a worker not yet probed is eligible.
 type healthFilter struct{}
 
-func (f healthFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (healthFilter) passes(_ *pick, v *view) bool { return v.snap.Health != HealthDown }
 func (healthFilter) explain(_ *pickRecord, sl *slot) string {
 	return "unhealthy: " + sl.snap.HealthReason
@@ -141,9 +139,6 @@ func (healthFilter) explain(_ *pickRecord, sl *slot) string {
 // as discovered, else as configured.
 type modelFilter struct{}
 
-func (f modelFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (modelFilter) passes(_ *pick, v *view) bool { return v.serving }
 func (modelFilter) explain(pr *pickRecord, _ *slot) string {
 	return fmt.Sprintf("does not serve model %q", pr.req.Model)
@@ -152,9 +147,6 @@ func (modelFilter) explain(pr *pickRecord, _ *slot) string {
 // excludedFilter keeps a retry away from the workers it already failed on.
 type excludedFilter struct{}
 
-func (f excludedFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (excludedFilter) passes(p *pick, v *view) bool { return !excluded(&p.req, v.w) }
 func (excludedFilter) explain(*pickRecord, *slot) string {
 	return "already failed this request"
@@ -164,9 +156,6 @@ func (excludedFilter) explain(*pickRecord, *slot) string {
 // prompt (tooLong).
 type contextFilter struct{}
 
-func (f contextFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (contextFilter) passes(p *pick, v *view) bool { return !tooLong(v.snap, &p.req) }
 func (contextFilter) explain(pr *pickRecord, sl *slot) string {
 	return fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, sl.snap.ContextTokens)
@@ -176,9 +165,6 @@ func (contextFilter) explain(pr *pickRecord, sl *slot) string {
 // than its concurrency limit. The baselines have no limit.
 type limitFilter struct{}
 
-func (f limitFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (limitFilter) passes(p *pick, v *view) bool { return p.baseline || v.active < v.lim.limit }
 func (limitFilter) explain(_ *pickRecord, sl *slot) string {
 	return fmt.Sprintf("at max_concurrency (%d/%d)", sl.active, sl.limit)

@@ -11,9 +11,6 @@ import (
 // another worker goes only to an engine that knows how to continue it.
 type kindFilter struct{}
 
-func (f kindFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (kindFilter) passes(p *pick, v *view) bool { return kindAllowed(&p.req, v.w) }
 
 func (kindFilter) explain(pr *pickRecord, _ *slot) string {

@@ -11,9 +11,6 @@ import (
 // inside the worker, and waiting is not pointless for it.
 type loadingFilter struct{}
 
-func (f loadingFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (loadingFilter) passes(p *pick, v *view) bool { return !loading(v.snap, p.req.Model) }
 
 func (loadingFilter) explain(pr *pickRecord, sl *slot) string {

@@ -10,9 +10,6 @@ import (
 // wasted slot.
 type routeFilter struct{}
 
-func (f routeFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (routeFilter) passes(p *pick, v *view) bool { return v.w.servesRoute(p.req.Route) }
 
 func (routeFilter) explain(pr *pickRecord, _ *slot) string {

@@ -168,7 +168,6 @@ type Scheduler struct {
 	terms    []WeightedTerm
 	clock    Clock
 	prefix   string
-	closing  atomic.Bool
 
 	classes  []Class // in priority order
 	defClass int     // index of the default class
@@ -295,7 +294,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	}
 	if cfg.PrefixIndex != nil || cfg.KVIndex != nil {
 		for _, wt := range s.terms {
-			if _, ok := wt.Term.(readsPrefix); ok && wt.Weight != 0 {
+			if _, ok := wt.Term.(prefixMatch); ok && wt.Weight != 0 {
 				s.prefixWeighted = true
 			}
 		}
@@ -316,7 +315,6 @@ func (s *Scheduler) Policy() Policy { return s.cfg.Policy }
 
 // Close refuses every queued request with ErrClosed and every later one.
 func (s *Scheduler) Close() {
-	s.closing.Store(true)
 	s.update(func() ([]*Ticket, error) {
 		s.closed = true
 		var done []*Ticket

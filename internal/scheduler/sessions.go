@@ -16,10 +16,6 @@ import "github.com/sluice-router/sluice/internal/sessions"
 // the session hint; the record adds where the session key came from.
 const prefixSourceSession = "session hint"
 
-// affine reports whether req has anything the prefix term can match: prompt
-// blocks, or a session the table may know.
-func (s *Scheduler) affine(req *Request) bool { return s.conf.affine(req) }
-
 // sessionMatch raises c's prefix match to the session hint's when c
 // served req's session last (e, nil when unknown) and the hint says more.
 // The hint holds only for a prompt that may extend the previous one: no

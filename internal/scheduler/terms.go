@@ -90,43 +90,24 @@ func (activeRequests) Provenance(*Env, *Candidate) (string, time.Time, bool) {
 	return "sluice in-flight count", time.Time{}, false
 }
 
-// queueLength is the worker's own waiting queue as its telemetry reports
-// it, absolute; missing or stale readings are neutral (telemetryTerm).
-type queueLength struct{}
-
-func (queueLength) Name() string { return "queue_length" }
-func (queueLength) Reward() bool { return false }
-func (queueLength) Score(env *Env, c []Candidate, raw, norm []float64) {
-	telemetryTerm(env, c, raw, norm, readQueue, 0)
-}
-func (queueLength) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
-	return readingProvenance(env, c.Snap.QueueLen)
+// scraped is a term scoring one telemetry reading (which); missing or
+// stale readings are neutral (telemetryTerm), fallback when no candidate
+// has one. Sluice's are the worker's own waiting queue (queue_length, a
+// count), the fraction of its KV cache in use (kv_pressure) and its GPU's
+// utilisation (gpu_util).
+type scraped struct {
+	name     string
+	which    uint8
+	fallback float64
 }
 
-// kvPressure is the fraction of the worker's KV cache in use, 0..1;
-// missing readings are neutral.
-type kvPressure struct{}
-
-func (kvPressure) Name() string { return "kv_pressure" }
-func (kvPressure) Reward() bool { return false }
-func (kvPressure) Score(env *Env, c []Candidate, raw, norm []float64) {
-	telemetryTerm(env, c, raw, norm, readKV, 0.5)
+func (t scraped) Name() string { return t.name }
+func (scraped) Reward() bool   { return false }
+func (t scraped) Score(env *Env, c []Candidate, raw, norm []float64) {
+	telemetryTerm(env, c, raw, norm, t.which, t.fallback)
 }
-func (kvPressure) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
-	return readingProvenance(env, c.Snap.KVPressure)
-}
-
-// gpuUtil is the GPU's utilisation, 0..1; unknown is neutral as for
-// kvPressure.
-type gpuUtil struct{}
-
-func (gpuUtil) Name() string { return "gpu_util" }
-func (gpuUtil) Reward() bool { return false }
-func (gpuUtil) Score(env *Env, c []Candidate, raw, norm []float64) {
-	telemetryTerm(env, c, raw, norm, readGPU, 0.5)
-}
-func (gpuUtil) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
-	return readingProvenance(env, c.Snap.GPUUtil)
+func (t scraped) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
+	return readingProvenance(env, *readingOf(c.Snap, t.which))
 }
 
 // The telemetry readings a term scores, as constants so the loop over
@@ -196,30 +177,23 @@ func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, which uint8, fa
 	}
 }
 
-// latency is the worker's time-to-first-token EMA in milliseconds,
-// normalised by ratioToMax.
-type latency struct{}
-
-func (latency) Name() string { return "latency" }
-func (latency) Reward() bool { return false }
-func (latency) Score(_ *Env, c []Candidate, raw, norm []float64) {
-	ratioToMax(c, raw, norm, emaTTFT)
-}
-func (latency) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
-	return emaProvenance(c, emaTTFT, "ema ttft_ms")
+// averaged is a term scoring one of Sluice's measured averages (which),
+// normalised by ratioToMax: the time to first token (latency) and, a
+// reward, the per-stream decode rate (throughput).
+type averaged struct {
+	name   string
+	which  uint8
+	reward bool
+	label  string // the average's name in records
 }
 
-// throughput is the worker's per-stream decode tokens/s EMA, normalised by
-// ratioToMax. It is a reward: faster workers score lower.
-type throughput struct{}
-
-func (throughput) Name() string { return "throughput" }
-func (throughput) Reward() bool { return true }
-func (throughput) Score(_ *Env, c []Candidate, raw, norm []float64) {
-	ratioToMax(c, raw, norm, emaDecodeTPS)
+func (t averaged) Name() string { return t.name }
+func (t averaged) Reward() bool { return t.reward }
+func (t averaged) Score(_ *Env, c []Candidate, raw, norm []float64) {
+	ratioToMax(c, raw, norm, t.which)
 }
-func (throughput) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
-	return emaProvenance(c, emaDecodeTPS, "ema decode_tps")
+func (t averaged) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
+	return emaProvenance(c, t.which, t.label)
 }
 
 // The measured averages a term scores (constants, as for readings).
@@ -318,12 +292,12 @@ func emaProvenance(c *Candidate, which uint8, name string) (string, time.Time, b
 func DefaultTerms(w Weights) []WeightedTerm {
 	return []WeightedTerm{
 		{activeRequests{}, w.ActiveRequests},
-		{queueLength{}, w.QueueLength},
-		{latency{}, w.Latency},
+		{scraped{"queue_length", readQueue, 0}, w.QueueLength},
+		{averaged{"latency", emaTTFT, false, "ema ttft_ms"}, w.Latency},
 		{jobCost{}, w.JobCost},
-		{throughput{}, w.Throughput},
-		{kvPressure{}, w.KVPressure},
-		{gpuUtil{}, w.GPUUtil},
+		{averaged{"throughput", emaDecodeTPS, true, "ema decode_tps"}, w.Throughput},
+		{scraped{"kv_pressure", readKV, 0.5}, w.KVPressure},
+		{scraped{"gpu_util", readGPU, 0.5}, w.GPUUtil},
 		{prefixMatch{}, w.Prefix},
 	}
 }
@@ -334,24 +308,11 @@ type WeightedTerm struct {
 	Weight float64
 }
 
-// readsTelemetry is a Term that reads scraped telemetry, whose stale
+// isTelemetry reports whether a term reads scraped telemetry, whose stale
 // readings a record marks.
-type readsTelemetry interface{ telemetry() }
-
-func (queueLength) telemetry() {}
-func (kvPressure) telemetry()  {}
-func (gpuUtil) telemetry()     {}
-
-// isTelemetry reports whether a term reads scraped telemetry.
 func isTelemetry(t Term) bool {
-	_, ok := t.(readsTelemetry)
+	_, ok := t.(scraped)
 	return ok
 }
-
-// readsPrefix is a Term that reads the candidates' prefix match: the
-// prefix index is asked at a pick only while one of them has a weight.
-type readsPrefix interface{ prefix() }
-
-func (prefixMatch) prefix() {}
 
 func clamp01(v float64) float64 { return min(max(v, 0), 1) }
