@@ -3,9 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
-	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/lora"
@@ -24,54 +22,19 @@ import (
 // first. A failed load is forgotten, and Admit places the request again
 // elsewhere.
 
-// AdapterSpec is a LoRA adapter the configuration names.
-type AdapterSpec struct {
-	// Name is what requests put in "model".
-	Name string `json:"name"`
-	// Base is the model the adapter applies to.
-	Base string `json:"base"`
-	// Path is where a worker loads it from (vLLM's lora_path).
-	Path string `json:"path,omitempty"`
-}
-
-// AdapterInfo is an adapter a worker reports holding.
-type AdapterInfo struct {
-	// Name is the adapter's name (vLLM's model id; for llama.cpp the
-	// configured name of its file, else the file's base name).
-	Name string `json:"name"`
-	// Base is the model it applies to, when the worker says.
-	Base string `json:"base,omitempty"`
-	// Source names where this came from, e.g. "vllm /v1/models".
-	Source string `json:"source,omitempty"`
-}
-
-// AdapterLoader loads an adapter on a worker (vLLM's POST
-// /v1/load_lora_adapter). It is called outside the scheduler's lock.
-type AdapterLoader interface {
-	LoadAdapter(ctx context.Context, worker string, a AdapterSpec) error
-}
-
-// AdapterConfig configures LoRA adapters (Config.Adapters).
-type AdapterConfig struct {
-	// Adapters are the adapters the configuration names.
-	Adapters []AdapterSpec
-	// LoadOnDemand lets a request for a configured adapter go to a
-	// worker that can load it (WorkerSpec.LoadsAdapters) when no holder
-	// has room.
-	LoadOnDemand bool
-	// MaxReplicas bounds how many workers may hold an adapter loaded on
-	// demand; DefaultAdapterReplicas when 0.
-	MaxReplicas int
-	// Loader makes the loads; without one nothing is loaded on demand.
-	Loader AdapterLoader
-	// LoadTimeout bounds one load; DefaultAdapterLoadTimeout when 0.
-	LoadTimeout time.Duration
-}
+// The LoRA adapter types are package lora's.
+type (
+	AdapterSpec   = lora.Spec   // an adapter the configuration names
+	AdapterInfo   = lora.Info   // an adapter a worker reports holding
+	AdapterLoader = lora.Loader // loads an adapter on a worker
+	AdapterConfig = lora.Config // configures adapters (Config.Adapters)
+	AdapterState  = lora.State  // an adapter a worker holds, in WorkerState
+)
 
 // Defaults of AdapterConfig.
 const (
-	DefaultAdapterReplicas    = 2
-	DefaultAdapterLoadTimeout = 2 * time.Minute
+	DefaultAdapterReplicas    = lora.DefaultReplicas
+	DefaultAdapterLoadTimeout = lora.DefaultLoadTimeout
 )
 
 // ErrAdapterLoad: the request's adapter could be loaded on no worker.
@@ -80,11 +43,10 @@ var ErrAdapterLoad = errors.New("the LoRA adapter could not be loaded on any wor
 // adapterPick is what a pick knows of the request's adapter: which it is,
 // and how many workers hold it.
 type adapterPick struct {
-	spec       AdapterSpec
-	configured bool // named by the configuration (so loadable on demand)
-	holders    int  // workers holding it or loading it
-	max        int
-	onDemand   bool
+	spec     AdapterSpec
+	holders  int // workers holding it or loading it
+	max      int
+	onDemand bool
 }
 
 // adapterOf returns what the pick must know of model when it names a
@@ -94,22 +56,15 @@ func (s *Scheduler) adapterOf(model string) *adapterPick {
 		return nil
 	}
 	if spec, ok := s.adapters[model]; ok {
-		return &adapterPick{spec: spec, configured: true, max: s.adapterMax(), onDemand: s.cfg.Adapters.LoadOnDemand && s.cfg.Adapters.Loader != nil}
+		return &adapterPick{spec: spec, max: s.cfg.Adapters.Replicas(), onDemand: s.cfg.Adapters.LoadOnDemand && s.cfg.Adapters.Loader != nil}
 	}
 	return nil
-}
-
-func (s *Scheduler) adapterMax() int {
-	if n := s.cfg.Adapters.MaxReplicas; n > 0 {
-		return n
-	}
-	return DefaultAdapterReplicas
 }
 
 // holdsLocked reports whether w holds adapter a, as its telemetry lists
 // it or Sluice loaded it there, or is loading it (lora.Holdings.Holds).
 func (w *worker) holdsLocked(snap *Snapshot, a string) bool {
-	return w.adapters.Holds(a, slices.ContainsFunc(snap.Adapters, func(ai AdapterInfo) bool { return ai.Name == a }))
+	return w.adapters.Holds(a, snap.Adapters)
 }
 
 // servesAdapterLocked reports whether w could ever run a request for ap,
@@ -130,7 +85,7 @@ func (p *pick) resolveAdapter() {
 			ap.holders++
 		}
 		if !v.serving {
-			v.serving = v.holds || (ap.configured && v.w.serves(v.snap, ap.spec.Base))
+			v.serving = v.holds || v.w.serves(v.snap, ap.spec.Base)
 		}
 		if v.snap.Models == nil && v.snap.Health != HealthDown && !v.w.removed {
 			unknown = true
@@ -193,29 +148,18 @@ func (l *Lease) Ready(ctx context.Context) error {
 	s := l.s
 	select {
 	case <-ld.Turn():
-		timeout := s.cfg.Adapters.LoadTimeout
-		if timeout <= 0 {
-			timeout = DefaultAdapterLoadTimeout
-		}
 		// The load serves every request bound there meanwhile: the
 		// client that set it off may leave without cancelling it.
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Adapters.Timeout())
 		err := s.cfg.Adapters.Loader.LoadAdapter(lctx, l.Worker, s.adapters[ld.Name])
 		cancel()
 		s.loadDone(l.w, ld, err)
-		return wrapLoad(l.Worker, ld)
+		return ld.Error(l.Worker)
 	case <-ld.Done():
-		return wrapLoad(l.Worker, ld)
+		return ld.Error(l.Worker)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-func wrapLoad(worker string, ld *lora.Load) error {
-	if ld.Err() == nil {
-		return nil
-	}
-	return fmt.Errorf("load LoRA adapter %q on %s: %w", ld.Name, worker, ld.Err())
 }
 
 // loadDone ends a load, successful or not, and places the requests
@@ -226,42 +170,6 @@ func (s *Scheduler) loadDone(w *worker, ld *lora.Load, err error) {
 		w.adapters.Settle(ld, err, now)
 		return s.sweepLocked(s.dispatchLocked()), nil
 	})
-}
-
-// adaptersOfLocked lists what w holds, for WorkerState: what it reports,
-// what Sluice loaded there, and what it is loading.
-func (w *worker) adaptersOfLocked(snap *Snapshot) []AdapterState {
-	var out []AdapterState
-	for _, ai := range snap.Adapters {
-		out = append(out, AdapterState{Name: ai.Name, Base: ai.Base, State: "loaded", Source: ai.Source})
-	}
-	names, at := w.adapters.Loaded()
-	for i, name := range names {
-		if !slices.ContainsFunc(out, func(a AdapterState) bool { return a.Name == name }) {
-			out = append(out, AdapterState{Name: name, State: "loaded", Source: "loaded by Sluice", At: at[i]})
-		}
-	}
-	for _, ld := range w.adapters.Loads() {
-		out = append(out, AdapterState{Name: ld.Name, Base: ld.Base, State: "loading", Source: "loading by Sluice"})
-	}
-	slices.SortFunc(out, func(a, b AdapterState) int {
-		if a.Name < b.Name {
-			return -1
-		} else if a.Name > b.Name {
-			return 1
-		}
-		return 0
-	})
-	return out
-}
-
-// AdapterState is one adapter a worker holds, in WorkerState.
-type AdapterState struct {
-	Name   string    `json:"name"`
-	Base   string    `json:"base,omitempty"`
-	State  string    `json:"state"` // "loaded" or "loading"
-	Source string    `json:"source,omitempty"`
-	At     time.Time `json:"loaded_at,omitzero"`
 }
 
 // Adapters returns the configured adapters with each one's base, for

@@ -25,7 +25,7 @@ func (adapterFilter) explain(pr *pickRecord, sl *slot) string {
 	switch {
 	case sl.loadable:
 		return fmt.Sprintf("LoRA adapter %q not loaded; a worker holding it had room", a.spec.Name)
-	case !a.configured || !a.onDemand:
+	case !a.onDemand:
 		return fmt.Sprintf("LoRA adapter %q not loaded (no load on demand)", a.spec.Name)
 	case a.holders >= a.max:
 		return fmt.Sprintf("LoRA adapter %q not loaded; already on %d workers (max_replicas %d)", a.spec.Name, a.holders, a.max)

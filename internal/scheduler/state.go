@@ -96,7 +96,7 @@ func (s *Scheduler) Workers() []WorkerState {
 				Name: g.Name, Models: g.Models, Health: g.Health, Reason: snap.HealthReason,
 				Draining: g.Draining, Active: g.Active, OtherReplicas: g.OtherReplicas, JobCost: w.cost,
 				Limit: g.Limit, Learned: g.Learned, Cap: g.Cap, LimitSource: lims[i].Source.String(), Floor: g.Floor,
-				Snapshot: snap, Adapters: w.adaptersOfLocked(snap),
+				Snapshot: snap, Adapters: w.adapters.States(snap.Adapters),
 			})
 			lasts = append(lasts, last{w.last, w.lastIdx})
 			if !s.limits.Fixed {
