@@ -12,6 +12,17 @@ type busy struct {
 	at       time.Time // when active last changed
 }
 
+// take adds n requests in flight (n < 0: ends them) of cost tokens to w
+// at now.
+func (w *worker) take(n int, cost float64, now time.Time) {
+	w.busy.move(w.inFlight(), now)
+	w.active += n
+	w.cost += cost
+	if w.active == 0 {
+		w.cost = 0 // no float drift on an idle worker
+	}
+}
+
 // inFlight is the worker's requests in flight across replicas.
 func (w *worker) inFlight() int { return w.active + w.remote }
 

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -78,14 +79,8 @@ func sortClasses(cs []Class) ([]Class, int) {
 		cs = DefaultClasses()
 	}
 	def := cs[0].Name
-	out := make([]Class, len(cs))
-	copy(out, cs)
-	// Insertion sort keeps equal priorities in configuration order.
-	for i := 1; i < len(out); i++ {
-		for j := i; j > 0 && cmp.Less(out[j].Priority, out[j-1].Priority); j-- {
-			out[j], out[j-1] = out[j-1], out[j]
-		}
-	}
+	out := slices.Clone(cs)
+	slices.SortStableFunc(out, func(a, b Class) int { return cmp.Compare(a.Priority, b.Priority) })
 	for i, c := range out {
 		if c.Name == def {
 			return out, i

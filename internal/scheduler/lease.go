@@ -105,12 +105,7 @@ func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Tick
 	s.ledger.releaseLease(l)
 	s.kvDoneLocked(l)
 	l.unbindAdapter()
-	l.w.busy.move(l.w.inFlight(), now)
-	l.w.active--
-	l.w.cost -= l.cost
-	if l.w.active == 0 {
-		l.w.cost = 0 // no float drift on an idle worker
-	}
+	l.w.take(-1, -l.cost, now)
 	s.retireLocked(l.w)
 	if q := s.queues[l.model]; q != nil {
 		// A backlog drains at the tokens produced when known, else at
@@ -163,9 +158,7 @@ func (l *Lease) ExpectedCachedTokens() int { return l.found.CachedTokens }
 func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Time) {
 	w, rec := c.w, c.rec
 	cost := s.expectedCost(w, t.req)
-	w.busy.move(w.inFlight(), now)
-	w.active++
-	w.cost += cost
+	w.take(1, cost, now)
 	s.picks++
 	w.lastPick = s.picks
 	wait := now.Sub(t.entry.Arrival)

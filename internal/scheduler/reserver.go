@@ -65,10 +65,7 @@ func (s *Scheduler) startReserveLocked(t *Ticket, c choice) {
 	res, w, rec := c.pending, c.w, c.rec
 	res.t, res.hold = t, w
 	res.holdCost = s.expectedCost(w, t.req)
-	now := s.clock.Now()
-	w.busy.move(w.inFlight(), now)
-	w.active++
-	w.cost += res.holdCost
+	w.take(1, res.holdCost, s.clock.Now())
 	t.res = res
 	t.rec = rec
 	s.reserving[t.req.Model] = res
@@ -90,14 +87,8 @@ func (s *Scheduler) reserved(res *reservation, pick SharedPick, err error) {
 		t := res.t
 		model := t.req.Model
 		now := s.clock.Now()
-		w := res.hold
-		w.busy.move(w.inFlight(), now)
-		w.active--
-		w.cost -= res.holdCost
-		if w.active == 0 {
-			w.cost = 0
-		}
-		s.retireLocked(w)
+		res.hold.take(-1, -res.holdCost, now)
+		s.retireLocked(res.hold)
 		delete(s.reserving, model)
 		t.res = nil
 		var done []*Ticket
