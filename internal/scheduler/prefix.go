@@ -28,52 +28,16 @@ type PrefixCapacity interface {
 	SetCapacity(worker string, tokens int)
 }
 
-// CacheReport is a worker's own account of the prompt prefixes its KV
-// cache holds (llama.cpp /slots): the chained block hashes of each slot's
-// prompt text, computed with the proxy's block function. Immutable once
-// published.
-//
-// A fresh report raises the index's guess when it holds more, and never
-// lowers it: a report lists the slots' KV only (not llama-server's
-// host-memory prompt cache), lags the requests sent since, and hashes the
-// chat template's text rather than the router's rendering, so its silence
-// is not evidence. A report older than Config.StaleAfter is set aside.
-type CacheReport struct {
-	// Source names the report, e.g. "llama.cpp /slots".
-	Source string `json:"source"`
-	// At is when the worker was asked.
-	At time.Time `json:"at"`
-	// Blocks holds the chained block hashes of every slot's prompt.
-	Blocks map[uint64]struct{} `json:"-"`
-	// NBlocks is len(Blocks), for /api/workers.
-	NBlocks int `json:"blocks"`
-	// Slots is the number of slots that reported a prompt.
-	Slots int `json:"slots"`
-}
-
-// Match returns the fraction of hashes, counted from the first, that the
-// report holds; 0 for no hashes or a nil report.
-func (r *CacheReport) Match(hashes []uint64) float64 {
-	if r == nil || len(hashes) == 0 {
-		return 0
-	}
-	n := 0
-	for _, h := range hashes {
-		if _, ok := r.Blocks[h]; !ok {
-			break
-		}
-		n++
-	}
-	return float64(n) / float64(len(hashes))
-}
-
 // Belief is what the scheduler believes a worker holds of one request's
 // prompt prefix in its KV cache. Every source feeds it in one place
 // (beliefSrc.set), in this order, and the prefix term, the backlog rules,
 // the prediction and the record all read it:
 //
 //  1. the router index's guess (PrefixIndex);
-//  2. the worker's own report (CacheReport), raising it when fresh;
+//  2. the worker's own report (CacheReport), raising it when fresh and
+//     holding more, never lowering it: a report lists the slots' KV only,
+//     lags the requests sent since and hashes the chat template's text,
+//     so its silence is not evidence;
 //  3. the session hint (sessions.go), raising it for the session's worker;
 //  4. the worker's KV-cache events (KVIndex), which replace it when they
 //     can answer, raised by the blocks of requests in flight there
