@@ -143,14 +143,11 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 type hold uint8
 
 const (
-	// holdNone: it can be placed, or it waits for room as every request
-	// of its model does.
+	// holdNone: it can be placed, or waits for room as all its model does.
 	holdNone hold = iota
-	// holdKVFit: its prompt fits no eligible worker's free KV cache
-	// (kvfit.go).
+	// holdKVFit: its prompt fits no eligible worker's KV cache (kvfit.go).
 	holdKVFit
-	// holdPromise: it waits for a worker predicted to keep its promise
-	// (promise.go).
+	// holdPromise: it waits for a worker that keeps its promise (promise.go).
 	holdPromise
 )
 

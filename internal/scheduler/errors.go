@@ -10,11 +10,9 @@ import (
 var (
 	// ErrQueueFull: the model's queue is at max_queue.
 	ErrQueueFull = errors.New("admission queue is full")
-	// ErrQueueBytesFull: the requests waiting hold Config.MaxQueueBytes
-	// of bodies, or would with this one.
+	// ErrQueueBytesFull: the waiting requests' bodies reach MaxQueueBytes.
 	ErrQueueBytesFull = errors.New("the requests waiting in the admission queue hold as many bytes of request bodies as it keeps")
-	// ErrQueueTimeout: the request waited queue_timeout without a worker
-	// freeing up.
+	// ErrQueueTimeout: the request waited its deadline in the queue.
 	ErrQueueTimeout = errors.New("timed out waiting in the admission queue")
 	// ErrUnknownModel: no configured worker serves the model.
 	ErrUnknownModel = errors.New("no worker serves this model")
@@ -25,17 +23,14 @@ var (
 	ErrClientGone = errors.New("client disconnected while queued")
 	// ErrClosed: the scheduler is shutting down.
 	ErrClosed = errors.New("scheduler is shutting down")
-	// ErrPromptTooLong: the prompt is longer than the context of every
-	// worker serving the model (as they report it).
+	// ErrPromptTooLong: the prompt exceeds every serving worker's context.
 	ErrPromptTooLong = errors.New("the prompt is longer than the context of every worker serving this model")
 	// ErrDeadlineUnmeetable: the work queued ahead, at the model's drain
 	// rate, would keep the request waiting past its class's deadline.
 	ErrDeadlineUnmeetable = errors.New("the request cannot be served within its class's queue deadline")
-	// ErrUnknownClass: the request names a priority class that is not
-	// configured.
+	// ErrUnknownClass: the request names a class that is not configured.
 	ErrUnknownClass = errors.New("unknown priority class")
-	// ErrRouteNotServed: workers serve the model, but none of them serves
-	// the request's route.
+	// ErrRouteNotServed: no worker of the model serves the request's route.
 	ErrRouteNotServed = errors.New("no worker serving this model serves this route")
 )
 

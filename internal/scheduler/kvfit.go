@@ -7,19 +7,14 @@ import (
 )
 
 // The KV-fit rule (Config.KVFit, docs/routing.md): pass over an eligible
-// worker whose KV cache cannot take the request's prompt now, and when no
-// eligible worker can, hold the request in Sluice's queue rather than
-// inside a worker, where it would wait behind work Sluice cannot reorder.
-// It is a filter, not a score term: "the prompt does not fit there now"
-// is an estimate of a fact, not a preference.
-//
-// The tokens in use are the larger of Sluice's own requests in flight
-// there (their job cost) and the worker's fresh KVPressure reading times
-// its pool (KVPoolTokens): each bounds a different part from below. A
-// worker with no known pool is never passed over. When nobody fits, a
-// worker with none of this replica's requests in flight is kept, so a
-// stale or foreign reading cannot hold a request with nothing to wait
-// for; with a shared Ledger nothing is held.
+// worker whose KV cache cannot take the prompt now, and when none can,
+// hold the request in Sluice's queue rather than inside a worker, behind
+// work Sluice cannot reorder. The tokens in use are the larger of
+// Sluice's own job cost there and the worker's fresh KVPressure times its
+// pool; a worker with no known pool is never passed over. When nobody
+// fits, a worker with none of this replica's requests is kept, so a stale
+// or foreign reading cannot hold a request with nothing to wait for; with
+// a shared Ledger nothing is held.
 
 // kvRoom is the KV-fit rule's estimate of one worker's free KV cache at
 // a pick.

@@ -50,9 +50,8 @@ type WorkerState struct {
 }
 
 // PredictionState is how a worker's predictions have held up: the median
-// relative error of its recent time-to-first-token and decode-rate
-// predictions, how many each is over, and whether admission by promise
-// trusts them (when not, why).
+// relative errors of its recent TTFT and decode predictions, and whether
+// admission by promise trusts them (when not, why).
 type PredictionState struct {
 	TTFTError   float64 `json:"ttft_error"`
 	DecodeError float64 `json:"decode_error"`

@@ -69,8 +69,7 @@ type Term interface {
 	// Score computes the term for every candidate.
 	Score(env *Env, cands []Candidate, raw, norm []float64)
 	// Provenance returns the source of c's raw value, when it was measured
-	// (zero: computed at decision time), and whether the value is a
-	// neutral stand-in for missing or stale data.
+	// (zero: computed now), and whether it is a neutral stand-in.
 	Provenance(env *Env, c *Candidate) (source string, at time.Time, neutral bool)
 }
 
@@ -90,11 +89,9 @@ func (activeRequests) Provenance(*Env, *Candidate) (string, time.Time, bool) {
 	return "sluice in-flight count", time.Time{}, false
 }
 
-// scraped is a term scoring one telemetry reading (which); missing or
-// stale readings are neutral (telemetryTerm), fallback when no candidate
-// has one. Sluice's are the worker's own waiting queue (queue_length, a
-// count), the fraction of its KV cache in use (kv_pressure) and its GPU's
-// utilisation (gpu_util).
+// scraped is a term scoring one telemetry reading (which): the worker's
+// own queue, its KV cache use or its GPU's utilisation. Missing or stale
+// readings are neutral (telemetryTerm), fallback when nobody reports one.
 type scraped struct {
 	name     string
 	which    uint8
