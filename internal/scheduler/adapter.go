@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"slices"
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/lora"
@@ -171,7 +170,3 @@ func (s *Scheduler) loadDone(w *worker, ld *lora.Load, err error) {
 		return s.sweepLocked(s.dispatchLocked()), nil
 	})
 }
-
-// Adapters returns the configured adapters with each one's base, for
-// /v1/models.
-func (s *Scheduler) Adapters() []AdapterSpec { return slices.Clone(s.cfg.Adapters.Adapters) }

@@ -163,9 +163,7 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 	w.lastPick = s.picks
 	wait := now.Sub(t.entry.Arrival)
 	if rec != nil {
-		rec.Outcome = "bound"
-		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
-		rec.QueueDepth = t.depth
+		rec.Outcome, rec.QueueWaitMs, rec.QueueDepth = "bound", float64(wait)/float64(time.Millisecond), t.depth
 	}
 	s.recordPrefixLocked(t.req, w)
 	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
@@ -201,11 +199,8 @@ func (s *Scheduler) refuseLocked(t *Ticket, rec *decisions.Record, cause error) 
 	ref := &Refusal{Err: cause, Reason: reasonOf(cause), RetryAfter: clampRetryAfter(retry), QueueWait: wait}
 	if rec != nil {
 		// The record's pick chose nobody: it reserved nothing.
-		rec.Chosen = ""
-		rec.Outcome = ref.Reason
-		rec.Reason = cause.Error()
-		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
-		rec.QueueDepth = t.depth
+		rec.Chosen, rec.Outcome, rec.Reason = "", ref.Reason, cause.Error()
+		rec.QueueWaitMs, rec.QueueDepth = float64(wait)/float64(time.Millisecond), t.depth
 		ref.DecisionID = rec.ID
 	}
 	t.rec = rec

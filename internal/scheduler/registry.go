@@ -207,15 +207,6 @@ func (s *Scheduler) Kick() {
 	s.update(func() ([]*Ticket, error) { return s.sweepLocked(s.dispatchLocked()), nil })
 }
 
-// unplaceable names the refusal for a request no worker can take now
-// under a baseline policy.
-func (s *Scheduler) unplaceable(req Request) error {
-	if err, _ := s.admissibleLocked(req); err != nil {
-		return err
-	}
-	return ErrNoHealthyWorker
-}
-
 // admissibleLocked returns the error that makes waiting pointless for
 // req: no worker serves the model, or none that does could ever take it.
 // A loading worker counts as capacity on its way. speculative says no

@@ -104,25 +104,22 @@ func (s *Scheduler) Workers() []WorkerState {
 			}
 		}
 	}()
+	// Explaining builds the breakdown: do it outside the routing lock.
+	p := s.cfg.Predictor
 	for i := range out {
 		out[i].LimitReason = lims[i].String()
 		if i < len(moves) && moves[i].Known {
 			m := moves[i]
 			out[i].LimitMoved = &LimitMove{At: m.At, From: m.From, To: m.State.Learned, Why: m.State.String()}
 		}
-	}
-	if p := s.cfg.Predictor; p != nil {
-		for i := range out {
+		if p != nil {
 			var ps PredictionState
 			ps.TTFTError, ps.DecodeError, ps.TTFTN, ps.DecodeN = p.MedianErrors(out[i].Name)
 			ps.Trusted, ps.Untrusted = p.Trusted(out[i].Name)
 			ps.RunTTFT, ps.RunDecode = p.RunErrors(out[i].Name)
 			out[i].Prediction = &ps
 		}
-	}
-	// Explaining builds the breakdown: do it outside the routing lock.
-	for i, l := range lasts {
-		if l.rec != nil {
+		if l := lasts[i]; l.rec != nil {
 			c := l.rec.Explain().Candidates[l.idx]
 			out[i].LastTerms, out[i].LastScoredAt = &c, l.rec.Time
 		}

@@ -1,9 +1,9 @@
 package scheduler
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -121,8 +121,8 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 			s.bindLocked(t, c, "", now)
 			return []*Ticket{t}
 		} else if s.cfg.Policy != PolicySluice {
-			rec := s.refusalRecordLocked(t.req, now)
-			s.refuseLocked(t, rec, s.unplaceable(t.req))
+			why, _ := s.admissibleLocked(t.req)
+			s.refuseLocked(t, s.refusalRecordLocked(t.req, now), cmp.Or(why, ErrNoHealthyWorker))
 			return []*Ticket{t}
 		}
 	}
@@ -258,6 +258,3 @@ func (s *Scheduler) QueueDepthsByClass() map[string]map[string]int {
 	}
 	return out
 }
-
-// Classes returns the priority classes in priority order.
-func (s *Scheduler) Classes() []Class { return slices.Clone(s.classes) }
