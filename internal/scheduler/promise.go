@@ -18,7 +18,7 @@ import (
 const (
 	// AdmitByLimits judges workers by their learned concurrency limits.
 	AdmitByLimits = "limits"
-	// AdmitBySLO judges them by the predicted promise (above).
+	// AdmitBySLO judges them by the predicted promise (package promise).
 	AdmitBySLO = "slo"
 )
 
