@@ -47,9 +47,8 @@ type Entry[T any] struct {
 // queueing: serving a request of cost c advances its tenant's start tag by
 // c/weight. Within a tenant its flows share the tenant's turns the same
 // way, each with weight 1, so a tenant gains nothing by splitting its
-// requests into more flows. Within a flow requests go in arrival order:
-// output lengths are unknown up front, and cheapest-first, tried,
-// lengthened the wait of the long prompts it passed over (p99).
+// requests into more flows. Within a flow requests go in arrival order,
+// since output lengths are unknown up front.
 type Queue[T any] struct {
 	retries []*Entry[T] // in arrival order
 	classes []classQueue[T]
@@ -372,8 +371,9 @@ func (q *Queue[T]) Behind(head *Entry[T], bound time.Duration, max int) []T {
 // higher classes first, then within its class what fair share lets
 // through while e's flow works off its own backlog (the fluid picture of
 // fair queueing: each other flow of its tenant gets as much, each other
-// tenant weight/weight(e) as much as e's tenant). Nothing is ahead in no
-// queue (q nil).
+// tenant weight/weight(e) as much as e's tenant). A tenant's flows share
+// its part, so many sessions of one tenant do not put many shares ahead
+// of another's request. Nothing is ahead in no queue (q nil).
 func (q *Queue[T]) Ahead(e *Entry[T], weight float64) float64 {
 	w := 0.0
 	if q == nil {

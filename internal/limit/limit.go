@@ -3,56 +3,39 @@
 // "auto" (the default), or below the hand-set cap when it is a number.
 // Its values are plain: the scheduler computes a worker's State from an
 // Input under its own lock, and keeps the Move of each worker.
+// docs/routing.md (Adaptive concurrency) describes it for operators.
 //
 // # The controller
 //
-// A GPU does not degrade gracefully: one more stream on a busy card can
-// slow every stream on it. So the limit is learned per worker from what
-// its streams achieved at each concurrency level (stats.Level: the moving
-// averages of per-stream decode rate, its spread, and time to first token
-// of requests that ran with k in flight on the worker), against a floor,
-// the per-stream decode rate every stream should keep.
-//
-// Holding a request in Sluice's queue costs it its wait for a free stream;
-// admitting it costs the streams beside it some decode rate. On traffic of
-// long prompts each prefill stalls its neighbours, so a floor on decode
-// rates alone would settle on one or two streams per card and make every
-// request wait for its first token. So a worker starts at its cap (its
-// reported slots, else DefaultCap) and the limit is lowered only where a
-// level is measured worse on both counts:
+// One more stream on a busy GPU can slow every stream on it, while a
+// request held in Sluice's queue pays its wait in time to first token. So
+// a worker starts at its cap (its reported slots, else DefaultCap) and
+// the limit is lowered only where a level (stats.Level: the averages of
+// requests that ran with k in flight) is measured worse on both counts:
 //
 //   - a level with fewer than MinSamples samples is assumed good;
 //   - level k ≥ 2 is bad when its pessimistic decode rate (mean minus one
-//     standard deviation, about the 16th percentile) is under the floor
-//     and its mean time to first token is longer than a request held at
-//     k-1 streams would see: level k-1's time to first token plus the
-//     wait for one of its k-1 streams to end, the worker's mean
-//     end-to-end time over k-1;
+//     standard deviation) is under the floor and its mean time to first
+//     token is longer than a request held at k-1 streams would see
+//     (heldTTFT);
 //   - the limit is then k-1 for the lowest bad level; a bad level's
 //     verdict expires after ProbeAfter without samples, so a worker that
 //     recovered is tried at that level again;
 //   - the worker's own telemetry caps the limit at what is in flight when
-//     it says it is saturated: requests waiting in its own queue, or its
-//     KV cache nearly full.
+//     it says it is saturated (its own queue, or a nearly full KV cache).
 //
-// The limit is a pure function of measured averages, so it moves only
-// when the measurements do, and the averages move by a fraction of each
-// sample's gap: it cannot oscillate faster than samples arrive. This is
-// the shape of TCP Vegas and of gradient limiters (Netflix
-// concurrency-limits, Envoy's adaptive concurrency), with the target here
-// the user's promise, per-stream tokens/s, rather than a latency ratio.
-//
-// The floor, when not set, is FloorFraction of the best solo decode rate
-// (level 1) measured among the workers of the model, so a fleet is judged
-// against its own fastest card without hand tuning.
+// The limit is a pure function of measured averages, which move by a
+// fraction of each sample's gap, so it cannot oscillate faster than
+// samples arrive (the shape of TCP Vegas and of gradient limiters, with
+// per-stream tokens/s as the target). The floor, when not set, is
+// FloorFraction of the best solo decode rate among the model's workers.
 //
 // # Borrowing under a backlog
 //
 // When the oldest request waiting for a model has waited BorrowAfter or
-// longer, each worker may take one more stream than its learned limit
-// for every BorrowAfter waited, up to its cap: the fleet trades some
-// decode rate for time to first token only while requests are actually
-// waiting, and the decision record says so.
+// longer, each worker may take one more stream than its learned limit for
+// every BorrowAfter waited, up to its cap: decode rate is traded for time
+// to first token only while requests are actually waiting.
 package limit
 
 import (

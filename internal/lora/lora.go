@@ -6,10 +6,86 @@
 package lora
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 )
+
+// Spec is a LoRA adapter the configuration names.
+type Spec struct {
+	// Name is what requests put in "model".
+	Name string `json:"name"`
+	// Base is the model the adapter applies to.
+	Base string `json:"base"`
+	// Path is where a worker loads it from (vLLM's lora_path).
+	Path string `json:"path,omitempty"`
+}
+
+// Info is an adapter a worker reports holding.
+type Info struct {
+	// Name is the adapter's name (vLLM's model id; for llama.cpp the
+	// configured name of its file, else the file's base name).
+	Name string `json:"name"`
+	// Base is the model it applies to, when the worker says.
+	Base string `json:"base,omitempty"`
+	// Source names where this came from, e.g. "vllm /v1/models".
+	Source string `json:"source,omitempty"`
+}
+
+// Loader loads an adapter on a worker (vLLM's POST /v1/load_lora_adapter).
+// It is called outside the scheduler's lock.
+type Loader interface {
+	LoadAdapter(ctx context.Context, worker string, a Spec) error
+}
+
+// Config configures LoRA adapters.
+type Config struct {
+	// Adapters are the adapters the configuration names.
+	Adapters []Spec
+	// LoadOnDemand lets a request for a configured adapter go to a worker
+	// that can load it when no holder has room.
+	LoadOnDemand bool
+	// MaxReplicas bounds how many workers may hold an adapter loaded on
+	// demand; DefaultReplicas when 0.
+	MaxReplicas int
+	// Loader makes the loads; without one nothing is loaded on demand.
+	Loader Loader
+	// LoadTimeout bounds one load; DefaultLoadTimeout when 0.
+	LoadTimeout time.Duration
+}
+
+// Defaults of Config.
+const (
+	DefaultReplicas    = 2
+	DefaultLoadTimeout = 2 * time.Minute
+)
+
+// Replicas is MaxReplicas, or its default.
+func (c *Config) Replicas() int {
+	if c.MaxReplicas > 0 {
+		return c.MaxReplicas
+	}
+	return DefaultReplicas
+}
+
+// Timeout is LoadTimeout, or its default.
+func (c *Config) Timeout() time.Duration {
+	if c.LoadTimeout > 0 {
+		return c.LoadTimeout
+	}
+	return DefaultLoadTimeout
+}
+
+// State is one adapter a worker holds or is loading, for the admin view.
+type State struct {
+	Name   string    `json:"name"`
+	Base   string    `json:"base,omitempty"`
+	State  string    `json:"state"` // "loaded" or "loading"
+	Source string    `json:"source,omitempty"`
+	At     time.Time `json:"loaded_at,omitzero"`
+}
 
 // Holdings are one worker's loads and loaded adapters. The zero value
 // holds none.
@@ -37,14 +113,14 @@ type Load struct {
 var ErrAbandoned = errors.New("every request bound to the load left before it was made")
 
 // Holds reports whether the worker holds adapter name or is loading it;
-// reported says its telemetry lists it. Once the telemetry lists an
+// reported is what its telemetry lists. Once the telemetry lists an
 // adapter Sluice loaded there, the telemetry alone says: a worker that
 // restarts without it stops holding it at its next scrape.
-func (h *Holdings) Holds(name string, reported bool) bool {
+func (h *Holdings) Holds(name string, reported []Info) bool {
 	if h.loads[name] != nil {
 		return true
 	}
-	if reported {
+	if slices.ContainsFunc(reported, func(ai Info) bool { return ai.Name == name }) {
 		delete(h.loaded, name)
 		return true
 	}
@@ -111,6 +187,33 @@ func (h *Holdings) forget(ld *Load) {
 	}
 }
 
+// States lists what the worker holds: what it reports, what Sluice loaded
+// there, and what it is loading, sorted by name.
+func (h *Holdings) States(reported []Info) []State {
+	var out []State
+	for _, ai := range reported {
+		out = append(out, State{Name: ai.Name, Base: ai.Base, State: "loaded", Source: ai.Source})
+	}
+	names, at := h.Loaded()
+	for i, name := range names {
+		if !slices.ContainsFunc(out, func(a State) bool { return a.Name == name }) {
+			out = append(out, State{Name: name, State: "loaded", Source: "loaded by Sluice", At: at[i]})
+		}
+	}
+	for _, ld := range h.Loads() {
+		out = append(out, State{Name: ld.Name, Base: ld.Base, State: "loading", Source: "loading by Sluice"})
+	}
+	slices.SortFunc(out, func(a, b State) int {
+		if a.Name < b.Name {
+			return -1
+		} else if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
 // Loaded returns the names of the adapters Sluice loaded that the
 // telemetry does not list yet, with when, sorted by name.
 func (h *Holdings) Loaded() (names []string, at []time.Time) {
@@ -147,3 +250,12 @@ func (ld *Load) Done() <-chan struct{} { return ld.done }
 
 // Err is the load's outcome, once Done is closed.
 func (ld *Load) Err() error { return ld.err }
+
+// Error is the load's failure on worker as a request's error; nil when it
+// succeeded.
+func (ld *Load) Error(worker string) error {
+	if ld.err == nil {
+		return nil
+	}
+	return fmt.Errorf("load LoRA adapter %q on %s: %w", ld.Name, worker, ld.err)
+}

@@ -11,11 +11,11 @@ import (
 // forgotten when every request bound to it left before taking its turn.
 func TestHoldings_AbandonedLoadIsForgotten(t *testing.T) {
 	var h Holdings
-	if h.Holds("sql", false) || h.Loading("sql") != nil {
+	if h.Holds("sql", nil) || h.Loading("sql") != nil {
 		t.Fatal("an empty worker holds an adapter")
 	}
 	ld := h.Start("sql", "base")
-	if !h.Holds("sql", false) || h.Loading("sql") != ld {
+	if !h.Holds("sql", nil) || h.Loading("sql") != ld {
 		t.Fatal("a load due does not count as holding, or later binds do not join it")
 	}
 	h.Leave(ld)
@@ -26,8 +26,8 @@ func TestHoldings_AbandonedLoadIsForgotten(t *testing.T) {
 	}
 	h.Leave(ld)
 	<-ld.Done()
-	if !errors.Is(ld.Err(), ErrAbandoned) || h.Holds("sql", false) {
-		t.Fatalf("abandoned load: err %v, held %v; want ErrAbandoned and not held", ld.Err(), h.Holds("sql", false))
+	if !errors.Is(ld.Err(), ErrAbandoned) || h.Holds("sql", nil) {
+		t.Fatalf("abandoned load: err %v, held %v; want ErrAbandoned and not held", ld.Err(), h.Holds("sql", nil))
 	}
 }
 
@@ -53,16 +53,16 @@ func TestHoldings_SettledLoadIsHeldUntilReported(t *testing.T) {
 	if names, at := h.Loaded(); !slices.Equal(names, []string{"sql"}) || !at[0].Equal(now) || len(h.Loads()) != 0 {
 		t.Fatalf("loaded %v at %v, loads %v; want sql loaded now and no load", names, at, h.Loads())
 	}
-	if !h.Holds("sql", false) {
+	if !h.Holds("sql", nil) {
 		t.Fatal("a loaded adapter is not held before the telemetry lists it")
 	}
-	if !h.Holds("sql", true) || h.Holds("sql", false) {
+	if !h.Holds("sql", []Info{{Name: "sql"}}) || h.Holds("sql", nil) {
 		t.Fatal("once reported, the telemetry alone should say whether it is held")
 	}
 	failed := h.Start("chat", "base")
 	<-failed.Turn()
 	h.Settle(failed, errors.New("boom"), now)
-	if failed.Err() == nil || h.Holds("chat", false) {
+	if failed.Err() == nil || h.Holds("chat", nil) {
 		t.Fatal("a failed load is held")
 	}
 }

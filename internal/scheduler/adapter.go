@@ -3,92 +3,37 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"fmt"
-	"slices"
-	"time"
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/lora"
 )
 
-// LoRA adapters.
+// LoRA adapters (docs/routing.md, LoRA adapters). A request whose model
+// names an adapter runs on a worker that holds it: its telemetry lists it
+// (Snapshot.Adapters), or a load Sluice made there succeeded or is
+// running. With AdapterConfig.LoadOnDemand a worker that serves the base
+// model and loads adapters at run time may be chosen to load it, while
+// fewer than MaxReplicas workers hold it (filter_adapter.go).
 //
-// A request whose model names a LoRA adapter runs on a worker that holds
-// the adapter loaded over its base model. A worker holds an adapter when
-// its telemetry lists it (Snapshot.Adapters: vLLM's /v1/models entries
-// with a parent, llama.cpp's /lora-adapters), when a load Sluice made
-// there succeeded, or while such a load runs (the request then waits for
-// it before it is sent). With AdapterConfig.LoadOnDemand, a worker that
-// serves the base model and can load adapters at run time
-// (WorkerSpec.LoadsAdapters: vLLM with runtime LoRA updating) may be
-// chosen to load it, while fewer than MaxReplicas workers hold it: the
-// adapter rule (filter_adapter.go) keeps a holder with room over any
-// loader, so an adapter goes to a new card only when its holders are
-// full, and never to more than MaxReplicas cards.
-//
-// The load is a network call, so it is never made under the scheduler's
-// lock: the pick only notes that the chosen worker will get the adapter
-// (a lora.Load, counted as a holder by later picks), and Lease.Ready,
-// which Admit calls after the bind, makes the call through the
-// AdapterLoader outside the lock. Later requests bound to the same worker
-// meanwhile wait for the same load; whichever of the requests bound to it
-// is ready first makes it, so a request released before Ready (its
-// client left as it was bound) leaves the load to the others, and a load
-// no request is left to make is forgotten at the last release. A failed
-// load is forgotten too (the worker does not hold the adapter) and Admit
-// places the request again elsewhere, excluding that worker; when no
-// worker is left it refuses it with ErrAdapterLoad naming the load's
-// error.
+// A load is a network call, never made under the lock: the pick notes a
+// lora.Load on the chosen worker, and Lease.Ready makes the call. Leases
+// bound there meanwhile wait for the same load, made by whichever is ready
+// first. A failed load is forgotten, and Admit places the request again
+// elsewhere.
 
-// AdapterSpec is a LoRA adapter the configuration names.
-type AdapterSpec struct {
-	// Name is what requests put in "model".
-	Name string `json:"name"`
-	// Base is the model the adapter applies to.
-	Base string `json:"base"`
-	// Path is where a worker loads it from (vLLM's lora_path).
-	Path string `json:"path,omitempty"`
-}
-
-// AdapterInfo is an adapter a worker reports holding.
-type AdapterInfo struct {
-	// Name is the adapter's name (vLLM's model id; for llama.cpp the
-	// configured name of its file, else the file's base name).
-	Name string `json:"name"`
-	// Base is the model it applies to, when the worker says.
-	Base string `json:"base,omitempty"`
-	// Source names where this came from, e.g. "vllm /v1/models".
-	Source string `json:"source,omitempty"`
-}
-
-// AdapterLoader loads an adapter on a worker: vLLM's POST
-// /v1/load_lora_adapter. It is called outside the scheduler's lock, and
-// on success the worker's telemetry should list the adapter from then on.
-type AdapterLoader interface {
-	LoadAdapter(ctx context.Context, worker string, a AdapterSpec) error
-}
-
-// AdapterConfig configures LoRA adapters (Config.Adapters).
-type AdapterConfig struct {
-	// Adapters are the adapters the configuration names.
-	Adapters []AdapterSpec
-	// LoadOnDemand lets a request for a configured adapter go to a
-	// worker that does not hold it but can load it (WorkerSpec.
-	// LoadsAdapters), when no holder has room.
-	LoadOnDemand bool
-	// MaxReplicas bounds how many workers may hold an adapter loaded on
-	// demand; DefaultAdapterReplicas when 0.
-	MaxReplicas int
-	// Loader makes the loads; without one nothing is loaded on demand.
-	Loader AdapterLoader
-	// LoadTimeout bounds one load; DefaultAdapterLoadTimeout when 0.
-	LoadTimeout time.Duration
-}
+// The LoRA adapter types are package lora's.
+type (
+	AdapterSpec   = lora.Spec   // an adapter the configuration names
+	AdapterInfo   = lora.Info   // an adapter a worker reports holding
+	AdapterLoader = lora.Loader // loads an adapter on a worker
+	AdapterConfig = lora.Config // configures adapters (Config.Adapters)
+	AdapterState  = lora.State  // an adapter a worker holds, in WorkerState
+)
 
 // Defaults of AdapterConfig.
 const (
-	DefaultAdapterReplicas    = 2
-	DefaultAdapterLoadTimeout = 2 * time.Minute
+	DefaultAdapterReplicas    = lora.DefaultReplicas
+	DefaultAdapterLoadTimeout = lora.DefaultLoadTimeout
 )
 
 // ErrAdapterLoad: the request's adapter could be loaded on no worker.
@@ -97,43 +42,32 @@ var ErrAdapterLoad = errors.New("the LoRA adapter could not be loaded on any wor
 // adapterPick is what a pick knows of the request's adapter: which it is,
 // and how many workers hold it.
 type adapterPick struct {
-	spec       AdapterSpec
-	configured bool // named by the configuration (so loadable on demand)
-	holders    int  // workers holding it or loading it
-	max        int
-	onDemand   bool
+	spec     AdapterSpec
+	holders  int // workers holding it or loading it
+	max      int
+	onDemand bool
 }
 
-// adapterOf returns what the pick must know of model when it names
-// an adapter, configured or reported by a worker; nil otherwise. A name
-// that is also some worker's base model is a model, not an adapter.
+// adapterOf returns what the pick must know of model when it names a
+// configured adapter; nil otherwise.
 func (s *Scheduler) adapterOf(model string) *adapterPick {
 	if s.adapters == nil {
 		return nil
 	}
 	if spec, ok := s.adapters[model]; ok {
-		return &adapterPick{spec: spec, configured: true, max: s.adapterMax(), onDemand: s.cfg.Adapters.LoadOnDemand && s.cfg.Adapters.Loader != nil}
+		return &adapterPick{spec: spec, max: s.cfg.Adapters.Replicas(), onDemand: s.cfg.Adapters.LoadOnDemand && s.cfg.Adapters.Loader != nil}
 	}
 	return nil
-}
-
-func (s *Scheduler) adapterMax() int {
-	if n := s.cfg.Adapters.MaxReplicas; n > 0 {
-		return n
-	}
-	return DefaultAdapterReplicas
 }
 
 // holdsLocked reports whether w holds adapter a, as its telemetry lists
 // it or Sluice loaded it there, or is loading it (lora.Holdings.Holds).
 func (w *worker) holdsLocked(snap *Snapshot, a string) bool {
-	return w.adapters.Holds(a, slices.ContainsFunc(snap.Adapters, func(ai AdapterInfo) bool { return ai.Name == a }))
+	return w.adapters.Holds(a, snap.Adapters)
 }
 
-// servesAdapterLocked reports whether w could ever run a request for the
-// configured adapter ap, so that waiting for it is not pointless: it
-// holds it, or serves its base model and may load adapters (the adapter
-// rule then says whether it may load this one now).
+// servesAdapterLocked reports whether w could ever run a request for ap,
+// so that waiting is not pointless: it holds it, or may load it.
 func (w *worker) servesAdapterLocked(snap *Snapshot, ap *adapterPick) bool {
 	return w.holdsLocked(snap, ap.spec.Name) || (ap.onDemand && w.spec.LoadsAdapters && w.serves(snap, ap.spec.Base))
 }
@@ -150,16 +84,15 @@ func (p *pick) resolveAdapter() {
 			ap.holders++
 		}
 		if !v.serving {
-			v.serving = v.holds || (ap.configured && v.w.serves(v.snap, ap.spec.Base))
+			v.serving = v.holds || v.w.serves(v.snap, ap.spec.Base)
 		}
 		if v.snap.Models == nil && v.snap.Health != HealthDown && !v.w.removed {
 			unknown = true
 		}
 	}
-	// No load while some worker's adapters are unknown: counting it as
-	// holding none could put the adapter on more than max_replicas cards
-	// once its first scrape says it had it all along. The request waits
-	// for that scrape (a telemetry change dispatches the queue).
+	// No load while some worker's adapters are unknown: its first scrape
+	// may show it held the adapter all along, which would put it on more
+	// than max_replicas cards. The request waits for that scrape.
 	for i := range p.views {
 		v := &p.views[i]
 		v.loadable = !v.holds && ap.onDemand && v.w.spec.LoadsAdapters && ap.holders < ap.max && !unknown
@@ -167,9 +100,9 @@ func (p *pick) resolveAdapter() {
 }
 
 // bindAdapter gives l, bound to w, the load it waits for when w does not
-// hold the request's adapter ap (nil: none) yet: the load running or due
-// there, or a new one (made at Lease.Ready). It returns what the record
-// says.
+// yet hold the request's adapter ap (nil: none): the one running there, or
+// a new one made at Lease.Ready. It returns the adapter's state for the
+// record.
 func (w *worker) bindAdapter(l *Lease, ap *adapterPick) string {
 	if ap == nil {
 		return ""
@@ -201,13 +134,11 @@ func adapterRecord(ap *adapterPick, state string) *decisions.Adapter {
 	return &decisions.Adapter{Name: ap.spec.Name, Base: ap.spec.Base, State: state, Holders: ap.holders, MaxReplicas: ap.max}
 }
 
-// Ready makes the lease's worker ready for its request: when the request
-// names a LoRA adapter the worker is still to load, it loads it (the
-// first lease bound there to be ready) or waits for the load (the
-// others), outside the scheduler's lock. It returns the load's error,
-// after which the caller releases the lease and places the request
-// elsewhere; nil when there is nothing to load. Admit calls it; a caller
-// of Submit must, or release the lease.
+// Ready makes the lease's worker ready for its request: when the request's
+// LoRA adapter is still to be loaded there, it loads it or waits for the
+// load already started, outside the scheduler's lock. It returns the
+// load's error, after which the caller releases the lease. Admit calls
+// it; a caller of Submit must, or release the lease.
 func (l *Lease) Ready(ctx context.Context) error {
 	ld := l.load
 	if ld == nil {
@@ -216,84 +147,26 @@ func (l *Lease) Ready(ctx context.Context) error {
 	s := l.s
 	select {
 	case <-ld.Turn():
-		timeout := s.cfg.Adapters.LoadTimeout
-		if timeout <= 0 {
-			timeout = DefaultAdapterLoadTimeout
-		}
 		// The load serves every request bound there meanwhile: the
 		// client that set it off may leave without cancelling it.
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Adapters.Timeout())
 		err := s.cfg.Adapters.Loader.LoadAdapter(lctx, l.Worker, s.adapters[ld.Name])
 		cancel()
 		s.loadDone(l.w, ld, err)
-		return wrapLoad(l.Worker, ld)
+		return ld.Error(l.Worker)
 	case <-ld.Done():
-		return wrapLoad(l.Worker, ld)
+		return ld.Error(l.Worker)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-func wrapLoad(worker string, ld *lora.Load) error {
-	if ld.Err() == nil {
-		return nil
-	}
-	return fmt.Errorf("load LoRA adapter %q on %s: %w", ld.Name, worker, ld.Err())
-}
-
-// loadDone ends a load: the worker holds the adapter from now on, or,
-// when it failed, does not, and the requests waiting for a holder may be
-// placed again.
+// loadDone ends a load, successful or not, and places the requests
+// waiting for a holder.
 func (s *Scheduler) loadDone(w *worker, ld *lora.Load, err error) {
-	s.finish(s.settleLoad(w, ld, err, s.clock.Now()))
-}
-
-// settleLoad is loadDone under s.mu, returning the tickets it ended.
-func (s *Scheduler) settleLoad(w *worker, ld *lora.Load, err error, now time.Time) []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w.adapters.Settle(ld, err, now)
-	done := s.sweepLocked(s.dispatchLocked())
-	s.changed.notify()
-	return done
-}
-
-// adaptersOfLocked lists what w holds, for WorkerState: what it reports,
-// what Sluice loaded there, and what it is loading.
-func (w *worker) adaptersOfLocked(snap *Snapshot) []AdapterState {
-	var out []AdapterState
-	for _, ai := range snap.Adapters {
-		out = append(out, AdapterState{Name: ai.Name, Base: ai.Base, State: "loaded", Source: ai.Source})
-	}
-	names, at := w.adapters.Loaded()
-	for i, name := range names {
-		if !slices.ContainsFunc(out, func(a AdapterState) bool { return a.Name == name }) {
-			out = append(out, AdapterState{Name: name, State: "loaded", Source: "loaded by Sluice", At: at[i]})
-		}
-	}
-	for _, ld := range w.adapters.Loads() {
-		out = append(out, AdapterState{Name: ld.Name, Base: ld.Base, State: "loading", Source: "loading by Sluice"})
-	}
-	slices.SortFunc(out, func(a, b AdapterState) int {
-		if a.Name < b.Name {
-			return -1
-		} else if a.Name > b.Name {
-			return 1
-		}
-		return 0
+	now := s.clock.Now()
+	s.update(func() ([]*Ticket, error) {
+		w.adapters.Settle(ld, err, now)
+		return s.sweepLocked(s.dispatchLocked()), nil
 	})
-	return out
 }
-
-// AdapterState is one adapter a worker holds, in WorkerState.
-type AdapterState struct {
-	Name   string    `json:"name"`
-	Base   string    `json:"base,omitempty"`
-	State  string    `json:"state"` // "loaded" or "loading"
-	Source string    `json:"source,omitempty"`
-	At     time.Time `json:"loaded_at,omitzero"`
-}
-
-// Adapters returns the configured adapters with each one's base, for
-// /v1/models.
-func (s *Scheduler) Adapters() []AdapterSpec { return slices.Clone(s.cfg.Adapters.Adapters) }

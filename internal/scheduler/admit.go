@@ -8,15 +8,11 @@ import (
 )
 
 // Admit blocks until req is bound to a worker, and returns the lease, or
-// until it is refused: the queue is full, it waited its class's deadline
-// (max_queue_wait, else QueueTimeout), it could not meet that deadline,
-// ctx ended (the client went away), no worker could ever take it. Every
-// refusal is a *Refusal wrapping one of the package's sentinel errors.
-//
-// When the request's LoRA adapter is to be loaded on the chosen worker,
-// Admit loads it (Lease.Ready) before returning the lease; a failed load
-// places the request again on another worker, and when none is left
-// refuses it with ErrAdapterLoad.
+// until it is refused (queue full, deadline passed or unmeetable, ctx
+// ended, no worker could ever take it): a *Refusal wrapping one of the
+// package's sentinel errors. A LoRA adapter to load is loaded
+// (Lease.Ready) before it returns; a failed load places the request again
+// on another worker, or refuses it with ErrAdapterLoad.
 func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	var loadErr error
 	for {
@@ -45,10 +41,8 @@ func (s *Scheduler) admit(ctx context.Context, req Request) (*Lease, error) {
 	}
 	timer := s.clock.NewTimer(s.maxWait(req.Class))
 	defer timer.Stop()
-	// Waiting long enough lets workers borrow over their learned limit
-	// (limit.Config.BorrowAfter), but nothing else need happen meanwhile
-	// to trigger a placement: the model's step places the queue again
-	// (borrowstep.go).
+	// Borrowing over learned limits needs a placement when the wait
+	// crosses BorrowAfter (borrowstep.go).
 	if s.cfg.Policy == PolicySluice && !s.limits.Fixed {
 		defer s.stepWhileWaiting(req.Model)()
 	}

@@ -7,52 +7,32 @@ import (
 	"github.com/sluice-router/sluice/internal/limit"
 )
 
-// Prefix affinity under a backlog.
+// Prefix affinity under a backlog (docs/routing.md, Prefix-cache
+// affinity). Once requests wait, each release binds the queue's head to
+// the worker that freed, whoever holds its prefix. Two bounded rules keep
+// the affinity, only while the prefix term has a weight and never with a
+// shared Ledger (its waiting list orders binds across replicas):
 //
-// The prefix term alone has a say only when a request arrives to find
-// workers with room: once requests wait, each release binds the head of
-// the queue to the worker that freed, whoever holds its prefix, and a
-// worker at its learned limit takes nobody. Measured in virtual time (see
-// docs/benchmarks.md, *Prefix-cache affinity*), that is where the
-// affinity was lost at 80% and 95% load. Two rules keep it there, both
-// only while the prefix term has a weight, and both bounded:
-//
-//   - Holder first. When the head would be bound to a worker, a request
-//     waiting behind it (same class, arrived no more than MaxOvertake
-//     after it, among the first affinityScan) that the worker is expected
-//     to hold affinitySwapMargin more of goes instead; the head takes the
-//     next worker to free. That is an overtake within the aging bound the
-//     queue already promises (no request is passed by one that came more
-//     than MaxOvertake after it), so nobody waits long past its turn.
-//   - Cheap prefill, one more stream. A request that would otherwise wait
-//     may run on a worker at its learned limit (not its cap, not while the
-//     worker says it is saturated, not while the backlog already lets it
-//     borrow, not before the floor is known) when the worker is expected to hold at least
-//     affinityBorrowMatch of its prefix. The learned limit protects the
-//     decode rate of the streams already running, and what slows them most
-//     is the prefill of a newcomer, which stalls every stream on the card
-//     for as long as it takes; a request whose prefix is cached prefills a
-//     fraction of its prompt. It is one stream over the learned limit,
-//     never more, and never while a worker has room under its own limit,
-//     so a hot prefix cannot pull a queue onto its holder.
-//
-// Neither applies with a shared Ledger: its waiting list already orders
-// binds across replicas oldest first.
+//   - Holder first: a request waiting behind the head, within the aging
+//     bound and the first affinityScan, that the head's worker is expected
+//     to hold affinitySwapMargin more of goes there instead.
+//   - One more stream: a request that would otherwise wait may run one
+//     stream over a worker's learned limit (never its cap, nor while the
+//     worker reports saturation) when the worker holds at least
+//     affinityBorrowMatch of its prefix, since a cached prefix makes its
+//     prefill, which stalls the running streams, cheap.
 const (
 	// affinitySwapMargin is how much more of its prefix (0..1) a waiting
-	// request must be expected to find on a worker than the head does to
-	// be bound there before it.
+	// request must be expected to find on a worker than the head does.
 	affinitySwapMargin = 0.3
 	// affinityBorrowMatch is the least share of its prefix (0..1) a
-	// worker must be expected to hold for a request to run one stream over
-	// that worker's learned limit.
+	// worker must hold for a request to run one stream over its limit.
 	affinityBorrowMatch = 0.5
 	// affinityScan bounds how many waiting requests behind the head are
 	// looked at per bind, so a long queue costs no more than a short one.
 	affinityScan = 32
 	// affinityMatchBudget bounds the prefix lookups one bind makes for the
-	// one-more-stream rule behind the head, so a large fleet costs no more
-	// than a small one.
+	// one-more-stream rule, so a large fleet costs no more than a small one.
 	affinityMatchBudget = 256
 )
 
@@ -69,12 +49,10 @@ func (s *Scheduler) affinityOn() bool {
 	return false
 }
 
-// matchOnLocked is how much of req's prefix w is believed to hold: the
-// Belief the prefix term reads, for a request outside a pick (a waiting
-// one the holder-first rule looks at), from the session table and w's
-// requests in flight as they are now.
+// matchOnLocked is how much of req's prefix w is believed to hold, for a
+// request outside a pick, as the Belief would say now.
 func (s *Scheduler) matchOnLocked(req Request, w *worker) float64 {
-	if !s.affine(&req) {
+	if !s.conf.affine(&req) {
 		return 0
 	}
 	b := beliefSrc{conf: s.conf, now: s.clock.Now()}
@@ -100,8 +78,7 @@ func (p *pick) matchOn(i int) float64 {
 
 // affinityBorrow is the relaxation stage of a pick that found no worker
 // with room: workers full at their learned limit that hold enough of the
-// request's prefix become eligible for one stream more (see above),
-// appended to p.elig.
+// prefix become eligible for one stream more.
 func (p *pick) affinityBorrow() {
 	for i := range p.views {
 		v := &p.views[i]
@@ -125,17 +102,16 @@ func oneMoreRoom(v *view) bool {
 }
 
 // atLearnedLimit reports whether v's worker runs exactly its learned
-// limit, which is below its cap, with the floor known and no saturation
-// reported.
+// limit, below its cap, with the floor known and no saturation reported.
 func atLearnedLimit(v *view) bool {
 	lim, active := &v.lim, v.active
 	return lim.source == limit.Learned && lim.floor > 0 && lim.sat == limit.SatNone &&
 		lim.limit == lim.learned && active == lim.learned && active < lim.cap
 }
 
-// affinityOvertakeLocked applies the holder-first rule to q's head, whose
+// affinityOvertakeLocked applies the affinity rules to q's head, whose
 // pick chose headPick.w (nil: nobody). It returns the request to bind
-// instead, its worker and record, or nil to bind the head as planned.
+// instead and its choice, or nil.
 func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choice, now time.Time) (*Ticket, choice) {
 	if !s.affinityOn() {
 		return nil, choice{}
@@ -165,14 +141,13 @@ func (s *Scheduler) affinityOvertakeLocked(q *queue, head *Ticket, headPick choi
 		return nil, choice{}
 	}
 	// The head waits for room; someone behind it may run one stream over a
-	// holder's learned limit. Only the workers the head's pick found full
-	// at their learned limit can be that holder (or too short for the
-	// head's prompt but at their learned limit: a shorter one may fit): a
-	// cheap test before a pick, within a budget of lookups.
+	// holder's learned limit. Only the workers the head's pick found at
+	// their learned limit can be that holder: a cheap test before a pick,
+	// within a budget of lookups.
 	room := headPick.room
 	budget := affinityMatchBudget
 	for _, t := range waiting {
-		if !s.affine(&t.req) {
+		if !s.conf.affine(&t.req) {
 			continue
 		}
 		holds := false

@@ -2,17 +2,11 @@ package scheduler
 
 import "time"
 
-// Borrow steps.
-//
-// Workers may borrow over their learned limit once a model's oldest
-// queued request has waited limit.Config.BorrowAfter, and
-// nothing else need happen meanwhile, so something must place the queue
-// again when that wait crosses each BorrowAfter. One step per model does
-// it for all its waiters: a goroutine with one timer, due when the oldest
-// request waiting for the model will have waited another BorrowAfter,
-// which sweeps and dispatches (Kick) when it fires. It runs while Admit
-// has requests of the model waiting, and is armed again when one of them
-// leaves, since the oldest may be the one that left.
+// Borrow steps. Workers may borrow over their learned limit once a
+// model's oldest queued request has waited limit.Config.BorrowAfter, with
+// nothing else happening, so something must place the queue again then.
+// One goroutine per model with requests waiting in Admit does it: a timer
+// due when the oldest will have waited another BorrowAfter, which Kicks.
 
 // borrowStep is one model's step; its fields are under the scheduler's
 // lock.
@@ -23,9 +17,9 @@ type borrowStep struct {
 	stop    chan struct{} // closed when the last waiter left
 }
 
-// stepWhileWaiting counts a request of model waiting in Admit, starting
-// the model's step for the first, and returns what to call when it stops
-// waiting. The request must already be queued.
+// stepWhileWaiting counts a queued request of model waiting in Admit,
+// starting the model's step for the first, and returns what to call when
+// it stops waiting.
 func (s *Scheduler) stepWhileWaiting(model string) (leave func()) {
 	s.mu.Lock()
 	st := s.steps[model]

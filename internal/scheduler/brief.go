@@ -6,12 +6,8 @@ import (
 	"github.com/sluice-router/sluice/internal/limit"
 )
 
-// What probes, hooks and samplers read of the workers: the few fields
-// each needs, with none of Workers' explanations. Workers puts every
-// limit's reason in words, asks the predictor how it has held up and
-// builds the breakdown of each worker's latest decision, for the admin
-// view; /readyz, /metrics, the proxy's hooks and the dashboard's
-// sampler run far more often and need none of it.
+// Briefs and Gauges are the cheap views of the workers that probes,
+// metrics and samplers read often, without Workers' explanations.
 
 // WorkerBrief is who a worker is, what it serves and whether it takes
 // requests.
@@ -45,8 +41,7 @@ func (w *worker) briefLocked(snap *Snapshot) WorkerBrief {
 }
 
 // WorkerGauges are a worker's numbers as metrics and charts show them:
-// the fields of WorkerState of the same names, with the limit's reason
-// left unsaid.
+// WorkerState's fields of the same names.
 type WorkerGauges struct {
 	WorkerBrief
 	Active        int
@@ -58,9 +53,8 @@ type WorkerGauges struct {
 	Snapshot      *Snapshot
 }
 
-// Gauges returns every worker's gauges in configuration order. Each limit
-// is computed as Workers computes it, for a request of the worker's first
-// model, with each model's floor and queue wait found once.
+// Gauges returns every worker's gauges in configuration order, each limit
+// computed as Workers computes it.
 func (s *Scheduler) Gauges() []WorkerGauges {
 	now := s.clock.Now()
 	s.mu.Lock()

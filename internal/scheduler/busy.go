@@ -12,6 +12,17 @@ type busy struct {
 	at       time.Time // when active last changed
 }
 
+// take adds n requests in flight (n < 0: ends them) of cost tokens to w
+// at now.
+func (w *worker) take(n int, cost float64, now time.Time) {
+	w.busy.move(w.inFlight(), now)
+	w.active += n
+	w.cost += cost
+	if w.active == 0 {
+		w.cost = 0 // no float drift on an idle worker
+	}
+}
+
 // inFlight is the worker's requests in flight across replicas.
 func (w *worker) inFlight() int { return w.active + w.remote }
 
@@ -25,11 +36,9 @@ func (b *busy) move(active int, now time.Time) {
 	}
 }
 
-// MeanConcurrency returns the mean number of requests Sluice had in flight
-// on the lease's worker since the lease was made, this one included: the
-// concurrency level its measurements belong to. With replicas sharing the
-// fleet it counts theirs too, as the shared ledger last reported them.
-// Call it before Release.
+// MeanConcurrency returns the mean number of requests in flight on the
+// lease's worker since the lease was made, this one and other replicas'
+// included: the level its measurements belong to. Call it before Release.
 func (l *Lease) MeanConcurrency() float64 {
 	s := l.s
 	now := s.clock.Now()

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -21,11 +22,9 @@ func (s *Scheduler) classOf(name string) (int, bool) {
 }
 
 // RequestedClass returns the class a request runs in when its API key
-// grants the class granted (empty: the default) and the request asks for
-// asked (the X-Sluice-Priority header; empty: no ask). A client may lower
-// its priority, never raise it above its key's: an ask for a higher class
-// gets the granted one. An unknown ask is returned as is, for admission to
-// refuse with ErrUnknownClass.
+// grants granted (empty: the default) and it asks for asked (empty: no
+// ask). A client may lower its priority, never raise it above its key's.
+// An unknown ask is returned as is, for admission to refuse.
 func (s *Scheduler) RequestedClass(granted, asked string) string {
 	if asked == "" {
 		return granted
@@ -80,14 +79,8 @@ func sortClasses(cs []Class) ([]Class, int) {
 		cs = DefaultClasses()
 	}
 	def := cs[0].Name
-	out := make([]Class, len(cs))
-	copy(out, cs)
-	// Insertion sort keeps equal priorities in configuration order.
-	for i := 1; i < len(out); i++ {
-		for j := i; j > 0 && cmp.Less(out[j].Priority, out[j-1].Priority); j-- {
-			out[j], out[j-1] = out[j-1], out[j]
-		}
-	}
+	out := slices.Clone(cs)
+	slices.SortStableFunc(out, func(a, b Class) int { return cmp.Compare(a.Priority, b.Priority) })
 	for i, c := range out {
 		if c.Name == def {
 			return out, i

@@ -2,9 +2,8 @@ package scheduler
 
 import "github.com/sluice-router/sluice/internal/clock"
 
-// Clock tells the scheduler what time it is and wakes it after a delay
-// (package clock): the HTTP router uses the wall clock, tests and the
-// virtual-time simulation their own.
+// Clock tells the scheduler the time and wakes it after a delay (package
+// clock).
 type (
 	Clock     = clock.Clock
 	Timer     = clock.Timer

@@ -10,15 +10,14 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 )
 
-// dispatchLocked binds queued requests to workers with room, each queue's
-// head in its order (internal/fairq), heads across models retries first, then
-// by class, then by arrival, until no queue has a placeable request.
+// dispatchLocked binds queued requests to workers with room, heads across
+// models in the queue order, until no queue has a placeable request.
 func (s *Scheduler) dispatchLocked() []*Ticket { return s.dispatchExceptLocked("", false) }
 
 // dispatchExceptLocked is dispatchLocked leaving model's queue alone when
-// skip is set. A model whose pick waits for the shared ledger's answer is
-// left alone too; that pick is then told that it was passed over, so that
-// it looks again if the ledger had no room.
+// skip is set. A model whose pick waits for the ledger is left alone too,
+// and its reservation marked missed, so it looks again if the ledger had
+// no room.
 func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 	if s.cfg.Policy != PolicySluice || len(s.queues) == 0 {
 		return nil
@@ -72,10 +71,8 @@ func (s *Scheduler) dispatchExceptLocked(model string, skip bool) []*Ticket {
 	}
 }
 
-// sweepLocked refuses the queued requests that can no longer be served:
-// every worker of their model is down, draining or gone (no_healthy_worker),
-// or, now that every worker's models are known, nobody serves it
-// (model_not_found). It runs when the fleet changes, not on every release.
+// sweepLocked refuses the queued requests that can no longer be served.
+// It runs when the fleet changes, not on every release.
 func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 	now := s.clock.Now()
 	var gone []*Ticket
@@ -114,12 +111,9 @@ func (s *Scheduler) sweepLocked(done []*Ticket) []*Ticket {
 }
 
 // placeableLocked returns the ticket of q that goes next if a worker can
-// take it now: the first in the queue order (internal/fairq) that the placement
-// check lets through (choice.placeable), or one that overtakes it
-// (overtakeLocked). Tickets normally share one fate (same model, same
-// eligible workers), so past the retries only the queue's next is tried;
-// a retry that excludes workers which failed it is skipped over, so it
-// cannot hold back the requests behind it.
+// take it now: the queue's next, or one that overtakes it. A retry that
+// excludes the workers which failed it is skipped over, so it cannot hold
+// back the requests behind it.
 func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 	for t := range q.Retries() {
 		if c := s.pickLocked(t.req, t.entry.Arrival, now, false); c.w != nil || c.refuse {
@@ -149,22 +143,16 @@ func (s *Scheduler) placeableLocked(q *queue, now time.Time) (*Ticket, choice) {
 type hold uint8
 
 const (
-	// holdNone: it can be placed, or it waits for room as every request
-	// of its model does.
+	// holdNone: it can be placed, or waits for room as all its model does.
 	holdNone hold = iota
-	// holdKVFit: its prompt fits no eligible worker's free KV cache
-	// (kvfit.go).
+	// holdKVFit: its prompt fits no eligible worker's KV cache (kvfit.go).
 	holdKVFit
-	// holdPromise: it waits for a worker predicted to keep its promise
-	// (promise.go).
+	// holdPromise: it waits for a worker that keeps its promise (promise.go).
 	holdPromise
 )
 
-// placeable is the placement check on the choice of a queued request's
-// pick: whether it can be placed now (ok: the pick chose a worker, c.w,
-// or refuses it, c.refuse), and when it cannot, which rule holds it. The
-// rules themselves (limits, adapters, KV fit, promises) are the stages of
-// the pick (pick.go).
+// placeable reports whether a queued request's pick can be placed now (a
+// worker chosen, or a refusal), and when not, which rule holds it.
 func (c *choice) placeable() (ok bool, why hold) {
 	switch {
 	case c.w != nil || c.refuse:
@@ -177,20 +165,11 @@ func (c *choice) placeable() (ok bool, why hold) {
 	return false, holdNone
 }
 
-// overtakeLocked is the one way a request is placed before q's head,
-// which the placement check answered with c, ok and why: a request
-// waiting behind it in its class, arrived no more than the aging bound
-// after it, goes first
-//
-//   - when it holds much more of the prefix of the worker chosen for the
-//     head, or may run one stream over a holder's learned limit while the
-//     head waits for room (holder first, affinity.go), or
-//   - when a rule holds the head (why) and the check lets it through: the
-//     first such in arrival order. Not with a shared ledger, whose picks
-//     answer later.
-//
-// nil when nobody overtakes. The record of the one that does names the
-// rule.
+// overtakeLocked is the one way a request is placed before q's head: by
+// the affinity rules (affinity.go), or, when a rule holds the head (why),
+// the first request behind it within the aging bound that can be placed.
+// Not with a shared ledger, whose picks answer later. nil when nobody
+// overtakes.
 func (s *Scheduler) overtakeLocked(q *queue, head *Ticket, c choice, ok bool, why hold, now time.Time) (*Ticket, choice) {
 	if u, uc := s.affinityOvertakeLocked(q, head, c, now); u != nil {
 		return u, uc

@@ -10,11 +10,9 @@ import (
 var (
 	// ErrQueueFull: the model's queue is at max_queue.
 	ErrQueueFull = errors.New("admission queue is full")
-	// ErrQueueBytesFull: the requests waiting hold Config.MaxQueueBytes
-	// of bodies, or would with this one.
+	// ErrQueueBytesFull: the waiting requests' bodies reach MaxQueueBytes.
 	ErrQueueBytesFull = errors.New("the requests waiting in the admission queue hold as many bytes of request bodies as it keeps")
-	// ErrQueueTimeout: the request waited queue_timeout without a worker
-	// freeing up.
+	// ErrQueueTimeout: the request waited its deadline in the queue.
 	ErrQueueTimeout = errors.New("timed out waiting in the admission queue")
 	// ErrUnknownModel: no configured worker serves the model.
 	ErrUnknownModel = errors.New("no worker serves this model")
@@ -25,19 +23,14 @@ var (
 	ErrClientGone = errors.New("client disconnected while queued")
 	// ErrClosed: the scheduler is shutting down.
 	ErrClosed = errors.New("scheduler is shutting down")
-	// ErrPromptTooLong: the prompt is longer than the context of every
-	// worker serving the model (as they report it).
+	// ErrPromptTooLong: the prompt exceeds every serving worker's context.
 	ErrPromptTooLong = errors.New("the prompt is longer than the context of every worker serving this model")
-	// ErrDeadlineUnmeetable: the work queued ahead, at the rate the
-	// model's queue drains, would keep the request waiting past its
-	// class's max_queue_wait; it is refused now rather than served late.
+	// ErrDeadlineUnmeetable: the work queued ahead, at the model's drain
+	// rate, would keep the request waiting past its class's deadline.
 	ErrDeadlineUnmeetable = errors.New("the request cannot be served within its class's queue deadline")
-	// ErrUnknownClass: the request names a priority class that is not
-	// configured.
+	// ErrUnknownClass: the request names a class that is not configured.
 	ErrUnknownClass = errors.New("unknown priority class")
-	// ErrRouteNotServed: workers serve the model, but none of them serves
-	// the request's route (Request.Route; WorkerSpec.Unserved), e.g.
-	// /v1/messages on an engine without the Anthropic Messages API.
+	// ErrRouteNotServed: no worker of the model serves the request's route.
 	ErrRouteNotServed = errors.New("no worker serving this model serves this route")
 )
 
@@ -60,35 +53,32 @@ type Refusal struct {
 func (r *Refusal) Error() string { return r.Err.Error() }
 func (r *Refusal) Unwrap() error { return r.Err }
 
+// reasons are the stable codes of the sentinel errors.
+var reasons = []struct {
+	err  error
+	code string
+}{
+	{ErrQueueFull, "queue_full"},
+	{ErrQueueBytesFull, "queue_bytes_full"},
+	{ErrQueueTimeout, "queue_timeout"},
+	{ErrUnknownModel, "model_not_found"},
+	{ErrNoHealthyWorker, "no_healthy_worker"},
+	{ErrClientGone, "client_gone"},
+	{ErrClosed, "shutting_down"},
+	{ErrDeadlineUnmeetable, "deadline_unmeetable"},
+	{ErrPromptTooLong, "context_length_exceeded"},
+	{ErrUnknownClass, "unknown_priority_class"},
+	{ErrSLOUnmeetable, "slo_unmeetable"},
+	{ErrRouteNotServed, "route_not_served"},
+	{ErrAdapterLoad, "adapter_load_failed"},
+}
+
 // reasonOf returns the stable code of a sentinel error.
 func reasonOf(err error) string {
-	switch {
-	case errors.Is(err, ErrQueueFull):
-		return "queue_full"
-	case errors.Is(err, ErrQueueBytesFull):
-		return "queue_bytes_full"
-	case errors.Is(err, ErrQueueTimeout):
-		return "queue_timeout"
-	case errors.Is(err, ErrUnknownModel):
-		return "model_not_found"
-	case errors.Is(err, ErrNoHealthyWorker):
-		return "no_healthy_worker"
-	case errors.Is(err, ErrClientGone):
-		return "client_gone"
-	case errors.Is(err, ErrClosed):
-		return "shutting_down"
-	case errors.Is(err, ErrDeadlineUnmeetable):
-		return "deadline_unmeetable"
-	case errors.Is(err, ErrPromptTooLong):
-		return "context_length_exceeded"
-	case errors.Is(err, ErrUnknownClass):
-		return "unknown_priority_class"
-	case errors.Is(err, ErrSLOUnmeetable):
-		return "slo_unmeetable"
-	case errors.Is(err, ErrRouteNotServed):
-		return "route_not_served"
-	case errors.Is(err, ErrAdapterLoad):
-		return "adapter_load_failed"
+	for _, r := range reasons {
+		if errors.Is(err, r.err) {
+			return r.code
+		}
 	}
 	return "internal"
 }

@@ -3,41 +3,34 @@ package scheduler
 import "fmt"
 
 // A filter is one eligibility rule of a pick. keep returns the views of
-// in (indexes into p.views) that pass the rule, compacted in place (in order), and marks every
-// one it drops with why, its reason code; explain puts that reason in
-// words when a decision record is read. Filters read the pick and its
-// views and write nothing else, so each is testable on a pick built by
-// hand.
-//
-// A worker's reason is the first rule that dropped it, in the order of
-// the codes below; the filter stage runs whyDraining through whyAdapter, the
-// KV-fit rule runs after the affinity relaxation (pick.go). A new rule is
-// a file with its type, a code here and its entry in filters (and, for a
-// rule, in rulesWhy).
+// in (indexes into p.views) that pass, compacted in place, and marks each
+// one it drops with why; explain puts the reason in words when a record
+// is read. A worker's reason is the first rule that dropped it, in code
+// order. A new rule is a type, a code and its entry in filters (and, for
+// a rule, in rulesWhy).
 type filter interface {
 	keep(p *pick, in []int32, why uint8) []int32
 	explain(pr *pickRecord, sl *slot) string
 }
 
-// A rule is a filter whose verdict on a view depends on the view and the
-// pick alone, not on which other views are left: passes says whether v
-// passes it, and its keep is keepRule. Every filter from whyDraining
-// through whyFull is one; the adapter, KV-fit and promise filters look at
-// the others left.
+// A rule is an eligibility rule whose verdict on a view depends on the
+// view and the pick alone; every filter from whyDraining through whyFull
+// is one, made a filter by ruleFilter.
 type rule interface {
-	filter
 	passes(p *pick, v *view) bool
+	explain(pr *pickRecord, sl *slot) string
 }
 
-// keepRule is the keep of a rule r.
-func keepRule(p *pick, in []int32, why uint8, r rule) []int32 {
-	return keepIf(p, in, why, func(v *view) bool { return r.passes(p, v) })
+// ruleFilter is a rule as a filter.
+type ruleFilter struct{ rule }
+
+func (f ruleFilter) keep(p *pick, in []int32, why uint8) []int32 {
+	return keepIf(p, in, why, func(v *view) bool { return f.passes(p, v) })
 }
 
 // keepRules runs the rules whyDraining through whyFull over in, in one
-// pass: a view fails at the first rule it does not pass (rulesWhy), which
-// is what running each rule's keep in turn leaves, in one visit of each
-// view instead of one per rule (TestKeepRules).
+// visit of each view; it leaves what running each rule's keep in turn
+// leaves (TestKeepRules).
 func keepRules(p *pick, in []int32) []int32 {
 	n := 0
 	for _, i := range in {
@@ -52,9 +45,8 @@ func keepRules(p *pick, in []int32) []int32 {
 	return in[:n]
 }
 
-// rulesWhy is the code of the first rule v does not pass, in code order,
-// or whyEligible. The rules are called by their types, not through
-// filters, so that each check is a direct (inlined) call.
+// rulesWhy is the code of the first rule v does not pass, or
+// whyEligible; the rules are called by type so each check inlines.
 func rulesWhy(p *pick, v *view) uint8 {
 	switch {
 	case !(drainingFilter{}).passes(p, v):
@@ -99,15 +91,15 @@ const (
 
 // filters are the rules by code.
 var filters = [...]filter{
-	whyDraining: drainingFilter{},
-	whyDown:     healthFilter{},
-	whyLoading:  loadingFilter{},
-	whyModel:    modelFilter{},
-	whyRoute:    routeFilter{},
-	whyExcluded: excludedFilter{},
-	whyKind:     kindFilter{},
-	whyContext:  contextFilter{},
-	whyFull:     limitFilter{},
+	whyDraining: ruleFilter{drainingFilter{}},
+	whyDown:     ruleFilter{healthFilter{}},
+	whyLoading:  ruleFilter{loadingFilter{}},
+	whyModel:    ruleFilter{modelFilter{}},
+	whyRoute:    ruleFilter{routeFilter{}},
+	whyExcluded: ruleFilter{excludedFilter{}},
+	whyKind:     ruleFilter{kindFilter{}},
+	whyContext:  ruleFilter{contextFilter{}},
+	whyFull:     ruleFilter{limitFilter{}},
 	whyAdapter:  adapterFilter{},
 	whyKVFit:    kvFitFilter{},
 	whySLO:      sloFilter{},
@@ -128,14 +120,9 @@ func keepIf(p *pick, in []int32, why uint8, ok func(v *view) bool) []int32 {
 	return in[:n]
 }
 
-// drainingFilter keeps out a worker being drained (the admin API, a
-// config reload, an endpoint going away): it finishes what it runs and
-// takes nothing new.
+// drainingFilter keeps out a worker being drained.
 type drainingFilter struct{}
 
-func (f drainingFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (drainingFilter) passes(_ *pick, v *view) bool      { return !v.draining }
 func (drainingFilter) explain(*pickRecord, *slot) string { return "draining" }
 
@@ -143,9 +130,6 @@ func (drainingFilter) explain(*pickRecord, *slot) string { return "draining" }
 // requests in a row); a worker not yet probed is eligible.
 type healthFilter struct{}
 
-func (f healthFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (healthFilter) passes(_ *pick, v *view) bool { return v.snap.Health != HealthDown }
 func (healthFilter) explain(_ *pickRecord, sl *slot) string {
 	return "unhealthy: " + sl.snap.HealthReason
@@ -155,9 +139,6 @@ func (healthFilter) explain(_ *pickRecord, sl *slot) string {
 // as discovered, else as configured.
 type modelFilter struct{}
 
-func (f modelFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (modelFilter) passes(_ *pick, v *view) bool { return v.serving }
 func (modelFilter) explain(pr *pickRecord, _ *slot) string {
 	return fmt.Sprintf("does not serve model %q", pr.req.Model)
@@ -166,37 +147,24 @@ func (modelFilter) explain(pr *pickRecord, _ *slot) string {
 // excludedFilter keeps a retry away from the workers it already failed on.
 type excludedFilter struct{}
 
-func (f excludedFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (excludedFilter) passes(p *pick, v *view) bool { return !excluded(&p.req, v.w) }
 func (excludedFilter) explain(*pickRecord, *slot) string {
 	return "already failed this request"
 }
 
-// contextFilter keeps out a worker whose context (per slot, as it reports
-// it) is shorter than the prompt: it would refuse the request. The prompt
-// size is an estimate, so only the prompt is held against it (tooLong).
+// contextFilter keeps out a worker whose context is shorter than the
+// prompt (tooLong).
 type contextFilter struct{}
 
-func (f contextFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (contextFilter) passes(p *pick, v *view) bool { return !tooLong(v.snap, &p.req) }
 func (contextFilter) explain(pr *pickRecord, sl *slot) string {
 	return fmt.Sprintf("prompt of about %d tokens exceeds its context of %d", pr.req.PromptTokens, sl.snap.ContextTokens)
 }
 
 // limitFilter keeps a worker only while Sluice runs fewer requests there
-// than its concurrency limit (limit.go). The baselines have no limit.
-// Under admission by promise too: judging trusted workers up to their
-// cap instead lost SLO attainment, so the learned limit stays the bound
-// and the promise stage chooses within it.
+// than its concurrency limit. The baselines have no limit.
 type limitFilter struct{}
 
-func (f limitFilter) keep(p *pick, in []int32, why uint8) []int32 {
-	return keepRule(p, in, why, f)
-}
 func (limitFilter) passes(p *pick, v *view) bool { return p.baseline || v.active < v.lim.limit }
 func (limitFilter) explain(_ *pickRecord, sl *slot) string {
 	return fmt.Sprintf("at max_concurrency (%d/%d)", sl.active, sl.limit)

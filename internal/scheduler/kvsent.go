@@ -1,14 +1,9 @@
 package scheduler
 
-// The exact index of KV-cache events (Config.KVIndex) learns a prompt's
-// blocks only once the worker has prefilled it and published them, so a
-// conversation's next turn, or a burst of requests sharing a long
-// document, sent before those events arrive would look uncached
-// everywhere and scatter. The scheduler therefore also remembers the
-// blocks of the requests it has sent to each worker and that are still in
-// flight: a prompt that shares a prefix with one of them is expected
-// there too. An entry is dropped when its request ends, by which time the
-// worker's own events for it have long been applied.
+// KV-cache events tell the index of a prompt's blocks only once the
+// worker has prefilled them, so a next turn sent before then would look
+// uncached everywhere. The scheduler therefore remembers the blocks of
+// the requests in flight on each worker, until each ends.
 
 // kvSent is one in-flight request's prompt blocks on a worker.
 type kvSent struct {
@@ -39,8 +34,7 @@ func (s *Scheduler) kvDoneLocked(l *Lease) {
 }
 
 // kvSentMatch returns how many of keys, from the first, one of the
-// requests sent to a worker and in flight there shares: the blocks the
-// worker is expected to hold once it has prefilled them.
+// requests in flight on a worker shares.
 func kvSentMatch(sent []kvSent, keys []uint64) int {
 	best := 0
 	for _, e := range sent {

@@ -16,9 +16,7 @@ import (
 // Ticket is one request's place in admission. See the package doc.
 type Ticket struct {
 	req Request
-	// entry is its place in its model's queue: its sequence number,
-	// arrival, class (an index of Scheduler.classes), expected cost in
-	// tokens (prompt plus expected output) and whether it is a retry.
+	// entry is its place in its model's queue.
 	entry  fairq.Entry[*Ticket]
 	depth  int
 	notify func(*Ticket)
@@ -75,9 +73,8 @@ type Lease struct {
 	// QueueWait is how long the request waited for the lease.
 	QueueWait time.Duration
 	// Prediction is what the request was predicted to get on the worker
-	// (nil without a Predictor, or when the shared ledger chose); what it
-	// found there when bound (in flight, slots, prefix expected cached)
-	// goes with its outcome to the predictor (Complete).
+	// (nil without a Predictor, or when the shared ledger chose); found is
+	// what it found there when bound, for the predictor (Complete).
 	Prediction *predict.Prediction
 	found      predict.Input
 	// load is the LoRA adapter load the request waits for before it is
@@ -92,38 +89,23 @@ func (l *Lease) Release() {
 		return
 	}
 	s := l.s
-	s.finish(s.end(l, 0))
-}
-
-// end is endLocked under s.mu.
-func (s *Scheduler) end(l *Lease, outputTokens int) []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.endLocked(l, outputTokens, s.clock.Now())
+	s.update(func() ([]*Ticket, error) { return s.endLocked(l, 0, s.clock.Now()), nil })
 }
 
 // endLocked gives l's slot back and places the queued requests that can
-// now go, returning the tickets that ended for s.finish. outputTokens,
-// when positive, is what the answer produced: the output estimate learns
-// it and the drain rate counts it. The caller has won l.released and
-// holds s.mu.
+// now go. outputTokens, when positive, is what the answer produced, for
+// the output estimate and the drain rate. The caller has won l.released
+// and holds s.mu.
 func (s *Scheduler) endLocked(l *Lease, outputTokens int, now time.Time) []*Ticket {
 	if outputTokens > 0 {
 		s.est.Observe(outOf(&l.req), outputTokens)
 	}
 	// The shared slot first: the dispatch below asks the ledger, which
-	// must already count it free, or this replica's own queue could not
-	// take the slot it just freed and would wait for the wake-up. The
-	// model's ledger calls are made in order.
+	// must already count it free.
 	s.ledger.releaseLease(l)
 	s.kvDoneLocked(l)
 	l.unbindAdapter()
-	l.w.busy.move(l.w.inFlight(), now)
-	l.w.active--
-	l.w.cost -= l.cost
-	if l.w.active == 0 {
-		l.w.cost = 0 // no float drift on an idle worker
-	}
+	l.w.take(-1, -l.cost, now)
 	s.retireLocked(l.w)
 	if q := s.queues[l.model]; q != nil {
 		// A backlog drains at the tokens produced when known, else at
@@ -150,17 +132,12 @@ func outOf(req *Request) outlen.Request {
 }
 
 // expectedCost estimates the tokens a request will keep a worker busy
-// with: its prompt plus its expected output (output length is unknowable
-// up front), capped by max_tokens. The output is the estimator's, learnt
-// per model, tenant and prompt size; on a worker (w not nil) that has
-// measured history, the worker's mean output stands in. w is nil for the
-// queue's order and deadlines.
+// with: its prompt plus its expected output, capped by max_tokens. On a
+// worker with measured history (w not nil), its mean output stands in for
+// the estimate; w is nil for the queue's order and deadlines.
 func (s *Scheduler) expectedCost(w *worker, req Request) float64 {
 	out, _ := s.est.Estimate(outOf(&req))
 	if w != nil && s.cfg.Stats != nil {
-		// Placing on a worker: its own measured mean output, when it has
-		// one, weighs in the job-cost term (the estimate there raised the
-		// tail of first tokens, see docs/routing.md).
 		if st := s.cfg.Stats.Stats(w.spec.Name); st != nil && st.OutputTokens.Known() {
 			out = st.OutputTokens.Value
 			if req.MaxTokens > 0 {
@@ -172,28 +149,21 @@ func (s *Scheduler) expectedCost(w *worker, req Request) float64 {
 }
 
 // ExpectedCachedTokens is how many of the request's prompt tokens the
-// chosen worker was expected to hold in its prefix cache when the lease
-// was made (the prefix term's match times the prompt); 0 without a
-// Predictor, for the baselines, or when nothing was expected. The
-// simulation compares it with what the worker found.
+// chosen worker was expected to hold in its prefix cache; 0 without a
+// Predictor or for the baselines.
 func (l *Lease) ExpectedCachedTokens() int { return l.found.CachedTokens }
 
 // bindLocked binds t to c's worker: the slot is reserved, the lease made
-// (with the shared ledger's lease id, "" without one) and the record
-// completed.
+// (sharedID: the ledger's lease, "" without one) and the record completed.
 func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Time) {
 	w, rec := c.w, c.rec
 	cost := s.expectedCost(w, t.req)
-	w.busy.move(w.inFlight(), now)
-	w.active++
-	w.cost += cost
+	w.take(1, cost, now)
 	s.picks++
 	w.lastPick = s.picks
 	wait := now.Sub(t.entry.Arrival)
 	if rec != nil {
-		rec.Outcome = "bound"
-		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
-		rec.QueueDepth = t.depth
+		rec.Outcome, rec.QueueWaitMs, rec.QueueDepth = "bound", float64(wait)/float64(time.Millisecond), t.depth
 	}
 	s.recordPrefixLocked(t.req, w)
 	t.lease = &Lease{s: s, w: w, cost: cost, model: t.req.Model, req: t.req, Worker: w.spec.Name, Decision: rec, QueueWait: wait,
@@ -207,9 +177,8 @@ func (s *Scheduler) bindLocked(t *Ticket, c choice, sharedID string, now time.Ti
 	t.queued = false
 }
 
-// refuseLocked ends t with a Refusal for cause, completing rec, the
-// record of the pick that found nobody for it; with records on and no
-// pick made (rec nil), a record of the request alone.
+// refuseLocked ends t with a Refusal for cause, completing rec (nil: a
+// record of the request alone, when records are on).
 func (s *Scheduler) refuseLocked(t *Ticket, rec *decisions.Record, cause error) {
 	if rec == nil && !s.cfg.NoRecords {
 		rec = new(decisions.Record)
@@ -221,23 +190,17 @@ func (s *Scheduler) refuseLocked(t *Ticket, rec *decisions.Record, cause error) 
 		t.res = nil
 	}
 	wait := s.clock.Now().Sub(t.entry.Arrival)
-	// Retry-After: the work waiting for its model plus its own at the
-	// model's drain rate, measured while requests waited; else the queue
-	// timeout.
+	// Retry-After: the work queued for its model plus its own at the
+	// drain rate; else the queue timeout.
 	retry, ok := s.rates[t.req.Model].TimeFor(t.entry.Cost + s.queues.of(t.req.Model).Work())
 	if !ok {
 		retry = s.cfg.QueueTimeout
 	}
 	ref := &Refusal{Err: cause, Reason: reasonOf(cause), RetryAfter: clampRetryAfter(retry), QueueWait: wait}
 	if rec != nil {
-		// The record's pick chose nobody for it: it reserves nothing, and
-		// with a Ledger it saw only this replica's view, by which a worker
-		// full across replicas looks free.
-		rec.Chosen = ""
-		rec.Outcome = ref.Reason
-		rec.Reason = cause.Error()
-		rec.QueueWaitMs = float64(wait) / float64(time.Millisecond)
-		rec.QueueDepth = t.depth
+		// The record's pick chose nobody: it reserved nothing.
+		rec.Chosen, rec.Outcome, rec.Reason = "", ref.Reason, cause.Error()
+		rec.QueueWaitMs, rec.QueueDepth = float64(wait)/float64(time.Millisecond), t.depth
 		ref.DecisionID = rec.ID
 	}
 	t.rec = rec

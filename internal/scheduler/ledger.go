@@ -10,31 +10,24 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 )
 
-// Ledger shares reservations with the other replicas of a router that
-// front the same fleet, so that they schedule as one (package shared
-// implements it on Redis). With a Ledger the Sluice policy scores the
-// eligible workers as usual but leaves the active-requests term to the
-// ledger, which adds each worker's in-flight count across all replicas,
-// picks and reserves in one atomic step, and keeps a waiting list so the
-// oldest queued request of any replica binds first.
+// Ledger shares reservations with the other replicas that front the same
+// fleet, so that they schedule as one (package shared implements it on
+// Redis): it adds each worker's in-flight count across replicas to the
+// local score, picks and reserves in one atomic step, and keeps a waiting
+// list so the oldest queued request of any replica binds first.
 //
-// The scheduler makes Reserve, Wait, Unwait and Release outside its lock,
-// in order per model, from one goroutine per model with calls pending
-// (reserver.go), so a slow ledger delays only the requests of its model
-// that need an answer. An implementation must still bound every call (a
-// slow ledger counts as down) and answer ErrLedgerDown at once while it
-// is down: the scheduler then schedules on its local view with its share
-// (LocalLimit) of each worker. Adopt, LocalLimit, Replica, Degraded and
-// StateAge are called under the lock and must not block.
+// Reserve, Wait, Unwait and Release are called outside the scheduler's
+// lock (reserver.go); an implementation must bound each call and answer
+// ErrLedgerDown at once while down, and the scheduler then uses its local
+// share (LocalLimit). The other methods are called under the lock and
+// must not block.
 type Ledger interface {
 	// Reserve picks among cands the lowest Score + ActiveWeight × shared
 	// in-flight count of those under Limit, and reserves it. waitID is
 	// the request's id on the waiting list, "" if it never queued. It
-	// returns ErrLedgerBusy when nothing can be reserved for it now (all
-	// full, or an older request of another replica waits for the model)
-	// and ErrLedgerDown when the shared state is unavailable.
-	// With ErrLedgerBusy the pick may carry the counts it saw (Active,
-	// Index -1), when the ledger read them (all full, not "not your turn").
+	// returns ErrLedgerBusy when nothing can be reserved for it now, with
+	// the counts it saw (Active, Index -1) when all were full, and
+	// ErrLedgerDown when the shared state is unavailable.
 	Reserve(model, waitID string, cands []SharedCandidate) (SharedPick, error)
 	// Adopt records a reservation made on the local view while down, so
 	// the ledger publishes it when it is back; it returns its lease.
@@ -95,11 +88,9 @@ func (s *Scheduler) activeWeight() float64 {
 	return 0
 }
 
-// newReservation prepares the reservation that replaces the score's
-// local choice when a Ledger is set and the pick will be bound: the
-// totals without the active term (of weight aw) go to the ledger, outside
-// the lock (startReserveLocked, reserver.go); the local choice is held
-// until it answers. The totals are the picker's, in p.total.
+// newReservation prepares the reservation that replaces the pick's local
+// choice: the picker's totals without the active term (of weight aw) go
+// to the ledger, and the local choice is held until it answers.
 func newReservation(p *pick, pr *pickRecord, aw float64) *reservation {
 	cands, tot := p.cands, p.total
 	res := &reservation{pr: pr, aw: aw,
@@ -120,11 +111,8 @@ func newReservation(p *pick, pr *pickRecord, aw float64) *reservation {
 }
 
 // setRemoteLocked notes that n requests of other replicas are in flight
-// on w, for the concurrency level of w's streams (MeanConcurrency). The
-// count is as of this replica's latest answer from the ledger — a pick,
-// or a refusal because every candidate was full — and stays until the
-// next: a refusal for another replica's turn carries no counts, and
-// releases elsewhere are not pushed.
+// on w, as of this replica's latest answer from the ledger, for the
+// concurrency level of w's streams (MeanConcurrency).
 func (w *worker) setRemoteLocked(n int, now time.Time) {
 	n = max(n, 0)
 	if n == w.remote {
@@ -134,9 +122,9 @@ func (w *worker) setRemoteLocked(n int, now time.Time) {
 	w.remote = n
 }
 
-// The shared waiting list and leases, kept by the ledger's runner: its
-// methods below are no-ops without a Ledger (r nil), and are called under
-// the scheduler's lock, which guards the tickets' waiting flags.
+// The shared waiting list and leases: these ledgerRunner methods are
+// no-ops without a Ledger (r nil) and are called under the scheduler's
+// lock, which guards the tickets' waiting flags.
 
 // bind hands the ledger's lease (id) to the new Lease and takes a queued
 // ticket off the shared waiting list.
@@ -148,11 +136,10 @@ func (r *ledgerRunner) bind(t *Ticket, lease *Lease, id string) {
 	r.gone(t)
 }
 
-// queued puts a ticket queued in q on the waiting list, unless no
-// worker is known to serve its model yet (q is speculative): a renewal
-// sends the keys of every model waited for, and the names of models
-// nobody serves come from clients. Such a queue's tickets join the list
-// when a worker shows it serves the model (join, from sweepLocked).
+// queued puts a ticket queued in q on the waiting list, unless no worker
+// is known to serve its model yet (q.spec): model names nobody serves come
+// from clients and must not reach the shared state. Such tickets join
+// when a worker shows it serves the model (join).
 func (r *ledgerRunner) queued(t *Ticket, q *queue) {
 	if r == nil || !r.waits || t.waiting || (q != nil && q.spec) {
 		return

@@ -7,13 +7,8 @@ import (
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
-// A worker's concurrency limit is package limit's (limit.Config); what
-// the scheduler adds is where its inputs come from: the worker's spec,
-// counters and telemetry, the model's floor and its queue's wait.
-
 // floorFor returns the decode-rate floor for model: configured, or
-// FloorFraction of the best solo rate measured among its workers (0 when
-// none has been measured alone yet).
+// derived from the best solo rate measured among its workers.
 func (s *Scheduler) floorFor(model string) float64 {
 	if f, ok := s.limits.ConfiguredFloor(model); ok {
 		return f
@@ -27,10 +22,8 @@ func (s *Scheduler) floorFor(model string) float64 {
 	return s.limits.Floor(model, best)
 }
 
-// limitOf computes w's limit for a request of a model whose floor is
-// floor, given how long that model's oldest queued request has waited;
-// snap and ws are w's telemetry and stats. It reads w's in-flight count,
-// under the scheduler's lock as every worker counter is.
+// limitOf computes w's limit (package limit) for a request of a model
+// with that floor and queue wait; snap and ws are w's telemetry and stats.
 func (w *worker) limitOf(lc *limit.Config, snap *Snapshot, ws *stats.WorkerStats, floor float64, waited time.Duration, env *Env) limit.State {
 	capN, src := lc.Cap(w.spec.MaxConcurrency, snap.Slots)
 	in := limit.Input{Cap: capN, Source: src, Active: w.active, Stats: ws, Floor: floor, Waited: waited, Now: env.Now}
@@ -38,9 +31,8 @@ func (w *worker) limitOf(lc *limit.Config, snap *Snapshot, ws *stats.WorkerStats
 	return lc.Of(in)
 }
 
-// saturated reports a fresh reading that says the worker cannot take more
-// than it runs: requests waiting in its own queue, or a KV cache nearly
-// full.
+// saturated reports a fresh reading that says the worker cannot take more:
+// requests waiting in its own queue, or a KV cache nearly full.
 func saturated(snap *Snapshot, now time.Time, staleAfter time.Duration) (limit.Saturation, float64) {
 	switch {
 	case snap.QueueLen.Value >= 1 && fresh(&snap.QueueLen, now, staleAfter):

@@ -8,34 +8,16 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/promise"
 	"github.com/sluice-router/sluice/internal/sessions"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
-// A pick chooses the worker for one request, in stages, each a small step
-// with one job, run in this order under the scheduler's lock:
-//
-//	resolve     each worker's telemetry, stats and counters, and its
-//	            concurrency limit, read once                       (view, limit.go)
-//	filters     eligibility, one rule each, with a reason code     (filter*.go)
-//	relax       one stream over a learned limit for a cached prefix,
-//	            when no worker is left                             (affinity.go)
-//	kv fit      pass over workers whose KV cache cannot take it    (kvfit.go)
-//	candidates  what the terms see of each eligible worker          (Candidate)
-//	picker      the policy's choice; Sluice's by the terms' score  (picker.go, terms.go)
-//	record      what the decision record is explained from, later  (record.go)
-//
-// With a shared Ledger a pick that will be bound then holds its choice
-// and the reserver asks the ledger, outside the lock (reserver.go).
-//
-// The stages pass one value, the pick, made afresh for each request, from
-// one to the next; what a caller needs of it once it is made is its
-// choice. Only the resolve stage (newPickLocked) and the picker's choice
-// read or write the scheduler's guarded state: resolve copies into the
-// pick what the later stages read of it, so those are functions of the
-// pick and the immutable configuration (conf), testable on a pick built
-// by hand. They still run under the lock, where the pick and the
-// reservation of its choice are one step.
+// pick is one request's pick, made afresh and passed from stage to stage
+// (docs/architecture.md lists them). Only the resolve stage
+// (newPickLocked) and the picker read or write the scheduler's guarded
+// state; the other stages are functions of the pick and the immutable
+// configuration (conf), testable on a pick built by hand.
 type pick struct {
 	conf *pickConf
 	req  Request
@@ -52,9 +34,8 @@ type pick struct {
 	// came from (internal/outlen), when a prediction or a record needs them.
 	out    float64
 	outSrc string
-	// beliefs are what the sources of a candidate's Belief read besides
-	// the request and the candidate (prefix.go); session is where the
-	// request's session went last, as beliefs.session points to it.
+	// beliefs are what a candidate's Belief is set from (prefix.go);
+	// session backs beliefs.session.
 	beliefs beliefSrc
 	session sessions.Last
 
@@ -68,13 +49,11 @@ type pick struct {
 	kvHeld bool
 
 	// Admission by promise (promise.go): bySLO says the stage runs;
-	// arrived is when the request came; preds are the predictions of the
-	// eligible workers (parallel to cands), meets the stage's space.
+	// judged are the eligible workers' predictions (parallel to cands).
 	bySLO   bool
 	arrived time.Time
-	promise promiseState
-	preds   []predict.Prediction
-	meets   []bool
+	promise promise.Judgment
+	judged  []promise.Worker
 	// pending is the reservation the ledger is to make (ledger.go).
 	pending *reservation
 	// adapter is the request's LoRA adapter, nil when its model is none
@@ -88,9 +67,8 @@ type pickConf struct {
 	cfg    *Config
 	terms  []WeightedTerm
 	limits *limit.Config
-	// prefixWeighted says the prefix term counts (Scheduler's), affinity
-	// that the backlog rules apply (affinityOn), sessions that the
-	// session table is on.
+	// prefixWeighted: the prefix term counts; affinity: the backlog rules
+	// apply (affinityOn); sessions: the session table is on.
 	prefixWeighted, affinity, sessions bool
 }
 
@@ -100,10 +78,9 @@ func (c *pickConf) affine(req *Request) bool {
 	return len(req.Prefix) > 0 || (c.sessions && req.Session != "")
 }
 
-// view is one worker as a pick sees it: what the pick resolved of it once
-// (its telemetry, stats, counters and limit) and why it is or is not
-// eligible. The stages read the worker's counters here, never on w, whose
-// spec (name, kind, routes) and order are what they read of it.
+// view is one worker as a pick resolved it once: its telemetry, stats,
+// counters and limit, and why it is or is not eligible. Stages read the
+// counters here, never on w.
 type view struct {
 	w    *worker
 	snap *Snapshot
@@ -122,10 +99,8 @@ type view struct {
 	holds, loadable bool
 }
 
-// viewLimit is what the stages after the limits read of a worker's
-// limit.State: a view is written for every worker on every pick, so it
-// keeps these few fields rather than the whole state, whose reason the
-// record recomputes when read.
+// viewLimit is the part of a worker's limit.State the later stages read,
+// kept small because a view is written for every worker on every pick.
 type viewLimit struct {
 	limit, learned, cap int
 	floor               float64
@@ -139,11 +114,8 @@ func viewLimitOf(st *limit.State) viewLimit {
 	return viewLimit{limit: st.Limit, learned: st.Learned, cap: st.Cap, floor: st.Floor, prefix: st.Prefix, source: st.Source, sat: st.Sat}
 }
 
-// pickBufs are a pick's views, eligible indexes and candidates, which
-// never leave the pick (its record copies what it keeps into its slots,
-// its choice carries no view): a pick takes them from
-// pickPool and puts them back when done, so that a pick on a large fleet
-// allocates no per-worker scratch.
+// pickBufs are a pick's per-worker scratch, pooled so a pick on a large
+// fleet allocates none; nothing in them outlives the pick.
 type pickBufs struct {
 	views []view
 	elig  []int32
@@ -162,9 +134,8 @@ func (p *pick) release() {
 	p.bufs, p.views, p.elig = nil, nil, nil
 }
 
-// room returns the workers p found full, or too short for the prompt,
-// at their learned limit (see choice.room); nil when the affinity rules
-// are off.
+// room returns the workers p found full, or too short for the prompt, at
+// their learned limit (choice.room); nil when the affinity rules are off.
 func (p *pick) room() []*worker {
 	if !p.learning || !p.conf.affinity {
 		return nil
@@ -195,10 +166,9 @@ func inRoom(v *view) bool {
 // at returns the view of the j-th eligible worker.
 func (p *pick) at(j int) *view { return &p.views[p.elig[j]] }
 
-// choice is a pick's outcome: the worker chosen (nil: nobody), its limit
-// at the pick, the decision record (nil without records, and when nobody
-// was eligible unless one was asked for), and what the caller does next:
-// ask the ledger (pending), or let a request behind wait less (kvHeld).
+// choice is a pick's outcome: the worker chosen (nil: nobody), its limit,
+// the decision record (nil without records, and when nobody was eligible
+// unless one was asked for), and what the caller does next.
 type choice struct {
 	w       *worker
 	limit   int
@@ -206,7 +176,7 @@ type choice struct {
 	pending *reservation
 	kvHeld  bool
 	// sloWait says the promise stage chose to wait for this request
-	// (verdictWait): a request behind it may be placed meanwhile.
+	// (promise.Wait): a request behind it may be placed meanwhile.
 	sloWait bool
 	// refuse says the promise stage refused the request (on_miss:
 	// refuse); pred is the chosen worker's prediction, when one was made.
@@ -215,19 +185,14 @@ type choice struct {
 	// found is what the request found on the chosen worker, for its
 	// outcome (Lease.Complete); only with a Predictor.
 	found predict.Input
-	// room are the workers the pick found full (or too short for the
-	// prompt) at their learned limit, when it chose nobody: the rule that
-	// looks past a head that could not be placed asks only them
-	// (affinity.go).
+	// room are the workers found full at their learned limit when nobody
+	// was chosen: the holder-first rule asks only them (affinity.go).
 	room []*worker
 }
 
 // pickLocked runs a pick for req, which arrived at arrived (the promise
 // stage counts its objective from then). When no worker is eligible it
-// returns no record unless always is set (a refusal needs one). It reads
-// and writes the scheduler's state in these places only: the resolve
-// stage, the model's derived SLO (promise.go), the policy's picker and
-// the ledger's reservation, and each scored worker's latest decision.
+// returns no record unless always is set (a refusal needs one).
 func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool) choice {
 	p := s.newPickLocked(req, now, !always)
 	defer p.release()
@@ -243,12 +208,12 @@ func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool)
 			d = s.derivedLocked(req.Model, now)
 		}
 		p.promiseStage(d)
-		if p.promise.verdict == verdictRefuse {
+		if p.promise.Verdict == promise.Refuse {
 			return choice{refuse: true, kvHeld: p.kvHeld, rec: s.refusalRecordLocked(req, now)}
 		}
 		if len(p.elig) == 0 {
-			// It waits (verdictWait, or every worker at its learned limit).
-			return choice{kvHeld: p.kvHeld, sloWait: p.promise.verdict == verdictWait, room: p.room()}
+			// It waits (promise.Wait, or every worker at its learned limit).
+			return choice{kvHeld: p.kvHeld, sloWait: p.promise.Verdict == promise.Wait, room: p.room()}
 		}
 	}
 	var pr *pickRecord
@@ -286,9 +251,8 @@ func (s *Scheduler) pickLocked(req Request, arrived, now time.Time, always bool)
 	return c
 }
 
-// eligible runs the stages from the filters to the candidates: it leaves
-// in p.elig the workers the filters keep, with a worker full at its
-// learned limit borrowed for a cached prefix when none is left.
+// eligible runs the filters, and the affinity relaxation when they leave
+// nobody, leaving the eligible workers in p.elig.
 func (p *pick) eligible() {
 	p.elig = slices.Grow(p.bufs.elig[:0], len(p.views))[:len(p.views)]
 	for i := range p.elig {
@@ -315,8 +279,8 @@ func (p *pick) chosen(best int, pr *pickRecord, always bool) choice {
 	predictor := p.conf.cfg.Predictor
 	if predictor != nil && !p.baseline && !always {
 		c.found = p.inputFor(v, &p.cands[best])
-		if p.bySLO && len(p.preds) > best {
-			c.pred = &p.preds[best]
+		if p.bySLO && len(p.judged) > best {
+			c.pred = &p.judged[best].Pred
 		} else if p.pending == nil {
 			pred := predictor.Predict(v.w.spec.Name, c.found)
 			c.pred = &pred
@@ -335,19 +299,16 @@ func (p *pick) chosen(best int, pr *pickRecord, always bool) choice {
 	}
 	if c.pred != nil {
 		_, why := predictor.Trusted(v.w.spec.Name)
-		pr.rec.Promise = promiseRecord(&p.promise, c.pred, why)
+		pr.rec.Promise = p.promise.Record(c.pred, why)
 		pr.rec.Promise.ExpectedCachedTokens = c.found.CachedTokens
 	}
 	return c
 }
 
-// newPickLocked is the resolve stage: it starts a pick for req with the
-// request, the time, the policy's mode, and a view of every worker with
-// its telemetry, stats, counters and limit (noting a learned limit's
-// move); with learned limits also the model's floor (configured, or
-// FloorFraction of the best solo decode rate among its workers) and how
-// long its oldest queued request has waited; and what the later stages
-// read of the output estimate and the session table.
+// newPickLocked is the resolve stage: it starts a pick for req with a
+// view of every worker (telemetry, stats, counters and limit, noting a
+// learned limit's move), the model's floor and queue wait when limits are
+// learned, the output estimate and the session's last worker.
 func (s *Scheduler) newPickLocked(req Request, now time.Time, binding bool) *pick {
 	p := &pick{conf: s.conf, req: req, binding: binding, baseline: s.cfg.Policy != PolicySluice}
 	p.env = Env{Now: now, StaleAfter: s.cfg.StaleAfter, Req: &p.req}
@@ -416,9 +377,9 @@ func (p *pick) candidates() {
 	}
 }
 
-// refusalRecordLocked returns the record of a refusal of req: who could
-// have taken it and why nobody did (nil without records). It scores
-// nobody under the lock: the ranks are computed when the record is read.
+// refusalRecordLocked returns the record of a refusal of req (nil without
+// records); it scores nobody under the lock, the ranks being computed when
+// the record is read.
 func (s *Scheduler) refusalRecordLocked(req Request, now time.Time) *decisions.Record {
 	if s.cfg.NoRecords {
 		return nil

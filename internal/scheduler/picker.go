@@ -1,14 +1,10 @@
 package scheduler
 
-import (
-	"fmt"
-	"math/rand/v2"
-)
+import "github.com/sluice-router/sluice/internal/baseline"
 
 // Policy selects how a worker is chosen. PolicySluice scores and queues;
-// the others are the baselines people use today, built in so a benchmark
-// compares policies and nothing else. Baselines neither queue nor respect
-// max_concurrency, as nginx and HAProxy do not.
+// the others are common baselines, built in so a benchmark compares
+// policies and nothing else. Baselines neither queue nor respect limits.
 type Policy string
 
 // The routing policies.
@@ -25,40 +21,64 @@ const (
 var Policies = []Policy{PolicySluice, PolicyRoundRobin, PolicyLeastConnections, PolicyRandom, PolicyPowerOfTwo, PolicyConsistentHash}
 
 // A picker is a policy's choice among a pick's eligible workers (at
-// least one): choose returns the index in p.elig of the worker to serve
-// the request and, when pr is not nil, says why in pr. Pickers keep
-// their own state (a round-robin position, a random source), guarded by
-// the scheduler's lock.
+// least one): choose returns the index in p.elig and, when pr is not nil,
+// says why in pr. Its state is under the scheduler's lock.
 type picker interface {
 	choose(p *pick, pr *pickRecord) int
 }
 
-// newPicker returns the picker of a policy. The random ones draw from a
-// source seeded by seed, so a benchmark's baselines are reproducible;
-// consistent-hash bounds each worker's load by bound (1 or more).
+// newPicker returns the picker of a policy; the random ones are seeded by
+// seed, so a benchmark's baselines are reproducible.
 func newPicker(policy Policy, terms []WeightedTerm, seed uint64, bound float64) picker {
-	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	switch policy {
 	case PolicyRoundRobin:
-		return &roundRobin{}
+		return baselinePicker{baseline.RoundRobin()}
 	case PolicyLeastConnections:
-		return leastConnections{}
+		return baselinePicker{baseline.LeastConnections()}
 	case PolicyRandom:
-		return randomPicker{rng}
+		return baselinePicker{baseline.Random(seed)}
 	case PolicyPowerOfTwo:
-		return powerOfTwo{rng}
+		return baselinePicker{baseline.PowerOfTwo(seed)}
 	case PolicyConsistentHash:
-		return &consistentHash{bound: bound}
+		return baselinePicker{baseline.ConsistentHash(bound)}
 	}
 	return &scorePicker{terms: terms}
 }
 
+// DefaultHashLoadBound is consistent-hash's load bound when none is set,
+// as in KubeAI's PrefixHash.
+const DefaultHashLoadBound = 1.25
+
+// baselinePicker is a baseline policy's choice (package baseline).
+type baselinePicker struct{ b baseline.Picker }
+
+func (bp baselinePicker) choose(p *pick, pr *pickRecord) int {
+	best, why := bp.b.Choose((*baselineView)(p), pr != nil)
+	if pr != nil {
+		pr.rec.Reason = why
+	}
+	return best
+}
+
+// baselineView is what a baseline reads of a pick.
+type baselineView pick
+
+func (b *baselineView) Len() int              { return len(b.elig) }
+func (b *baselineView) Active(j int) int      { return b.views[b.elig[j]].active }
+func (b *baselineView) LastPick(j int) uint64 { return b.views[b.elig[j]].lastPick }
+func (b *baselineView) Index(j int) int       { return int(b.elig[j]) }
+func (b *baselineView) All() int              { return len(b.views) }
+func (b *baselineView) Name(i int) string     { return b.views[i].w.spec.Name }
+func (b *baselineView) Key() (uint64, bool) {
+	if len(b.req.Prefix) == 0 {
+		return 0, false
+	}
+	return b.req.Prefix[0], true
+}
+
 // scorePicker is Sluice's policy: the lowest weighted sum of the terms
-// (totals, terms.go) wins; ties go to the least recently picked worker,
-// then to the first in configuration order, so the choice is never
-// random. The totals are left in p.total for the record (pickRecord.keep) and
-// the shared ledger (newReservation); ranks, the per-term breakdown
-// and the reason in words are computed when the record is read.
+// wins, ties broken by rankKey. The totals are left in p.total for the
+// record and the shared ledger.
 type scorePicker struct {
 	terms []WeightedTerm
 }
@@ -81,8 +101,7 @@ func (sp *scorePicker) choose(p *pick, pr *pickRecord) int {
 }
 
 // rankKey orders candidates: lowest total, then least recently picked,
-// then first in configuration order. No two workers share a key, so the
-// order is total and the pick deterministic.
+// then first in configuration order, so the pick is deterministic.
 type rankKey struct {
 	total    float64
 	lastPick uint64
@@ -97,66 +116,4 @@ func (k rankKey) less(o rankKey) bool {
 		return k.lastPick < o.lastPick
 	}
 	return k.order < o.order
-}
-
-// roundRobin takes the eligible workers in turn.
-type roundRobin struct{ n uint64 }
-
-func (r *roundRobin) choose(p *pick, pr *pickRecord) int {
-	best := int(r.n % uint64(len(p.elig)))
-	r.n++
-	if pr != nil {
-		pr.rec.Reason = "round-robin"
-	}
-	return best
-}
-
-// leastConnections takes the worker with the fewest requests in flight,
-// the least recently picked among ties (nginx's and HAProxy's least_conn).
-type leastConnections struct{}
-
-func (leastConnections) choose(p *pick, pr *pickRecord) int {
-	best := 0
-	for i := range p.elig {
-		v, b := p.at(i), p.at(best)
-		if v.active < b.active || (v.active == b.active && v.lastPick < b.lastPick) {
-			best = i
-		}
-	}
-	if pr != nil {
-		pr.rec.Reason = fmt.Sprintf("fewest active requests (%d), least recently picked among ties", p.at(best).active)
-	}
-	return best
-}
-
-// randomPicker takes a worker at random.
-type randomPicker struct{ rng *rand.Rand }
-
-func (r randomPicker) choose(p *pick, pr *pickRecord) int {
-	best := r.rng.IntN(len(p.elig))
-	if pr != nil {
-		pr.rec.Reason = "random"
-	}
-	return best
-}
-
-// powerOfTwo takes the less busy of two workers drawn at random.
-type powerOfTwo struct{ rng *rand.Rand }
-
-func (r powerOfTwo) choose(p *pick, pr *pickRecord) int {
-	n := len(p.elig)
-	a, b := r.rng.IntN(n), r.rng.IntN(n)
-	if n > 1 {
-		for b == a {
-			b = r.rng.IntN(n)
-		}
-	}
-	best := a
-	if p.at(b).active < p.at(a).active {
-		best = b
-	}
-	if pr != nil {
-		pr.rec.Reason = fmt.Sprintf("fewer active of two random (%s, %s)", p.at(a).w.spec.Name, p.at(b).w.spec.Name)
-	}
-	return best
 }

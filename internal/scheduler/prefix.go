@@ -8,111 +8,40 @@ import (
 )
 
 // PrefixIndex tells where a request's prompt prefix is expected to be in a
-// worker's KV cache: the router's own record of which worker served which
-// block hashes (*prefix.Index), shared between replicas or not
-// (*prefixshare.Index). It is one source of a worker's Belief.
+// worker's KV cache, from where the router sent earlier requests
+// (*prefix.Index, or *prefixshare.Index across replicas).
 type PrefixIndex interface {
 	// MatchSources sets frac[i] to the fraction (0..1) of hashes, counted
 	// from the first, that workers[i] is expected to hold for model, and
-	// remote[i] to whether any of those blocks was recorded by another
-	// replica. A pick asks about all its candidates at once.
+	// remote[i] to whether another replica recorded any of those blocks.
 	MatchSources(model string, hashes []uint64, workers []string, frac []float64, remote []bool)
 	// Record notes that worker now serves hashes for model.
 	Record(model string, hashes []uint64, worker string)
 }
 
 // PrefixCapacity is implemented by a PrefixIndex whose memory of a worker
-// can follow the size of the worker's KV cache (*prefix.Index is one): the
-// scheduler passes it each worker's Snapshot.KVCacheTokens when that
-// changes, so the index remembers no more blocks of a worker than the
-// worker can hold, and no fewer.
+// follows the size of the worker's KV cache (Snapshot.KVCacheTokens,
+// passed when it changes).
 type PrefixCapacity interface {
 	// SetCapacity bounds what is remembered of worker to a KV cache of
 	// tokens tokens.
 	SetCapacity(worker string, tokens int)
 }
 
-// CacheReport is a worker's own account of the prompt prefixes its KV
-// cache holds: the router's chained block hashes (see package prefix) of
-// the prompt text each of its slots holds, computed by the fleet with the
-// same block function the proxy applies to requests. It is immutable once
-// published.
-//
-// # How the prefix term merges it with the router's index
-//
-// For each candidate the belief takes the router index's guess g and, when
-// the worker's report is no older than Config.StaleAfter, the report's
-// match r (the leading blocks of the request found in the report). The
-// match is max(r, g), and the record names the report as the source when
-// r > 0 and r >= g, else the index:
-//
-//   - A report says for certain what it holds: r > g means the worker
-//     holds more than the router remembers (after a router restart, for
-//     traffic of other replicas or clients, or past the index's TTL and
-//     capacity), and wins.
-//   - A report's silence is not evidence: it lists the slots' KV only
-//     (llama-server's host-memory prompt cache, --cache-ram, keeps and
-//     restores more), it lags the requests the router sent since it was
-//     taken, and a chat request's prompt is the worker's chat template's
-//     text, whose blocks are not the router's rendering (see
-//     prefix.Render), so a conversation the worker holds can be absent
-//     from the report. So r < g never lowers the guess.
-//   - A report older than StaleAfter is set aside: the guess alone
-//     decides, and the record says the report was stale.
-//
-// The guess is the index's, shared between replicas or not (a shared
-// index already holds what other replicas sent).
-type CacheReport struct {
-	// Source names the report, e.g. "llama.cpp /slots".
-	Source string `json:"source"`
-	// At is when the worker was asked.
-	At time.Time `json:"at"`
-	// Blocks holds the chained block hashes of every slot's prompt.
-	Blocks map[uint64]struct{} `json:"-"`
-	// NBlocks is len(Blocks), for /api/workers.
-	NBlocks int `json:"blocks"`
-	// Slots is the number of slots that reported a prompt.
-	Slots int `json:"slots"`
-}
-
-// Match returns the fraction of hashes, counted from the first, that the
-// report holds; 0 for no hashes or a nil report.
-func (r *CacheReport) Match(hashes []uint64) float64 {
-	if r == nil || len(hashes) == 0 {
-		return 0
-	}
-	n := 0
-	for _, h := range hashes {
-		if _, ok := r.Blocks[h]; !ok {
-			break
-		}
-		n++
-	}
-	return float64(n) / float64(len(hashes))
-}
-
 // Belief is what the scheduler believes a worker holds of one request's
-// prompt prefix in its KV cache. Every source feeds it, in one place
-// (beliefSrc.set), and everything that weighs a cached prefix reads it:
-// the prefix term, the backlog rules (affinity.go), the prediction of the
-// time to first token (promise.go), and the decision record, which names
-// the source that set it (Provenance) and, once the worker answers, what
-// the worker says it found cached (Lease.Complete).
+// prompt prefix in its KV cache. Every source feeds it in one place
+// (beliefSrc.set), in this order, and the prefix term, the backlog rules,
+// the prediction and the record all read it:
 //
-// The sources, in the order they are applied:
-//
-//  1. The guess: the router's index of where earlier requests went
-//     (PrefixIndex), "router index (guess)", or "(shared)" when another
-//     replica recorded some of the blocks.
-//  2. The worker's own report of its slots (CacheReport, llama.cpp's
-//     /slots) raises it when fresh and holding more.
-//  3. The session hint (sessions.go) raises it for the worker that served
-//     the request's session last.
-//  4. The worker's KV-cache events (KVIndex, vLLM's), when they can answer
-//     for the worker, replace it: they are exact. A request in flight
-//     there (kvsent.go) raises them by the blocks it has not published
-//     yet. When the events were lost since a gap, the belief stands and
-//     says so.
+//  1. the router index's guess (PrefixIndex);
+//  2. the worker's own report (CacheReport), raising it when fresh and
+//     holding more, never lowering it: a report lists the slots' KV only,
+//     lags the requests sent since and hashes the chat template's text,
+//     so its silence is not evidence;
+//  3. the session hint (sessions.go), raising it for the session's worker;
+//  4. the worker's KV-cache events (KVIndex), which replace it when they
+//     can answer, raised by the blocks of requests in flight there
+//     (kvsent.go).
 type Belief struct {
 	// PrefixMatch is the fraction (0..1) of the request's leading prompt
 	// blocks the worker is believed to hold; PrefixSource names the source
@@ -153,9 +82,8 @@ type KVIndex interface {
 }
 
 // beliefSrc is what the sources of a Belief read besides the request and
-// the candidates: the configuration (the indexes, how old a report may
-// be), the time, and where the request's session went last (nil when the
-// table does not know it, or is off). A pick resolves it once.
+// the candidates, resolved once per pick; session is where the request's
+// session went last (nil when unknown or off).
 type beliefSrc struct {
 	conf    *pickConf
 	now     time.Time
@@ -196,9 +124,9 @@ func (b *beliefSrc) guesses(req *Request, cands []Candidate) {
 	}
 }
 
-// guessBufs returns the slices guesses passes the index, of length n:
-// for a single candidate (the affinity rules ask about one worker at a
-// time, for every worker) in one allocation rather than three.
+// guessBufs returns the slices guesses passes the index, of length n, in
+// one allocation for the common single candidate (the affinity rules ask
+// about one worker at a time).
 func guessBufs(n int) ([]string, []float64, []bool) {
 	const few = 1
 	if n != few {
@@ -213,9 +141,8 @@ func guessBufs(n int) ([]string, []float64, []bool) {
 }
 
 // kvBelief replaces c's belief with the worker's KV events when they can
-// answer for c's worker, raised by the blocks of its requests in flight
-// there (sent); else the belief stands, and the record says why when
-// events were lost.
+// answer for it, raised by its requests in flight there (sent); else the
+// belief stands, and the record says when events were lost.
 func (b *beliefSrc) kvBelief(req *Request, c *Candidate, sent []kvSent) {
 	n, seq, ok, why := b.conf.cfg.KVIndex.Match(c.Name, req.KVBlocks)
 	switch {
@@ -242,10 +169,9 @@ func (b *beliefSrc) reportMatch(req *Request, c *Candidate) {
 	}
 }
 
-// recordPrefixLocked tells the index that w is about to serve req's
-// prefix, and first, when the worker's reported KV cache size changed,
-// how much of it the index may remember; and the session table that w
-// serves req's session.
+// recordPrefixLocked tells the session table and the prefix index that w
+// serves req, and first the index how much of w's KV cache it may
+// remember when that changed.
 func (s *Scheduler) recordPrefixLocked(req Request, w *worker) {
 	if s.sessions != nil && req.Session != "" { // else nothing to record, and no clock to read
 		var first uint64
@@ -267,16 +193,9 @@ func (s *Scheduler) recordPrefixLocked(req Request, w *worker) {
 }
 
 // prefixMatch is the fraction of the request's leading prompt blocks the
-// worker is expected to hold in its KV cache, 0..1 (Candidate.PrefixMatch),
-// as is: a reward, so a worker that would skip most of the prefill scores
-// lower.
-//
-// Its weight stays below active_requests' (50 against 100 by default): a
-// full match is worth half of one request in flight. So a worker holding
-// the prefix wins among workers equally loaded, but a busy worker holding
-// it loses to an idle one that does not: affinity must not herd a popular
-// conversation or system prompt onto one card while others sit idle, which
-// would trade a saved prefill for a queue.
+// worker is expected to hold in its KV cache, 0..1: a reward. Its default
+// weight is half of one request in flight, so a busy holder loses to an
+// idle worker: affinity must not herd a popular prefix onto one card.
 type prefixMatch struct{}
 
 func (prefixMatch) Name() string { return "prefix" }
@@ -288,10 +207,8 @@ func (prefixMatch) Score(_ *Env, c []Candidate, raw, norm []float64) {
 	}
 }
 
-// Provenance names the source: "router index (guess)" (or "(shared)"),
-// or "worker report (llama.cpp /slots, 1.2s old)" with the report's time
-// as the value's; when a report did not win, it says how much the report
-// held, or that it was stale.
+// Provenance names the source that set the match; when a report did not
+// win, it says how much the report held, or that it was stale.
 func (prefixMatch) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
 	rep := c.Snap.CacheReport
 	switch {

@@ -2,64 +2,28 @@ package scheduler
 
 import (
 	"errors"
-	"fmt"
 	"math"
-	"slices"
 	"time"
 
-	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/promise"
 )
 
-// Admission by promise (Config.Admission "slo"): a request's promise is
-// its SLO, a first token within its objective, then a decode rate no
-// lower than its floor, and the scheduler admits to keep as many
-// promises as it can. With a Predictor (package predict), each eligible
-// worker is asked what the request would get there if sent now: its time
-// to first token, its decode rate, and the decode rate left to the
-// streams already running there.
-//
-//   - Bind now, to the best-scored worker among those predicted to meet
-//     the request's objective (what is left of it after its wait in
-//     Sluice), unless waiting for the first stream to end is predicted
-//     likelier to keep the decode floor of the request and of the streams
-//     running beside it (a floor's chance comes from the rate predicted at
-//     the level it would run at and the spread measured there).
-//   - If no worker meets the objective now, wait in Sluice's queue only if
-//     waiting for the first stream to end is predicted to meet it, and
-//     sooner than any worker could now.
-//   - A request that waits by choice does not hold the queue: one behind
-//     it whose promise the free room keeps is bound there meanwhile.
-//   - When neither can, do what the SLO says: serve where the predicted
-//     first token comes soonest (on_miss: serve), or refuse at once with
-//     503 and Retry-After (on_miss: refuse), which under overload keeps
-//     the workers for the requests that can still be served in time.
-//
-// A cached prefix shortens the predicted prefill, so a conversation goes
-// back to its worker exactly when that is predicted to be faster for it
-// and harmless to the streams there: herding is bounded by prediction.
-// The learned limits become an input rather than a cap: a worker whose
-// predictions are known and trusted is judged by them up to its cap (its
-// max_concurrency or reported slots); one without enough history, or
-// whose predictions keep missing (predict.Predictor.Trusted), is judged
-// by its learned limit as under the "limits" admission, and the record
-// says so.
-//
-// The stage runs after the candidates are known (it needs their prefix
-// match) and before the picker; it drops workers with the reason code
-// whySLO. Baselines never run it.
+// Admission by promise (Config.Admission "slo"; the judgment: package
+// promise). The stage runs after the candidates (it needs their prefix
+// match) and before the picker, dropping workers with the reason whySLO;
+// baselines never run it.
 
 // Admission modes (Config.Admission).
 const (
 	// AdmitByLimits judges workers by their learned concurrency limits.
 	AdmitByLimits = "limits"
-	// AdmitBySLO judges them by the predicted promise (above).
+	// AdmitBySLO judges them by the predicted promise (package promise).
 	AdmitBySLO = "slo"
 )
 
-// ErrSLOUnmeetable is the refusal of a request no worker is predicted to
-// serve within its SLO, now or after waiting, whose SLO says on_miss:
-// refuse.
+// ErrSLOUnmeetable refuses a request no worker is predicted to serve
+// within its SLO, now or after waiting, when its SLO says on_miss: refuse.
 var ErrSLOUnmeetable = errors.New("no worker is predicted to meet this request's SLO, now or after waiting")
 
 // promiseOn reports whether the promise stage runs for p.
@@ -67,10 +31,9 @@ func (s *Scheduler) promiseOn(p *pick) bool {
 	return s.cfg.Predictor != nil && s.cfg.Admission == AdmitBySLO && !p.baseline
 }
 
-// sloOf resolves the SLO of p's request: its own fields (an API key's,
-// tightened by headers), then its class's, then the default: configured,
-// else d's, derived from what the model's workers do unloaded
-// (predict.DefaultSLO), refreshed every sloRefresh (nil when configured).
+// sloOf resolves the SLO of p's request: its own fields, then its
+// class's, then the configured default, else d's, derived from what the
+// model's workers do unloaded.
 func (p *pick) sloOf(d *derived) predict.SLO {
 	cfg := p.conf.cfg
 	slo := p.req.SLO
@@ -111,8 +74,8 @@ func (s *Scheduler) derivedLocked(model string, now time.Time) *derived {
 }
 
 // derived is what was last derived of a model from its workers unloaded:
-// its default SLO, and the prefill time per 1,000 prompt tokens of its
-// fastest worker (0 while unknown).
+// its default SLO and its fastest worker's prefill time per 1,000 prompt
+// tokens (0 while unknown).
 type derived struct {
 	slo          predict.SLO
 	prefillPer1k time.Duration
@@ -134,218 +97,43 @@ func (p *pick) inputFor(v *view, c *Candidate) predict.Input {
 	}
 }
 
-// promiseStage is the promise stage: it resolves p's SLO (d is the
-// model's derived one, as sloOf says) and objective,
-// then keeps the workers predicted to keep p's promise, or decides that the request waits, is served where
-// it misses least, or is refused.
-//
-// A decode floor is a promise kept by most streams, not a median: the
-// spread of a stream's rate at the level it would run at (interference,
-// a prefill landing beside it) decides how often it holds. So each
-// worker's chance of keeping the floor, for the new stream and for those
-// already running there, comes from the predicted rate and the spread
-// measured at that level (floorChance), and the request binds now unless
-// waiting for the first stream to end is predicted likelier to keep
-// every promise involved: its first token in time (the wait taken as
-// memoryless, of mean FreeIn, as the predictor models it) and the floors
-// one level lower. A chance of at least surelyKept binds at once. Among the workers that keep its first token in time
-// the score chooses as ever; only when waiting beats all of them does the
-// request wait, and requests behind it may take the room it declined
-// (overtakeLocked). No margin is tuned here: the comparison is of
-// two predicted chances.
+// promiseStage resolves p's SLO (d as sloOf says) and objective, asks the
+// predictor about each eligible worker, and keeps those package promise
+// judges may take the request; p.promise says what it decided.
 func (p *pick) promiseStage(d *derived) {
-	pm := &p.promise
-	pm.slo = p.sloOf(d)
+	slo := p.sloOf(d)
 	cached := 0
 	for j := range p.cands {
 		cached = max(cached, int(clamp01(p.cands[j].PrefixMatch)*float64(p.req.PromptTokens)))
 	}
 	// The objective allows for the prefill of what no worker is expected
 	// to hold: the most cached anywhere is what it could skip.
-	pm.objective = pm.slo.Deadline(p.req.PromptTokens, cached)
-	if pm.objective <= 0 {
-		pm.objective = math.MaxInt64 / 4 // no TTFT objective: any time meets it
+	objective := slo.Deadline(p.req.PromptTokens, cached)
+	if objective <= 0 {
+		objective = math.MaxInt64 / 4 // no TTFT objective: any time meets it
 	}
-	remaining := pm.objective - p.env.Now.Sub(p.arrived)
-	n := len(p.elig)
-	p.preds, p.meets = make([]predict.Prediction, n), make([]bool, n)
-	preds, meets := p.preds, p.meets
-	floor := pm.slo.MinDecode
-	bestWait, waitChance := p.predict(remaining)
-	bestNow := time.Duration(math.MaxInt64)
-	any, judged := false, 0
-	nowChance := 0.0 // the best chance of keeping it by binding now
-	for j := range n {
-		v, pr := p.at(j), &preds[j]
-		if !meets[j] {
-			meets[j] = v.active < v.lim.limit // judged as by the limits
-			any = any || meets[j]
-			continue
-		}
-		judged++
-		bestNow = min(bestNow, pr.TTFT)
-		chance := floorChance(pr.Decode, pr.DecodeCV, floor) * floorChance(pr.DecodeOthers, pr.DecodeCV, floor)
-		meets[j] = pr.TTFT <= remaining && chance > 0
-		if meets[j] {
-			any = true
-			nowChance = max(nowChance, chance)
-		}
+	predictor := p.conf.cfg.Predictor
+	ws := make([]promise.Worker, len(p.elig))
+	for j := range ws {
+		v, c := p.at(j), &p.cands[j]
+		pred := predictor.Predict(c.Name, p.inputFor(v, c))
+		trusted, _ := predictor.Trusted(c.Name)
+		ws[j] = promise.Worker{Pred: pred, Judged: pred.Known && trusted, UnderLimit: v.active < v.lim.limit}
 	}
-	if judged > 0 && nowChance < surelyKept && nowChance < waitChance {
-		// Waiting keeps the promise more surely than any worker now. A
-		// worker judged by its limits (predictions not trusted) has an
-		// unknown chance, taken as no better than the best trusted one's:
-		// it is let go too, unless it has no prediction at all.
-		for j := range n {
-			if preds[j].Known {
-				meets[j] = false
-			}
-		}
-		any = slices.Contains(meets, true)
-	}
-	switch {
-	case any:
-		pm.verdict = verdictMeets
-	case judged == 0:
-		pm.verdict = verdictLimits // nobody judged by prediction: wait as ever
-	case waitChance > 0 || (bestWait <= remaining && bestWait < bestNow):
-		pm.verdict, pm.wait = verdictWait, bestWait
-	case pm.slo.OnMiss == predict.OnMissRefuse:
-		pm.verdict = verdictRefuse
-	default:
-		// Served where its first token is predicted soonest.
-		pm.verdict = verdictServe
-		for j := range n {
-			meets[j] = preds[j].Known && preds[j].TTFT == bestNow
-		}
-	}
-	pm.remaining, pm.nowChance, pm.waitChance = remaining, nowChance, waitChance
+	p.promise = promise.Judge(ws, slo, objective, objective-p.env.Now.Sub(p.arrived))
 	keep := 0
-	for j := range n {
-		if meets[j] {
-			p.elig[keep], p.cands[keep], preds[keep] = p.elig[j], p.cands[j], preds[j]
+	for j := range ws {
+		if ws[j].Keeps {
+			p.elig[keep], p.cands[keep], ws[keep] = p.elig[j], p.cands[j], ws[j]
 			keep++
 			continue
 		}
 		p.at(j).why = whySLO
 	}
-	p.elig, p.cands, p.preds = p.elig[:keep], p.cands[:keep], preds[:keep]
+	p.elig, p.cands, p.judged = p.elig[:keep], p.cands[:keep], ws[:keep]
 }
 
-// predict predicts p's request on each eligible worker into p.preds
-// and marks in p.meets those judged by prediction (known and trusted);
-// it returns the soonest first token predicted after waiting for a
-// stream to end, and the best chance of keeping the promise by waiting.
-func (p *pick) predict(remaining time.Duration) (bestWait time.Duration, waitChance float64) {
-	preds, meets, floor := p.preds, p.meets, p.promise.slo.MinDecode
-	predictor := p.conf.cfg.Predictor
-	bestWait = time.Duration(math.MaxInt64)
-	for j := range preds {
-		v, c := p.at(j), &p.cands[j]
-		preds[j] = predictor.Predict(c.Name, p.inputFor(v, c))
-		pr := &preds[j]
-		// meets holds whether the worker is judged by prediction until
-		// the loop below decides it (Trusted sorts its last errors: once
-		// per worker).
-		ok, _ := predictor.Trusted(c.Name)
-		meets[j] = pr.Known && ok
-		if !meets[j] || pr.FreeIn <= 0 {
-			continue
-		}
-		after := pr.FreeIn + pr.TTFTAfterOne
-		bestWait = min(bestWait, after)
-		if after <= remaining {
-			inTime := 1 - math.Exp(-float64(remaining-pr.TTFTAfterOne)/float64(pr.FreeIn))
-			waitChance = max(waitChance, inTime*
-				floorChance(pr.DecodeAfterOne, pr.DecodeCVAfterOne, floor)*
-				floorChance(pr.DecodeOthersAfterOne, pr.DecodeCVAfterOne, floor))
-		}
-	}
-	return bestWait, waitChance
-}
-
-// surelyKept is the chance of keeping its floor at which a request binds
-// now whatever waiting might add: 19 in 20, the share of requests that
-// must keep their promise for a load to count as goodput. Above it the
-// chances compared are closer than the predictions behind them are
-// right (on a real llama-server, a 0.9993 against 0.9996 held requests
-// in the queue while slots stood free).
-const surelyKept = 0.95
-
-// floorChance is the chance that a stream predicted to decode at rate,
-// with a spread (coefficient of variation) cv measured at its level,
-// keeps floor: its rate taken as log-normal about the prediction. It is
-// 1 without a floor or a prediction (rate 0: nothing runs), and 1 or 0
-// while no spread is known.
-func floorChance(rate, cv, floor float64) float64 {
-	if floor <= 0 || rate == 0 {
-		return 1
-	}
-	if cv <= 0 {
-		if rate >= floor {
-			return 1
-		}
-		return 0
-	}
-	sigma := math.Sqrt(math.Log1p(cv * cv))
-	return 0.5 * math.Erfc(-math.Log(rate/floor)/(sigma*math.Sqrt2))
-}
-
-// The promise stage's verdicts.
-const (
-	verdictNone   uint8 = iota // the stage did not run
-	verdictMeets               // some worker is predicted to keep the promise
-	verdictLimits              // no worker is judged by prediction yet
-	verdictWait                // waiting is predicted to keep it
-	verdictServe               // nobody can: served where it misses least
-	verdictRefuse              // nobody can, and the SLO says refuse
-)
-
-// promiseState is what the promise stage knows and decided of a pick.
-type promiseState struct {
-	slo       predict.SLO
-	objective time.Duration // the TTFT objective, from arrival
-	remaining time.Duration // what was left of it at the pick
-	// nowChance and waitChance are the predicted chances of keeping the
-	// promise by binding now (the best worker's) and by waiting.
-	nowChance, waitChance float64
-	verdict               uint8
-	wait                  time.Duration // verdictWait: the predicted first token after waiting
-}
-
-// promiseRecord puts the chosen worker's prediction and the stage's
-// verdict in a record.
-func promiseRecord(pm *promiseState, pr *predict.Prediction, trusted string) *decisions.Promise {
-	out := &decisions.Promise{
-		ObjectiveMs: millis(pm.objective), RemainingMs: millis(pm.remaining), MinDecode: pm.slo.MinDecode,
-		OnMiss: string(pm.slo.OnMiss),
-	}
-	if pr != nil {
-		out.PredictedTTFTMs, out.PredictedDecode, out.PredictedOthersDecode = millis(pr.TTFT), pr.Decode, pr.DecodeOthers
-		out.Source, out.Known = pr.Source, pr.Known
-	}
-	out.Untrusted = trusted
-	switch pm.verdict {
-	case verdictMeets:
-		out.Verdict = "meets"
-	case verdictLimits:
-		out.Verdict = "no prediction yet: judged by the learned limits"
-	case verdictWait:
-		out.Verdict = fmt.Sprintf("waits: the first token after a stream ends is predicted in %.0f ms, sooner than any worker now", millis(pm.wait))
-	case verdictServe:
-		out.Verdict = "no worker meets it, now or after waiting: served where the first token is predicted soonest"
-	case verdictRefuse:
-		out.Verdict = "no worker meets it, now or after waiting: refused (on_miss: refuse)"
-	}
-	return out
-}
-
-// millis is d in milliseconds, as records give times.
-func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// sloFilter only names the reason of the workers the promise stage
-// dropped; the stage itself is promiseStage (it compacts the
-// candidates and predictions with the views).
+// sloFilter only names the reason of the workers promiseStage dropped.
 type sloFilter struct{}
 
 func (sloFilter) keep(_ *pick, in []int32, _ uint8) []int32 { return in }

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"math"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -13,29 +12,6 @@ import (
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/stats"
 )
-
-func TestFloorChance(t *testing.T) {
-	for _, tt := range []struct {
-		name            string
-		rate, cv, floor float64
-		want, within    float64
-	}{
-		{"no floor", 3, 0.5, 0, 1, 0},
-		{"nothing runs", 0, 0.5, 15, 1, 0},
-		{"no spread known, above", 20, 0, 15, 1, 0},
-		{"no spread known, below", 10, 0, 15, 0, 0},
-		{"at the floor: a coin", 15, 0.4, 15, 0.5, 1e-12},
-		// σ = √ln(1 + 0.3²) = 0.2936; ln 2 / σ = 2.361: Φ = 0.9909.
-		{"twice the floor, cv 0.3", 30, 0.3, 15, 0.9909, 1e-4},
-		{"half the floor, cv 0.3", 7.5, 0.3, 15, 1 - 0.9909, 1e-4},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := floorChance(tt.rate, tt.cv, tt.floor); math.Abs(got-tt.want) > tt.within {
-				t.Errorf("floorChance(%v, %v, %v) = %.5f, want %.5f", tt.rate, tt.cv, tt.floor, got, tt.want)
-			}
-		})
-	}
-}
 
 // spreadSched returns a scheduler admitting by promise over one worker
 // of 4 streams, with a 5 s first-token objective and a floor of 15

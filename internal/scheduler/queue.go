@@ -6,18 +6,16 @@ import (
 	"github.com/sluice-router/sluice/internal/fairq"
 )
 
-// Class is a priority class of requests. Classes are served in strict
-// priority order, bounded by the aging rule (see Config.MaxOvertake), and
-// each has its own queueing deadline.
+// Class is a priority class of requests: served in priority order,
+// bounded by the aging rule (Config.MaxOvertake), with its own deadline.
 type Class struct {
 	// Name is what a request names (the X-Sluice-Priority header).
 	Name string `yaml:"name" json:"name"`
 	// Priority orders the classes: lower is served first.
 	Priority int `yaml:"priority" json:"priority"`
 	// MaxQueueWait is the class's deadline in the queue: a request that
-	// cannot be bound within it is refused at once (deadline_unmeetable)
-	// rather than served late, and one that waits that long times out.
-	// 0 takes the queue timeout.
+	// cannot be bound within it is refused at once, and one that waits
+	// that long times out. 0 takes the queue timeout.
 	MaxQueueWait time.Duration `yaml:"max_queue_wait" json:"max_queue_wait,omitempty"`
 }
 
@@ -30,10 +28,8 @@ func DefaultClasses() []Class {
 // DefaultMaxOvertake is the aging bound used when Config.MaxOvertake is 0.
 const DefaultMaxOvertake = 10 * time.Second
 
-// queue is one model's waiting requests, in fairq's order. It exists
-// only while requests wait (a backlog): it is created by the first and
-// deleted with the last, so client-supplied model names leave no state
-// behind.
+// queue is one model's waiting requests. It exists only while requests
+// wait, so client-supplied model names leave no state behind.
 type queue struct {
 	*fairq.Queue[*Ticket]
 	since time.Time // when this backlog began

@@ -12,15 +12,10 @@ import (
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
-// pickRecord is a decision record as a pick makes it. A record lists every
-// worker with the words and numbers that explain it, but it is read
-// rarely (the API, the dashboard, the decision log file) while a pick is
-// made for every request: so a pick keeps one slot of plain values per
-// worker, and the record's Candidates are built from them, with every
-// term and limit recomputed, when the record is first read
-// (pickRecord.explain, run by decisions.Record.Explain). Everything here
-// is of decision time and never changes afterwards: snapshots and stats
-// are immutable values.
+// pickRecord is a decision record as a pick makes it. A pick keeps one
+// slot of plain values per worker; the record's words, terms and limits
+// are recomputed from them when it is first read (explain), since records
+// are read rarely and picks are made for every request.
 type pickRecord struct {
 	rec   decisions.Record
 	slots []slot // one per worker, in configuration order
@@ -48,9 +43,8 @@ type pickRecord struct {
 	adapter *adapterPick
 }
 
-// slot is what a record keeps of one worker: its name, telemetry and
-// stats (immutable values), what its limit was computed from and, for an
-// eligible worker, what it was scored on.
+// slot is what a record keeps of one worker: what its limit was computed
+// from and, for an eligible worker, what it was scored on.
 type slot struct {
 	name        string
 	snap        *Snapshot
@@ -81,12 +75,9 @@ func newPickRecord(p *pick) *pickRecord {
 	return pr
 }
 
-// keep writes every worker's slot of the record from p's views: what
-// its limit was computed from and why it is or is not eligible and, for
-// an eligible worker, what it was chosen among on and, when pr was
-// scored, its total. It runs once the picker has chosen. It reports
-// whether the record scored p's eligible workers, which then have it as
-// their latest decision (the caller's to note on them).
+// keep writes every worker's slot of the record from p's views once the
+// picker has chosen. It reports whether the record scored p's eligible
+// workers, which then have it as their latest decision.
 func (pr *pickRecord) keep(p *pick) (scoring bool) {
 	pr.slots = make([]slot, len(p.views))
 	if pr.scored {
@@ -165,9 +156,8 @@ func (pr *pickRecord) explain(r *decisions.Record) {
 	}
 }
 
-// explainScores fills in the terms and ranks of the eligible candidates
-// (cands, at their indexes at in r.Candidates, with totals tot) and the
-// reason in words.
+// explainScores fills in the terms, ranks and reason of the eligible
+// candidates (cands, at indexes at in r.Candidates, with totals tot).
 func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at []int, tot []float64) {
 	keys := make([]rankKey, len(at))
 	won := -1 // with a Ledger, its choice: ties and shared limits were its
@@ -220,8 +210,7 @@ func (pr *pickRecord) explainScores(r *decisions.Record, cands []Candidate, at [
 }
 
 // fillRecord fills in a new record's header: its ID and what it says of
-// the request, whose expected output is out, from src (internal/outlen). It
-// reads the configuration and the ID counter alone.
+// the request, whose expected output is out, from src.
 func (s *Scheduler) fillRecord(rec *decisions.Record, req *Request, now time.Time, out float64, src string) {
 	var id [64]byte
 	*rec = decisions.Record{

@@ -18,39 +18,30 @@ type WorkerSpec struct {
 	// Source reports discovered models.
 	Models []string
 	// MaxConcurrency caps Sluice's in-flight requests on the worker; 0
-	// takes the worker's reported slot count, else limit.Config.DefaultCap
-	// (1 with learning off). Below the cap the limit is learned unless
-	// limit.Config.Fixed.
+	// takes the reported slot count, else limit.Config.DefaultCap.
 	MaxConcurrency int
 	// Source publishes the worker's telemetry; nil means healthy with no
 	// telemetry.
 	Source Source
-	// Unserved names the client routes the worker's engine is known not
-	// to serve (e.g. "/v1/messages" on text-generation-inference): a
-	// request for one of them (Request.Route) is never sent there
-	// (filter_route.go). Empty: it serves every route Sluice routes.
+	// Unserved names the client routes the worker's engine does not
+	// serve (e.g. "/v1/messages" on TGI); see filter_route.go.
 	Unserved []string
 	// Kind is the worker's engine kind ("llamacpp", "vllm", ...), for
 	// requests that only some kinds can serve (Request.Kinds).
 	Kind string
-	// LoadsAdapters says the worker loads LoRA adapters at run time
-	// (vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING): with
-	// AdapterConfig.LoadOnDemand it may be chosen to load one.
+	// LoadsAdapters says the worker loads LoRA adapters at run time, so
+	// AdapterConfig.LoadOnDemand may choose it to load one.
 	LoadsAdapters bool
 }
 
 // worker is the registry's entry for one worker: its spec and the
-// counters admission keeps of it, guarded by the scheduler's lock. What a
-// pick resolves of it (telemetry, stats, limit) is the pick's (view).
+// counters admission keeps of it, under the scheduler's lock.
 //
-// The registry owns a worker's life. AddWorker starts it; RemoveWorker
-// takes the worker out of the fleet, and while Sluice's streams still run
-// on it the entry stays in Scheduler.leaving, still counting them. A
-// worker added again under its name meanwhile takes that entry back, so
-// the streams of its last life count against its limit and their
-// releases give its own slots back. When the last of them ends the life
-// is over (retireLocked): the predictor and the stats forget the name,
-// and Config.Retired tells the worker's owner outside the scheduler.
+// A removed worker whose streams still run stays in Scheduler.leaving,
+// counting them; added again under its name it takes that entry back, so
+// those streams count against its limit. When the last ends, its life is
+// over (retireLocked) and the predictor, the stats and Config.Retired are
+// told.
 type worker struct {
 	spec     WorkerSpec
 	order    int // its index in configuration order
@@ -70,8 +61,7 @@ type worker struct {
 	prefixKV int
 
 	// remote is the other replicas' requests in flight on the worker as
-	// the shared ledger last said (0 without one): the level a stream
-	// runs at is the worker's, not this replica's share of it.
+	// the shared ledger last said (0 without one).
 	remote int
 	busy   busy // integral of active+remote over time
 	// moved is the latest change of the learned limit.
@@ -109,63 +99,51 @@ func (w *worker) serves(s *Snapshot, model string) bool {
 
 // AddWorker adds a worker and places any queued requests it can take.
 func (s *Scheduler) AddWorker(spec WorkerSpec) error {
-	done, err := s.addWorker(spec)
-	s.finish(done)
-	return err
-}
-
-// addWorker is AddWorker under s.mu, returning the tickets it ended.
-func (s *Scheduler) addWorker(spec WorkerSpec) ([]*Ticket, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.byName[spec.Name]; ok {
-		return nil, fmt.Errorf("scheduler: worker %q already exists", spec.Name)
-	}
-	w := s.leaving[spec.Name]
-	if w != nil {
-		delete(s.leaving, spec.Name)
-		w.spec, w.removed, w.draining = spec, false, false
-		w.prefixKV = 0 // the prefix index forgot the worker with its removal
-	} else {
-		w = &worker{spec: spec}
-	}
-	w.order = len(s.workers)
-	s.workers = append(s.workers, w)
-	s.byName[spec.Name] = w
-	done := s.dispatchLocked()
-	s.changed.notify()
-	return done, nil
+	return s.update(func() ([]*Ticket, error) {
+		if _, ok := s.byName[spec.Name]; ok {
+			return nil, fmt.Errorf("scheduler: worker %q already exists", spec.Name)
+		}
+		w := s.leaving[spec.Name]
+		if w != nil {
+			delete(s.leaving, spec.Name)
+			w.spec, w.removed, w.draining = spec, false, false
+			w.prefixKV = 0 // the prefix index forgot the worker with its removal
+		} else {
+			w = &worker{spec: spec}
+		}
+		w.order = len(s.workers)
+		s.workers = append(s.workers, w)
+		s.byName[spec.Name] = w
+		return s.dispatchLocked(), nil
+	})
 }
 
 // RemoveWorker stops sending requests to a worker. Requests in flight on
-// it keep their leases and finish normally, and the worker is forgotten
-// when the last of them ends; queued requests that nobody left can serve
-// are refused.
+// it finish normally; queued requests nobody left can serve are refused.
 func (s *Scheduler) RemoveWorker(name string) error {
-	done, err := s.removeWorker(name)
-	s.finish(done)
-	return err
+	return s.update(func() ([]*Ticket, error) {
+		w, err := s.named(name)
+		if err != nil {
+			return nil, err
+		}
+		w.removed = true
+		delete(s.byName, name)
+		s.workers = slices.DeleteFunc(s.workers, func(x *worker) bool { return x == w })
+		for i, x := range s.workers {
+			x.order = i
+		}
+		s.leaving[name] = w
+		s.retireLocked(w)
+		return s.sweepLocked(nil), nil
+	})
 }
 
-// removeWorker is RemoveWorker under s.mu, returning the tickets it ended.
-func (s *Scheduler) removeWorker(name string) ([]*Ticket, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, ok := s.byName[name]
-	if !ok {
-		return nil, fmt.Errorf("scheduler: no worker %q", name)
+// named returns the worker of that name, under the lock.
+func (s *Scheduler) named(name string) (*worker, error) {
+	if w, ok := s.byName[name]; ok {
+		return w, nil
 	}
-	w.removed = true
-	delete(s.byName, name)
-	s.workers = slices.DeleteFunc(s.workers, func(x *worker) bool { return x == w })
-	for i, x := range s.workers {
-		x.order = i
-	}
-	s.leaving[name] = w
-	s.retireLocked(w)
-	done := s.sweepLocked(nil)
-	s.changed.notify()
-	return done, nil
+	return nil, fmt.Errorf("scheduler: no worker %q", name)
 }
 
 // forgetter is a StatsReader that holds per-worker state (*stats.Tracker).
@@ -174,9 +152,8 @@ type forgetter interface {
 }
 
 // retireLocked ends a removed worker's life once none of Sluice's streams
-// runs on it: it leaves Scheduler.leaving, and the predictor and the
-// stats forget it. The stored averages stay where the stats keep them, so
-// a worker that comes back under the name is still known.
+// runs on it: the predictor and the stats forget it (the stored averages
+// stay, so a worker that comes back under the name is still known).
 func (s *Scheduler) retireLocked(w *worker) {
 	if !w.removed || w.active > 0 || w.retired {
 		return
@@ -195,86 +172,46 @@ func (s *Scheduler) retireLocked(w *worker) {
 	}
 }
 
-// SetDraining stops (or resumes) new requests to a worker; requests in
-// flight finish normally, queued requests that no other worker can serve
-// are refused.
+// SetDraining stops (or resumes) new requests to a worker; queued
+// requests that no other worker can serve are refused.
 func (s *Scheduler) SetDraining(name string, draining bool) error {
-	done, err := s.setDraining(name, draining)
-	s.finish(done)
-	return err
+	return s.update(func() ([]*Ticket, error) {
+		w, err := s.named(name)
+		if err != nil {
+			return nil, err
+		}
+		w.draining = draining
+		return s.sweepLocked(s.dispatchLocked()), nil
+	})
 }
 
-// setDraining is SetDraining under s.mu, returning the tickets it ended.
-func (s *Scheduler) setDraining(name string, draining bool) ([]*Ticket, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, ok := s.byName[name]
-	if !ok {
-		return nil, fmt.Errorf("scheduler: no worker %q", name)
-	}
-	w.draining = draining
-	done := s.sweepLocked(s.dispatchLocked())
-	s.changed.notify()
-	return done, nil
-}
-
-// UpdateWorker replaces a worker's settings — models, max_concurrency,
-// telemetry source — in place. Its requests in flight, their reserved
-// cost and what was learned of it stay, so a config reload that changes a
-// worker cannot admit a fresh full batch while the old leases still run.
+// UpdateWorker replaces a worker's spec in place. Its requests in flight
+// and their cost stay, so a config reload cannot admit a fresh full batch
+// while the old leases still run.
 func (s *Scheduler) UpdateWorker(spec WorkerSpec) error {
-	done, err := s.updateWorker(spec)
-	s.finish(done)
-	return err
-}
-
-// updateWorker is UpdateWorker under s.mu, returning the tickets it ended.
-func (s *Scheduler) updateWorker(spec WorkerSpec) ([]*Ticket, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, ok := s.byName[spec.Name]
-	if !ok {
-		return nil, fmt.Errorf("scheduler: no worker %q", spec.Name)
-	}
-	w.spec = spec
-	done := s.sweepLocked(s.dispatchLocked())
-	s.changed.notify()
-	return done, nil
+	return s.update(func() ([]*Ticket, error) {
+		w, err := s.named(spec.Name)
+		if err != nil {
+			return nil, err
+		}
+		w.spec = spec
+		return s.sweepLocked(s.dispatchLocked()), nil
+	})
 }
 
 // Kick places queued requests that have become placeable for reasons the
-// scheduler cannot see itself: a worker turned healthy, loaded a model, or
-// reported more slots. It also refuses those that can no longer be served:
-// every worker of their model went down, or discovery showed that nobody
-// serves it. The fleet calls it when a snapshot changes.
+// scheduler cannot see (a worker turned healthy, loaded a model, reported
+// more slots) and refuses those that no longer can be. The fleet calls it
+// when a snapshot changes.
 func (s *Scheduler) Kick() {
-	s.finish(s.kick())
+	s.update(func() ([]*Ticket, error) { return s.sweepLocked(s.dispatchLocked()), nil })
 }
 
-// kick is Kick under s.mu, returning the tickets it ended.
-func (s *Scheduler) kick() []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	done := s.sweepLocked(s.dispatchLocked())
-	s.changed.notify()
-	return done
-}
-
-// unplaceable names the refusal for a request no worker can take now
-// under a baseline policy.
-func (s *Scheduler) unplaceable(req Request) error {
-	if err, _ := s.admissibleLocked(req); err != nil {
-		return err
-	}
-	return ErrNoHealthyWorker
-}
-
-// admissibleLocked returns the error that makes waiting pointless: no
-// worker serves the model, or none that does could ever take this request
-// (all down, draining or already failed it). Loading workers count as
-// coming: capacity is a model loaded on a card, and it is on its way.
-// speculative says waiting is speculative: no worker is known to serve
-// the model, but some worker's models are still being discovered.
+// admissibleLocked returns the error that makes waiting pointless for
+// req: no worker serves the model, or none that does could ever take it.
+// A loading worker counts as capacity on its way. speculative says no
+// worker is known to serve the model but some worker's models are still
+// unknown.
 func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) {
 	serves, undiscovered, fits, routeless := false, false, false, false
 	ap := s.adapterOf(req.Model)
@@ -312,12 +249,8 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 	return ErrNoHealthyWorker, false
 }
 
-// tooLong reports whether req's prompt cannot fit the worker's context
-// (prompt plus completion per slot, when the worker reports it). The
-// prompt size is an estimate, so only the prompt is held against it: a
-// request the worker would surely refuse is not sent there. req is a
-// pointer: the context rule asks for every worker at every pick, and a
-// Request is large to copy.
+// tooLong reports whether req's prompt (an estimate, so the prompt alone)
+// exceeds the worker's context per slot, when it reports one.
 func tooLong(snap *Snapshot, req *Request) bool {
 	return snap.ContextTokens > 0 && req.PromptTokens > snap.ContextTokens
 }

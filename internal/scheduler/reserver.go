@@ -7,27 +7,19 @@ import (
 	"github.com/sluice-router/sluice/internal/serial"
 )
 
-// The shared ledger's calls are network round trips (Redis), so none of
-// them runs under the scheduler's lock: a slow Redis must not stall the
-// requests of other models, the requests that need no ledger answer
-// (refusals, releases) or the readers of admission state (/api/workers,
-// /metrics). The scheduler writes each call, under its lock, to the
-// ledgerRunner's queue of the request's model, and the runner makes them
-// in that order from a goroutine of the model's own (started when a call
-// is queued, gone when none is left), so that a request is on the shared
-// waiting list before it asks for a slot and off it only after.
+// The shared ledger's calls are network round trips, so none runs under
+// the scheduler's lock: each is queued, under the lock, on the request's
+// model and made in that order by a goroutine of the model's own, so a
+// request is on the shared waiting list before it asks for a slot and off
+// it only after.
 //
-// A reservation is one such call whose answer the scheduler waits for
-// without blocking anyone: the pick that asks for it holds its locally
-// best worker tentatively (in-flight +1, its expected cost added), so
-// that the local picks made meanwhile see the reservation, and marks the
-// model as reserving, so that no other request of the model is placed
-// before the ledger answered (it would overtake the one asking). The
-// answer, handled under the lock (Scheduler.reserved), gives the hold
-// back and binds the request to the worker the ledger chose, queues it
-// when the ledger has no room, or picks on the local view while the
-// ledger is down; a request refused meanwhile (its client left, a
-// timeout, shutdown) gives the ledger's lease back.
+// A reservation is such a call whose answer the scheduler waits for
+// without blocking anyone: the asking pick holds its locally best worker
+// tentatively (in-flight +1), so local picks meanwhile see it, and marks
+// the model as reserving, so no other request of the model overtakes it.
+// The answer, handled under the lock (settleReserve), gives the hold back
+// and binds, queues, or falls back to the local view; a request refused
+// meanwhile gives the ledger's lease back.
 
 // ledgerRunner makes a Ledger's calls outside the scheduler's lock, in
 // order per model (package serial).
@@ -67,17 +59,13 @@ type reservation struct {
 	gone bool
 }
 
-// startReserveLocked asks the ledger to reserve a worker for t, as the
-// pick c scored them, holding c's worker, the local choice, until it
-// answers.
+// startReserveLocked asks the ledger to reserve a worker for t as the
+// pick c scored them, holding c's worker until it answers.
 func (s *Scheduler) startReserveLocked(t *Ticket, c choice) {
 	res, w, rec := c.pending, c.w, c.rec
 	res.t, res.hold = t, w
 	res.holdCost = s.expectedCost(w, t.req)
-	now := s.clock.Now()
-	w.busy.move(w.inFlight(), now)
-	w.active++
-	w.cost += res.holdCost
+	w.take(1, res.holdCost, s.clock.Now())
 	t.res = res
 	t.rec = rec
 	s.reserving[t.req.Model] = res
@@ -92,87 +80,72 @@ func (s *Scheduler) startReserveLocked(t *Ticket, c choice) {
 	})
 }
 
-// reserved handles the ledger's answer to res. See the comment at the top
-// of this file.
+// reserved handles the ledger's answer to res (see the top of this
+// file): it gives the hold back and binds, queues or falls back.
 func (s *Scheduler) reserved(res *reservation, pick SharedPick, err error) {
-	s.finish(s.settleReserve(res, pick, err))
-}
-
-// settleReserve is reserved under s.mu, returning the tickets it ended.
-func (s *Scheduler) settleReserve(res *reservation, pick SharedPick, err error) []*Ticket {
-	t := res.t
-	model := t.req.Model
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.clock.Now()
-	w := res.hold
-	w.busy.move(w.inFlight(), now)
-	w.active--
-	w.cost -= res.holdCost
-	if w.active == 0 {
-		w.cost = 0
-	}
-	s.retireLocked(w)
-	delete(s.reserving, model)
-	t.res = nil
-	var done []*Ticket
-	ok := err == nil && pick.Index >= 0 && pick.Index < len(res.sc) && len(pick.Active) == len(res.sc)
-	switch {
-	case res.gone:
-		if ok {
-			s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
-		}
-	case ok && !res.elig[pick.Index].removed && !res.elig[pick.Index].draining:
-		for i, e := range res.elig {
-			res.tot[i] = res.sc[i].Score + res.aw*float64(pick.Active[i])
-			e.setRemoteLocked(pick.Active[i]-e.active, now)
-		}
-		s.bindReservedLocked(res, pick.Index, pick.Lease, pick.Active, now)
-		done = append(done, t)
-	case ok: // the worker it chose left meanwhile
-		s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
-		done = s.queueLocked(t, now, true)
-	case errors.Is(err, ErrLedgerDown):
-		// The local view is all there is: levels count this replica's
-		// streams only until the ledger answers again.
-		for _, e := range s.workers {
-			e.setRemoteLocked(0, now)
-		}
-		best := -1
-		for i, e := range res.elig {
-			if e.removed || e.draining || e.active >= s.ledger.l.LocalLimit(res.sc[i].Limit) {
-				continue
+	s.update(func() ([]*Ticket, error) {
+		t := res.t
+		model := t.req.Model
+		now := s.clock.Now()
+		res.hold.take(-1, -res.holdCost, now)
+		s.retireLocked(res.hold)
+		delete(s.reserving, model)
+		t.res = nil
+		var done []*Ticket
+		ok := err == nil && pick.Index >= 0 && pick.Index < len(res.sc) && len(pick.Active) == len(res.sc)
+		switch {
+		case res.gone:
+			if ok {
+				s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
 			}
-			if best < 0 || (rankKey{res.tot[i], e.lastPick, e.order}).less(rankKey{res.tot[best], res.elig[best].lastPick, res.elig[best].order}) {
-				best = i
-			}
-		}
-		if best >= 0 {
-			s.bindReservedLocked(res, best, s.ledger.l.Adopt(res.sc[best].Worker), res.active, now)
-			done = append(done, t)
-		} else {
-			done = s.queueLocked(t, now, true)
-		}
-	default:
-		if errors.Is(err, ErrLedgerBusy) && len(pick.Active) == len(res.sc) {
-			// Full: the counts are the fleet at its busiest, the levels
-			// its streams run at now.
+		case ok && !res.elig[pick.Index].removed && !res.elig[pick.Index].draining:
 			for i, e := range res.elig {
+				res.tot[i] = res.sc[i].Score + res.aw*float64(pick.Active[i])
 				e.setRemoteLocked(pick.Active[i]-e.active, now)
 			}
+			s.bindReservedLocked(res, pick.Index, pick.Lease, pick.Active, now)
+			done = append(done, t)
+		case ok: // the worker it chose left meanwhile
+			s.ledger.release(model, res.sc[pick.Index].Worker, pick.Lease)
+			done = s.queueLocked(t, now, true)
+		case errors.Is(err, ErrLedgerDown):
+			// The local view is all there is: levels count this replica's
+			// streams only until the ledger answers again.
+			for _, e := range s.workers {
+				e.setRemoteLocked(0, now)
+			}
+			best := -1
+			for i, e := range res.elig {
+				if e.removed || e.draining || e.active >= s.ledger.l.LocalLimit(res.sc[i].Limit) {
+					continue
+				}
+				if best < 0 || (rankKey{res.tot[i], e.lastPick, e.order}).less(rankKey{res.tot[best], res.elig[best].lastPick, res.elig[best].order}) {
+					best = i
+				}
+			}
+			if best >= 0 {
+				s.bindReservedLocked(res, best, s.ledger.l.Adopt(res.sc[best].Worker), res.active, now)
+				done = append(done, t)
+			} else {
+				done = s.queueLocked(t, now, true)
+			}
+		default:
+			if errors.Is(err, ErrLedgerBusy) && len(pick.Active) == len(res.sc) {
+				// Full: the counts are the fleet at its busiest, the levels
+				// its streams run at now.
+				for i, e := range res.elig {
+					e.setRemoteLocked(pick.Active[i]-e.active, now)
+				}
+			}
+			done = s.queueLocked(t, now, true)
+			if !res.missed {
+				// Nothing freed meanwhile: the model waits for the next
+				// release or wake-up, not for another round trip now.
+				return append(done, s.dispatchExceptLocked(model, true)...), nil
+			}
 		}
-		done = s.queueLocked(t, now, true)
-		if !res.missed {
-			// Nothing freed meanwhile: the model waits for the next
-			// release or wake-up, not for another round trip now.
-			done = append(done, s.dispatchExceptLocked(model, true)...)
-			s.changed.notify()
-			return done
-		}
-	}
-	done = append(done, s.dispatchLocked()...)
-	s.changed.notify()
-	return done
+		return append(done, s.dispatchLocked()...), nil
+	})
 }
 
 // bindReservedLocked binds res's ticket to its candidate i with the
@@ -190,9 +163,8 @@ func (s *Scheduler) bindReservedLocked(res *reservation, i int, lease string, ac
 }
 
 // patchShared rewrites the record of a reserved pick with the ledger's
-// answer: each candidate's in-flight count as scored (active: across
-// replicas, or this replica's while the ledger is down) and its total,
-// the choice (candidate i), and the score.
+// answer: each candidate's in-flight count as scored, its total, and the
+// choice (candidate i).
 func (pr *pickRecord) patchShared(s *Scheduler, res *reservation, i int, active []int) {
 	if len(pr.total) < len(res.slotIdx) {
 		pr.total = make([]float64, len(res.slotIdx))
@@ -208,10 +180,9 @@ func (pr *pickRecord) patchShared(s *Scheduler, res *reservation, i int, active 
 	s.stampShared(&pr.rec)
 }
 
-// FlushLedger returns when every call to the shared ledger queued so far
-// (and every call their answers queued) has been made: a request
-// submitted before it is then bound, refused, or waiting on the shared
-// list. Without a Ledger it returns at once. Shutdown and tests use it.
+// FlushLedger returns when every call to the shared ledger queued so far,
+// and every call their answers queued, has been made. Without a Ledger it
+// returns at once.
 func (s *Scheduler) FlushLedger() {
 	if s.ledger != nil {
 		s.ledger.wait()

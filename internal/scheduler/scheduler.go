@@ -1,86 +1,41 @@
 // Package scheduler decides which worker serves each request, and when.
 //
 // It scores every eligible worker (healthy, serving the model, under its
-// concurrency limit) with a weighted sum of terms — active requests
-// dominate, throughput is a reward, KV pressure and GPU load are visible —
-// and the lowest score wins. When no worker has room the request waits in
-// a bounded per-model queue, in priority and fair-share order (see
-// queue), and is bound to whichever worker frees first (late binding).
-// Picking and reserving are one step under one lock, so four requests
-// arriving together at four idle workers land one per worker, with no
-// randomness: ties go to the least recently picked worker, then to the
-// worker listed first.
+// concurrency limit) with a weighted sum of terms, and the lowest score
+// wins; ties go to the least recently picked worker, then to the first
+// listed, so a pick is never random. When no worker has room the request
+// waits in a bounded per-model queue (package fairq gives its order) and
+// is bound to whichever worker frees first. Picking and reserving are one
+// step under one lock. docs/architecture.md lists the stages of a pick
+// and the file of each; docs/routing.md describes the rules.
 //
 // The package is pure: no HTTP, no network call under its lock, time from
 // a Clock. The HTTP router calls the blocking Admit; the virtual-time
 // simulation calls Submit and Cancel and drives time itself.
 //
-// # Stages
+// # Concurrency
 //
-// A pick (pick.go) runs as stages passing one value, made afresh for each
-// request: resolve each worker's telemetry and stats once, compute its
-// limit (limit.go), filter (filter*.go, kvfit.go), relax for a cached
-// prefix (affinity.go), score (terms.go) or let a baseline choose
-// (picker.go), and keep the record's slots (record.go), explained when
-// the record is read.
+// One mutex guards the state admission changes: the workers' counters,
+// the queues, the drain rates, the output estimator and the pickers'
+// positions. A pick's first stage copies what the later stages read of it
+// into the pick value, so those stages are functions of the pick and the
+// configuration. Telemetry (Source) and stats (StatsReader) are immutable
+// values read without blocking. Callbacks (Recorder, a ticket's notify)
+// run after the lock is released. Every unlock is deferred: a term or
+// predictor that panics fails the call it ran in, never later requests.
 //
-// # Concurrency Model
+// With a shared Ledger the ledger's calls are network round trips, made
+// outside the lock, in order per model (reserver.go); a ticket may then
+// still be pending when Submit returns.
 //
-// A Scheduler is safe for concurrent use. One mutex guards the state that
-// admission changes: the registry's counters (in flight, outstanding
-// cost, last pick, draining), the queues, the drain rates, the output
-// estimator and the pickers' positions. A pick's first stage copies what
-// the others read of that state into the pick value, beside immutable
-// values: telemetry from each worker's Source, which returns an immutable
-// snapshot without blocking, and measured averages from a StatsReader;
-// neither is written here. The later stages (filters, beliefs, terms, the
-// promise, the record's slots) are functions of the pick value and the
-// configuration, testable without a Scheduler.
-// Callbacks (Recorder, a ticket's notify) run after the lock is released,
-// and a record's words are built when it is read.
-// Every unlock is deferred, and nothing under the lock panics on purpose:
-// a term, predictor or observer that panics fails the call it ran in
-// (the lease it held, if any, stays its owner's to release), never the
-// requests after it.
-//
-// With a shared Ledger (replicas on Redis) the ledger's calls are network
-// round trips and are made outside the lock, in order per model, by one
-// goroutine per model with calls pending (reserver.go). A pick that needs
-// the ledger's answer holds its local choice (in-flight +1) and keeps the
-// rest of its model waiting until the answer, handled under the lock,
-// binds it, queues it or falls back to the local view. So with a Ledger
-// a ticket may still be pending when Submit returns; Admit waits for it,
-// and FlushLedger waits for every call queued so far.
-//
-// # Request Lifecycle and Ownership
-//
-// Submit creates a Ticket for a request of a priority class (the default
-// when it names none; an unknown class is refused) and a tenant. If its
-// model's queue is empty and a worker has room, the ticket is bound at
-// once. Otherwise it is refused when waiting is pointless (nobody serves
-// the model, or every worker that does is down), when the queue is full,
-// or when the work queued ahead of it, at the rate the queue drains, would
-// keep it waiting past twice its class's deadline (deadline_unmeetable);
-// else it waits. Whenever a worker frees, the queue's head is placed:
-// retries first; then the highest class, except that no request is
-// overtaken by a higher class arriving more than MaxOvertake after it;
-// within a class the tenant with the lowest start-time fair-queueing tag
-// (shares by token cost and tenant weight), then within the tenant the
-// flow (Request.Flow) with the lowest tag, each weighing 1; within a flow
-// arrival order.
+// # Lifecycle
 //
 // A ticket ends exactly once: bound to a Lease or refused with a *Refusal.
-// Cancel refuses a ticket only if it is still queued and reports whether
-// it did; if the ticket was bound first, its lease belongs to the caller,
-// who must Release it. A queued ticket is also refused when the fleet
-// changes (Kick, SetDraining, RemoveWorker) so that nobody left can serve
-// it. A request answered in full ends with Lease.Complete (finish.go):
-// its measurements reach the stats at the level it ran at, the tokens it
-// produced teach the output estimate and the drain rate, and the slot is
-// given back, under one acquisition of the lock; any other ends with
-// Release. Releasing is the only way a reservation is given back, and it
-// happens once however often it is asked for. A model's queue exists only
-// while requests wait.
+// Cancel refuses a ticket only while it is still queued; if it was bound
+// first, the lease is the caller's to Release. A request answered in full
+// ends with Lease.Complete (finish.go), any other with Release; the slot
+// is given back once however often either is called. A model's queue
+// exists only while requests wait.
 package scheduler
 
 import (
@@ -132,25 +87,20 @@ type Config struct {
 	// TenantWeights are the fair-share weights of tenants; a tenant not
 	// listed weighs 1.
 	TenantWeights map[string]float64
-	// MaxOvertake is the aging bound of the queue order: no request is
-	// bound before a waiting one that arrived more than MaxOvertake
-	// earlier, unless it is a retry or of the same class and another
-	// tenant (fair share decides there). Prefix affinity under a backlog
-	// overtakes within it too (affinity.go). DefaultMaxOvertake when 0.
+	// MaxOvertake is the queue's aging bound: no request is bound before
+	// one that has waited more than MaxOvertake longer, unless it is a
+	// retry or of the same class and another tenant. DefaultMaxOvertake
+	// when 0.
 	MaxOvertake time.Duration
 	// KVFit turns on the KV-fit rule (kvfit.go): a worker whose shared KV
-	// cache cannot take the request's prompt now is passed over, and the
-	// request waits in the queue rather than inside a worker when none
-	// can. The zero Config leaves it off; the router's configuration
-	// (admission.kv_fit) turns it on by default.
+	// cache cannot take the prompt now is passed over. Off in the zero
+	// Config; admission.kv_fit turns it on by default.
 	KVFit bool
 	// Seed seeds the random baselines; Sluice's own policy uses no
 	// randomness.
 	Seed uint64
 	// HashLoadBound is the consistent-hash baseline's load bound (1 or
-	// more; 0 is DefaultHashLoadBound): how much busier than the mean a
-	// worker may get before the requests that hash to it go on to the
-	// next worker on the ring.
+	// more; 0 is DefaultHashLoadBound).
 	HashLoadBound float64
 	// Clock tells the time; WallClock when nil.
 	Clock Clock
@@ -160,22 +110,17 @@ type Config struct {
 	Stats StatsReader
 	// Recorder receives every decision record, outside the lock.
 	Recorder func(*decisions.Record)
-	// NoRecords skips building decision records: for virtual-time runs
-	// over thousands of workers that nobody will ask "why" about. Leases
-	// then have no Decision and refusals no DecisionID. It cannot be
-	// combined with a Recorder.
+	// NoRecords skips building decision records (virtual-time runs over
+	// large fleets): leases then have no Decision, refusals no DecisionID.
+	// It cannot be combined with a Recorder.
 	NoRecords bool
 	// PrefixIndex, when set, tells how much of a request's prompt prefix
 	// each worker is expected to hold (the prefix term) and learns where
 	// each request went.
 	PrefixIndex PrefixIndex
-	// SessionAffinity turns on the session hint (sessions.go): a request
-	// naming its session (Request.Session) is expected to find its
-	// session's previous prompt on the worker that served it. It counts
-	// through the prefix term, so only with a PrefixIndex and the term
-	// weighted. SessionTTL (sessions.DefaultTTL when 0) is how long a
-	// session is remembered after its latest request, MaxSessions
-	// (sessions.DefaultMax when 0) how many are.
+	// SessionAffinity turns on the session hint (sessions.go), which
+	// counts through the prefix term. SessionTTL and MaxSessions bound the
+	// table (sessions.DefaultTTL and sessions.DefaultMax when 0).
 	SessionAffinity bool
 	SessionTTL      time.Duration
 	MaxSessions     int
@@ -189,19 +134,16 @@ type Config struct {
 	// Limits configures adaptive per-worker concurrency (package limit).
 	Limits limit.Config
 	// Predictor, when set, predicts what a request would get on each
-	// worker (package predict): the chosen worker's prediction goes in
-	// the record and on the lease, and learns from each outcome
-	// (Lease.Complete). With Admission "slo" it decides admission.
+	// worker: the chosen worker's prediction goes in the record and on the
+	// lease, and learns from each outcome. With AdmitBySLO it decides
+	// admission.
 	Predictor *predict.Predictor
 	// Retired, when set, is told the name of a removed worker once none
-	// of Sluice's streams runs on it any more: its life is over, and what
-	// its owner keeps of it may go. A worker added again under the name
-	// before then goes on in the same life and is not retired. It is
-	// called under the scheduler's lock and must not call the scheduler.
+	// of Sluice's streams runs on it any more. It is called under the
+	// scheduler's lock and must not call the scheduler.
 	Retired func(worker string)
-	// Admission is how workers are judged: AdmitByLimits (the learned
-	// limits, also when empty) or AdmitBySLO (the predicted promise; see
-	// promise.go).
+	// Admission is AdmitByLimits (also when empty) or AdmitBySLO
+	// (promise.go).
 	Admission string
 	// SLOs are the priority classes' SLOs by class name; a request's own
 	// (Request.SLO) fills its fields first.
@@ -226,7 +168,6 @@ type Scheduler struct {
 	terms    []WeightedTerm
 	clock    Clock
 	prefix   string
-	closing  atomic.Bool
 
 	classes  []Class // in priority order
 	defClass int     // index of the default class
@@ -343,8 +284,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	s.measured.via, _ = cfg.Stats.(statsVia)
 	if s.prefix == "" {
 		// The start time keeps IDs apart across restarts, the random part
-		// across replicas started in the same millisecond. (Randomness in
-		// a name, never in a decision.)
+		// across replicas started in the same millisecond.
 		var b [4]byte
 		crand.Read(b[:])
 		s.prefix = strconv.FormatInt(cfg.Clock.Now().UnixMilli(), 36) + hex.EncodeToString(b[:])
@@ -354,7 +294,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	}
 	if cfg.PrefixIndex != nil || cfg.KVIndex != nil {
 		for _, wt := range s.terms {
-			if _, ok := wt.Term.(readsPrefix); ok && wt.Weight != 0 {
+			if _, ok := wt.Term.(prefixMatch); ok && wt.Weight != 0 {
 				s.prefixWeighted = true
 			}
 		}
@@ -375,37 +315,47 @@ func (s *Scheduler) Policy() Policy { return s.cfg.Policy }
 
 // Close refuses every queued request with ErrClosed and every later one.
 func (s *Scheduler) Close() {
-	s.closing.Store(true)
-	s.finish(s.refuseAll())
+	s.update(func() ([]*Ticket, error) {
+		s.closed = true
+		var done []*Ticket
+		for _, q := range s.queues {
+			done = slices.AppendSeq(done, q.All())
+		}
+		clear(s.queues)
+		for _, t := range done {
+			s.ledger.gone(t)
+		}
+		for _, res := range s.reserving {
+			if !res.t.queued && !res.gone { // a new request waiting for the ledger
+				done = append(done, res.t)
+			}
+		}
+		for _, t := range done {
+			s.refuseLocked(t, nil, ErrClosed)
+		}
+		return done, nil
+	})
 	if s.ledger != nil {
 		s.ledger.wait() // the calls queued so far, the Unwaits above among them
 	}
 }
 
-// refuseAll is Close under s.mu: it refuses every queued request, and
-// every new one waiting for the ledger, returning them.
-func (s *Scheduler) refuseAll() []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	var done []*Ticket
-	for _, q := range s.queues {
-		done = slices.AppendSeq(done, q.All())
-	}
-	clear(s.queues)
-	for _, t := range done {
-		s.ledger.gone(t)
-	}
-	for _, res := range s.reserving {
-		if !res.t.queued && !res.gone { // a new request waiting for the ledger
-			done = append(done, res.t)
+// update runs fn under the lock and, unless it failed, wakes whoever waits
+// on Changed; then it ends the tickets fn ended, outside the lock. The
+// unlock is deferred: a term or predictor that panics fails this call
+// only, and leaves the lock free for the next.
+func (s *Scheduler) update(fn func() ([]*Ticket, error)) error {
+	done, err := func() ([]*Ticket, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		done, err := fn()
+		if err == nil {
+			s.changed.notify()
 		}
-	}
-	for _, t := range done {
-		s.refuseLocked(t, nil, ErrClosed)
-	}
-	s.changed.notify()
-	return done
+		return done, err
+	}()
+	s.finish(done)
+	return err
 }
 
 // finish ends tickets outside the lock: records, then wake-ups.

@@ -1,9 +1,5 @@
 package scheduler
 
-// The score: the terms' values times their weights, summed, in one
-// place (totals), and the same recomputed term by term for a record
-// (explain).
-
 import (
 	"slices"
 	"sync"
@@ -36,9 +32,8 @@ func totals(terms []WeightedTerm, env *Env, cands []Candidate) []float64 {
 
 var scorePool = sync.Pool{New: func() any { return new([]float64) }}
 
-// explain recomputes the terms from the same candidates (terms are pure,
-// so the numbers are identical to those totals summed) and returns each
-// candidate's breakdown for the decision record.
+// explain recomputes the terms from the same candidates (terms are pure)
+// and returns each candidate's breakdown for the decision record.
 func explain(terms []WeightedTerm, env *Env, cands []Candidate) [][]decisions.Term {
 	recs := make([][]decisions.Term, len(cands))
 	slab := make([]decisions.Term, len(cands)*len(terms))
@@ -63,9 +58,7 @@ func explain(terms []WeightedTerm, env *Env, cands []Candidate) [][]decisions.Te
 	return recs
 }
 
-// noNegZero is f with -0 (a reward's weight times a zero value) made 0,
-// so a record reads "weighted":0 rather than -0; the totals are sums
-// from +0 and never hold -0.
+// noNegZero makes -0 (a reward's weight times 0) read 0 in records.
 func noNegZero(f float64) float64 {
 	if f == 0 {
 		return 0

@@ -1,121 +1,21 @@
 package scheduler
 
-import "time"
+import "github.com/sluice-router/sluice/internal/snapshot"
 
-// Health is a worker's health as the fleet last judged it.
-type Health int
-
-const (
-	// HealthUnknown means no probe has answered yet. Such a worker is
-	// eligible: a freshly configured worker should take traffic before its
-	// first probe, and a failed request ejects it quickly if it is down.
-	HealthUnknown Health = iota
-	// HealthOK means the worker answered its health probe and is serving.
-	HealthOK
-	// HealthLoading means the worker is up but still loading its model.
-	HealthLoading
-	// HealthDown means the worker failed enough probes or requests in a row
-	// to be ejected.
-	HealthDown
+// A worker's health and telemetry are package snapshot's; the scheduler
+// names them too, for the packages that read them through it.
+type (
+	Health      = snapshot.Health
+	Reading     = snapshot.Reading
+	Snapshot    = snapshot.Snapshot
+	Source      = snapshot.Source
+	CacheReport = snapshot.CacheReport
 )
 
-// String returns the health as a lower-case word for records and APIs.
-func (h Health) String() string {
-	switch h {
-	case HealthOK:
-		return "ok"
-	case HealthLoading:
-		return "loading"
-	case HealthDown:
-		return "down"
-	default:
-		return "unknown"
-	}
-}
-
-// MarshalText makes Health appear as its word in JSON.
-func (h Health) MarshalText() ([]byte, error) { return []byte(h.String()), nil }
-
-// Reading is one telemetry value with its provenance: where it came from and
-// when it was read, so a decision record can say how old every input was.
-type Reading struct {
-	// Value is the reading itself (a count, or a fraction in 0..1).
-	Value float64 `json:"value"`
-	// Source names where the value came from, e.g.
-	// "llamacpp:/metrics llamacpp:kv_cache_usage_ratio"; empty when there
-	// is no source, in which case Value is 0.
-	Source string `json:"source,omitempty"`
-	// At is when the value was read; zero when never.
-	At time.Time `json:"at,omitzero"`
-}
-
-// Known reports whether the reading came from somewhere.
-func (r Reading) Known() bool { return !r.At.IsZero() }
-
-// Snapshot is everything the scheduler knows of a worker from outside
-// Sluice: health, loaded models and live telemetry. A Snapshot is
-// immutable once published; the fleet replaces it wholesale, so the
-// scheduler can read one without locks and never waits on a scrape.
-type Snapshot struct {
-	// Health is the worker's current health.
-	Health Health `json:"health"`
-	// HealthReason says why, e.g. the last probe error.
-	HealthReason string `json:"health_reason,omitempty"`
-	// Models lists the models the worker has loaded. Nil means "unknown";
-	// the scheduler then falls back to the models in the worker's config.
-	Models []string `json:"models"`
-	// LoadingModels lists the models the worker is loading now, when it
-	// serves several and says so; they are not served there until loaded
-	// (see loadingFilter). A worker that loads its only model reports
-	// HealthLoading instead.
-	LoadingModels []string `json:"loading_models,omitempty"`
-	// Slots is the number of parallel slots the worker reports (llama.cpp
-	// /props total_slots); 0 when unknown. Used as max_concurrency when the
-	// config leaves it out.
-	Slots int `json:"slots,omitempty"`
-	// ContextTokens is the longest request, prompt plus completion in
-	// tokens, the worker can hold in one slot (llama.cpp /slots n_ctx,
-	// vLLM and SGLang max_model_len, TGI max_total_tokens, Ollama
-	// context_length); 0 when unknown. A prompt longer than this cannot be
-	// served there.
-	ContextTokens int `json:"context_tokens,omitempty"`
-	// QueueLen is the number of requests waiting inside the worker itself.
-	QueueLen Reading `json:"queue_len"`
-	// KVPressure is the fraction of the worker's KV cache in use, 0..1.
-	KVPressure Reading `json:"kv_pressure"`
-	// GPUUtil is the GPU's utilisation, 0..1.
-	GPUUtil Reading `json:"gpu_util"`
-	// KVCacheTokens is the capacity of the worker's KV cache in tokens as
-	// the worker reports it (vLLM num_gpu_blocks × block_size, llama.cpp a
-	// slot's n_ctx); 0 when unknown. It bounds the prefix index's memory
-	// of the worker (see PrefixCapacity).
-	KVCacheTokens int `json:"kv_cache_tokens,omitempty"`
-	// KVPoolTokens is the capacity in tokens of the one KV cache every
-	// request running on the worker draws from, when its reports show
-	// there is one: vLLM num_gpu_blocks × block_size (of the smallest
-	// engine under data parallelism: a request runs on one), llama.cpp
-	// the cache's size when its slots share it (a unified cache), the
-	// simulators' KV cache. 0 when unknown, and when each slot has a cache
-	// of its own (llama.cpp without a unified cache), where a free slot
-	// always has room and the context check alone decides. The KV-fit
-	// rule reads it (see kvfit.go).
-	KVPoolTokens int `json:"kv_pool_tokens,omitempty"`
-	// PrefixHitRate is the fraction of prompt tokens the worker found in
-	// its own prefix cache between its last two scrapes (vLLM's
-	// prefix_cache_hits over prefix_cache_queries); shown, not scored.
-	PrefixHitRate Reading `json:"prefix_hit_rate,omitzero"`
-	// CacheReport is what the worker itself says its KV cache holds, when
-	// it says (llama.cpp /slots with prompt text); nil otherwise. See
-	// CacheReport for how the prefix term uses it.
-	CacheReport *CacheReport `json:"cache_report,omitempty"`
-	// Adapters are the LoRA adapters the worker reports holding (vLLM's
-	// /v1/models entries with a parent, llama.cpp's /lora-adapters); nil
-	// when it reports none. See adapter.go.
-	Adapters []AdapterInfo `json:"adapters,omitempty"`
-}
-
-// Source publishes the latest Snapshot of one worker. Snapshot must not
-// block: it is called on the routing hot path under the scheduler's lock.
-type Source interface {
-	Snapshot() *Snapshot
-}
+// The healths of a worker (snapshot.Health).
+const (
+	HealthUnknown = snapshot.HealthUnknown
+	HealthOK      = snapshot.HealthOK
+	HealthLoading = snapshot.HealthLoading
+	HealthDown    = snapshot.HealthDown
+)

@@ -19,15 +19,12 @@ type WorkerState struct {
 	Draining bool     `json:"draining"`
 	Active   int      `json:"active"`
 	// OtherReplicas is the other replicas' requests in flight on the
-	// worker as the shared ledger last reported them, at one of this
-	// replica's picks or refusals (0 without a ledger): Active plus
-	// OtherReplicas is what the worker runs.
+	// worker as the shared ledger last reported them (0 without one).
 	OtherReplicas int `json:"active_other_replicas,omitempty"`
 	// Limit is the concurrency limit in force for a new request of the
 	// worker's first model; Learned is the controller's limit before any
-	// borrowing, Cap the most it may be, LimitSource where it came from
-	// ("learned", "config", "slots", "default") and LimitReason why it
-	// is that number (see limit.Config).
+	// borrowing, Cap the most it may be, LimitSource where it came from and
+	// LimitReason why it is that number.
 	Limit       int    `json:"limit"`
 	Learned     int    `json:"learned_limit"`
 	Cap         int    `json:"limit_cap"`
@@ -53,10 +50,8 @@ type WorkerState struct {
 }
 
 // PredictionState is how a worker's predictions have held up: the median
-// relative error, |predicted − actual| / actual, over its last recorded
-// predictions (up to 32) of the worker-side time to first token and of
-// the decode rate, how many each is over, and whether admission by
-// promise trusts them (when not, why).
+// relative errors of its recent TTFT and decode predictions, and whether
+// admission by promise trusts them (when not, why).
 type PredictionState struct {
 	TTFTError   float64 `json:"ttft_error"`
 	DecodeError float64 `json:"decode_error"`
@@ -65,8 +60,7 @@ type PredictionState struct {
 	Trusted     bool    `json:"trusted"`
 	Untrusted   string  `json:"untrusted,omitempty"`
 	// RunTTFT and RunDecode tally every recorded error since the
-	// predictor was made: a benchmark's whole run, where the medians
-	// above are its last 32 requests.
+	// predictor was made.
 	RunTTFT   predict.Tally `json:"-"`
 	RunDecode predict.Tally `json:"-"`
 }
@@ -101,7 +95,7 @@ func (s *Scheduler) Workers() []WorkerState {
 				Name: g.Name, Models: g.Models, Health: g.Health, Reason: snap.HealthReason,
 				Draining: g.Draining, Active: g.Active, OtherReplicas: g.OtherReplicas, JobCost: w.cost,
 				Limit: g.Limit, Learned: g.Learned, Cap: g.Cap, LimitSource: lims[i].Source.String(), Floor: g.Floor,
-				Snapshot: snap, Adapters: w.adaptersOfLocked(snap),
+				Snapshot: snap, Adapters: w.adapters.States(snap.Adapters),
 			})
 			lasts = append(lasts, last{w.last, w.lastIdx})
 			if !s.limits.Fixed {
@@ -110,25 +104,22 @@ func (s *Scheduler) Workers() []WorkerState {
 			}
 		}
 	}()
+	// Explaining builds the breakdown: do it outside the routing lock.
+	p := s.cfg.Predictor
 	for i := range out {
 		out[i].LimitReason = lims[i].String()
 		if i < len(moves) && moves[i].Known {
 			m := moves[i]
 			out[i].LimitMoved = &LimitMove{At: m.At, From: m.From, To: m.State.Learned, Why: m.State.String()}
 		}
-	}
-	if p := s.cfg.Predictor; p != nil {
-		for i := range out {
+		if p != nil {
 			var ps PredictionState
 			ps.TTFTError, ps.DecodeError, ps.TTFTN, ps.DecodeN = p.MedianErrors(out[i].Name)
 			ps.Trusted, ps.Untrusted = p.Trusted(out[i].Name)
 			ps.RunTTFT, ps.RunDecode = p.RunErrors(out[i].Name)
 			out[i].Prediction = &ps
 		}
-	}
-	// Explaining builds the breakdown: do it outside the routing lock.
-	for i, l := range lasts {
-		if l.rec != nil {
+		if l := lasts[i]; l.rec != nil {
 			c := l.rec.Explain().Candidates[l.idx]
 			out[i].LastTerms, out[i].LastScoredAt = &c, l.rec.Time
 		}
@@ -157,8 +148,7 @@ func (s *Scheduler) Models() []string {
 }
 
 // Changed returns a channel that is closed at the next change of admission
-// state: a request queued, bound, refused or released, a worker added,
-// drained or removed. Live views and tests wait on it instead of polling.
+// state, so live views and tests wait instead of polling.
 func (s *Scheduler) Changed() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -1,8 +1,9 @@
 package scheduler
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -24,8 +25,7 @@ type Request struct {
 	// Exclude names workers that already failed this request.
 	Exclude []string
 	// Kinds, when not empty, are the only worker kinds (WorkerSpec.Kind)
-	// that may serve the request: a stream continued on another worker
-	// goes only to an engine that can continue it (filter_kind.go).
+	// that may serve the request (filter_kind.go).
 	Kinds []string
 	// Attempt is 1 for a new request; a retry passes the next number and
 	// goes to the front of the queue: it was accepted before the others.
@@ -40,29 +40,21 @@ type Request struct {
 	// prefix): hash i covers blocks 0..i. Empty when unknown.
 	Prefix []uint64
 	// KVBlocks holds the chained keys of the prompt's token blocks
-	// (kvevents.BlockKeys), when its token ids are known: the prefix term
-	// then reads each worker's exact index of KV-cache events (KVIndex).
+	// (kvevents.BlockKeys), when its token ids are known (KVIndex).
 	KVBlocks []uint64
 	// SLO is the request's own SLO (its API key's, tightened by its
 	// headers); unset fields come from its class's, then the default.
 	SLO predict.SLO
 	// Route is the client route the worker must serve, e.g.
-	// "/v1/messages"; empty for routes every engine serves (see
-	// WorkerSpec.Unserved).
+	// "/v1/messages"; empty for routes every engine serves.
 	Route string
-	// Session identifies the conversation or agent session the request
-	// belongs to, when the client said (sessions.go): a hint that it goes
-	// back to the worker that served the session last. It is a digest
-	// made by the caller, never a client's raw value, since it is kept in
-	// memory and named in records. SessionSource says where it came from
-	// ("header x-session-id", "prompt_cache_key", ...). Empty: none.
+	// Session identifies the request's conversation or agent session
+	// (sessions.go): a digest made by the caller, never the client's raw
+	// value, since records name it. SessionSource says where it came from.
 	Session       string
 	SessionSource string
-	// Flow is the request's fair-share flow within its Tenant
-	// (admission.fair_share_by: session makes it the session): fair share
-	// is kept between tenants, by their weights, then between the flows
-	// of a tenant, equally, within the tenant's share. Empty is the
-	// tenant's own flow (the default, fair_share_by: tenant).
+	// Flow is the request's fair-share flow within its Tenant; empty is
+	// the tenant's own flow.
 	Flow string
 	// BodyBytes is the size of the request's body, which the caller
 	// keeps while it waits: counted against Config.MaxQueueBytes.
@@ -81,21 +73,12 @@ func (s *Scheduler) Submit(req Request, notify func(*Ticket)) *Ticket {
 	t := &Ticket{req: req, notify: notify, done: make(chan struct{})}
 	t.entry = fairq.Entry[*Ticket]{Item: t, Arrival: now, Retry: req.Attempt > 1,
 		Tenant: req.Tenant, Flow: req.Flow, Bytes: int64(req.BodyBytes)}
-	s.finish(s.submit(t, now))
+	s.update(func() ([]*Ticket, error) {
+		s.seq++
+		t.entry.Seq = s.seq
+		return s.submitLocked(t, now), nil
+	})
 	return t
-}
-
-// submit is Submit under s.mu, returning the tickets it ended. The
-// unlock is deferred: a term, filter or predictor that panics in a pick
-// fails this call only, and leaves the lock free for the next.
-func (s *Scheduler) submit(t *Ticket, now time.Time) []*Ticket {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.seq++
-	t.entry.Seq = s.seq
-	done := s.submitLocked(t, now)
-	s.changed.notify()
-	return done
 }
 
 func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
@@ -117,13 +100,11 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 	t.entry.Cost = s.expectedCost(nil, t.req)
 	q := s.queues[t.req.Model]
 	// A new request may only jump the queue when nobody of its model is
-	// waiting (a retry was accepted earlier and goes first), nor waiting
-	// for the shared ledger's answer.
+	// waiting, nor waiting for the shared ledger's answer.
 	mayJump := q == nil || t.entry.Retry || s.cfg.Policy != PolicySluice
 	if mayJump && s.reserving[t.req.Model] != nil {
-		// It waits only for the answer to another request of its model:
-		// it asks the ledger next, and goes on the shared waiting list
-		// only if the ledger has no room for it then.
+		// It waits only for the ledger's answer to another request of its
+		// model, then asks the ledger itself.
 		return s.queueLocked(t, now, false)
 	}
 	if mayJump {
@@ -140,8 +121,8 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 			s.bindLocked(t, c, "", now)
 			return []*Ticket{t}
 		} else if s.cfg.Policy != PolicySluice {
-			rec := s.refusalRecordLocked(t.req, now)
-			s.refuseLocked(t, rec, s.unplaceable(t.req))
+			why, _ := s.admissibleLocked(t.req)
+			s.refuseLocked(t, s.refusalRecordLocked(t.req, now), cmp.Or(why, ErrNoHealthyWorker))
 			return []*Ticket{t}
 		}
 	}
@@ -151,8 +132,7 @@ func (s *Scheduler) submitLocked(t *Ticket, now time.Time) []*Ticket {
 // queueLocked puts t in its model's queue, or refuses it when waiting is
 // pointless, the queue is full or its deadline cannot be met; then it
 // places what can be placed. shared puts it on the shared ledger's
-// waiting list too. A ticket queued already, whose pick the ledger had
-// no room for, stays where it is, now on the shared waiting list.
+// waiting list too. A ticket already queued stays where it is.
 func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket {
 	q := s.queues[t.req.Model]
 	if t.queued {
@@ -203,39 +183,33 @@ func (s *Scheduler) queueLocked(t *Ticket, now time.Time, shared bool) []*Ticket
 }
 
 // deadlineMargin is how far past its class's deadline a request's
-// predicted wait must be before it is refused at once. The prediction is
-// noisy and errs long under load, so refusing at twice the deadline sheds
-// load that would time out while keeping work that would have made it.
+// predicted wait must be before it is refused at once: the prediction is
+// noisy and errs long under load.
 const deadlineMargin = 2
 
 // Cancel refuses t with cause (ErrQueueTimeout or ErrClientGone) if it is
 // still queued, and reports whether it did. When it returns false the
 // ticket has ended already; if it was bound, the caller owns the lease.
 func (s *Scheduler) Cancel(t *Ticket, cause error) bool {
-	done, ok := s.cancel(t, cause, s.clock.Now())
-	s.finish(done)
-	return ok
+	now := s.clock.Now()
+	return s.update(func() ([]*Ticket, error) {
+		if !t.queued && t.res == nil {
+			return nil, errEnded
+		}
+		if t.queued {
+			s.queues.unqueue(t, false)
+			s.ledger.gone(t)
+		}
+		rec := s.refusalRecordLocked(t.req, now)
+		s.refuseLocked(t, rec, cause)
+		// The head may have changed: a retry blocked by its exclusions can
+		// have been holding back requests that fit now.
+		return append(s.dispatchLocked(), t), nil
+	}) == nil
 }
 
-// cancel is Cancel under s.mu, returning the tickets it ended.
-func (s *Scheduler) cancel(t *Ticket, cause error, now time.Time) ([]*Ticket, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !t.queued && t.res == nil {
-		return nil, false
-	}
-	if t.queued {
-		s.queues.unqueue(t, false)
-		s.ledger.gone(t)
-	}
-	rec := s.refusalRecordLocked(t.req, now)
-	s.refuseLocked(t, rec, cause)
-	// The head may have changed: a retry blocked by its exclusions can
-	// have been holding back requests that fit now.
-	done := append(s.dispatchLocked(), t)
-	s.changed.notify()
-	return done, true
-}
+// errEnded tells update that Cancel found its ticket ended: nothing changed.
+var errEnded = errors.New("the ticket has ended")
 
 // QueueDepth returns how many requests wait for model.
 func (s *Scheduler) QueueDepth(model string) int {
@@ -284,6 +258,3 @@ func (s *Scheduler) QueueDepthsByClass() map[string]map[string]int {
 	}
 	return out
 }
-
-// Classes returns the priority classes in priority order.
-func (s *Scheduler) Classes() []Class { return slices.Clone(s.classes) }

@@ -22,9 +22,7 @@ type Weights struct {
 	Prefix float64 `yaml:"prefix" json:"prefix"`
 }
 
-// DefaultWeights returns the weights Sluice ships with: concurrency
-// dominates, throughput is a reward, memory pressure is visible, a cached
-// prompt prefix is worth half of one request in flight.
+// DefaultWeights returns the weights Sluice ships with.
 func DefaultWeights() Weights {
 	return Weights{ActiveRequests: 100, QueueLength: 10, Latency: 5, JobCost: 2, Throughput: 3, KVPressure: 15, GPUUtil: 15, Prefix: 50}
 }
@@ -60,10 +58,9 @@ type Env struct {
 }
 
 // Term is one part of the score. Score sees every eligible candidate at
-// once, so it can normalise across them, and writes raw[i] and norm[i] for
-// cands[i]; the weight multiplies norm. Score is on the hot path and
-// writes only numbers; Provenance says where a raw value came from, and is
-// called only when a decision record is read.
+// once, so it can normalise across them, and writes raw[i] and norm[i];
+// the weight multiplies norm. Provenance says where a raw value came
+// from, and is called only when a decision record is read.
 type Term interface {
 	// Name identifies the term in records and config.
 	Name() string
@@ -72,14 +69,12 @@ type Term interface {
 	// Score computes the term for every candidate.
 	Score(env *Env, cands []Candidate, raw, norm []float64)
 	// Provenance returns the source of c's raw value, when it was measured
-	// (zero: computed at decision time), and whether the value is a
-	// neutral stand-in for missing or stale data.
+	// (zero: computed now), and whether it is a neutral stand-in.
 	Provenance(env *Env, c *Candidate) (source string, at time.Time, neutral bool)
 }
 
 // activeRequests is the number of requests Sluice has in flight on the
-// worker, absolute: concurrency hurts most on a GPU, and "everyone has 3"
-// must not look like "everyone is idle".
+// worker, absolute, so that "everyone has 3" does not look idle.
 type activeRequests struct{}
 
 func (activeRequests) Name() string { return "active_requests" }
@@ -94,52 +89,26 @@ func (activeRequests) Provenance(*Env, *Candidate) (string, time.Time, bool) {
 	return "sluice in-flight count", time.Time{}, false
 }
 
-// queueLength is the worker's own waiting queue as its telemetry reports it
-// (llama.cpp requests_deferred, vLLM num_requests_waiting), absolute. A
-// worker that reports no queue gets the mean of those that do (0 when none
-// does), and a stale reading fades towards that mean (see telemetryTerm).
-type queueLength struct{}
-
-func (queueLength) Name() string { return "queue_length" }
-func (queueLength) Reward() bool { return false }
-func (queueLength) Score(env *Env, c []Candidate, raw, norm []float64) {
-	telemetryTerm(env, c, raw, norm, readQueue, 0)
-}
-func (queueLength) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
-	return readingProvenance(env, c.Snap.QueueLen)
+// scraped is a term scoring one telemetry reading (which): the worker's
+// own queue, its KV cache use or its GPU's utilisation. Missing or stale
+// readings are neutral (telemetryTerm), fallback when nobody reports one.
+type scraped struct {
+	name     string
+	which    uint8
+	fallback float64
 }
 
-// kvPressure is the fraction of the worker's KV cache in use, 0..1; a
-// worker that reports none is neutral (the mean of those that do, 0.5 when
-// none does), never the best.
-type kvPressure struct{}
-
-func (kvPressure) Name() string { return "kv_pressure" }
-func (kvPressure) Reward() bool { return false }
-func (kvPressure) Score(env *Env, c []Candidate, raw, norm []float64) {
-	telemetryTerm(env, c, raw, norm, readKV, 0.5)
+func (t scraped) Name() string { return t.name }
+func (scraped) Reward() bool   { return false }
+func (t scraped) Score(env *Env, c []Candidate, raw, norm []float64) {
+	telemetryTerm(env, c, raw, norm, t.which, t.fallback)
 }
-func (kvPressure) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
-	return readingProvenance(env, c.Snap.KVPressure)
+func (t scraped) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
+	return readingProvenance(env, *readingOf(c.Snap, t.which))
 }
 
-// gpuUtil is the GPU's utilisation, 0..1; unknown is neutral as for
-// kvPressure.
-type gpuUtil struct{}
-
-func (gpuUtil) Name() string { return "gpu_util" }
-func (gpuUtil) Reward() bool { return false }
-func (gpuUtil) Score(env *Env, c []Candidate, raw, norm []float64) {
-	telemetryTerm(env, c, raw, norm, readGPU, 0.5)
-}
-func (gpuUtil) Provenance(env *Env, c *Candidate) (string, time.Time, bool) {
-	return readingProvenance(env, c.Snap.GPUUtil)
-}
-
-// The telemetry readings a term scores: which one, and how it is scaled
-// (a queue is a count, not below 0; the others are fractions, 0..1). A
-// constant rather than a function value, so the loop over candidates
-// calls nothing.
+// The telemetry readings a term scores, as constants so the loop over
+// candidates calls no function value.
 const (
 	readQueue uint8 = iota
 	readKV
@@ -163,11 +132,9 @@ func scaleReading(which uint8, v float64) float64 {
 	return clamp01(v)
 }
 
-// confidence is how much a telemetry reading is trusted: 1 while it is
-// fresher than StaleAfter, falling linearly to 0 at three times that age,
-// and 0 for a reading never made. A scrape that stopped answering thus
-// stops steering decisions within a few intervals, instead of its last
-// value winning (or losing) forever.
+// confidence is how much a telemetry reading is trusted: 1 while fresher
+// than StaleAfter, falling linearly to 0 at three times that age, and 0
+// for a reading never made, so a dead scrape stops steering decisions.
 func confidence(env *Env, r *Reading) float64 {
 	if !r.Known() {
 		return 0
@@ -182,11 +149,9 @@ func confidence(env *Env, r *Reading) float64 {
 	return clamp01(float64(3*env.StaleAfter-age) / float64(2*env.StaleAfter))
 }
 
-// telemetryTerm scores a scraped reading: norm is the reading scaled,
-// blended with the neutral value by the reading's confidence. The neutral
-// value is the confidence-weighted mean of the candidates' scaled
-// readings, or fallback when no candidate has one: missing telemetry is
-// neither the best nor the worst.
+// telemetryTerm scores a scraped reading: the scaled reading blended with
+// a neutral value by its confidence. The neutral value is the
+// confidence-weighted mean of the candidates' readings, else fallback.
 func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, which uint8, fallback float64) {
 	sum, wsum := 0.0, 0.0
 	for i := range c {
@@ -209,30 +174,23 @@ func telemetryTerm(env *Env, c []Candidate, raw, norm []float64, which uint8, fa
 	}
 }
 
-// latency is the worker's time-to-first-token EMA in milliseconds,
-// normalised by ratioToMax.
-type latency struct{}
-
-func (latency) Name() string { return "latency" }
-func (latency) Reward() bool { return false }
-func (latency) Score(_ *Env, c []Candidate, raw, norm []float64) {
-	ratioToMax(c, raw, norm, emaTTFT)
-}
-func (latency) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
-	return emaProvenance(c, emaTTFT, "ema ttft_ms")
+// averaged is a term scoring one of Sluice's measured averages (which),
+// normalised by ratioToMax: the time to first token (latency) and, a
+// reward, the per-stream decode rate (throughput).
+type averaged struct {
+	name   string
+	which  uint8
+	reward bool
+	label  string // the average's name in records
 }
 
-// throughput is the worker's per-stream decode tokens/s EMA, normalised by
-// ratioToMax. It is a reward: faster workers score lower.
-type throughput struct{}
-
-func (throughput) Name() string { return "throughput" }
-func (throughput) Reward() bool { return true }
-func (throughput) Score(_ *Env, c []Candidate, raw, norm []float64) {
-	ratioToMax(c, raw, norm, emaDecodeTPS)
+func (t averaged) Name() string { return t.name }
+func (t averaged) Reward() bool { return t.reward }
+func (t averaged) Score(_ *Env, c []Candidate, raw, norm []float64) {
+	ratioToMax(c, raw, norm, t.which)
 }
-func (throughput) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
-	return emaProvenance(c, emaDecodeTPS, "ema decode_tps")
+func (t averaged) Provenance(_ *Env, c *Candidate) (string, time.Time, bool) {
+	return emaProvenance(c, t.which, t.label)
 }
 
 // The measured averages a term scores (constants, as for readings).
@@ -272,10 +230,8 @@ func (jobCost) Provenance(*Env, *Candidate) (string, time.Time, bool) {
 }
 
 // ratioToMax normalises a measured average as value/max over the
-// candidates that have history, which keeps small differences small (min-max
-// scaling would turn 30.0 vs 30.1 tok/s into 0 vs 1). A candidate with no
-// history gets the mean of the others' normalised values — neither the best
-// nor the worst — or 0.5 when nobody has history.
+// candidates with history, keeping small differences small (min-max would
+// not). A candidate without history gets the mean of the others, or 0.5.
 func ratioToMax(c []Candidate, raw, norm []float64, which uint8) {
 	maxv := 0.0
 	for i := range c {
@@ -329,17 +285,16 @@ func emaProvenance(c *Candidate, which uint8, name string) (string, time.Time, b
 }
 
 // DefaultTerms returns the terms of Sluice's score, in record order, with
-// their weights from w. A new term is its type, its test, its weight
-// here and its entry below.
+// their weights from w.
 func DefaultTerms(w Weights) []WeightedTerm {
 	return []WeightedTerm{
 		{activeRequests{}, w.ActiveRequests},
-		{queueLength{}, w.QueueLength},
-		{latency{}, w.Latency},
+		{scraped{"queue_length", readQueue, 0}, w.QueueLength},
+		{averaged{"latency", emaTTFT, false, "ema ttft_ms"}, w.Latency},
 		{jobCost{}, w.JobCost},
-		{throughput{}, w.Throughput},
-		{kvPressure{}, w.KVPressure},
-		{gpuUtil{}, w.GPUUtil},
+		{averaged{"throughput", emaDecodeTPS, true, "ema decode_tps"}, w.Throughput},
+		{scraped{"kv_pressure", readKV, 0.5}, w.KVPressure},
+		{scraped{"gpu_util", readGPU, 0.5}, w.GPUUtil},
 		{prefixMatch{}, w.Prefix},
 	}
 }
@@ -350,25 +305,11 @@ type WeightedTerm struct {
 	Weight float64
 }
 
-// readsTelemetry is a Term that reads scraped telemetry (as opposed to
-// Sluice's own counters and averages, which are never stale): a record
-// marks its stale readings.
-type readsTelemetry interface{ telemetry() }
-
-func (queueLength) telemetry() {}
-func (kvPressure) telemetry()  {}
-func (gpuUtil) telemetry()     {}
-
-// isTelemetry reports whether a term reads scraped telemetry.
+// isTelemetry reports whether a term reads scraped telemetry, whose stale
+// readings a record marks.
 func isTelemetry(t Term) bool {
-	_, ok := t.(readsTelemetry)
+	_, ok := t.(scraped)
 	return ok
 }
-
-// readsPrefix is a Term that reads the candidates' prefix match: the
-// prefix index is asked at a pick only while one of them has a weight.
-type readsPrefix interface{ prefix() }
-
-func (prefixMatch) prefix() {}
 
 func clamp01(v float64) float64 { return min(max(v, 0), 1) }
