@@ -382,7 +382,7 @@ func (h *Handler) prepare(c *call) (req scheduler.Request, ok bool) {
 	if id, ok := auth.FromContext(r.Context()); ok {
 		req.Tenant, req.Class, req.SLO = id.Tenant, id.Class, id.SLO
 	}
-	h.session(r, *p, &req) // an agent's session: an affinity hint, maybe a fair-share flow
+	h.session(r, *p, &req)
 	// A client may tighten its SLO, never loosen it (X-Sluice-TTFT-SLO,
 	// X-Sluice-Min-Decode).
 	slo, err := predict.Tighten(req.SLO, r.Header.Get)
@@ -410,13 +410,10 @@ func (h *Handler) prepare(c *call) (req scheduler.Request, ok bool) {
 	return req, true
 }
 
-// attemptLease makes one attempt on lease (attempt) with body and ends
-// the lease: with Complete for an answer relayed in full (the finish
-// sequence the simulation follows too: observation, stats, output
-// estimate, release), else with Release. The release is deferred, so
-// the slot is given back also when anything panics meanwhile (net/http
-// recovers a handler's panic and would leave the slot taken for good);
-// after Complete it does nothing.
+// attemptLease makes one attempt on lease with body and ends the lease:
+// with Complete for an answer relayed in full, else with Release. The
+// release is deferred, so a panic (which net/http recovers) cannot keep
+// the slot; after Complete it does nothing.
 func (h *Handler) attemptLease(c *call, body []byte, lease *scheduler.Lease) (sent bool, err error) {
 	defer lease.Release()
 	sent, done, err := h.attempt(c, body, lease)
@@ -498,23 +495,16 @@ type try struct {
 // client has its headers.
 func (t *try) cont() bool { return t.cs != nil && t.cs.cont }
 
-// attempt sends body to the lease's worker and relays the answer.
-// It reports whether anything was written to the client; when nothing
-// was and err is not nil, the caller may retry elsewhere. done is the
-// measurement of an answer that completed successfully, for the caller to
-// end the lease with (Lease.Complete); nil otherwise.
+// attempt sends body to the lease's worker and relays the answer. It
+// reports whether anything was written to the client (when nothing was
+// and err is not nil, the caller may retry elsewhere) and the measurement
+// of an answer that succeeded, for Lease.Complete. A stream that broke
+// after the first byte returns a *streamBreak, for the caller to continue
+// elsewhere or end; a part continuing a broken stream writes no headers.
 //
-// With c.cs (a stream that may be continued) the answer is relayed whole
-// events at a time, and a break after the first byte returns a
-// *streamBreak for the caller to continue elsewhere; a part that
-// continues a broken stream (cs.cont) writes no headers of its own. A
-// stream that cannot be continued returns its break too, for the caller
-// to end it.
-//
-// attempt is the one place that reports an attempt's outcome for health
-// (Reporter): once per attempt, a failure only where the worker failed,
-// never for a client that left, a drain deadline that took the request
-// back, or a request that could not be sent for want of an address.
+// attempt is the one place that reports an attempt's outcome for health:
+// once per attempt, a failure only where the worker failed, never for a
+// client that left, a drain deadline, or a worker without an address.
 func (h *Handler) attempt(c *call, body []byte, lease *scheduler.Lease) (sent bool, done *stats.Observation, err error) {
 	t := &try{call: c, lease: lease, body: body}
 	t.ctx, t.cancel = context.WithCancelCause(c.r.Context())
@@ -638,12 +628,10 @@ func (h *Handler) writeHeader(t *try, resp *http.Response) {
 	t.res.Status = resp.StatusCode
 }
 
-// ended classifies how an attempt the worker answered ended, for every
-// answer alike: a whole one, a stream, a continuation's part (st is
-// the stream relayed, nil for a whole answer). It files what the relay
-// measured in the Result, reports the outcome for health, and returns
-// the observation of an answer that succeeded, or the *streamBreak of
-// a stream that broke.
+// ended classifies how an attempt the worker answered ended (st is the
+// stream relayed, nil for a whole answer): it files what the relay
+// measured in the Result, reports the outcome for health, and returns the
+// observation of an answer that succeeded, or a stream's *streamBreak.
 func (h *Handler) ended(t *try, status int, st *contStream, m measured, err error) (*stats.Observation, error) {
 	res, cont := t.res, t.cont()
 	res.Tokens = m.tokens
