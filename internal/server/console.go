@@ -14,9 +14,8 @@ import (
 )
 
 // summaryInterval is how often the console's traffic line is written
-// while there is traffic. Each decision is in the decision log and the
-// API (and on the console at debug level); a person watching the console
-// wants the trend, one line every few seconds, and the warnings.
+// while there is traffic: a person watching the console wants the trend
+// and the warnings; each decision is in the decision log.
 const summaryInterval = 10 * time.Second
 
 // maxSummaryTTFTs bounds the times to first token one summary keeps for

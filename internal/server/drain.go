@@ -13,10 +13,8 @@ import (
 // deadline, moves the streams it still writes to other workers (the
 // proxy's continuation, reason "drain") instead of cutting them or waiting
 // for them forever. POST /api/workers/{name}/drain?deadline=30s starts
-// one; a worker removed from the fleet — a SIGHUP reload that drops it, an
-// EndpointSlice endpoint turning terminating (discovery removes it), DELETE
-// /api/workers/{name} — gets one of proxy.drain_deadline. Streams that
-// cannot be continued are left to finish.
+// one; a worker removed from the fleet gets one of proxy.drain_deadline.
+// Streams that cannot be continued are left to finish.
 
 // drainAt moves the streams on worker elsewhere after d (s.after, which
 // tests steer), replacing a pending deadline of the worker; the deadline
