@@ -39,6 +39,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
@@ -562,7 +563,9 @@ func (h *Handler) send(t *try) (*http.Response, error) {
 	out.URL.RawQuery = r.URL.RawQuery
 	copyHeader(out.Header, r.Header)
 	h.setAuth(out.Header, lease.Worker)
-	setForwarded(out.Header, r)
+	// Who asked: the client's address appended to X-Forwarded-For, its
+	// Host and scheme.
+	(&httputil.ProxyRequest{In: r, Out: out}).SetXForwarded()
 	if s := spanFrom(r.Context()); s != nil {
 		s.Attempt(r.Context(), lease, out.Header)
 	}
@@ -602,10 +605,11 @@ func (h *Handler) refused(t *try, resp *http.Response, sse bool) error {
 		return nil
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	err := fmt.Errorf("worker %s answered %s: %s", t.lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+	status := resp.Status
 	if resp.StatusCode < 500 {
-		err = fmt.Errorf("worker %s answered the continuation with %s: %s", t.lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+		status = "the continuation with " + status
 	}
+	err := fmt.Errorf("worker %s answered %s: %s", t.lease.Worker, status, strings.TrimSpace(string(msg)))
 	h.report(t.lease.Worker, err)
 	return err
 }
@@ -709,26 +713,6 @@ func (h *Handler) setAuth(hdr http.Header, worker string) {
 	}
 }
 
-// setForwarded tells the worker who asked, as httputil's SetXForwarded
-// does: the client's address appended to X-Forwarded-For, the original
-// Host in X-Forwarded-Host, the client's scheme in X-Forwarded-Proto.
-func setForwarded(hdr http.Header, r *http.Request) {
-	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		if prior := hdr.Values("X-Forwarded-For"); len(prior) > 0 {
-			ip = strings.Join(prior, ", ") + ", " + ip
-		}
-		hdr.Set("X-Forwarded-For", ip)
-	} else {
-		hdr.Del("X-Forwarded-For")
-	}
-	hdr.Set("X-Forwarded-Host", r.Host)
-	proto := "http"
-	if r.TLS != nil {
-		proto = "https"
-	}
-	hdr.Set("X-Forwarded-Proto", proto)
-}
-
 func (h *Handler) report(worker string, err error) {
 	if h.opt.Reporter != nil {
 		h.opt.Reporter.ReportRequest(worker, err)
@@ -814,7 +798,6 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 	bp := relayBuffers.Get().(*[]byte)
 	defer relayBuffers.Put(bp)
 	buf := *bp
-	var readErr error
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
@@ -827,12 +810,8 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 			break
 		}
 		if err != nil {
-			readErr = err
-			break
+			return measured{}, fmt.Errorf("read answer: %w", err)
 		}
-	}
-	if readErr != nil {
-		return measured{}, fmt.Errorf("read answer: %w", readErr)
 	}
 	var ch chunk
 	out := measured{complete: true} // read to its end and written whole

@@ -216,7 +216,7 @@ func (pt *part) feed(b []byte) {
 func (pt *part) event(e sse.Event) {
 	cs := pt.cs
 	if !cs.resumable() {
-		pt.m.event(e)
+		pt.m.take(e)
 		return
 	}
 	if pt.broken != "" {

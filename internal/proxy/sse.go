@@ -250,17 +250,14 @@ type streamMeter struct {
 // was pending held its first content.
 func (m *streamMeter) end() {
 	m.first = false
-	m.parser.End(m.event)
+	m.parser.End(func(e sse.Event) { m.take(e) })
 }
 
-// event reads one dispatched event. An event named "error", or whose
-// data holds an "error" that is not null, fails the stream, unless it
-// comes after the stream's end (see complete); data that is not a chunk
-// (not JSON, or of another shape) counts for nothing.
-func (m *streamMeter) event(e sse.Event) { m.take(e) }
-
-// take is event, returning what it read of the data for a relay that
-// follows the event too, so that an event is decoded once.
+// take reads one dispatched event, and returns what it read of the data
+// for a relay that follows the event too, so that an event is decoded
+// once. An event named "error", or whose data holds an "error" that is
+// not null, fails the stream, unless it comes after the stream's end (see
+// complete); data that is not a chunk counts for nothing.
 func (m *streamMeter) take(e sse.Event) eventInfo {
 	data := bytes.TrimSpace(e.Data)
 	ended := m.complete() // an error after the end fails nothing
