@@ -5,7 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
-	"sync/atomic"
+	"time"
 )
 
 // errDrained is the cause an attempt's context is cancelled with when its
@@ -73,28 +73,22 @@ func (l *liveStreams) move(worker string) int {
 }
 
 // DrainAfter moves the continuable streams relayed from worker elsewhere
-// when at is closed: the worker stops being given work at once (the
+// when at fires: the worker stops being given work at once (the
 // scheduler's draining), and at the deadline the streams it still writes
 // move instead of being cut or waited for. Those include streams bound
 // to it in the instant before it began draining, which register only
 // once their request is sent. A worker of the same name added later is
 // another worker: adding it stops the drain first (the server's
-// stopDrain), so this never moves its streams. The returned stop cancels
-// it, and reports whether it had not fired yet.
-func (h *Handler) DrainAfter(worker string, at <-chan struct{}) (stop func() bool) {
+// stopDrain), so this never moves its streams. stop cancels it.
+func (h *Handler) DrainAfter(worker string, at <-chan time.Time) (stop func()) {
 	done := make(chan struct{})
-	closeDone := sync.OnceFunc(func() { close(done) })
-	var fired atomic.Bool
 	go func() {
 		select {
 		case <-at:
-			fired.Store(true)
-			h.live.move(worker)
+			n := h.live.move(worker)
+			h.opt.Logger.Info("drain deadline passed: continuing the worker's streams elsewhere", "worker", worker, "streams", n)
 		case <-done:
 		}
 	}()
-	return func() bool {
-		closeDone()
-		return !fired.Load()
-	}
+	return sync.OnceFunc(func() { close(done) })
 }

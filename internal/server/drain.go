@@ -3,7 +3,6 @@ package server
 import (
 	"fmt"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/proxy"
@@ -20,24 +19,7 @@ import (
 // tests steer), replacing a pending deadline of the worker; the deadline
 // is its member's (member.go), and goes with it.
 func (s *Server) drainAt(worker string, d time.Duration) {
-	fire := make(chan struct{})
-	wait := s.after(d)
-	stop := s.proxy.DrainAfter(worker, fire)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-wait:
-			close(fire)
-			s.log.Info("drain deadline passed: continuing the worker's streams elsewhere", "worker", worker, "deadline", d)
-		case <-done:
-		}
-	}()
-	var once sync.Once
-	cancel := func() bool {
-		once.Do(func() { close(done) })
-		return stop()
-	}
-	s.setDrain(worker, cancel)
+	s.setDrain(worker, s.proxy.DrainAfter(worker, s.after(d)))
 }
 
 // drainWithDeadline is POST /api/workers/{name}/drain: without a deadline
