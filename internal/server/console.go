@@ -100,8 +100,15 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-// runConsole writes a traffic line on every tick until ctx ends.
-func (s *Server) runConsole(ctx context.Context, tick <-chan time.Time) {
+// runConsole writes a traffic line every summaryInterval (on
+// s.summaryTick when set) until ctx ends.
+func (s *Server) runConsole(ctx context.Context) {
+	tick := s.summaryTick
+	if tick == nil {
+		t := time.NewTicker(summaryInterval)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():

@@ -122,13 +122,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	}
 	consoleCtx, stopConsole := context.WithCancel(context.Background())
 	defer stopConsole()
-	tick := s.summaryTick
-	if tick == nil {
-		t := time.NewTicker(summaryInterval)
-		defer t.Stop()
-		tick = t.C
-	}
-	go s.runConsole(consoleCtx, tick)
+	go s.runConsole(consoleCtx)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
