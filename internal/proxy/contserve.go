@@ -121,14 +121,14 @@ func (h *Handler) continueStream(c *call, req scheduler.Request, from string, br
 			return
 		}
 		aerr := h.continuePart(c, lease)
-		cont.To, cont.Decision, cont.Gap = lease.Worker, lease.Decision, cs.gap
+		cont.To, cont.Decision, cont.Gap, cont.Outcome = lease.Worker, lease.Decision, cs.gap, "ok"
+		if aerr != nil {
+			cont.Outcome = "failed"
+		}
+		res.Continuations = append(res.Continuations, cont)
 		if aerr == nil {
-			cont.Outcome = "ok"
-			res.Continuations = append(res.Continuations, cont)
 			return
 		}
-		cont.Outcome = "failed"
-		res.Continuations = append(res.Continuations, cont)
 		var next *streamBreak
 		if !errors.As(aerr, &next) {
 			// It failed before answering: the stream is still broken

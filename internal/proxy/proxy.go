@@ -584,12 +584,13 @@ func (h *Handler) send(t *try) (*http.Response, error) {
 		resp, err = h.fresh(again)
 	}
 	if err != nil {
-		if errors.Is(context.Cause(t.ctx), errDrained) && r.Context().Err() == nil {
+		switch {
+		case r.Context().Err() != nil: // the client left
+		case errors.Is(context.Cause(t.ctx), errDrained):
 			// Its worker's drain deadline passed before it answered: not
 			// the worker's failure (serve places it again, attempt kept).
-			return nil, fmt.Errorf("send to %s: %w", lease.Worker, errDrained)
-		}
-		if r.Context().Err() == nil {
+			err = errDrained
+		default:
 			h.report(lease.Worker, err)
 		}
 		return nil, fmt.Errorf("send to %s: %w", lease.Worker, err)

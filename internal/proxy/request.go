@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -241,12 +242,8 @@ func syntaxError(err error) error {
 
 // firstByte is the first byte of body that is not JSON white space.
 func firstByte(body []byte) byte {
-	for _, c := range body {
-		switch c {
-		case ' ', '\t', '\r', '\n':
-			continue
-		}
-		return c
+	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) > 0 {
+		return b[0]
 	}
 	return 0
 }
