@@ -1,10 +1,8 @@
-// Package proxy is Sluice's request path: it reads just enough of an
-// OpenAI-style request to admit it, waits for the scheduler's lease, relays
-// the request to the chosen worker and its answer back — streaming SSE
-// event by event, flushed as it arrives — and measures what the worker
-// achieved (time to first token, end-to-end time, output tokens, decode
-// rate) for the moving averages, and what the client saw (time to first
-// token from its arrival at Sluice) for metrics and decision records.
+// Package proxy is Sluice's request path: it reads just enough of a
+// request to admit it, waits for the scheduler's lease, relays the request
+// to the chosen worker and its answer back (SSE flushed as it arrives),
+// and measures what the worker achieved for the moving averages and what
+// the client saw for metrics and decision records.
 //
 // A worker that fails before any byte reached the client (connection
 // refused, 5xx) is reported to health tracking and the request is placed

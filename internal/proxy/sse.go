@@ -171,8 +171,7 @@ type cachedDetails struct {
 // its prefix cache, and whether it said: usage's prompt_tokens_details
 // (or input_tokens_details).cached_tokens, else Anthropic's
 // cache_read_input_tokens when there are any, else llama.cpp's
-// timings.cache_n. The decision record sets it against what the router
-// believed the worker held.
+// timings.cache_n.
 func (c *chunk) cachedCount() (int, bool) {
 	if u := c.Usage; u != nil {
 		for _, d := range []*cachedDetails{u.PromptTokensDetails, u.InputTokensDetails} {
