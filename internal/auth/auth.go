@@ -298,8 +298,7 @@ func (l *Limiter) Acquire() (release func(), ok bool) {
 		l.open.Add(-1)
 		return nil, false
 	}
-	var once sync.Once
-	return func() { once.Do(func() { l.open.Add(-1) }) }, true
+	return sync.OnceFunc(func() { l.open.Add(-1) }), true
 }
 
 // MaxConcurrent is the key's concurrency bound; 0 is unlimited.

@@ -70,12 +70,10 @@ func (h *Handler) broke(t *try, brk *streamBreak) {
 	h.opt.Logger.Warn("worker broke a stream mid-way", "worker", t.lease.Worker, "decision", decisionID(t.lease.Decision), "reason", brk.reason, "err", brk.err)
 }
 
-// continueStream places the rest of a broken stream on another worker
-// (the scheduler's admission, ahead of the queue as a retry is, on a kind
-// that can continue it) and relays it, as often as the stream's
+// continueStream places the rest of a broken stream on another worker of
+// a kind that can continue it, and relays it, as often as the stream's
 // continuations allow; a stream that cannot go on (or never could: c.cs
-// nil) ends with Sluice's error event (endStream). Each part is a lease
-// of its own, ended once as every lease is.
+// nil) ends with Sluice's error event. Each part is a lease of its own.
 func (h *Handler) continueStream(c *call, req scheduler.Request, from string, brk *streamBreak) {
 	cs, res := c.cs, c.res
 	for {
@@ -123,14 +121,14 @@ func (h *Handler) continueStream(c *call, req scheduler.Request, from string, br
 			return
 		}
 		aerr := h.continuePart(c, lease)
-		cont.To, cont.Decision, cont.Gap = lease.Worker, lease.Decision, cs.gap
+		cont.To, cont.Decision, cont.Gap, cont.Outcome = lease.Worker, lease.Decision, cs.gap, "ok"
+		if aerr != nil {
+			cont.Outcome = "failed"
+		}
+		res.Continuations = append(res.Continuations, cont)
 		if aerr == nil {
-			cont.Outcome = "ok"
-			res.Continuations = append(res.Continuations, cont)
 			return
 		}
-		cont.Outcome = "failed"
-		res.Continuations = append(res.Continuations, cont)
 		var next *streamBreak
 		if !errors.As(aerr, &next) {
 			// It failed before answering: the stream is still broken
@@ -145,8 +143,7 @@ func (h *Handler) continueStream(c *call, req scheduler.Request, from string, br
 }
 
 // continuePart asks lease's worker for the rest of the stream and relays
-// it, ending the lease as attemptLease does (the release deferred, so a
-// panic cannot keep the slot).
+// it, ending the lease as attemptLease does.
 func (h *Handler) continuePart(c *call, lease *scheduler.Lease) error {
 	defer lease.Release()
 	kind := ""

@@ -64,9 +64,8 @@ func WriteError(w http.ResponseWriter, status int, reason, msg string) {
 	writeOpenAIError(w, status, reason, "", msg)
 }
 
-// StatusOf maps an admission outcome to its HTTP status. It is the one
-// place this mapping lives; the virtual-time simulation reports refusals
-// with it too.
+// StatusOf maps an admission outcome to its HTTP status; the virtual-time
+// simulation reports refusals with it too.
 func StatusOf(err error) int {
 	switch {
 	case errors.Is(err, scheduler.ErrQueueFull), errors.Is(err, scheduler.ErrQueueBytesFull):
@@ -112,16 +111,12 @@ func writeRefusal(p *protocol, w http.ResponseWriter, err error, model string) (
 }
 
 // failureText words what a client is told when its request fails after
-// admission: what failed in the client's terms (its model; that no worker
-// could answer, or that the answer broke off and how) and the decision
-// that placed it, the key to the decision log and to Sluice's log, where
-// the detail is. It tells nothing of the network behind Sluice: no
-// worker's address, no Go error, none of a worker's own error answer,
-// which would show a client where the workers are and what they run, and
-// give it nothing to act on. Worker names are left out too: clients see
-// them in X-Sluice-Worker on answers, but the operator chose them, they
-// may name hosts, and the decision names the worker to whoever may read
-// the decision log.
+// admission: what failed in its terms (its model; no worker answered, or
+// the answer broke off and how) and the decision that placed it, the key
+// to the logs where the detail is. It tells nothing of the network behind
+// Sluice (no worker name or address, no Go error, no worker's own error
+// answer): that would show a client where the workers are and what they
+// run, and give it nothing to act on.
 type failureText struct {
 	model    string
 	decision string // "" without decision records

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
-	"sync/atomic"
+	"time"
 )
 
 // errDrained is the cause an attempt's context is cancelled with when its
@@ -55,9 +55,8 @@ func (l *liveStreams) add(worker string, cs *contStream, cancel context.CancelCa
 
 // move tells each stream on worker that can still go on elsewhere to
 // continue there (reason "drain"), in the order they registered, and
-// returns how many it told. A stream that cannot (a tool call or
-// reasoning began, its continuations are used up) is left to finish
-// where it is: cutting it would only end it with an error event.
+// returns how many it told. The others are left to finish where they
+// are: cutting them would only end them with an error event.
 func (l *liveStreams) move(worker string) int {
 	l.mu.Lock()
 	streams := slices.Clone(l.by[worker])
@@ -72,29 +71,21 @@ func (l *liveStreams) move(worker string) int {
 	return n
 }
 
-// DrainAfter moves the continuable streams relayed from worker elsewhere
-// when at is closed: the worker stops being given work at once (the
-// scheduler's draining), and at the deadline the streams it still writes
-// move instead of being cut or waited for. Those include streams bound
-// to it in the instant before it began draining, which register only
-// once their request is sent. A worker of the same name added later is
-// another worker: adding it stops the drain first (the server's
-// stopDrain), so this never moves its streams. The returned stop cancels
-// it, and reports whether it had not fired yet.
-func (h *Handler) DrainAfter(worker string, at <-chan struct{}) (stop func() bool) {
+// DrainAfter moves the continuable streams relayed from a draining
+// worker elsewhere when at fires, including streams bound to it just
+// before it began draining, which register only once their request is
+// sent. A worker of the same name added later is another worker: adding
+// it stops the drain first, so this never moves its streams. stop
+// cancels it.
+func (h *Handler) DrainAfter(worker string, at <-chan time.Time) (stop func()) {
 	done := make(chan struct{})
-	closeDone := sync.OnceFunc(func() { close(done) })
-	var fired atomic.Bool
 	go func() {
 		select {
 		case <-at:
-			fired.Store(true)
-			h.live.move(worker)
+			n := h.live.move(worker)
+			h.opt.Logger.Info("drain deadline passed: continuing the worker's streams elsewhere", "worker", worker, "streams", n)
 		case <-done:
 		}
 	}()
-	return func() bool {
-		closeDone()
-		return !fired.Load()
-	}
+	return sync.OnceFunc(func() { close(done) })
 }

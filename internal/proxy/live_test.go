@@ -46,7 +46,7 @@ func TestMove_MovesOnlyStreamsThatCanMove(t *testing.T) {
 // to the worker in the instant before it started draining registers only
 // once it is sent); stopped before its deadline, it moves none.
 func TestDrainAfter_MovesTheStreamsThereAtTheDeadline(t *testing.T) {
-	var h Handler
+	h := New(Options{})
 	moved := make(chan string, 4)
 	stream := func(name, worker string) {
 		cs := &contStream{left: 1}
@@ -54,7 +54,7 @@ func TestDrainAfter_MovesTheStreamsThereAtTheDeadline(t *testing.T) {
 		h.live.add(worker, cs, func(error) { moved <- name })
 	}
 	stream("before", "w0")
-	fire := make(chan struct{})
+	fire := make(chan time.Time)
 	h.DrainAfter("w0", fire)
 	stream("after", "w0")
 	stream("elsewhere", "w1")
@@ -74,11 +74,8 @@ func TestDrainAfter_MovesTheStreamsThereAtTheDeadline(t *testing.T) {
 	}
 
 	stream("stopped", "w2")
-	fire2 := make(chan struct{})
-	stop := h.DrainAfter("w2", fire2)
-	if !stop() {
-		t.Fatal("stop before the deadline reported it had fired")
-	}
+	fire2 := make(chan time.Time)
+	h.DrainAfter("w2", fire2)() // stopped before its deadline
 	if n := h.live.move("w1"); n != 1 || <-moved != "elsewhere" {
 		t.Fatalf("w1: moved %d", n)
 	}

@@ -1,10 +1,8 @@
-// Package proxy is Sluice's request path: it reads just enough of an
-// OpenAI-style request to admit it, waits for the scheduler's lease, relays
-// the request to the chosen worker and its answer back — streaming SSE
-// event by event, flushed as it arrives — and measures what the worker
-// achieved (time to first token, end-to-end time, output tokens, decode
-// rate) for the moving averages, and what the client saw (time to first
-// token from its arrival at Sluice) for metrics and decision records.
+// Package proxy is Sluice's request path: it reads just enough of a
+// request to admit it, waits for the scheduler's lease, relays the request
+// to the chosen worker and its answer back (SSE flushed as it arrives),
+// and measures what the worker achieved for the moving averages and what
+// the client saw for metrics and decision records.
 //
 // A worker that fails before any byte reached the client (connection
 // refused, 5xx) is reported to health tracking and the request is placed
@@ -39,6 +37,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"strings"
@@ -382,7 +381,7 @@ func (h *Handler) prepare(c *call) (req scheduler.Request, ok bool) {
 	if id, ok := auth.FromContext(r.Context()); ok {
 		req.Tenant, req.Class, req.SLO = id.Tenant, id.Class, id.SLO
 	}
-	h.session(r, *p, &req) // an agent's session: an affinity hint, maybe a fair-share flow
+	h.session(r, *p, &req)
 	// A client may tighten its SLO, never loosen it (X-Sluice-TTFT-SLO,
 	// X-Sluice-Min-Decode).
 	slo, err := predict.Tighten(req.SLO, r.Header.Get)
@@ -410,13 +409,10 @@ func (h *Handler) prepare(c *call) (req scheduler.Request, ok bool) {
 	return req, true
 }
 
-// attemptLease makes one attempt on lease (attempt) with body and ends
-// the lease: with Complete for an answer relayed in full (the finish
-// sequence the simulation follows too: observation, stats, output
-// estimate, release), else with Release. The release is deferred, so
-// the slot is given back also when anything panics meanwhile (net/http
-// recovers a handler's panic and would leave the slot taken for good);
-// after Complete it does nothing.
+// attemptLease makes one attempt on lease with body and ends the lease:
+// with Complete for an answer relayed in full, else with Release. The
+// release is deferred, so a panic (which net/http recovers) cannot keep
+// the slot; after Complete it does nothing.
 func (h *Handler) attemptLease(c *call, body []byte, lease *scheduler.Lease) (sent bool, err error) {
 	defer lease.Release()
 	sent, done, err := h.attempt(c, body, lease)
@@ -498,23 +494,16 @@ type try struct {
 // client has its headers.
 func (t *try) cont() bool { return t.cs != nil && t.cs.cont }
 
-// attempt sends body to the lease's worker and relays the answer.
-// It reports whether anything was written to the client; when nothing
-// was and err is not nil, the caller may retry elsewhere. done is the
-// measurement of an answer that completed successfully, for the caller to
-// end the lease with (Lease.Complete); nil otherwise.
+// attempt sends body to the lease's worker and relays the answer. It
+// reports whether anything was written to the client (when nothing was
+// and err is not nil, the caller may retry elsewhere) and the measurement
+// of an answer that succeeded, for Lease.Complete. A stream that broke
+// after the first byte returns a *streamBreak, for the caller to continue
+// elsewhere or end; a part continuing a broken stream writes no headers.
 //
-// With c.cs (a stream that may be continued) the answer is relayed whole
-// events at a time, and a break after the first byte returns a
-// *streamBreak for the caller to continue elsewhere; a part that
-// continues a broken stream (cs.cont) writes no headers of its own. A
-// stream that cannot be continued returns its break too, for the caller
-// to end it.
-//
-// attempt is the one place that reports an attempt's outcome for health
-// (Reporter): once per attempt, a failure only where the worker failed,
-// never for a client that left, a drain deadline that took the request
-// back, or a request that could not be sent for want of an address.
+// attempt is the one place that reports an attempt's outcome for health:
+// once per attempt, a failure only where the worker failed, never for a
+// client that left, a drain deadline, or a worker without an address.
 func (h *Handler) attempt(c *call, body []byte, lease *scheduler.Lease) (sent bool, done *stats.Observation, err error) {
 	t := &try{call: c, lease: lease, body: body}
 	t.ctx, t.cancel = context.WithCancelCause(c.r.Context())
@@ -572,7 +561,9 @@ func (h *Handler) send(t *try) (*http.Response, error) {
 	out.URL.RawQuery = r.URL.RawQuery
 	copyHeader(out.Header, r.Header)
 	h.setAuth(out.Header, lease.Worker)
-	setForwarded(out.Header, r)
+	// Who asked: the client's address appended to X-Forwarded-For, its
+	// Host and scheme.
+	(&httputil.ProxyRequest{In: r, Out: out}).SetXForwarded()
 	if s := spanFrom(r.Context()); s != nil {
 		s.Attempt(r.Context(), lease, out.Header)
 	}
@@ -591,12 +582,13 @@ func (h *Handler) send(t *try) (*http.Response, error) {
 		resp, err = h.fresh(again)
 	}
 	if err != nil {
-		if errors.Is(context.Cause(t.ctx), errDrained) && r.Context().Err() == nil {
+		switch {
+		case r.Context().Err() != nil: // the client left
+		case errors.Is(context.Cause(t.ctx), errDrained):
 			// Its worker's drain deadline passed before it answered: not
 			// the worker's failure (serve places it again, attempt kept).
-			return nil, fmt.Errorf("send to %s: %w", lease.Worker, errDrained)
-		}
-		if r.Context().Err() == nil {
+			err = errDrained
+		default:
 			h.report(lease.Worker, err)
 		}
 		return nil, fmt.Errorf("send to %s: %w", lease.Worker, err)
@@ -612,10 +604,11 @@ func (h *Handler) refused(t *try, resp *http.Response, sse bool) error {
 		return nil
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-	err := fmt.Errorf("worker %s answered %s: %s", t.lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+	status := resp.Status
 	if resp.StatusCode < 500 {
-		err = fmt.Errorf("worker %s answered the continuation with %s: %s", t.lease.Worker, resp.Status, strings.TrimSpace(string(msg)))
+		status = "the continuation with " + status
 	}
+	err := fmt.Errorf("worker %s answered %s: %s", t.lease.Worker, status, strings.TrimSpace(string(msg)))
 	h.report(t.lease.Worker, err)
 	return err
 }
@@ -638,12 +631,10 @@ func (h *Handler) writeHeader(t *try, resp *http.Response) {
 	t.res.Status = resp.StatusCode
 }
 
-// ended classifies how an attempt the worker answered ended, for every
-// answer alike: a whole one, a stream, a continuation's part (st is
-// the stream relayed, nil for a whole answer). It files what the relay
-// measured in the Result, reports the outcome for health, and returns
-// the observation of an answer that succeeded, or the *streamBreak of
-// a stream that broke.
+// ended classifies how an attempt the worker answered ended (st is the
+// stream relayed, nil for a whole answer): it files what the relay
+// measured in the Result, reports the outcome for health, and returns the
+// observation of an answer that succeeded, or a stream's *streamBreak.
 func (h *Handler) ended(t *try, status int, st *contStream, m measured, err error) (*stats.Observation, error) {
 	res, cont := t.res, t.cont()
 	res.Tokens = m.tokens
@@ -719,26 +710,6 @@ func (h *Handler) setAuth(hdr http.Header, worker string) {
 		hdr.Del("Authorization")
 		hdr.Del("X-Api-Key")
 	}
-}
-
-// setForwarded tells the worker who asked, as httputil's SetXForwarded
-// does: the client's address appended to X-Forwarded-For, the original
-// Host in X-Forwarded-Host, the client's scheme in X-Forwarded-Proto.
-func setForwarded(hdr http.Header, r *http.Request) {
-	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		if prior := hdr.Values("X-Forwarded-For"); len(prior) > 0 {
-			ip = strings.Join(prior, ", ") + ", " + ip
-		}
-		hdr.Set("X-Forwarded-For", ip)
-	} else {
-		hdr.Del("X-Forwarded-For")
-	}
-	hdr.Set("X-Forwarded-Host", r.Host)
-	proto := "http"
-	if r.TLS != nil {
-		proto = "https"
-	}
-	hdr.Set("X-Forwarded-Proto", proto)
 }
 
 func (h *Handler) report(worker string, err error) {
@@ -826,7 +797,6 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 	bp := relayBuffers.Get().(*[]byte)
 	defer relayBuffers.Put(bp)
 	buf := *bp
-	var readErr error
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
@@ -839,12 +809,8 @@ func relayWhole(w http.ResponseWriter, body io.Reader, limit int) (measured, err
 			break
 		}
 		if err != nil {
-			readErr = err
-			break
+			return measured{}, fmt.Errorf("read answer: %w", err)
 		}
-	}
-	if readErr != nil {
-		return measured{}, fmt.Errorf("read answer: %w", readErr)
 	}
 	var ch chunk
 	out := measured{complete: true} // read to its end and written whole

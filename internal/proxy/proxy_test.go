@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sluice-router/sluice/internal/sse"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -164,7 +165,7 @@ func FuzzParseInference(f *testing.F) {
 // its first content (the relay feeds its own parser: part.feed).
 func (m *streamMeter) feed(b []byte) (first bool) {
 	m.first = false
-	m.parser.Feed(b, m.event)
+	m.parser.Feed(b, func(e sse.Event) { m.take(e) })
 	return m.first
 }
 

@@ -125,22 +125,18 @@ func (cs *contStream) counts(info eventInfo) {
 }
 
 // relay copies one worker's answer (one part of the stream) to the
-// client, flushing what each read brought before the next read may wait,
-// and follows it with a streamMeter.
+// client, flushing what each read brought, and meters it. A stream that
+// cannot be continued goes byte for byte, the worker's error events too.
+// A continuable one goes whole events at a time, so that a break leaves
+// the client at an event boundary; a continuation's events are rewritten,
+// and a worker's error event is held back, since another worker may yet
+// write the rest.
 //
-// A stream that cannot be continued (see resumable) goes byte for
-// byte as it arrives, the worker's error events too. A continuable one
-// goes whole events at a time, so that a break leaves the client at an
-// event boundary: its first part's events as they came, a
-// continuation's rewritten (rewrite); a worker's error event is held
-// back, since another worker may yet write the rest.
-//
-// relay classifies how the part ended: nil when the stream delivered
-// its end ([DONE], or a final chunk) whatever happens after (many
-// clients close the body at [DONE], which cancels the worker's request
-// under the last read); errClientGone when a write to the client failed
-// before the end; else a *streamBreak saying why, for the caller to
-// continue the stream elsewhere or end it (endStream).
+// It returns nil when the stream delivered its end ([DONE], or a final
+// chunk), whatever happens after (many clients close the body at [DONE],
+// which cancels the worker's request under the last read);
+// errClientGone when a write to the client failed before the end; else a
+// *streamBreak saying why.
 func (cs *contStream) relay(w http.ResponseWriter, body io.Reader, start time.Time) (measured, error) {
 	rc := http.NewResponseController(w)
 	bp := relayBuffers.Get().(*[]byte)
@@ -220,7 +216,7 @@ func (pt *part) feed(b []byte) {
 func (pt *part) event(e sse.Event) {
 	cs := pt.cs
 	if !cs.resumable() {
-		pt.m.event(e)
+		pt.m.take(e)
 		return
 	}
 	if pt.broken != "" {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -201,10 +202,8 @@ func parseInference(body []byte, needModel bool, check func(*inference) error) (
 // decodeBody decodes a JSON object into in, saying in a client's words
 // what is wrong when it cannot: not JSON at all, JSON but not an object,
 // or a field Sluice reads holding the wrong kind of value. It is the one
-// decode of the body: the prompt count and the prefix blocks read what it
-// yields. A body that starts as an object is not checked on its own
-// first, since json.Unmarshal checks the whole of it before decoding and
-// reports the same syntax error json.Valid's scan would have found.
+// decode of the body. A body that starts as an object is not checked with
+// json.Valid first: json.Unmarshal checks the whole of it before decoding.
 func decodeBody(body []byte, in any) error {
 	t := firstByte(body)
 	if t == 0 {
@@ -243,12 +242,8 @@ func syntaxError(err error) error {
 
 // firstByte is the first byte of body that is not JSON white space.
 func firstByte(body []byte) byte {
-	for _, c := range body {
-		switch c {
-		case ' ', '\t', '\r', '\n':
-			continue
-		}
-		return c
+	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) > 0 {
+		return b[0]
 	}
 	return 0
 }

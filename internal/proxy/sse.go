@@ -171,8 +171,7 @@ type cachedDetails struct {
 // its prefix cache, and whether it said: usage's prompt_tokens_details
 // (or input_tokens_details).cached_tokens, else Anthropic's
 // cache_read_input_tokens when there are any, else llama.cpp's
-// timings.cache_n. The decision record sets it against what the router
-// believed the worker held.
+// timings.cache_n.
 func (c *chunk) cachedCount() (int, bool) {
 	if u := c.Usage; u != nil {
 		for _, d := range []*cachedDetails{u.PromptTokensDetails, u.InputTokensDetails} {
@@ -250,17 +249,14 @@ type streamMeter struct {
 // was pending held its first content.
 func (m *streamMeter) end() {
 	m.first = false
-	m.parser.End(m.event)
+	m.parser.End(func(e sse.Event) { m.take(e) })
 }
 
-// event reads one dispatched event. An event named "error", or whose
-// data holds an "error" that is not null, fails the stream, unless it
-// comes after the stream's end (see complete); data that is not a chunk
-// (not JSON, or of another shape) counts for nothing.
-func (m *streamMeter) event(e sse.Event) { m.take(e) }
-
-// take is event, returning what it read of the data for a relay that
-// follows the event too, so that an event is decoded once.
+// take reads one dispatched event, and returns what it read of the data
+// for a relay that follows the event too, so that an event is decoded
+// once. An event named "error", or whose data holds an "error" that is
+// not null, fails the stream, unless it comes after the stream's end (see
+// complete); data that is not a chunk counts for nothing.
 func (m *streamMeter) take(e sse.Event) eventInfo {
 	data := bytes.TrimSpace(e.Data)
 	ended := m.complete() // an error after the end fails nothing

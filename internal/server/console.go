@@ -14,9 +14,8 @@ import (
 )
 
 // summaryInterval is how often the console's traffic line is written
-// while there is traffic. Each decision is in the decision log and the
-// API (and on the console at debug level); a person watching the console
-// wants the trend, one line every few seconds, and the warnings.
+// while there is traffic: a person watching the console wants the trend
+// and the warnings; each decision is in the decision log.
 const summaryInterval = 10 * time.Second
 
 // maxSummaryTTFTs bounds the times to first token one summary keeps for
@@ -101,8 +100,15 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-// runConsole writes a traffic line on every tick until ctx ends.
-func (s *Server) runConsole(ctx context.Context, tick <-chan time.Time) {
+// runConsole writes a traffic line every summaryInterval (on
+// s.summaryTick when set) until ctx ends.
+func (s *Server) runConsole(ctx context.Context) {
+	tick := s.summaryTick
+	if tick == nil {
+		t := time.NewTicker(summaryInterval)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():

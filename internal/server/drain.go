@@ -3,7 +3,6 @@ package server
 import (
 	"fmt"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/sluice-router/sluice/internal/proxy"
@@ -13,33 +12,14 @@ import (
 // deadline, moves the streams it still writes to other workers (the
 // proxy's continuation, reason "drain") instead of cutting them or waiting
 // for them forever. POST /api/workers/{name}/drain?deadline=30s starts
-// one; a worker removed from the fleet — a SIGHUP reload that drops it, an
-// EndpointSlice endpoint turning terminating (discovery removes it), DELETE
-// /api/workers/{name} — gets one of proxy.drain_deadline. Streams that
-// cannot be continued are left to finish.
+// one; a worker removed from the fleet gets one of proxy.drain_deadline.
+// Streams that cannot be continued are left to finish.
 
 // drainAt moves the streams on worker elsewhere after d (s.after, which
 // tests steer), replacing a pending deadline of the worker; the deadline
 // is its member's (member.go), and goes with it.
 func (s *Server) drainAt(worker string, d time.Duration) {
-	fire := make(chan struct{})
-	wait := s.after(d)
-	stop := s.proxy.DrainAfter(worker, fire)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-wait:
-			close(fire)
-			s.log.Info("drain deadline passed: continuing the worker's streams elsewhere", "worker", worker, "deadline", d)
-		case <-done:
-		}
-	}()
-	var once sync.Once
-	cancel := func() bool {
-		once.Do(func() { close(done) })
-		return stop()
-	}
-	s.setDrain(worker, cancel)
+	s.setDrain(worker, s.proxy.DrainAfter(worker, s.after(d)))
 }
 
 // drainWithDeadline is POST /api/workers/{name}/drain: without a deadline

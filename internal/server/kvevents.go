@@ -181,14 +181,14 @@ func (k *kvEvents) names() []string {
 
 // kvBlocks is the proxy's KVBlocks hook: the keys of the request's token
 // blocks (kvevents.BlockKeys), cut from the token ids a healthy worker
-// with kv_events serving model gives for its messages or prompt at POST
-// /tokenize, in the block size its events report; nil when no such
-// worker has reported one, or it fails within ctx. It runs in the proxy
-// before the request is submitted, never under the scheduler's lock.
+// with kv_events serving model gives at POST /tokenize, in the block size
+// its events report; nil when no such worker has reported one, or it
+// fails. It runs before the request is submitted, never under the
+// scheduler's lock.
 func (s *Server) kvBlocks(ctx context.Context, model string, in proxy.TokenizeInput) []uint64 {
 	k := s.kv
 	name, bs := "", 0
-	for _, n := range k.names() { // none: nothing to do, at once
+	for _, n := range k.names() {
 		fw := s.fleet.Get(n)
 		if fw == nil {
 			continue

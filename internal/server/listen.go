@@ -34,12 +34,11 @@ const fileReserve = 128
 
 // maxConnections returns the cap on open client connections:
 // server.max_connections, or when that is 0, half of the open files
-// fileReserve leaves. Each client connection may need one to a worker,
-// hence half; and a router out of files fails everyone, not just the
-// newcomer: it can neither reach a worker nor probe one (every worker
-// turns unhealthy), nor open its stores. Connections beyond the cap wait
-// in the kernel's backlog instead. limit is the open-file limit the cap
-// was sized on, 0 when configured or unknown (then n is 0: no cap).
+// fileReserve leaves (each client connection may need one to a worker).
+// A router out of files fails everyone: it can neither reach nor probe a
+// worker. Connections beyond the cap wait in the kernel's backlog. limit
+// is the open-file limit the cap was sized on, 0 when configured or
+// unknown (then n is 0: no cap).
 func (s *Server) maxConnections() (n int, limit uint64, err error) {
 	if n = s.cfg.Server.MaxConnections; n > 0 {
 		return n, 0, nil
@@ -58,19 +57,16 @@ const minBodyRate = 128 << 10
 
 // bodyTimeout is how long a client has to send a request body once its
 // headers are in: the time it had for its headers, plus the largest body
-// at minBodyRate; 74 s by default. A body has no deadline of its own
-// otherwise, and one trickled in holds a connection, a goroutine and up
-// to proxy.max_body_bytes for as long as its client likes.
+// at minBodyRate. Without it a body trickled in holds a connection, a
+// goroutine and up to proxy.max_body_bytes for as long as its client likes.
 func bodyTimeout(cfg config.Config) time.Duration {
 	return cfg.Server.ReadHeaderTimeout + time.Duration(float64(cfg.Proxy.MaxBodyBytes)/minBodyRate*float64(time.Second))
 }
 
 // queuedBodies is how many bodies of proxy.max_body_bytes the requests
-// waiting in the admission queue may hold between them (128 MiB by
-// default), across models: each keeps its body while it waits, and
-// admission.max_queue alone would let 256 per model hold 8 MiB each. Text
-// is about four bytes a token, so the budget is some 32 million prompt
-// tokens, more than most fleets prefill within admission.queue_timeout:
+// waiting in the admission queue may hold between them, across models:
+// each keeps its body while it waits. At about four bytes a token that is
+// more prompt than most fleets prefill within admission.queue_timeout, so
 // it turns away a backlog that would time out anyway, before it costs the
 // router its memory.
 const queuedBodies = 16
@@ -126,13 +122,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	}
 	consoleCtx, stopConsole := context.WithCancel(context.Background())
 	defer stopConsole()
-	tick := s.summaryTick
-	if tick == nil {
-		t := time.NewTicker(summaryInterval)
-		defer t.Stop()
-		tick = t.C
-	}
-	go s.runConsole(consoleCtx, tick)
+	go s.runConsole(consoleCtx)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)

@@ -13,9 +13,8 @@ import (
 )
 
 // loraLoader is the scheduler's AdapterLoader: it loads an adapter on a
-// worker through the fleet (vLLM's POST /v1/load_lora_adapter), called by
-// the scheduler outside its lock, and counts the loads per worker and
-// adapter, so that loads per hour stay visible (sluice_lora_loads_total).
+// worker through the fleet (vLLM's POST /v1/load_lora_adapter), outside
+// the scheduler's lock, and counts the loads per worker and adapter.
 type loraLoader struct {
 	s        *Server
 	loads    *prometheus.CounterVec

@@ -37,8 +37,8 @@ type member struct {
 	host    *hostTransport // its host's transport; nil with a base transport not Sluice's
 
 	// Guarded by members.mu.
-	leaving bool        // removed; Sluice's streams may still run on it
-	drain   func() bool // cancels its pending drain deadline; nil for none
+	leaving bool   // removed; Sluice's streams may still run on it
+	drain   func() // cancels its pending drain deadline; nil for none
 }
 
 // members are the router's workers by name, leaving ones included. A
@@ -173,10 +173,10 @@ func (s *Server) retire(name string) {
 // setDrain makes stop name's pending drain deadline, cancelling the one
 // before; with no member of the name (retired meanwhile) stop is called
 // at once, there being no stream left to move.
-func (s *Server) setDrain(name string, stop func() bool) {
+func (s *Server) setDrain(name string, stop func()) {
 	s.members.mu.Lock()
 	m := s.members.all[name]
-	var prev func() bool
+	var prev func()
 	if m != nil {
 		prev, m.drain = m.drain, stop
 	} else {
@@ -190,7 +190,7 @@ func (s *Server) setDrain(name string, stop func() bool) {
 
 // takeDrain takes m's pending drain deadline off it: its cancel, nil for
 // none.
-func (s *Server) takeDrain(m *member) func() bool {
+func (s *Server) takeDrain(m *member) func() {
 	s.members.mu.Lock()
 	defer s.members.mu.Unlock()
 	stop := m.drain

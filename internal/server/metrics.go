@@ -86,15 +86,15 @@ func newMetrics(sched *scheduler.Scheduler, tracker *stats.Tracker) *metrics {
 		staleRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_stale_connection_retries_total", Help: "Requests resent to the same worker on a fresh connection after the pooled one turned out closed by the worker; not counted against its health.",
 		}, []string{"worker"}),
+		continuations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_continuations_total", Help: "Streams continued on another worker after theirs broke them mid-way, by why (upstream_failed, error_event, stream_idle, drain) and how the continuation ended (ok, failed, no_worker).",
+		}, []string{"reason", "outcome"}),
+		gap: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sluice_continuation_gap_seconds", Help: "Time a continuation added to a stream: from the last token before the break to the first token after it.", Buckets: latencyBuckets,
+		}),
 	}
-	m.continuations = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_continuations_total", Help: "Streams continued on another worker after theirs broke them mid-way, by why (upstream_failed, error_event, stream_idle, drain) and how the continuation ended (ok, failed, no_worker).",
-	}, []string{"reason", "outcome"})
-	m.gap = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name: "sluice_continuation_gap_seconds", Help: "Time a continuation added to a stream: from the last token before the break to the first token after it.", Buckets: latencyBuckets,
-	})
-	m.reg.MustRegister(m.continuations, m.gap)
 	m.reg.MustRegister(m.requests, m.queueWait, m.ttft, m.workerTTFT, m.e2e, m.tpot, m.predError, m.tokens, m.promptTokens, m.retries, m.staleRetries,
+		m.continuations, m.gap,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{sched: sched, tracker: tracker})
 	return m

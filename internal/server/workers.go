@@ -13,11 +13,9 @@ import (
 )
 
 // workerSummary is one worker in GET /api/workers: what an operator reads
-// of it. Readings are plain numbers, null when the worker never reported
-// them; stale names those older than telemetry.stale_after and problems
-// what the last probe could not read. The scheduler's and the prober's
-// internals (the latency model, per-level measurements, the latest score
-// term by term) are in the detail view.
+// of it. Readings are null when the worker never reported them; stale
+// names those older than telemetry.stale_after and problems what the last
+// probe could not read. The internals are in the detail view.
 type workerSummary struct {
 	Name          string                   `json:"name"`
 	URL           string                   `json:"url"`
