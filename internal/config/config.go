@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/stats"
 )
 
 // Config is the whole configuration of a router.
@@ -591,7 +592,7 @@ func DefaultConfig() Config {
 		HashLoadBound: scheduler.DefaultHashLoadBound,
 		Weights:       Weights{Prefix: scheduler.DefaultWeights().Prefix},
 		Admission:     Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
-		Stats:         Stats{Alpha: 0.2, FlushInterval: time.Second},
+		Stats:         Stats{Alpha: stats.Alpha, FlushInterval: stats.FlushInterval},
 		Decisions:     Decisions{RingSize: 1024},
 		Telemetry:     Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
 		Proxy: Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond, IdleConnTimeout: DefaultIdleConnTimeouts(),
