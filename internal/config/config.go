@@ -34,15 +34,10 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// LogFormat is "text" or "json".
 	LogFormat string `yaml:"log_format"`
-	// Policy is the routing policy: "sluice" (default) or a baseline
-	// ("round-robin", "least-connections", "random", "p2c",
-	// "consistent-hash") for comparison.
-	Policy string `yaml:"policy"`
-	// HashLoadBound is the consistent-hash baseline's load bound: a
-	// worker takes the requests whose prompt hashes to it while its
-	// requests in flight are under this many times the mean. 0 is
-	// scheduler.DefaultHashLoadBound.
-	HashLoadBound float64 `yaml:"hash_load_bound"`
+	// Policy is the routing policy; empty is Sluice's. Not a
+	// configuration key: a router routes by Sluice's score; only the
+	// benchmark harness runs a baseline through it, to compare.
+	Policy scheduler.Policy `yaml:"-"`
 	// Workers are the inference servers behind the router.
 	Workers []Worker `yaml:"workers"`
 	// Weights are the score weights that are settings: the prefix term's.
@@ -586,15 +581,13 @@ type TLS struct {
 // DefaultConfig returns the configuration used for every key left out.
 func DefaultConfig() Config {
 	return Config{
-		Listen:        "127.0.0.1:8080",
-		LogFormat:     "text",
-		Policy:        string(scheduler.PolicySluice),
-		HashLoadBound: scheduler.DefaultHashLoadBound,
-		Weights:       Weights{Prefix: scheduler.DefaultWeights().Prefix},
-		Admission:     Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
-		Stats:         Stats{Alpha: stats.Alpha, FlushInterval: stats.FlushInterval},
-		Decisions:     Decisions{RingSize: 1024},
-		Telemetry:     Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
+		Listen:    "127.0.0.1:8080",
+		LogFormat: "text",
+		Weights:   Weights{Prefix: scheduler.DefaultWeights().Prefix},
+		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
+		Stats:     Stats{Alpha: stats.Alpha, FlushInterval: stats.FlushInterval},
+		Decisions: Decisions{RingSize: 1024},
+		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
 		Proxy: Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond, IdleConnTimeout: DefaultIdleConnTimeouts(),
 			MaxContinuations: 1, DrainDeadline: 30 * time.Second},
 		Server:   ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
@@ -641,12 +634,6 @@ func (c *Config) problems() Problems {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		bad("log_format", "%q is not text or json", c.LogFormat)
-	}
-	if !slices.Contains(scheduler.Policies, scheduler.Policy(c.Policy)) {
-		bad("policy", "%q is not one of %s", c.Policy, oneOf(scheduler.Policies))
-	}
-	if c.HashLoadBound != 0 && !(c.HashLoadBound >= 1 && c.HashLoadBound <= 100) {
-		bad("hash_load_bound", "%v must be from 1 to 100 (times the mean load)", c.HashLoadBound)
 	}
 	if len(c.Workers) == 0 && c.Discovery.Kubernetes == nil {
 		bad("workers", "at least one worker is needed (or discovery.kubernetes)")

@@ -517,6 +517,8 @@ var removedKeys = map[string]string{
 	"limits.borrow_after":     "removed; for every 2s a request has waited, workers may run one stream over their learned limit, up to their cap; delete the key",
 	"limits.default_cap":      "removed; a worker that reports no slots is capped at 64 (set its max_concurrency for another cap); delete the key",
 	"admission.max_overtake":  "removed; no waiting request is overtaken by one that arrived more than 10s after it; delete the key",
+	"policy":                  "removed; a router routes by Sluice's score (the baselines remain in sluice bench compare --policies, to compare against); delete the key",
+	"hash_load_bound":         "removed; it bounded the consistent-hash baseline, which a router no longer runs (it remains in sluice bench compare --policies); delete the key",
 }
 
 // unknownKey is the message for a key the section at parent does not

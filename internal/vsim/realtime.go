@@ -73,11 +73,7 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	rc := config.DefaultConfig()
 	rc.Listen = "127.0.0.1:0"
 	rc.Shutdown.DrainDelay = 0 // no load balancer in front to drain
-	rc.Policy = string(c.Policy)
-	if rc.Policy == "" {
-		rc.Policy = string(scheduler.PolicySluice)
-	}
-	rc.HashLoadBound = c.HashLoadBound
+	rc.Policy = c.Policy
 	if c.Weights != nil {
 		rc.Weights = *c.Weights
 	}

@@ -67,9 +67,6 @@ type Config struct {
 	Alpha float64
 	// Seed seeds the random baselines.
 	Seed uint64
-	// HashLoadBound is the consistent-hash baseline's load bound
-	// (hash_load_bound); 0 is the scheduler's default.
-	HashLoadBound float64
 	// Start is the virtual time the engines are created at; Epoch when
 	// zero. Requests arrive relative to the moment every worker has
 	// loaded its model (the HTTP benchmark also waits for a ready fleet).
@@ -104,8 +101,7 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 	w := rc.Weights
 	c := Config{
 		Workers:            workers,
-		Policy:             scheduler.Policy(rc.Policy),
-		HashLoadBound:      rc.HashLoadBound,
+		Policy:             rc.Policy,
 		Weights:            &w,
 		MaxQueue:           rc.Admission.MaxQueue,
 		QueueTimeout:       rc.Admission.QueueTimeout,
@@ -409,7 +405,6 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		StaleAfter:      cfg.StaleAfter,
 		Policy:          cfg.Policy,
 		Seed:            cfg.Seed,
-		HashLoadBound:   cfg.HashLoadBound,
 		Clock:           r.clock,
 		Stats:           r.tracker,
 		Recorder:        cfg.Recorder,
