@@ -382,11 +382,11 @@ type Stats struct {
 	// RedisPrefix starts every Redis key when Store is a Redis URL;
 	// overrides the URL's prefix parameter. Default "sluice:".
 	RedisPrefix string `yaml:"redis_prefix"`
-	// Alpha is the EMA smoothing factor in (0, 1]: the weight of the
-	// newest sample.
-	Alpha float64 `yaml:"alpha"`
-	// FlushInterval is how often changed averages are written.
-	FlushInterval time.Duration `yaml:"flush_interval"`
+	// FlushInterval is how often changed averages are written. Not a
+	// configuration key: DefaultConfig's stats.FlushInterval is the
+	// router's one behaviour; only a router run on a faster clock than
+	// the fleet it models (the simulation harness) scales it.
+	FlushInterval time.Duration `yaml:"-"`
 }
 
 // Shared configures state shared between replicas.
@@ -585,7 +585,7 @@ func DefaultConfig() Config {
 		LogFormat: "text",
 		Weights:   Weights{Prefix: scheduler.DefaultWeights().Prefix},
 		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
-		Stats:     Stats{Alpha: stats.Alpha, FlushInterval: stats.FlushInterval},
+		Stats:     Stats{FlushInterval: stats.FlushInterval},
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
 		Proxy: Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond, IdleConnTimeout: DefaultIdleConnTimeouts(),
@@ -698,10 +698,6 @@ func (c *Config) problems() Problems {
 		positive(bad, "admission.tenant_weights."+name, w)
 	}
 	c.LoRA.validate(c.Workers, bad)
-	if c.Stats.Alpha <= 0 || c.Stats.Alpha > 1 {
-		bad("stats.alpha", "%v is outside (0, 1]", c.Stats.Alpha)
-	}
-	positive(bad, "stats.flush_interval", c.Stats.FlushInterval)
 	if redisconn.IsURL(c.Stats.Store) {
 		if _, _, err := redisconn.Parse(c.Stats.Store, c.Stats.RedisPrefix); err != nil {
 			bad("stats.store", "%v", err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/stats"
 )
 
 // TestCheck_RemovedKeysSayWhatTheRouterDoesNow holds every key taken out
@@ -37,6 +38,8 @@ func TestCheck_RemovedKeysSayWhatTheRouterDoesNow(t *testing.T) {
 		{"sessions.affinity", "false", "its last worker as holding its previous prompt"},
 		{"policy", "round-robin", "sluice bench compare --policies"},
 		{"hash_load_bound", "1.25", "sluice bench compare --policies"},
+		{"stats.alpha", "0.5", fmt.Sprint(stats.Alpha)},
+		{"stats.flush_interval", "5s", "every " + stats.FlushInterval.String()},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			yaml, line := "workers: [{name: a, url: 'http://h:1'}]\n", 3

@@ -132,7 +132,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	if s.tracker, err = stats.NewTracker(cfg.Stats.Alpha, s.store, log); err != nil {
+	if s.tracker, err = stats.NewTracker(stats.Alpha, s.store, log); err != nil {
 		s.closeStore()
 		return nil, err
 	}

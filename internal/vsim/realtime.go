@@ -66,8 +66,8 @@ type HTTPConfig struct {
 
 // RouterConfig returns the router configuration RunHTTPStats uses for the
 // scenario c against workers at urls, with its durations divided by
-// scale: policy, weights, admission, telemetry interval and staleness,
-// alpha and max_concurrency from c, and each worker's DCGM exporter path
+// scale: policy, weights, admission, telemetry interval and staleness
+// and max_concurrency from c, and each worker's DCGM exporter path
 // (the sim serves /dcgm/metrics) so the GPU term reads what Run's does.
 func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	rc := config.DefaultConfig()
@@ -117,9 +117,6 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	rc.Telemetry.Interval = sd(interval)
 	rc.Telemetry.Timeout = max(sd(interval), 200*time.Millisecond)
 	rc.Telemetry.StaleAfter = max(sd(c.StaleAfter), rc.Telemetry.Interval)
-	if c.Alpha > 0 {
-		rc.Stats.Alpha = c.Alpha
-	}
 	model := c.Model
 	for i, w := range c.Workers {
 		m := model
