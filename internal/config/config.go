@@ -442,12 +442,6 @@ type Proxy struct {
 	// wait once its headers came: a worker that stalls
 	// mid-answer is cut off, its slot freed and the failure counted.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
-	// TokenizeAbove, when positive, has a prompt estimated at that many
-	// tokens or more counted by a llama.cpp or vLLM worker's /tokenize
-	// (within TokenizeTimeout) instead of estimated. 0 never asks.
-	TokenizeAbove int `yaml:"tokenize_above"`
-	// TokenizeTimeout bounds that count; past it the estimate stands.
-	TokenizeTimeout time.Duration `yaml:"tokenize_timeout"`
 	// IdleConnTimeout is, per worker kind, how long a keep-alive
 	// connection to a worker may sit idle in Sluice's pool before Sluice
 	// closes it. It must be shorter than the worker's own keep-alive
@@ -588,7 +582,7 @@ func DefaultConfig() Config {
 		Stats:     Stats{FlushInterval: stats.FlushInterval},
 		Decisions: Decisions{RingSize: 1024},
 		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
-		Proxy: Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond, IdleConnTimeout: DefaultIdleConnTimeouts(),
+		Proxy: Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, IdleConnTimeout: DefaultIdleConnTimeouts(),
 			MaxContinuations: 1, DrainDeadline: 30 * time.Second},
 		Server:   ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
 		Shutdown: Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
@@ -741,10 +735,6 @@ func (c *Config) problems() Problems {
 	}
 	positive(bad, "proxy.response_header_timeout", c.Proxy.ResponseHeaderTimeout)
 	positive(bad, "proxy.stream_idle_timeout", c.Proxy.StreamIdleTimeout)
-	if c.Proxy.TokenizeAbove < 0 {
-		bad("proxy.tokenize_above", "negative (%d); 0 never asks workers to tokenize", c.Proxy.TokenizeAbove)
-	}
-	positive(bad, "proxy.tokenize_timeout", c.Proxy.TokenizeTimeout)
 	for _, kind := range slices.Sorted(maps.Keys(c.Proxy.IdleConnTimeout)) {
 		key := "proxy.idle_conn_timeout." + kind
 		if !slices.Contains(fleet.Kinds, kind) {

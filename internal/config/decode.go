@@ -520,6 +520,8 @@ var removedKeys = map[string]string{
 	"policy":                  "removed; a router routes by Sluice's score (the baselines remain in sluice bench compare --policies, to compare against); delete the key",
 	"stats.alpha":             "removed; each new sample moves a worker's moving averages by 0.2 of the gap; delete the key",
 	"stats.flush_interval":    "removed; changed averages are written to stats.store every 1s; delete the key",
+	"proxy.tokenize_above":    "removed; a prompt's size is estimated from its text, at the tokens per character the workers' usage reports once they have counted some of the model's prompts; delete the key",
+	"proxy.tokenize_timeout":  "removed; a worker publishing KV events is given 200ms to give a request's token ids at /tokenize; delete the key",
 	"hash_load_bound":         "removed; it bounded the consistent-hash baseline, which a router no longer runs (it remains in sluice bench compare --policies); delete the key",
 }
 

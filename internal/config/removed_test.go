@@ -40,6 +40,8 @@ func TestCheck_RemovedKeysSayWhatTheRouterDoesNow(t *testing.T) {
 		{"hash_load_bound", "1.25", "sluice bench compare --policies"},
 		{"stats.alpha", "0.5", fmt.Sprint(stats.Alpha)},
 		{"stats.flush_interval", "5s", "every " + stats.FlushInterval.String()},
+		{"proxy.tokenize_above", "2000", "tokens per character the workers' usage reports"},
+		{"proxy.tokenize_timeout", "1s", "200ms"},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
 			yaml, line := "workers: [{name: a, url: 'http://h:1'}]\n", 3

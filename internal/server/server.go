@@ -109,6 +109,10 @@ type Options struct {
 	Tracer proxy.Tracer
 }
 
+// tokenizeTimeout bounds a KV-events worker's /tokenize for a request's
+// token ids; past it the request goes on with the prefix term's guess.
+const tokenizeTimeout = 200 * time.Millisecond
+
 // New builds a router from cfg: it opens the stats store (each worker's
 // averages are loaded as it is added), the decision log, and starts
 // probing every worker.
@@ -158,7 +162,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		prefixIndex = s.prefixShare
 	}
 	s.lora = newLoRALoader(s)
-	s.kv = newKVEvents(log, cfg.Proxy.TokenizeTimeout)
+	s.kv = newKVEvents(log, tokenizeTimeout)
 	s.sched, err = scheduler.New(scheduler.Config{
 		KVIndex:       s.kv.index,
 		Adapters:      s.adapterConfig(cfg),
@@ -239,17 +243,14 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 			s.fileContinuations(r)
 			s.console.observe(r)
 		},
-		Transport:       opt.Transport,
-		MaxBodyBytes:    cfg.Proxy.MaxBodyBytes,
-		BodyTimeout:     bodyTimeout(cfg),
-		MaxAttempts:     cfg.Proxy.MaxAttempts,
-		IdleTimeout:     cfg.Proxy.StreamIdleTimeout,
-		Tokenize:        s.tokenize,
-		KVBlocks:        s.kvBlocks,
-		TokenizeAbove:   cfg.Proxy.TokenizeAbove,
-		TokenizeTimeout: cfg.Proxy.TokenizeTimeout,
-		Logger:          log,
-		Tracer:          opt.Tracer,
+		Transport:    opt.Transport,
+		MaxBodyBytes: cfg.Proxy.MaxBodyBytes,
+		BodyTimeout:  bodyTimeout(cfg),
+		MaxAttempts:  cfg.Proxy.MaxAttempts,
+		IdleTimeout:  cfg.Proxy.StreamIdleTimeout,
+		KVBlocks:     s.kvBlocks,
+		Logger:       log,
+		Tracer:       opt.Tracer,
 		// Agent sessions (proxy/session.go).
 		SessionHeaders:     cfg.Sessions.Headers,
 		FairShareBySession: cfg.Admission.FairShareBy == config.FairShareBySession,
