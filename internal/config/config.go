@@ -114,9 +114,9 @@ const StatsMemory = "memory"
 // DefaultStatsStore returns where `sluice serve` keeps the averages when
 // stats.store is not set: stats.db in $SLUICE_STATE_DIR, else in
 // $XDG_STATE_HOME/sluice, else in ~/.local/state/sluice (the container
-// image sets SLUICE_STATE_DIR=/var/lib/sluice). The seed's second rule is
-// to persist the averages, so that a worker known to be slow is still
-// known slow after a restart; memory only is an explicit choice.
+// image sets SLUICE_STATE_DIR=/var/lib/sluice). The averages persist by
+// default so that a worker known to be slow is still known slow after a
+// restart; memory only is an explicit choice.
 func DefaultStatsStore() (string, error) {
 	dir := os.Getenv("SLUICE_STATE_DIR")
 	if dir == "" {
