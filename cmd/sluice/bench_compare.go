@@ -68,7 +68,7 @@ func benchCompare(args []string) error {
 	workers := fs.String("workers", "", "real HTTP only: compare on these running workers instead of a sim fleet: comma-separated [NAME=]URL, kind llamacpp, models discovered; on the wall clock (time scale 1); needs --capacity")
 	fs.Float64Var(&o.Capacity, "capacity", 0, "the fleet's capacity in req/s that --loads are percentages of; required with --workers (measure it, see docs/benchmarks.md); 0 with a sim fleet estimates it")
 	fs.BoolVar(&o.KVEvents, "kv-events", false, "also run Sluice with the exact index of the simulated workers' KV-cache events (row \""+compare.KVRow+"\"; over real HTTP published over ZeroMQ, with token ids from the workers' /tokenize, as vLLM's), and compare each row's expected cached prompt tokens with the engines' own accounting")
-	routerFile := fs.String("config", "", "router config (sluice serve format) whose weights, admission, telemetry and stats settings to use; its workers and policy are ignored")
+	routerFile := fs.String("config", "", "router config (sluice serve format) whose weights, admission, telemetry, limits and sessions settings to use; its workers are ignored")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

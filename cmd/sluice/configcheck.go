@@ -76,7 +76,7 @@ func configCheck(w io.Writer, args []string) error {
 	if k := cfg.Discovery.Kubernetes; k != nil {
 		disc = fmt.Sprintf(", discovery from EndpointSlices %q", k.Selector)
 	}
-	fmt.Fprintf(w, "%s: ok: %d worker(s) (%s)%s, listen %s, policy %s\n",
-		*path, len(cfg.Workers), strings.Join(parts, ", "), disc, cfg.Listen, cfg.Policy)
+	fmt.Fprintf(w, "%s: ok: %d worker(s) (%s)%s, listen %s\n",
+		*path, len(cfg.Workers), strings.Join(parts, ", "), disc, cfg.Listen)
 	return nil
 }

@@ -53,7 +53,7 @@ func TestConfigCheck_ListsEveryProblemByKey(t *testing.T) {
 
 // TestConfigCheck_ReportsEveryProblemAtOnce checks the first-hour file of
 // the issue: a typo and a duration without its unit must not hide the
-// URL, kind, weight and alpha problems beside them; each is printed with
+// URL, kind, weight and store problems beside them; each is printed with
 // the file, line and key, the typo with the key it is near, and the count
 // in the error is the count of lines printed.
 func TestConfigCheck_ReportsEveryProblemAtOnce(t *testing.T) {
@@ -67,7 +67,7 @@ admission:
 weights:
   prefix: -1
 stats:
-  alpha: 3
+  store: 'etcd://h:1'
 `)
 	var out bytes.Buffer
 	err := configCheck(&out, []string{"--config", path})
@@ -81,7 +81,7 @@ stats:
 		path + ":5: workers[0].max_concurency: unknown key `max_concurency`; did you mean `max_concurrency`?",
 		path + ":7: admission.queue_timeout: must be a duration",
 		path + ":9: weights.prefix:",
-		path + ":11: stats.alpha:",
+		path + ":11: stats.store:",
 	}
 	if len(lines) != len(want) {
 		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out.String())

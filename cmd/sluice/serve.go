@@ -102,7 +102,7 @@ func serve(ctx context.Context, cfg config.Config, ln net.Listener, log *slog.Lo
 			return fmt.Errorf("listen: %w", err)
 		}
 	}
-	log.Info("sluice listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers), "policy", cfg.Policy)
+	log.Info("sluice listening", "addr", ln.Addr().String(), "workers", len(cfg.Workers))
 	if reload != nil {
 		hup := make(chan os.Signal, 1)
 		signal.Notify(hup, syscall.SIGHUP)

@@ -137,7 +137,7 @@ func TestServe_SignalsDrainReloadAndPersist(t *testing.T) {
 	cfgPath := filepath.Join(dir, "sluice.yaml")
 	base := fmt.Sprintf(`listen: 127.0.0.1:0
 workers: [{name: w1, url: %q, kind: openai, models: [m], max_concurrency: 4}]
-stats: {store: %q, flush_interval: 1h}
+stats: {store: %q}
 telemetry: {interval: 1h, stale_after: 1h}
 shutdown: {drain_delay: 3s, grace: 20s}
 `, worker.URL, store)
@@ -223,7 +223,8 @@ shutdown: {drain_delay: 3s, grace: 20s}
 		}
 		t.Fatal(err)
 	}
-	// The averages were persisted on the way out.
+	// The averages were persisted (the last flush on the way out:
+	// TestTracker_RunFlushesOnceMoreWhenItEnds).
 	st, err := stats.OpenBolt(store, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/stats"
 )
 
 // Config is the whole configuration of a router.
@@ -33,15 +34,10 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// LogFormat is "text" or "json".
 	LogFormat string `yaml:"log_format"`
-	// Policy is the routing policy: "sluice" (default) or a baseline
-	// ("round-robin", "least-connections", "random", "p2c",
-	// "consistent-hash") for comparison.
-	Policy string `yaml:"policy"`
-	// HashLoadBound is the consistent-hash baseline's load bound: a
-	// worker takes the requests whose prompt hashes to it while its
-	// requests in flight are under this many times the mean. 0 is
-	// scheduler.DefaultHashLoadBound.
-	HashLoadBound float64 `yaml:"hash_load_bound"`
+	// Policy is the routing policy; empty is Sluice's. Not a
+	// configuration key: a router routes by Sluice's score; only the
+	// benchmark harness runs a baseline through it, to compare.
+	Policy scheduler.Policy `yaml:"-"`
 	// Workers are the inference servers behind the router.
 	Workers []Worker `yaml:"workers"`
 	// Weights are the score weights that are settings: the prefix term's.
@@ -118,9 +114,9 @@ const StatsMemory = "memory"
 // DefaultStatsStore returns where `sluice serve` keeps the averages when
 // stats.store is not set: stats.db in $SLUICE_STATE_DIR, else in
 // $XDG_STATE_HOME/sluice, else in ~/.local/state/sluice (the container
-// image sets SLUICE_STATE_DIR=/var/lib/sluice). The seed's second rule is
-// to persist the averages, so that a worker known to be slow is still
-// known slow after a restart; memory only is an explicit choice.
+// image sets SLUICE_STATE_DIR=/var/lib/sluice). The averages persist by
+// default so that a worker known to be slow is still known slow after a
+// restart; memory only is an explicit choice.
 func DefaultStatsStore() (string, error) {
 	dir := os.Getenv("SLUICE_STATE_DIR")
 	if dir == "" {
@@ -386,11 +382,11 @@ type Stats struct {
 	// RedisPrefix starts every Redis key when Store is a Redis URL;
 	// overrides the URL's prefix parameter. Default "sluice:".
 	RedisPrefix string `yaml:"redis_prefix"`
-	// Alpha is the EMA smoothing factor in (0, 1]: the weight of the
-	// newest sample.
-	Alpha float64 `yaml:"alpha"`
-	// FlushInterval is how often changed averages are written.
-	FlushInterval time.Duration `yaml:"flush_interval"`
+	// FlushInterval is how often changed averages are written. Not a
+	// configuration key: DefaultConfig's stats.FlushInterval is the
+	// router's one behaviour; only a router run on a faster clock than
+	// the fleet it models (the simulation harness) scales it.
+	FlushInterval time.Duration `yaml:"-"`
 }
 
 // Shared configures state shared between replicas.
@@ -446,12 +442,6 @@ type Proxy struct {
 	// wait once its headers came: a worker that stalls
 	// mid-answer is cut off, its slot freed and the failure counted.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
-	// TokenizeAbove, when positive, has a prompt estimated at that many
-	// tokens or more counted by a llama.cpp or vLLM worker's /tokenize
-	// (within TokenizeTimeout) instead of estimated. 0 never asks.
-	TokenizeAbove int `yaml:"tokenize_above"`
-	// TokenizeTimeout bounds that count; past it the estimate stands.
-	TokenizeTimeout time.Duration `yaml:"tokenize_timeout"`
 	// IdleConnTimeout is, per worker kind, how long a keep-alive
 	// connection to a worker may sit idle in Sluice's pool before Sluice
 	// closes it. It must be shorter than the worker's own keep-alive
@@ -585,16 +575,14 @@ type TLS struct {
 // DefaultConfig returns the configuration used for every key left out.
 func DefaultConfig() Config {
 	return Config{
-		Listen:        "127.0.0.1:8080",
-		LogFormat:     "text",
-		Policy:        string(scheduler.PolicySluice),
-		HashLoadBound: scheduler.DefaultHashLoadBound,
-		Weights:       Weights{Prefix: scheduler.DefaultWeights().Prefix},
-		Admission:     Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
-		Stats:         Stats{Alpha: 0.2, FlushInterval: time.Second},
-		Decisions:     Decisions{RingSize: 1024},
-		Telemetry:     Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
-		Proxy: Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, TokenizeTimeout: 200 * time.Millisecond, IdleConnTimeout: DefaultIdleConnTimeouts(),
+		Listen:    "127.0.0.1:8080",
+		LogFormat: "text",
+		Weights:   Weights{Prefix: scheduler.DefaultWeights().Prefix},
+		Admission: Admission{MaxQueue: 256, QueueTimeout: 30 * time.Second, Classes: scheduler.DefaultClasses(), MaxOvertake: scheduler.DefaultMaxOvertake, KVFit: true, Mode: scheduler.AdmitByLimits, FairShareBy: FairShareByTenant},
+		Stats:     Stats{FlushInterval: stats.FlushInterval},
+		Decisions: Decisions{RingSize: 1024},
+		Telemetry: Telemetry{Interval: time.Second, Timeout: time.Second, StaleAfter: 3 * time.Second, FailThreshold: 3},
+		Proxy: Proxy{MaxBodyBytes: 8 << 20, MaxAttempts: 2, ResponseHeaderTimeout: 10 * time.Minute, StreamIdleTimeout: time.Minute, IdleConnTimeout: DefaultIdleConnTimeouts(),
 			MaxContinuations: 1, DrainDeadline: 30 * time.Second},
 		Server:   ServerLimits{MaxHeaderBytes: 64 << 10, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute},
 		Shutdown: Shutdown{DrainDelay: 5 * time.Second, Grace: 30 * time.Second},
@@ -640,12 +628,6 @@ func (c *Config) problems() Problems {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		bad("log_format", "%q is not text or json", c.LogFormat)
-	}
-	if !slices.Contains(scheduler.Policies, scheduler.Policy(c.Policy)) {
-		bad("policy", "%q is not one of %s", c.Policy, oneOf(scheduler.Policies))
-	}
-	if c.HashLoadBound != 0 && !(c.HashLoadBound >= 1 && c.HashLoadBound <= 100) {
-		bad("hash_load_bound", "%v must be from 1 to 100 (times the mean load)", c.HashLoadBound)
 	}
 	if len(c.Workers) == 0 && c.Discovery.Kubernetes == nil {
 		bad("workers", "at least one worker is needed (or discovery.kubernetes)")
@@ -710,10 +692,6 @@ func (c *Config) problems() Problems {
 		positive(bad, "admission.tenant_weights."+name, w)
 	}
 	c.LoRA.validate(c.Workers, bad)
-	if c.Stats.Alpha <= 0 || c.Stats.Alpha > 1 {
-		bad("stats.alpha", "%v is outside (0, 1]", c.Stats.Alpha)
-	}
-	positive(bad, "stats.flush_interval", c.Stats.FlushInterval)
 	if redisconn.IsURL(c.Stats.Store) {
 		if _, _, err := redisconn.Parse(c.Stats.Store, c.Stats.RedisPrefix); err != nil {
 			bad("stats.store", "%v", err)
@@ -757,10 +735,6 @@ func (c *Config) problems() Problems {
 	}
 	positive(bad, "proxy.response_header_timeout", c.Proxy.ResponseHeaderTimeout)
 	positive(bad, "proxy.stream_idle_timeout", c.Proxy.StreamIdleTimeout)
-	if c.Proxy.TokenizeAbove < 0 {
-		bad("proxy.tokenize_above", "negative (%d); 0 never asks workers to tokenize", c.Proxy.TokenizeAbove)
-	}
-	positive(bad, "proxy.tokenize_timeout", c.Proxy.TokenizeTimeout)
 	for _, kind := range slices.Sorted(maps.Keys(c.Proxy.IdleConnTimeout)) {
 		key := "proxy.idle_conn_timeout." + kind
 		if !slices.Contains(fleet.Kinds, kind) {

@@ -111,8 +111,6 @@ func TestParse_BadConfigsNameTheKey(t *testing.T) {
 		{"bad duration", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: soon}", []string{"line 2: admission.queue_timeout: must be a duration", `got "soon"`}},
 		{"zero timeout", "workers: [{name: a, url: 'http://h:1'}]\nadmission: {queue_timeout: 0s}", []string{"admission.queue_timeout: must be positive"}},
 		{"bad listen", "listen: nowhere\nworkers: [{name: a, url: 'http://h:1'}]", []string{"listen:"}},
-		{"bad policy", "policy: fastest\nworkers: [{name: a, url: 'http://h:1'}]", []string{"policy:", "fastest"}},
-		{"alpha", "workers: [{name: a, url: 'http://h:1'}]\nstats: {alpha: 2}", []string{"stats.alpha"}},
 		{"store scheme", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: 'etcd://h:1'}", []string{"stats.store", "redis://"}},
 		{"redis db", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: 'redis://h:6379/x'}", []string{"stats.store", "invalid database"}},
 		{"redis option", "workers: [{name: a, url: 'http://h:1'}]\nstats: {store: 'redis://h:6379/0?pool=3'}", []string{"stats.store", "unexpected option: pool"}},

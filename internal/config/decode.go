@@ -517,6 +517,12 @@ var removedKeys = map[string]string{
 	"limits.borrow_after":     "removed; for every 2s a request has waited, workers may run one stream over their learned limit, up to their cap; delete the key",
 	"limits.default_cap":      "removed; a worker that reports no slots is capped at 64 (set its max_concurrency for another cap); delete the key",
 	"admission.max_overtake":  "removed; no waiting request is overtaken by one that arrived more than 10s after it; delete the key",
+	"policy":                  "removed; a router routes by Sluice's score (the baselines remain in sluice bench compare --policies, to compare against); delete the key",
+	"stats.alpha":             "removed; each new sample moves a worker's moving averages by 0.2 of the gap; delete the key",
+	"stats.flush_interval":    "removed; changed averages are written to stats.store every 1s; delete the key",
+	"proxy.tokenize_above":    "removed; a prompt's size is estimated from its text, at the tokens per character the workers' usage reports once they have counted some of the model's prompts; delete the key",
+	"proxy.tokenize_timeout":  "removed; a worker publishing KV events is given 200ms to give a request's token ids at /tokenize; delete the key",
+	"hash_load_bound":         "removed; it bounded the consistent-hash baseline, which a router no longer runs (it remains in sluice bench compare --policies); delete the key",
 }
 
 // unknownKey is the message for a key the section at parent does not

@@ -24,7 +24,7 @@ admission:
 weights:
   prefix: -1
 stats:
-  alpha: 3
+  store: 'etcd://h:1'
 `
 	rep := Check("sluice.yaml", []byte(file))
 	var got []string
@@ -37,7 +37,7 @@ stats:
 		"sluice.yaml:6: workers[0].max_concurency: unknown key `max_concurency`; did you mean `max_concurrency`?",
 		`sluice.yaml:10: admission.queue_timeout: must be a duration with its unit, e.g. 30s, 500ms, 2m or 1h30m, got the quoted text "30"`,
 		"sluice.yaml:12: weights.prefix: negative weight -1 (the term is already a reward; 0 turns it off)",
-		"sluice.yaml:14: stats.alpha: 3 is outside (0, 1]",
+		`sluice.yaml:14: stats.store: "etcd://h:1": a file path, or a redis:// or rediss:// URL`,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("problems (-want +got):\n%s", diff)
@@ -90,7 +90,7 @@ func TestCheck_WrongTypesInOperatorWords(t *testing.T) {
 			`line 2: telemetry.interval: must be a duration with its unit, e.g. 30s, 500ms, 2m or 1h30m, got "30"`},
 		{"bool", w + "admission: {kv_fit: sometimes}", `line 2: admission.kv_fit: must be true or false, got "sometimes"`},
 		{"int", w + "proxy: {max_attempts: 2.5}", `line 2: proxy.max_attempts: must be a whole number, got "2.5"`},
-		{"float", w + "stats: {alpha: high}", `line 2: stats.alpha: must be a number, got "high"`},
+		{"float", w + "weights: {prefix: high}", `line 2: weights.prefix: must be a number, got "high"`},
 		{"list for text", w + "listen: [a, b]", "line 2: listen: must be a text value, got a list"},
 		{"value for section", w + "weights: 5", `line 2: weights: must be a section of keys (key: value, one a line below it), got "5"`},
 		{"value for list", "workers: gpu-a", `line 1: workers: must be a list (one ` + "`- item`" + ` a line, or [a, b]), got "gpu-a"`},

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/stats"
 )
 
 // TestCheck_RemovedKeysSayWhatTheRouterDoesNow holds every key taken out
@@ -35,17 +36,28 @@ func TestCheck_RemovedKeysSayWhatTheRouterDoesNow(t *testing.T) {
 		{"limits.policy", "decode_first", "worse for both the first token and the decode rate"},
 		{"admission.max_overtake", "3s", scheduler.DefaultMaxOvertake.String()},
 		{"sessions.affinity", "false", "its last worker as holding its previous prompt"},
+		{"policy", "round-robin", "sluice bench compare --policies"},
+		{"hash_load_bound", "1.25", "sluice bench compare --policies"},
+		{"stats.alpha", "0.5", fmt.Sprint(stats.Alpha)},
+		{"stats.flush_interval", "5s", "every " + stats.FlushInterval.String()},
+		{"proxy.tokenize_above", "2000", "tokens per character the workers' usage reports"},
+		{"proxy.tokenize_timeout", "1s", "200ms"},
 	} {
 		t.Run(tc.key, func(t *testing.T) {
-			section, leaf, _ := strings.Cut(tc.key, ".")
-			yaml := "workers: [{name: a, url: 'http://h:1'}]\n" + section + ":\n  " + leaf + ": " + tc.value + "\n"
+			yaml, line := "workers: [{name: a, url: 'http://h:1'}]\n", 3
+			if section, leaf, ok := strings.Cut(tc.key, "."); ok {
+				yaml += section + ":\n  " + leaf + ": " + tc.value + "\n"
+			} else {
+				yaml += tc.key + ": " + tc.value + "\n"
+				line = 2
+			}
 			r := Check("sluice.yaml", []byte(yaml))
 			if len(r.Problems) != 1 {
 				t.Fatalf("problems %v, want one naming %s", r.Problems, tc.key)
 			}
 			p := r.Problems[0]
-			if p.Key != tc.key || p.Line != 3 {
-				t.Errorf("problem at %s line %d, want %s line 3", p.Key, p.Line, tc.key)
+			if p.Key != tc.key || p.Line != line {
+				t.Errorf("problem at %s line %d, want %s line %d", p.Key, p.Line, tc.key, line)
 			}
 			if !strings.HasPrefix(p.Msg, "removed; ") || strings.Contains(p.Msg, "unknown key") || !strings.Contains(p.Msg, tc.says) {
 				t.Errorf("%s: %q, want \"removed; \" and what the router does now (%q)", tc.key, p.Msg, tc.says)

@@ -11,9 +11,8 @@ import (
 // and, with admission.fair_share_by: session, as the fair-share flow.
 type Sessions struct {
 	// Affinity sends a session back to the worker that served its last
-	// request, under the prefix term's weight. It is always on in a
-	// router (not a key: on and off measured alike, see removedKeys);
-	// the simulation's tests turn it off to compare.
+	// request, under the prefix term's weight. Not a key: it is always
+	// on in a router; the simulation's tests turn it off to compare.
 	Affinity bool `yaml:"-"`
 	// Headers are read in order for the session key, before the body's
 	// prompt_cache_key, user and metadata.user_id; left out,

@@ -129,22 +129,14 @@ type Options struct {
 	// IdleTimeout bounds the silence between reads of a worker's answer
 	// after its headers; 0 means one minute.
 	IdleTimeout time.Duration
-	// Tokenize, when set, counts a prompt text's tokens with a worker's
-	// tokenizer (llama.cpp and vLLM serve /tokenize). It is asked only for
-	// prompts estimated at TokenizeAbove tokens or more, and given
-	// TokenizeTimeout; on any failure the estimate stands.
-	Tokenize        func(ctx context.Context, model, text string) (int, error)
-	TokenizeAbove   int
-	TokenizeTimeout time.Duration
 	// KVBlocks, when set, returns the keys of a chat or completion
 	// request's prompt token blocks (kvevents.BlockKeys) from the
 	// tokenizer of a worker publishing KV-cache events for model, given
 	// the request's messages (with the fields that shape their chat
 	// template) or, without them, its prompt string; nil
 	// when it cannot. It is called before the request is submitted, and
-	// sets Request.KVBlocks; it bounds its own call to the worker (the
-	// server's, with proxy.tokenize_timeout), so a fleet without KV
-	// events pays for no timer per request.
+	// sets Request.KVBlocks; it bounds its own call to the worker, so a
+	// fleet without KV events pays for no timer per request.
 	KVBlocks func(ctx context.Context, model string, in TokenizeInput) []uint64
 	// Logger logs failures; discarded if nil.
 	Logger *slog.Logger
@@ -214,9 +206,6 @@ func New(opt Options) *Handler {
 	}
 	if opt.IdleTimeout <= 0 {
 		opt.IdleTimeout = time.Minute
-	}
-	if opt.TokenizeTimeout <= 0 {
-		opt.TokenizeTimeout = 200 * time.Millisecond
 	}
 	h := &Handler{opt: opt, fresh: fresh, ratio: newTokenRatio()}
 	h.stopping, h.endStreams = context.WithCancel(context.Background())
@@ -398,10 +387,6 @@ func (h *Handler) prepare(c *call) (req scheduler.Request, ok bool) {
 		req.PromptTokens, req.PromptSource = n, src
 		p.promptTokens = n
 	}
-	if n, ok := h.tokenize(r.Context(), *p); ok {
-		req.PromptTokens, req.PromptSource = n, SourceTokenize
-		p.promptTokens = n
-	}
 	req.Prefix = p.prefix // where its prompt prefix may be cached
 	req.KVBlocks = h.kvBlocks(r.Context(), *p)
 	res.PromptTokens = p.promptTokens
@@ -422,27 +407,10 @@ func (h *Handler) attemptLease(c *call, body []byte, lease *scheduler.Lease) (se
 	return sent, err
 }
 
-// Where a request's prompt size came from, as decision records say.
-const (
-	SourceEstimate = "estimate: text/4"
-	SourceTokenize = "worker /tokenize"
-)
-
-// tokenize asks a worker's tokenizer for the size of a large prompt,
-// within the configured budget.
-func (h *Handler) tokenize(ctx context.Context, p parsed) (int, bool) {
-	if h.opt.Tokenize == nil || h.opt.TokenizeAbove <= 0 || p.promptTokens < h.opt.TokenizeAbove || p.promptText == "" {
-		return 0, false
-	}
-	ctx, cancel := context.WithTimeout(ctx, h.opt.TokenizeTimeout)
-	defer cancel()
-	n, err := h.opt.Tokenize(ctx, p.model, p.promptText)
-	if err != nil || n <= 0 {
-		h.opt.Logger.Debug("tokenize failed; keeping the estimate", "model", p.model, "err", err)
-		return 0, false
-	}
-	return n + p.promptExtra, true
-}
+// SourceEstimate is where a request's prompt size came from, as decision
+// records say, until workers have counted some of the model's prompts
+// (SourceCalibrated).
+const SourceEstimate = "estimate: text/4"
 
 // TokenizeInput is what a worker's POST /tokenize is given for a
 // request's token ids: vLLM's TokenizeChatRequest (Messages, with

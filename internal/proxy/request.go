@@ -305,8 +305,7 @@ func gotJSON(v string) string {
 // Prompt size estimates. Four characters per token is about right for
 // English BPE vocabularies, and is where a model starts: once workers
 // have counted some of its prompts, the characters are scaled by what
-// they counted instead (tokenRatio), and a worker's /tokenize may count
-// large prompts exactly (Options.Tokenize).
+// they counted instead (tokenRatio).
 const (
 	charsPerToken = 4
 	// mediaTokens stands for one image, audio clip or file part: what it

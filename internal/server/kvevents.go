@@ -38,7 +38,7 @@ type kvEvents struct {
 	subs map[string]*kvSub
 
 	cache *tokenCache
-	// timeout bounds a /tokenize call (proxy.tokenize_timeout).
+	// timeout bounds a /tokenize call (tokenizeTimeout).
 	timeout time.Duration
 }
 

@@ -72,12 +72,12 @@ func TestServe_KVEventsRouteToTheHolder(t *testing.T) {
 	ws := []kvWorker{startKVWorker(t, "w0"), startKVWorker(t, "w1")}
 	cfg := config.DefaultConfig()
 	cfg.Telemetry.Interval, cfg.Telemetry.Timeout = 20*time.Millisecond, time.Second
-	cfg.Proxy.TokenizeTimeout = 5 * time.Second // -race on a shared machine
 	for i, w := range ws {
 		ep, rep := w.srv.KVEvents().Endpoints()
 		cfg.Workers = append(cfg.Workers, config.Worker{Name: fmt.Sprintf("w%d", i), URL: w.url, Kind: "llamacpp", KVEvents: ep, KVEventsReplay: rep})
 	}
 	r := startRouter(t, cfg)
+	r.srv.kv.timeout = 5 * time.Second // -race on a shared machine
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	x := r.srv.kv.index

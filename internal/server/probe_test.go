@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -30,7 +29,6 @@ func TestProbes_DoNotBuildTheAdminView(t *testing.T) {
 	}{
 		{"GET /readyz", func() { serve("GET", "/readyz", "") }},
 		{"GET /metrics", func() { serve("GET", "/metrics", "") }},
-		{"the tokenize hook", func() { r.srv.tokenize(context.Background(), "m", "hello there") }}, // the workers are openai: nobody counts
 		{"the dashboard's sampler", func() { r.srv.dash.Sample() }},
 	} {
 		serve("POST", "/v1/chat/completions", chat(probe.name, false))

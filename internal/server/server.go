@@ -109,6 +109,10 @@ type Options struct {
 	Tracer proxy.Tracer
 }
 
+// tokenizeTimeout bounds a KV-events worker's /tokenize for a request's
+// token ids; past it the request goes on with the prefix term's guess.
+const tokenizeTimeout = 200 * time.Millisecond
+
 // New builds a router from cfg: it opens the stats store (each worker's
 // averages are loaded as it is added), the decision log, and starts
 // probing every worker.
@@ -132,7 +136,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	if s.tracker, err = stats.NewTracker(cfg.Stats.Alpha, s.store, log); err != nil {
+	if s.tracker, err = stats.NewTracker(stats.Alpha, s.store, log); err != nil {
 		s.closeStore()
 		return nil, err
 	}
@@ -158,7 +162,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		prefixIndex = s.prefixShare
 	}
 	s.lora = newLoRALoader(s)
-	s.kv = newKVEvents(log, cfg.Proxy.TokenizeTimeout)
+	s.kv = newKVEvents(log, tokenizeTimeout)
 	s.sched, err = scheduler.New(scheduler.Config{
 		KVIndex:       s.kv.index,
 		Adapters:      s.adapterConfig(cfg),
@@ -174,8 +178,7 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 		KVFit:         cfg.Admission.KVFit,
 		StaleAfter:    cfg.Telemetry.StaleAfter,
 		Limits:        cfg.Limits.Scheduler(),
-		Policy:        scheduler.Policy(cfg.Policy),
-		HashLoadBound: cfg.HashLoadBound,
+		Policy:        cfg.Policy,
 		Stats:         s.tracker,
 		Recorder:      s.record,
 		PrefixIndex:   prefixIndex,
@@ -240,17 +243,14 @@ func New(cfg config.Config, opt Options) (*Server, error) {
 			s.fileContinuations(r)
 			s.console.observe(r)
 		},
-		Transport:       opt.Transport,
-		MaxBodyBytes:    cfg.Proxy.MaxBodyBytes,
-		BodyTimeout:     bodyTimeout(cfg),
-		MaxAttempts:     cfg.Proxy.MaxAttempts,
-		IdleTimeout:     cfg.Proxy.StreamIdleTimeout,
-		Tokenize:        s.tokenize,
-		KVBlocks:        s.kvBlocks,
-		TokenizeAbove:   cfg.Proxy.TokenizeAbove,
-		TokenizeTimeout: cfg.Proxy.TokenizeTimeout,
-		Logger:          log,
-		Tracer:          opt.Tracer,
+		Transport:    opt.Transport,
+		MaxBodyBytes: cfg.Proxy.MaxBodyBytes,
+		BodyTimeout:  bodyTimeout(cfg),
+		MaxAttempts:  cfg.Proxy.MaxAttempts,
+		IdleTimeout:  cfg.Proxy.StreamIdleTimeout,
+		KVBlocks:     s.kvBlocks,
+		Logger:       log,
+		Tracer:       opt.Tracer,
 		// Agent sessions (proxy/session.go).
 		SessionHeaders:     cfg.Sessions.Headers,
 		FairShareBySession: cfg.Admission.FairShareBy == config.FairShareBySession,

@@ -4,50 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
-
-	"github.com/sluice-router/sluice/internal/fleet"
-	"github.com/sluice-router/sluice/internal/scheduler"
 )
-
-// tokenize is the proxy's Tokenize hook: it counts text with the
-// tokenizer of a healthy llama.cpp or vLLM worker serving model. Both
-// serve POST /tokenize: llama.cpp takes {"content"} and answers
-// {"tokens": [...]}, vLLM takes {"model", "prompt"} and answers
-// {"count", "tokens", "max_model_len"}.
-func (s *Server) tokenize(ctx context.Context, model, text string) (int, error) {
-	for _, ws := range s.sched.Briefs() {
-		if ws.Draining || ws.Health != scheduler.HealthOK || !slices.Contains(ws.Models, model) {
-			continue
-		}
-		fw := s.fleet.Get(ws.Name)
-		if _, ok := s.resolve(ws.Name); fw == nil || !ok {
-			continue
-		}
-		var req any
-		switch fw.Config().Kind {
-		case fleet.KindLlamaCPP:
-			req = map[string]any{"content": text, "add_special": true}
-		case fleet.KindVLLM:
-			req = map[string]any{"model": model, "prompt": text}
-		default:
-			continue
-		}
-		out, err := s.postTokenize(ctx, ws.Name, req)
-		if err != nil {
-			return 0, err
-		}
-		if out.Count != nil {
-			return *out.Count, nil
-		}
-		return len(out.Tokens), nil
-	}
-	return 0, errors.New("no healthy llama.cpp or vLLM worker serves the model")
-}
 
 // tokenized is a worker's answer at POST /tokenize: llama.cpp's
 // {"tokens"}, vLLM's {"count", "tokens", "max_model_len"}.

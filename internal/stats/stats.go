@@ -46,6 +46,14 @@ import (
 	"time"
 )
 
+// Alpha is the router's smoothing factor: each new sample moves an
+// average by this share of its gap to the sample.
+const Alpha = 0.2
+
+// FlushInterval is how often a router writes the changed averages to its
+// store (and reloads a shared one).
+const FlushInterval = time.Second
+
 // EMA is an exponential moving average with the number of samples folded
 // into it. The zero EMA has no history.
 type EMA struct {

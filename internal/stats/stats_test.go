@@ -122,6 +122,28 @@ func (f *failingStore) Save(_ context.Context, m map[string]WorkerStats) error {
 }
 func (f *failingStore) Close() error { return nil }
 
+// TestTracker_RunFlushesOnceMoreWhenItEnds: a clean shutdown loses no
+// sample, however long until the next tick.
+func TestTracker_RunFlushesOnceMoreWhenItEnds(t *testing.T) {
+	st := &failingStore{ok: true}
+	tr, err := NewTracker(Alpha, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tr.Run(ctx, time.Hour)
+	}()
+	tr.Observe("w", Observation{TTFT: time.Second}, time.Unix(1, 0))
+	cancel()
+	<-done
+	if got := st.saved["w"].TTFTMs; got != (EMA{Value: 1000, N: 1}) {
+		t.Fatalf("saved TTFT %+v after Run ended, want the one sample", got)
+	}
+}
+
 func TestTracker_FailedFlushIsRetried(t *testing.T) {
 	st := &failingStore{}
 	tr, _ := NewTracker(0.2, st, nil)

@@ -66,18 +66,14 @@ type HTTPConfig struct {
 
 // RouterConfig returns the router configuration RunHTTPStats uses for the
 // scenario c against workers at urls, with its durations divided by
-// scale: policy, weights, admission, telemetry interval and staleness,
-// alpha and max_concurrency from c, and each worker's DCGM exporter path
+// scale: policy, weights, admission, telemetry interval and staleness
+// and max_concurrency from c, and each worker's DCGM exporter path
 // (the sim serves /dcgm/metrics) so the GPU term reads what Run's does.
 func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	rc := config.DefaultConfig()
 	rc.Listen = "127.0.0.1:0"
 	rc.Shutdown.DrainDelay = 0 // no load balancer in front to drain
-	rc.Policy = string(c.Policy)
-	if rc.Policy == "" {
-		rc.Policy = string(scheduler.PolicySluice)
-	}
-	rc.HashLoadBound = c.HashLoadBound
+	rc.Policy = c.Policy
 	if c.Weights != nil {
 		rc.Weights = *c.Weights
 	}
@@ -121,9 +117,6 @@ func RouterConfig(c Config, urls []string, scale float64) config.Config {
 	rc.Telemetry.Interval = sd(interval)
 	rc.Telemetry.Timeout = max(sd(interval), 200*time.Millisecond)
 	rc.Telemetry.StaleAfter = max(sd(c.StaleAfter), rc.Telemetry.Interval)
-	if c.Alpha > 0 {
-		rc.Stats.Alpha = c.Alpha
-	}
 	model := c.Model
 	for i, w := range c.Workers {
 		m := model

@@ -63,13 +63,8 @@ type Config struct {
 	ScrapeInterval time.Duration
 	// StaleAfter marks telemetry older than this stale in records.
 	StaleAfter time.Duration
-	// Alpha is the EMA smoothing factor of the stats tracker; 0 means 0.2.
-	Alpha float64
 	// Seed seeds the random baselines.
 	Seed uint64
-	// HashLoadBound is the consistent-hash baseline's load bound
-	// (hash_load_bound); 0 is the scheduler's default.
-	HashLoadBound float64
 	// Start is the virtual time the engines are created at; Epoch when
 	// zero. Requests arrive relative to the moment every worker has
 	// loaded its model (the HTTP benchmark also waits for a ready fleet).
@@ -98,14 +93,13 @@ func DefaultConfig(workers []sim.WorkerSpec) Config {
 
 // FromRouterConfig returns the Config that simulates a router configured
 // by rc in front of workers: policy, weights, admission bounds, telemetry
-// interval, staleness and EMA alpha come from rc. The max_concurrency of
+// interval and staleness come from rc. The max_concurrency of
 // rc's first worker, if any, applies to every simulated worker.
 func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 	w := rc.Weights
 	c := Config{
 		Workers:            workers,
-		Policy:             scheduler.Policy(rc.Policy),
-		HashLoadBound:      rc.HashLoadBound,
+		Policy:             rc.Policy,
 		Weights:            &w,
 		MaxQueue:           rc.Admission.MaxQueue,
 		QueueTimeout:       rc.Admission.QueueTimeout,
@@ -115,7 +109,6 @@ func FromRouterConfig(rc config.Config, workers []sim.WorkerSpec) Config {
 		SLOs:               rc.Admission.SLO,
 		ScrapeInterval:     rc.Telemetry.Interval,
 		StaleAfter:         rc.Telemetry.StaleAfter,
-		Alpha:              rc.Stats.Alpha,
 		Concurrency:        rc.Limits.Scheduler(),
 		SessionAffinity:    rc.Sessions.Affinity,
 		SessionTTL:         rc.Sessions.TTL,
@@ -357,9 +350,6 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 	if cfg.ScrapeInterval <= 0 {
 		cfg.ScrapeInterval = time.Second
 	}
-	if cfg.Alpha <= 0 {
-		cfg.Alpha = 0.2
-	}
 	if cfg.Model == "" {
 		cfg.Model = cfg.Workers[0].Params.Model
 	}
@@ -369,7 +359,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 	}
 	r := &run{cfg: cfg, clock: &vclock{now: cfg.Start}, byName: map[string]int{}}
 	var err error
-	if r.tracker, err = stats.NewTracker(cfg.Alpha, nil, nil); err != nil {
+	if r.tracker, err = stats.NewTracker(stats.Alpha, nil, nil); err != nil {
 		return nil, fmt.Errorf("vsim: stats: %w", err)
 	}
 	specs := make([]scheduler.WorkerSpec, len(cfg.Workers))
@@ -409,7 +399,6 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 		StaleAfter:      cfg.StaleAfter,
 		Policy:          cfg.Policy,
 		Seed:            cfg.Seed,
-		HashLoadBound:   cfg.HashLoadBound,
 		Clock:           r.clock,
 		Stats:           r.tracker,
 		Recorder:        cfg.Recorder,
