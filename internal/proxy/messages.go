@@ -90,9 +90,6 @@ func parseMessages(body []byte, countTokens bool) (parsed, error) {
 	if len(in.System.Blocks) > 0 {
 		pc.messages++ // the system prompt is one more message to the template
 	}
-	if len(text) <= maxPromptText {
-		pc.text.WriteString(text)
-	}
 	p.setPrompt(&pc)
 	if in.Metadata != nil {
 		p.metadataUserID = jsonString(in.Metadata.UserID)

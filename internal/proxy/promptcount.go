@@ -12,9 +12,7 @@ import (
 // media item instead), a number is a token id, an object whose "type"
 // is a media type is one media item, and an object's members count
 // except those under a nonText key (a key given twice counts once, the
-// last, as a decode into a map keeps it). It reads the values in
-// document order, so the text kept for /tokenize reads as the prompt
-// does.
+// last, as a decode into a map keeps it).
 func (c *promptCount) walkJSON(b []byte) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber() // a token id beyond float64's range is still one
@@ -86,10 +84,4 @@ func (c *promptCount) countString(s string) {
 		return
 	}
 	c.runes += utf8.RuneCountInString(s)
-	if c.text.Len() < maxPromptText {
-		if c.text.Len() > 0 {
-			c.text.WriteByte('\n')
-		}
-		c.text.WriteString(s)
-	}
 }

@@ -88,9 +88,8 @@ type parsed struct {
 	stream       bool
 	maxTokens    int
 	promptTokens int
-	promptText   string // the prompt's text content, for the worker's /tokenize
-	promptRunes  int    // characters of that text (all of it, past maxPromptText too)
-	promptExtra  int    // tokens of the prompt that are not in promptText
+	promptRunes  int // characters of the prompt's text content
+	promptExtra  int // tokens of the prompt that are not in its text
 	// prefix is the prompt's chained block hashes (prefix.FromBody of
 	// the body), where its prefix may be cached.
 	prefix []uint64
@@ -315,16 +314,12 @@ const (
 	// messageTokens is the chat template's overhead per message (role
 	// markers, separators).
 	messageTokens = 4
-	// maxPromptText bounds the prompt text kept for the worker's
-	// /tokenize.
-	maxPromptText = 1 << 20
 )
 
-// setPrompt sets p's prompt size, and what the calibration and the
-// worker's /tokenize refine it from, to c's estimate.
+// setPrompt sets p's prompt size, and what the calibration refines
+// it from, to c's estimate.
 func (p *parsed) setPrompt(c *promptCount) {
 	p.promptTokens = max(c.tokens(), 1)
-	p.promptText = c.text.String()
 	p.promptRunes = c.runes
 	p.promptExtra = c.tokens() - c.runes/charsPerToken
 }
@@ -336,7 +331,6 @@ func (p *parsed) setPrompt(c *promptCount) {
 // array is a token id and counts one.
 type promptCount struct {
 	runes, ids, media, messages int
-	text                        strings.Builder // the text, for /tokenize
 }
 
 func (c *promptCount) tokens() int {

@@ -10,9 +10,9 @@ import (
 )
 
 // tokenized is a worker's answer at POST /tokenize: llama.cpp's
-// {"tokens"}, vLLM's {"count", "tokens", "max_model_len"}.
+// {"tokens"}, vLLM's {"count", "tokens", "max_model_len"}: the
+// token ids are what is read.
 type tokenized struct {
-	Count  *int     `json:"count"`
 	Tokens []uint32 `json:"tokens"`
 }
 
