@@ -121,8 +121,9 @@ func (w *Worker) scrape(ctx context.Context) {
 	w.mu.Unlock()
 }
 
-// probeHealth fetches path and returns the outcome parse makes of it, or
-// a failure. A cancelled ctx returns ok false and records nothing.
+// probeHealth fetches path, records the outcome parse makes of it and
+// returns the server's state; a cancelled ctx returns StateUnknown and
+// records nothing.
 func (w *Worker) probeHealth(ctx context.Context, path string, parse func(int, io.Reader) (telemetry.HealthResult, error)) (telemetry.ServerState, error) {
 	url := w.base + path
 	status, body, err := w.get(ctx, url)
@@ -220,7 +221,8 @@ func update(r *scheduler.Reading, v telemetry.Value, src string, now time.Time) 
 	}
 }
 
-// scrapeProps reads llama.cpp's /props for the slot count.
+// scrapeProps reads llama.cpp's /props: the slot count, the BOS text and,
+// while /slots is off, the context size.
 func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
 	url := w.base + "/props"
 	p, err := fetch(ctx, w, url, telemetry.ParseLlamaCPPProps)
