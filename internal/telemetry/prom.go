@@ -95,7 +95,7 @@ func (m missing) err() error {
 // could not be parsed at all.
 var ErrMalformed = errors.New("malformed payload")
 
-// malformed wraps a parse failure so that errors.Is(err, ErrMalformed)
+// malformedError is a parse failure for which errors.Is(err, ErrMalformed)
 // holds and the cause (e.g. expfmt.ParseError with its line) stays
 // reachable through errors.As.
 type malformedError struct {
