@@ -96,9 +96,9 @@
 // # Concurrency Model
 //
 // A Predictor is safe for concurrent use: one mutex guards every worker's
-// model; Predict holds it for a few hundred nanoseconds. It calls into its
-// Source (the stats.Tracker) under that mutex, and the Tracker never
-// calls back, so there is no lock order to get wrong.
+// model; Predict holds it for arithmetic only (no I/O, no allocation).
+// It calls into its Source (the stats.Tracker) under that mutex, and the
+// Tracker never calls back, so there is no lock order to get wrong.
 package predict
 
 import (
@@ -351,7 +351,7 @@ func drift(e stats.EMA) float64 {
 	return math.Exp(e.Value)
 }
 
-// others returns the streams running beside a request sent with inFlight
+// place returns the streams running beside a request sent with inFlight
 // in flight, and its place in the worker's queue (0: it gets a slot now).
 func place(inFlight, slots, queue int) (others, pos int) {
 	others = inFlight
