@@ -30,22 +30,20 @@
 //
 //   - llama.cpp's GET /slots names each slot's prompt (always in builds
 //     before October 2025, under LLAMA_SERVER_SLOTS_DEBUG=1 since
-//     ggml-org/llama.cpp#16482). The fleet
-//     cuts it with Text into these same blocks, and the scheduler takes
+//     ggml-org/llama.cpp#16482). The fleet cuts it with Text into these
+//     same blocks, and the scheduler takes
 //     that report where it holds more than the guess (see
 //     scheduler.CacheReport for the merge and why a report never lowers
 //     the guess).
-//   - vLLM tells which blocks it holds only through KV-cache events, a
-//     ZMQ stream of msgpack batches (BlockStored, BlockRemoved,
-//     AllBlocksCleared; vllm/distributed/kv_events.py) whose block hashes
-//     are of token ids in vLLM's own 16-token blocks: the router, which
-//     does not tokenize, cannot compute them for a request, and reading
-//     them would need ZMQ and msgpack clients the router does not have. So
-//     it is not done. Its prefix_cache_hits/queries counters only say how
-//     often the worker hit, over all requests, which says nothing about
-//     which prompt is where, so they are shown (/api/workers), not scored;
-//     scaling the guess by the measured rate would move requests on
-//     evidence about other requests.
+//   - vLLM tells which blocks it holds only through KV-cache events
+//     (vllm/distributed/kv_events.py), whose block hashes are of token ids
+//     in vLLM's own blocks; package kvevents keeps them as an exact index,
+//     used where a request's token ids are known. Its
+//     prefix_cache_hits/queries counters only say how often the worker
+//     hit, over all requests, which says nothing about which prompt is
+//     where, so they are shown (/api/workers), not scored: scaling the
+//     guess by that rate would move requests on evidence about other
+//     requests.
 //   - Both report their KV cache size (vLLM's num_gpu_blocks × block_size
 //     in vllm:cache_config_info, llama.cpp's n_ctx), which sizes an
 //     Index's memory of the worker (SetCapacity) in place of Capacity.
@@ -271,8 +269,8 @@ func FromFields(messages, prompt json.RawMessage, blockBytes int) []uint64 {
 }
 
 // FromMessages is FromFields for a body whose `messages` its caller has
-// decoded already (into msgs) and whose `prompt` it
-// holds as sent: the proxy's one decode of a request yields both.
+// decoded already (into msgs) and whose `prompt` it holds as sent: the
+// proxy's one decode of a request yields both.
 func FromMessages(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
 	return hashPrompt(msgs, prompt, blockBytes)
 }
