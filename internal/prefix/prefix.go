@@ -23,8 +23,9 @@
 //
 // An Index remembers, per model, which worker recently served which block
 // hashes; the scheduler asks it how much of a request's prefix each worker
-// is expected to hold (MatchSources) and tells it where a request went (Record).
-// It is the router's guess of the workers' caches, not their state.
+// is expected to hold (MatchSources) and tells it where a request went
+// (Record). It is the router's guess of the workers' caches, not their
+// state.
 //
 // What workers say of their own caches complements the guess:
 //
