@@ -7,15 +7,15 @@
 //
 // # Concurrency Model
 //
-// A Watcher runs one client-go informer, of EndpointSlices only: it
-// needs the typed client of the discovery.k8s.io group, not the whole
-// clientset and informer factory, whose hundreds of API groups would be
-// compiled and linked into the binary for nothing. Its event handlers only mark the
+// A Watcher runs one client-go informer, of EndpointSlices only: it needs
+// the typed client of the discovery.k8s.io group, not the whole clientset
+// and informer factory, whose hundreds of API groups would be compiled and
+// linked into the binary for nothing. Its event handlers only mark the
 // desired set dirty; a single reconcile goroutine recomputes the set from
-// the informer's cache and applies the difference to the Sink, so Sink
-// calls never run concurrently and never block the informer. The same
-// goroutine re-applies the whole set every Resync, which re-adds workers a
-// config reload removed.
+// the informer's cache and applies the difference to the Sink, so Sink calls
+// never run concurrently and never block the informer. The same goroutine
+// re-applies the whole set every Resync, which re-adds workers a config
+// reload removed.
 //
 // Nothing here is on the request path: the scheduler sees discovered
 // workers exactly as it sees configured ones.
