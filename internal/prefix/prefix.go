@@ -262,41 +262,52 @@ func plainString(raw []byte) (text []byte, ok bool) {
 // hashes: prefix matching is a hint, and the proxy has validated the body
 // already.
 func FromFields(messages, prompt json.RawMessage, blockBytes int) []uint64 {
-	var msgs []Message
-	if len(messages) > 0 && string(messages) != "null" && json.Unmarshal(messages, &msgs) != nil {
+	msgs, ok := decodeMessages(messages)
+	if !ok {
 		return nil
 	}
-	return hashPrompt(msgs, prompt, blockBytes)
+	return FromMessages(msgs, prompt, blockBytes)
+}
+
+// decodeMessages decodes a `messages` field; absent or null is no
+// messages, ok false a field that is not a list of messages.
+func decodeMessages(messages json.RawMessage) (msgs []Message, ok bool) {
+	if len(messages) > 0 && string(messages) != "null" && json.Unmarshal(messages, &msgs) != nil {
+		return nil, false
+	}
+	return msgs, true
 }
 
 // FromMessages is FromFields for a body whose `messages` its caller has
 // decoded already (into msgs) and whose `prompt` it holds as sent: the
 // proxy's one decode of a request yields both.
 func FromMessages(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
-	return hashPrompt(msgs, prompt, blockBytes)
+	hs := NewHasher(blockBytes)
+	if !writePrompt(hs, msgs, prompt) || len(hs.hashes) == 0 {
+		return nil
+	}
+	return hs.Hashes()
 }
 
-// hashPrompt hashes the rendered messages, else the prompt.
-func hashPrompt(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
-	hs := NewHasher(blockBytes)
+// writePrompt writes the rendered messages, else a string prompt's text,
+// else the prompt's JSON; false when the prompt is a string that does not
+// decode.
+func writePrompt(w TextWriter, msgs []Message, prompt json.RawMessage) bool {
 	switch {
 	case len(msgs) > 0:
-		Render(hs, msgs)
+		Render(w, msgs)
 	case len(prompt) > 0 && prompt[0] == '"':
 		if s, ok := plainString(prompt); ok {
-			hs.Write(s)
+			w.Write(s)
 			break
 		}
 		var s string
 		if json.Unmarshal(prompt, &s) != nil {
-			return nil
+			return false
 		}
-		hs.WriteString(s)
+		w.WriteString(s)
 	case len(prompt) > 0 && string(prompt) != "null":
-		hs.Write(prompt)
+		w.Write(prompt)
 	}
-	if len(hs.hashes) == 0 {
-		return nil
-	}
-	return hs.Hashes()
+	return true
 }
