@@ -113,9 +113,14 @@ func seed(prev uint64) uint64 {
 }
 
 // Write adds text; it never fails.
-func (hs *Hasher) Write(p []byte) (int, error) {
-	for _, b := range p {
-		hs.h ^= uint64(b)
+func (hs *Hasher) Write(p []byte) (int, error) { return write(hs, p) }
+
+// WriteString adds text; it never fails.
+func (hs *Hasher) WriteString(s string) (int, error) { return write(hs, s) }
+
+func write[T string | []byte](hs *Hasher, p T) (int, error) {
+	for i := 0; i < len(p); i++ {
+		hs.h ^= uint64(p[i])
 		hs.h *= fnvPrime
 		hs.fill++
 		if hs.fill == hs.block {
@@ -123,19 +128,6 @@ func (hs *Hasher) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
-}
-
-// WriteString adds text; it never fails.
-func (hs *Hasher) WriteString(s string) (int, error) {
-	for i := 0; i < len(s); i++ {
-		hs.h ^= uint64(s[i])
-		hs.h *= fnvPrime
-		hs.fill++
-		if hs.fill == hs.block {
-			hs.endBlock()
-		}
-	}
-	return len(s), nil
 }
 
 func (hs *Hasher) endBlock() {
