@@ -49,29 +49,19 @@ func underBase(url, base string) bool {
 	return url == base || strings.HasPrefix(url, base+"/") || strings.HasPrefix(url, base+"?")
 }
 
-// getOK is get that also fails on a status other than 200.
-func (w *Worker) getOK(ctx context.Context, url string) ([]byte, error) {
-	status, body, err := w.get(ctx, url)
-	if err != nil {
-		return nil, err
-	}
-	if status != http.StatusOK {
-		return nil, fmt.Errorf("scrape %s: HTTP %d: %s", url, status, snippet(body))
-	}
-	return body, nil
-}
-
-// fetch GETs url and parses a 200 answer with parse, whose error then
-// names url.
+// fetch GETs url and parses a 200 answer with parse; any other status is
+// an error, and every error names url.
 func fetch[T any](ctx context.Context, w *Worker, url string, parse func(io.Reader) (T, error)) (T, error) {
-	body, err := w.getOK(ctx, url)
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	v, err := parse(bytes.NewReader(body))
-	if err != nil {
-		err = fmt.Errorf("scrape %s: %w", url, err)
+	var v T
+	status, body, err := w.get(ctx, url)
+	switch {
+	case err != nil:
+	case status != http.StatusOK:
+		err = fmt.Errorf("scrape %s: HTTP %d: %s", url, status, snippet(body))
+	default:
+		if v, err = parse(bytes.NewReader(body)); err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
 	}
 	return v, err
 }
@@ -229,19 +219,19 @@ func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
 	if ctx.Err() != nil {
 		return
 	}
+	changed := false
 	w.mu.Lock()
 	w.st.propsAt = now
-	changed := err == nil && p.TotalSlots != w.st.Slots
-	if changed {
-		w.st.Slots = p.TotalSlots
-		w.publishLocked()
-	}
 	if err == nil {
-		w.st.bos = p.BOSToken
-	}
-	if err == nil && p.NCtx > 0 && w.st.SlotsError != "" {
-		// /slots is off (--no-slots): the defaults' n_ctx stands in.
-		w.setContextLocked(p.NCtx)
+		changed = p.TotalSlots != w.st.Slots
+		w.st.Slots, w.st.bos = p.TotalSlots, p.BOSToken
+		if changed {
+			w.publishLocked()
+		}
+		if p.NCtx > 0 && w.st.SlotsError != "" {
+			// /slots is off (--no-slots): the defaults' n_ctx stands in.
+			w.setContextLocked(p.NCtx)
+		}
 	}
 	w.mu.Unlock()
 	w.setTelemetryErr(&w.st.PropsError, "props", url, err)
