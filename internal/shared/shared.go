@@ -481,16 +481,16 @@ func (l *Ledger) Run(ctx context.Context) {
 		case <-msgs:
 			l.notify()
 		case <-tick.C:
-			l.Renew(ctx)
+			l.renew(ctx)
 			l.notify()
 		}
 	}
 }
 
-// Renew extends every lease and waiter this replica holds, re-creating any
+// renew extends every lease and waiter this replica holds, re-creating any
 // Redis lost; while degraded it is also the probe that ends the degraded
 // state. Run calls it every RenewEvery.
-func (l *Ledger) Renew(ctx context.Context) {
+func (l *Ledger) renew(ctx context.Context) {
 	l.renewMu.Lock()
 	defer l.renewMu.Unlock()
 	l.mu.Lock()
