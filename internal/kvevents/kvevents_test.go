@@ -31,7 +31,7 @@ func TestDecode(t *testing.T) {
 		{Kind: KindRemoved, BlockHashes: []Hash{IntHash(11)}, Medium: "GPU"},
 		{Kind: KindCleared},
 	}}
-	arrays, err := Encode(want)
+	arrays, err := encode(want)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestSubscriber_SeqGoingBackStartsTheIndexOver(t *testing.T) {
 	x := NewIndex()
 	sub := &Subscriber{Worker: "w", Index: x, Logger: slog.New(slog.DiscardHandler), last: -1}
 	batch := func(events []Event) []byte {
-		b, err := Encode(Batch{TS: 1, Events: events})
+		b, err := encode(Batch{TS: 1, Events: events})
 		if err != nil {
 			t.Fatal(err)
 		}

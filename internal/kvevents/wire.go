@@ -214,10 +214,10 @@ func toFloat(v any) (float64, bool) {
 	return float64(n), ok
 }
 
-// Encode writes a batch as vLLM's array_like msgspec encoding does:
+// encode writes a batch as vLLM's array_like msgspec encoding does:
 // [ts, [events...], data_parallel_rank], each event [tag, fields...] in
 // declaration order. The simulators publish with it.
-func Encode(b Batch) ([]byte, error) {
+func encode(b Batch) ([]byte, error) {
 	evs := make([]any, len(b.Events))
 	for i, e := range b.Events {
 		hashes := make([]any, len(e.BlockHashes))

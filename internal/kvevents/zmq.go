@@ -415,7 +415,7 @@ func (p *Publisher) DropNext(n int) {
 
 // Publish sends events as the next batch and returns its seq.
 func (p *Publisher) Publish(ts float64, events []Event) (int64, error) {
-	payload, err := Encode(Batch{TS: ts, Events: events})
+	payload, err := encode(Batch{TS: ts, Events: events})
 	if err != nil {
 		return 0, err
 	}
