@@ -25,9 +25,9 @@ func tokens(n, from int) []uint32 {
 // (tag first, fields in order) and maps with a "type" tag; block hashes
 // may be ints or bytes.
 func TestDecode(t *testing.T) {
-	want := Batch{TS: 1.5, DPRank: 0, Events: []Event{
+	want := Batch{TS: 1.5, Events: []Event{
 		{Kind: KindStored, BlockHashes: []Hash{IntHash(11), IntHash(-12)}, TokenIDs: tokens(4, 0), BlockSize: 2, Medium: "GPU"},
-		{Kind: KindStored, BlockHashes: []Hash{"b\x01\x02"}, Parent: IntHash(-12), TokenIDs: tokens(2, 4), BlockSize: 2, Medium: "GPU", LoRAName: "sql"},
+		{Kind: KindStored, BlockHashes: []Hash{"b\x01\x02"}, Parent: IntHash(-12), TokenIDs: tokens(2, 4), BlockSize: 2, Medium: "GPU"},
 		{Kind: KindRemoved, BlockHashes: []Hash{IntHash(11)}, Medium: "GPU"},
 		{Kind: KindCleared},
 	}}
