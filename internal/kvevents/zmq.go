@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -452,7 +453,7 @@ func (p *Publisher) serveReplays() {
 		id := msg.Frames[0]
 		start := int64(binary.BigEndian.Uint64(msg.Frames[2]))
 		p.mu.Lock()
-		buf := append([]buffered(nil), p.buffer...)
+		buf := slices.Clone(p.buffer)
 		p.mu.Unlock()
 		for _, b := range buf {
 			if b.seq >= start {
