@@ -333,7 +333,7 @@ func TestParseLlamaCPPSlots_Golden(t *testing.T) {
 	got, err := ParseLlamaCPPSlots(open(t, "llamacpp_slots.json"))
 	checkErr(t, err, "")
 	want := Slots{
-		Slots: []SlotState{{ID: 0, NCtx: 65536, IsProcessing: true}, {ID: 1, NCtx: 65536}},
+		Slots: []SlotState{{ID: 0}, {ID: 1}},
 		Busy:  1,
 		NCtx:  65536,
 		// This build's busy slot does not say what it holds.
@@ -358,14 +358,9 @@ func TestParseLlamaCPPSlots_CurrentBuildGivesKVUsage(t *testing.T) {
 	got, err := ParseLlamaCPPSlots(open(t, "llamacpp_slots_current.json"))
 	checkErr(t, err, "")
 	want := Slots{
-		Slots: []SlotState{
-			{ID: 0, NCtx: 2048, IsProcessing: true, Tokens: 1000, HasTokens: true},
-			{ID: 1, NCtx: 2048, IsProcessing: true, Tokens: 536, HasTokens: true},
-			{ID: 2, NCtx: 2048, Tokens: 1890, HasTokens: true},
-			{ID: 3, NCtx: 2048},
-		},
-		Busy: 2,
-		NCtx: 2048,
+		Slots: []SlotState{{ID: 0}, {ID: 1}, {ID: 2}, {ID: 3}},
+		Busy:  2,
+		NCtx:  2048,
 		// (1000 + 536) / (4 × 2048): the busy slots only; slot 2's cached
 		// prompt is given up to the next request.
 		KVUsage: present(SlotsKVMetric, 0.1875),
