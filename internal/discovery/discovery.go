@@ -197,7 +197,7 @@ func (w *Watcher) Run(ctx context.Context, ready func()) error {
 			w.log.Error("discovery list", slog.String(keyErr, err.Error()))
 			return
 		}
-		w.reconcile(Desired(w.cfg, eps), all)
+		w.reconcile(desiredWorkers(w.cfg, eps), all)
 	}
 	apply(true)
 	if ready != nil {
@@ -272,13 +272,13 @@ func equal(a, b config.Worker) bool {
 		slices.Equal(a.Models, b.Models) && a.MaxConcurrency == b.MaxConcurrency
 }
 
-// Desired computes the workers the slices describe: one per ready
+// desiredWorkers computes the workers the slices describe: one per ready
 // endpoint (Ready unset counts as ready, as the API says consumers should
 // read it), on the port named cfg.PortName (or the slice's only port),
 // named after the endpoint's pod. Endpoints that are not ready, or
 // terminating, are left out, so a pod going away stops receiving new
 // requests while its requests in flight finish.
-func Desired(cfg config.KubernetesDiscovery, eps []*discoveryv1.EndpointSlice) map[string]config.Worker {
+func desiredWorkers(cfg config.KubernetesDiscovery, eps []*discoveryv1.EndpointSlice) map[string]config.Worker {
 	kind := cfg.Kind
 	if kind == "" {
 		kind = fleet.KindLlamaCPP
