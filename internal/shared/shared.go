@@ -510,7 +510,6 @@ func (l *Ledger) renew(ctx context.Context) {
 	// Waiters queued while degraded have no enqueue time on the server's
 	// clock; they take this replica's.
 	unknown := map[string]string{}
-	sent := make(map[string]string, len(l.waiters)) // member -> model
 	for m, wt := range l.waiters {
 		us := wt.us
 		if us == "" {
@@ -519,7 +518,6 @@ func (l *Ledger) renew(ctx context.Context) {
 		}
 		keys = append(keys, l.key("wait", wt.model), l.key("waitexp", wt.model))
 		args = append(args, m, us)
-		sent[m] = wt.model
 	}
 	l.mu.Unlock()
 	if l.beforeRenew != nil {
