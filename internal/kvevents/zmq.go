@@ -14,11 +14,9 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-// Backoff between dials: a publisher may be minutes away (vLLM opens its
-// socket once its model is loaded), so the subscriber keeps dialing for
-// as long as it runs, first after minBackoff, then twice as long after
-// each failure up to maxBackoff. A connection that delivered a batch
-// starts the backoff over.
+// Backoff between dials (see Connections and restarts in the package
+// doc): minBackoff, doubled after each failure up to maxBackoff. A
+// connection that delivered a batch starts the backoff over.
 const (
 	minBackoff = time.Second
 	maxBackoff = 30 * time.Second
@@ -29,16 +27,11 @@ const (
 // errReconnect ends a connection that Reconnect asked to replace.
 var errReconnect = errors.New("reconnect asked for")
 
-// Subscriber follows one worker's KV-event publisher into an Index.
-//
-// Each connection starts the worker's index over: while no connection
-// was open the publisher may have restarted (its engine holding none of
-// the blocks indexed) or published what no replay still holds, and
-// vLLM counts batches from 0 in each process, so a seq alone cannot tell
-// a new process from the old one. The first batch of a connection then
-// finds its predecessors missing and has them replayed from the
-// publisher's buffer (see Gaps in the package doc), which rebuilds the
-// index from seq 0 while the buffer holds it.
+// Subscriber follows one worker's KV-event publisher into an Index. Each
+// connection starts the worker's index over: while none was open the
+// publisher may have restarted, and its seq alone cannot tell a new
+// process from the old one (see Connections and restarts in the package
+// doc).
 type Subscriber struct {
 	// Worker names the worker in the index.
 	Worker string
