@@ -5,8 +5,8 @@
 // pressure, GPU load, averages, and its latest score as a stacked bar of
 // term contributions), live charts of the last few minutes (queue depth,
 // admissions, 429/503 refusals, TTFT as clients see it beside the workers'
-// share, time-per-token percentiles, per-worker concurrency) and the decision log with each decision's full
-// breakdown.
+// share, time-per-token percentiles, per-worker concurrency) and the
+// decision log with each decision's full breakdown.
 //
 // The page is plain HTML, CSS and JavaScript embedded in the binary with
 // go:embed: nothing is fetched from elsewhere at run time and `go build`

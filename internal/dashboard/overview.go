@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -188,11 +189,7 @@ func (d *Dashboard) ServeOverview(w http.ResponseWriter, r *http.Request) {
 	sortName := cmp.Or(q.Get("sort"), "config")
 	order, ok := sorts[sortName]
 	if !ok {
-		names := make([]string, 0, len(sorts))
-		for k := range sorts {
-			names = append(names, k)
-		}
-		slices.Sort(names)
+		names := slices.Sorted(maps.Keys(sorts))
 		proxy.WriteError(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("sort %q: want one of %s", sortName, strings.Join(names, ", ")))
 		return
 	}

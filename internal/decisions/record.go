@@ -7,14 +7,14 @@
 // # Concurrency Model
 //
 // A Record is built by the scheduler and never modified after it is handed
-// to a Log, except by its explanation and its first token: the first
-// Explain (or MarshalJSON) fills in the breakdown, the Candidates
-// themselves for the scheduler's records, once for every reader; and
-// SetFirstToken, called when the request it bound ends having relayed a
-// first token, stores that outcome once through an atomic pointer. Read
-// Candidates after Explain; the other fields, Summary and FirstToken may be
-// read at any time. Log is safe for concurrent use: one mutex guards the
-// ring and the file writer.
+// to a Log, except by its explanation and its outcomes: the first Explain
+// (or MarshalJSON) fills in the breakdown, the Candidates themselves for
+// the scheduler's records, once for every reader; SetFirstToken,
+// SetContinuation and SetPrefixOutcome, called as the request it bound
+// ends, each store their outcome once through an atomic pointer. Read
+// Candidates after Explain; the other fields, Summary and the outcomes may
+// be read at any time. Log is safe for concurrent use: one mutex guards
+// the ring and the file writer.
 package decisions
 
 import (
@@ -106,8 +106,8 @@ type Record struct {
 	once    sync.Once
 	explain func(*Record)
 	// firstToken is the bound request's time to first token, nil until it
-	// has one; with continuation, the only fields written after the
-	// record is logged.
+	// has one; with continuation and prefix, the only fields written after
+	// the record is logged.
 	firstToken atomic.Pointer[FirstToken]
 	// continuation is set on the record of a lease that continued a
 	// stream another worker broke (SetContinuation).
@@ -306,14 +306,14 @@ type recordJSON struct {
 }
 
 // MarshalJSON encodes the record with its full breakdown and, once the
-// request has them, its first token and its prefix outcome.
+// request has them, its outcomes.
 func (r *Record) MarshalJSON() ([]byte, error) {
 	r.Explain()
 	return json.Marshal(recordJSON{(*plainRecord)(r), r.firstToken.Load(), r.continuation.Load(), r.prefix.Load()})
 }
 
-// UnmarshalJSON decodes what MarshalJSON wrote, first token included, so
-// a record read back from /debug/decisions or the log is whole.
+// UnmarshalJSON decodes what MarshalJSON wrote, outcomes included, so a
+// record read back from /debug/decisions or the log is whole.
 func (r *Record) UnmarshalJSON(b []byte) error {
 	v := recordJSON{plainRecord: (*plainRecord)(r)}
 	if err := json.Unmarshal(b, &v); err != nil {

@@ -7,15 +7,15 @@
 //
 // # Concurrency Model
 //
-// A Watcher runs one client-go informer, of EndpointSlices only: it
-// needs the typed client of the discovery.k8s.io group, not the whole
-// clientset and informer factory, whose hundreds of API groups would be
-// compiled and linked into the binary for nothing. Its event handlers only mark the
+// A Watcher runs one client-go informer, of EndpointSlices only: it needs
+// the typed client of the discovery.k8s.io group, not the whole clientset
+// and informer factory, whose hundreds of API groups would be compiled and
+// linked into the binary for nothing. Its event handlers only mark the
 // desired set dirty; a single reconcile goroutine recomputes the set from
-// the informer's cache and applies the difference to the Sink, so Sink
-// calls never run concurrently and never block the informer. The same
-// goroutine re-applies the whole set every Resync, which re-adds workers a
-// config reload removed.
+// the informer's cache and applies the difference to the Sink, so Sink calls
+// never run concurrently and never block the informer. The same goroutine
+// re-applies the whole set every Resync, which re-adds workers a config
+// reload removed.
 //
 // Nothing here is on the request path: the scheduler sees discovered
 // workers exactly as it sees configured ones.
@@ -197,7 +197,7 @@ func (w *Watcher) Run(ctx context.Context, ready func()) error {
 			w.log.Error("discovery list", slog.String(keyErr, err.Error()))
 			return
 		}
-		w.reconcile(Desired(w.cfg, eps), all)
+		w.reconcile(desiredWorkers(w.cfg, eps), all)
 	}
 	apply(true)
 	if ready != nil {
@@ -272,13 +272,13 @@ func equal(a, b config.Worker) bool {
 		slices.Equal(a.Models, b.Models) && a.MaxConcurrency == b.MaxConcurrency
 }
 
-// Desired computes the workers the slices describe: one per ready
+// desiredWorkers computes the workers the slices describe: one per ready
 // endpoint (Ready unset counts as ready, as the API says consumers should
 // read it), on the port named cfg.PortName (or the slice's only port),
 // named after the endpoint's pod. Endpoints that are not ready, or
 // terminating, are left out, so a pod going away stops receiving new
 // requests while its requests in flight finish.
-func Desired(cfg config.KubernetesDiscovery, eps []*discoveryv1.EndpointSlice) map[string]config.Worker {
+func desiredWorkers(cfg config.KubernetesDiscovery, eps []*discoveryv1.EndpointSlice) map[string]config.Worker {
 	kind := cfg.Kind
 	if kind == "" {
 		kind = fleet.KindLlamaCPP

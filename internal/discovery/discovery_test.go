@@ -204,7 +204,7 @@ func TestWatcher_ResyncReaddsWhatAReloadDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	set := func() map[string]config.Worker {
-		return Desired(testCfg, []*discoveryv1.EndpointSlice{slice("vllm-abc", 8000, "vllm-0=10.0.0.1")})
+		return desiredWorkers(testCfg, []*discoveryv1.EndpointSlice{slice("vllm-abc", 8000, "vllm-0=10.0.0.1")})
 	}
 	w.reconcile(set(), false)
 	sink.expect(t, "add vllm-0 http://10.0.0.1:8000")
@@ -228,7 +228,7 @@ func TestWatcher_RefusedAddIsRetriedOnNextChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set := Desired(testCfg, []*discoveryv1.EndpointSlice{slice("a", 8000, "vllm-0=10.0.0.1")})
+	set := desiredWorkers(testCfg, []*discoveryv1.EndpointSlice{slice("a", 8000, "vllm-0=10.0.0.1")})
 	w.reconcile(set, false)
 	sink.expect(t, "fail vllm-0")
 	sink.mu.Lock()
@@ -248,7 +248,7 @@ func TestDesired_PortsNamesAndConditions(t *testing.T) {
 	v6 := slice("svc-v6", 8000, "p0=fd00::1")
 	v6.AddressType = discoveryv1.AddressTypeIPv6
 
-	got := Desired(testCfg, []*discoveryv1.EndpointSlice{v6, s})
+	got := desiredWorkers(testCfg, []*discoveryv1.EndpointSlice{v6, s})
 	var urls []string
 	for _, w := range got {
 		urls = append(urls, w.Name+" "+w.URL)
@@ -262,13 +262,13 @@ func TestDesired_PortsNamesAndConditions(t *testing.T) {
 	// No port name and two ports: ambiguous, the slice is skipped.
 	cfg := testCfg
 	cfg.PortName = ""
-	if got := Desired(cfg, []*discoveryv1.EndpointSlice{slice("x", 8000, "p=10.0.0.1")}); len(got) != 0 {
+	if got := desiredWorkers(cfg, []*discoveryv1.EndpointSlice{slice("x", 8000, "p=10.0.0.1")}); len(got) != 0 {
 		t.Errorf("ambiguous port: %v", got)
 	}
 	// A single port needs no name; IPv6 addresses are bracketed.
 	one := slice("y", 8000, "p=fd00::2")
 	one.Ports = one.Ports[:1]
-	if got := Desired(cfg, []*discoveryv1.EndpointSlice{one}); got["p"].URL != "http://[fd00::2]:8000" {
+	if got := desiredWorkers(cfg, []*discoveryv1.EndpointSlice{one}); got["p"].URL != "http://[fd00::2]:8000" {
 		t.Errorf("single port: %v", got)
 	}
 }
@@ -292,12 +292,12 @@ func TestNew_Validation(t *testing.T) {
 	if err != nil || w.cfg.Namespace != "own" {
 		t.Errorf("defaults: %v %+v", err, w)
 	}
-	// The kind defaults when the workers are made (Desired).
+	// The kind defaults when the workers are made (desiredWorkers).
 	cfg := w.cfg
 	cfg.PortName = "http"
-	got := Desired(cfg, []*discoveryv1.EndpointSlice{slice("s", 8000, "p1=10.0.0.1")})
+	got := desiredWorkers(cfg, []*discoveryv1.EndpointSlice{slice("s", 8000, "p1=10.0.0.1")})
 	if len(got) != 1 {
-		t.Fatalf("Desired: %v, want one worker", got)
+		t.Fatalf("desiredWorkers: %v, want one worker", got)
 	}
 	for _, wk := range got {
 		if wk.Kind != "llamacpp" {

@@ -31,12 +31,11 @@
 // worker changes where requests go without restarting Sluice.
 //
 // Health follows consecutive outcomes: FailThreshold failures in a row
-// (failed probes and failed requests alike, through ReportRequest) eject
-// a worker (HealthDown); RiseThreshold passes in a row
-// re-admit it. Telemetry trouble (a malformed or partial /metrics) never
-// ejects a worker whose /health is fine: its readings keep their old
-// times and so grow stale, and one log line says what is wrong, repeated
-// only when the problem changes.
+// (failed probes and failed requests alike, through ReportRequest) eject a
+// worker (HealthDown); RiseThreshold passes in a row re-admit it. Telemetry
+// trouble (a malformed or partial /metrics) never ejects a worker whose
+// /health is fine: its readings keep their old times and so grow stale, and
+// one log line says what is wrong, repeated only when the problem changes.
 //
 // # Concurrency Model
 //

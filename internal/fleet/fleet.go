@@ -18,15 +18,10 @@ const (
 	KindLlamaCPP = "llamacpp"
 	KindVLLM     = "vllm"
 	KindOpenAI   = "openai"
-	// KindSGLang is an SGLang server (started with --enable-metrics).
-	KindSGLang = "sglang"
-	// KindOllama is an Ollama server; requests go to its OpenAI
-	// endpoints under /v1.
-	KindOllama = "ollama"
-	// KindTGI is Hugging Face text-generation-inference.
-	KindTGI = "tgi"
-	// KindTRTLLM is NVIDIA TensorRT-LLM's trtllm-serve.
-	KindTRTLLM = "trtllm"
+	KindSGLang   = "sglang" // started with --enable-metrics
+	KindOllama   = "ollama" // requests go to its OpenAI endpoints under /v1
+	KindTGI      = "tgi"    // Hugging Face text-generation-inference
+	KindTRTLLM   = "trtllm" // NVIDIA TensorRT-LLM's trtllm-serve
 )
 
 // Kinds lists every worker kind, in the order documentation shows them.
@@ -170,10 +165,10 @@ func New(opts Options) *Fleet {
 }
 
 // Add adds the worker, whose cfg its caller has validated (config.Worker),
-// and starts its scraper, whose first
-// round begins at once. The worker's snapshot starts as HealthUnknown
-// (eligible) with the config's models. ctx's values reach the scraper but
-// its cancellation does not: the scraper runs until Remove or Close.
+// and starts its scraper, whose first round begins at once. The worker's
+// snapshot starts as HealthUnknown (eligible) with the config's models.
+// ctx's values reach the scraper but its cancellation does not: the
+// scraper runs until Remove or Close.
 func (f *Fleet) Add(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

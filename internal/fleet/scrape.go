@@ -49,29 +49,19 @@ func underBase(url, base string) bool {
 	return url == base || strings.HasPrefix(url, base+"/") || strings.HasPrefix(url, base+"?")
 }
 
-// getOK is get that also fails on a status other than 200.
-func (w *Worker) getOK(ctx context.Context, url string) ([]byte, error) {
-	status, body, err := w.get(ctx, url)
-	if err != nil {
-		return nil, err
-	}
-	if status != http.StatusOK {
-		return nil, fmt.Errorf("scrape %s: HTTP %d: %s", url, status, snippet(body))
-	}
-	return body, nil
-}
-
-// fetch GETs url and parses a 200 answer with parse, whose error then
-// names url.
+// fetch GETs url and parses a 200 answer with parse; any other status is
+// an error, and every error names url.
 func fetch[T any](ctx context.Context, w *Worker, url string, parse func(io.Reader) (T, error)) (T, error) {
-	body, err := w.getOK(ctx, url)
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	v, err := parse(bytes.NewReader(body))
-	if err != nil {
-		err = fmt.Errorf("scrape %s: %w", url, err)
+	var v T
+	status, body, err := w.get(ctx, url)
+	switch {
+	case err != nil:
+	case status != http.StatusOK:
+		err = fmt.Errorf("scrape %s: HTTP %d: %s", url, status, snippet(body))
+	default:
+		if v, err = parse(bytes.NewReader(body)); err != nil {
+			err = fmt.Errorf("scrape %s: %w", url, err)
+		}
 	}
 	return v, err
 }
@@ -121,8 +111,9 @@ func (w *Worker) scrape(ctx context.Context) {
 	w.mu.Unlock()
 }
 
-// probeHealth fetches path and returns the outcome parse makes of it, or
-// a failure. A cancelled ctx returns ok false and records nothing.
+// probeHealth fetches path, records the outcome parse makes of it and
+// returns the server's state; a cancelled ctx returns StateUnknown and
+// records nothing.
 func (w *Worker) probeHealth(ctx context.Context, path string, parse func(int, io.Reader) (telemetry.HealthResult, error)) (telemetry.ServerState, error) {
 	url := w.base + path
 	status, body, err := w.get(ctx, url)
@@ -220,26 +211,27 @@ func update(r *scheduler.Reading, v telemetry.Value, src string, now time.Time) 
 	}
 }
 
-// scrapeProps reads llama.cpp's /props for the slot count.
+// scrapeProps reads llama.cpp's /props: the slot count, the BOS text and,
+// while /slots is off, the context size.
 func (w *Worker) scrapeProps(ctx context.Context, now time.Time) {
 	url := w.base + "/props"
 	p, err := fetch(ctx, w, url, telemetry.ParseLlamaCPPProps)
 	if ctx.Err() != nil {
 		return
 	}
+	changed := false
 	w.mu.Lock()
 	w.st.propsAt = now
-	changed := err == nil && p.TotalSlots != w.st.Slots
-	if changed {
-		w.st.Slots = p.TotalSlots
-		w.publishLocked()
-	}
 	if err == nil {
-		w.st.bos = p.BOSToken
-	}
-	if err == nil && p.NCtx > 0 && w.st.SlotsError != "" {
-		// /slots is off (--no-slots): the defaults' n_ctx stands in.
-		w.setContextLocked(p.NCtx)
+		changed = p.TotalSlots != w.st.Slots
+		w.st.Slots, w.st.bos = p.TotalSlots, p.BOSToken
+		if changed {
+			w.publishLocked()
+		}
+		if p.NCtx > 0 && w.st.SlotsError != "" {
+			// /slots is off (--no-slots): the defaults' n_ctx stands in.
+			w.setContextLocked(p.NCtx)
+		}
 	}
 	w.mu.Unlock()
 	w.setTelemetryErr(&w.st.PropsError, "props", url, err)

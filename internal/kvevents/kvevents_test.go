@@ -25,13 +25,13 @@ func tokens(n, from int) []uint32 {
 // (tag first, fields in order) and maps with a "type" tag; block hashes
 // may be ints or bytes.
 func TestDecode(t *testing.T) {
-	want := Batch{TS: 1.5, DPRank: 0, Events: []Event{
+	want := Batch{TS: 1.5, Events: []Event{
 		{Kind: KindStored, BlockHashes: []Hash{IntHash(11), IntHash(-12)}, TokenIDs: tokens(4, 0), BlockSize: 2, Medium: "GPU"},
-		{Kind: KindStored, BlockHashes: []Hash{"b\x01\x02"}, Parent: IntHash(-12), TokenIDs: tokens(2, 4), BlockSize: 2, Medium: "GPU", LoRAName: "sql"},
+		{Kind: KindStored, BlockHashes: []Hash{"b\x01\x02"}, Parent: IntHash(-12), TokenIDs: tokens(2, 4), BlockSize: 2, Medium: "GPU"},
 		{Kind: KindRemoved, BlockHashes: []Hash{IntHash(11)}, Medium: "GPU"},
 		{Kind: KindCleared},
 	}}
-	arrays, err := Encode(want)
+	arrays, err := encode(want)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestSubscriber_SeqGoingBackStartsTheIndexOver(t *testing.T) {
 	x := NewIndex()
 	sub := &Subscriber{Worker: "w", Index: x, Logger: slog.New(slog.DiscardHandler), last: -1}
 	batch := func(events []Event) []byte {
-		b, err := Encode(Batch{TS: 1, Events: events})
+		b, err := encode(Batch{TS: 1, Events: events})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -37,7 +37,6 @@ type Event struct {
 	TokenIDs    []uint32
 	BlockSize   int
 	Medium      string
-	LoRAName    string
 }
 
 // Batch is one KVEventBatch with its seq from the message.
@@ -45,7 +44,6 @@ type Batch struct {
 	Seq    int64
 	TS     float64
 	Events []Event
-	DPRank int
 }
 
 // ErrMalformed wraps every decoding failure.
@@ -71,18 +69,11 @@ func Decode(payload []byte) (Batch, error) {
 		if len(x) < 2 {
 			return Batch{}, malformed("batch array of %d fields, want ts, events[, data_parallel_rank]", len(x))
 		}
-		b.TS, _ = toFloat(x[0])
+		b.TS = toFloat(x[0])
 		events = x[1]
-		if len(x) > 2 && x[2] != nil {
-			r, _ := toInt(x[2])
-			b.DPRank = int(r)
-		}
 	case map[string]any:
-		b.TS, _ = toFloat(x["ts"])
+		b.TS = toFloat(x["ts"])
 		events = x["events"]
-		if r, ok := toInt(x["data_parallel_rank"]); ok {
-			b.DPRank = int(r)
-		}
 	default:
 		return Batch{}, malformed("batch is a %T, want an array or a map", v)
 	}
@@ -180,7 +171,6 @@ func decodeEvent(e any) (Event, error) {
 	if len(ev.TokenIDs) != len(ev.BlockHashes)*ev.BlockSize {
 		return Event{}, malformed("%d token ids for %d blocks of %d", len(ev.TokenIDs), len(ev.BlockHashes), ev.BlockSize)
 	}
-	ev.LoRAName, _ = fields["lora_name"].(string)
 	return ev, nil
 }
 
@@ -206,18 +196,19 @@ func toInt(v any) (int64, bool) {
 	return 0, false
 }
 
-func toFloat(v any) (float64, bool) {
+func toFloat(v any) float64 {
 	if x, ok := v.(float64); ok {
-		return x, true
+		return x
 	}
-	n, ok := toInt(v)
-	return float64(n), ok
+	n, _ := toInt(v)
+	return float64(n)
 }
 
-// Encode writes a batch as vLLM's array_like msgspec encoding does:
-// [ts, [events...], data_parallel_rank], each event [tag, fields...] in
-// declaration order. The simulators publish with it.
-func Encode(b Batch) ([]byte, error) {
+// encode writes a batch as vLLM's array_like msgspec encoding does:
+// [ts, [events...], data_parallel_rank 0], each event [tag, fields...] in
+// declaration order (lora_id and lora_name nil). The simulators publish
+// with it.
+func encode(b Batch) ([]byte, error) {
 	evs := make([]any, len(b.Events))
 	for i, e := range b.Events {
 		hashes := make([]any, len(e.BlockHashes))
@@ -234,7 +225,7 @@ func Encode(b Batch) ([]byte, error) {
 			if e.Parent != "" {
 				parent = hashValue(e.Parent)
 			}
-			evs[i] = []any{KindStored, hashes, parent, e.TokenIDs, e.BlockSize, nil, medium, nilIfEmpty(e.LoRAName)}
+			evs[i] = []any{KindStored, hashes, parent, e.TokenIDs, e.BlockSize, nil, medium, nil}
 		case KindRemoved:
 			evs[i] = []any{KindRemoved, hashes, medium}
 		case KindCleared:
@@ -243,7 +234,7 @@ func Encode(b Batch) ([]byte, error) {
 			return nil, fmt.Errorf("kvevents: unknown event kind %q", e.Kind)
 		}
 	}
-	return msgpack.Marshal([]any{b.TS, evs, b.DPRank})
+	return msgpack.Marshal([]any{b.TS, evs, 0})
 }
 
 func hashValue(h Hash) any {
@@ -251,11 +242,4 @@ func hashValue(h Hash) any {
 		return int64(binary.BigEndian.Uint64([]byte(h[1:])))
 	}
 	return []byte(h[1:])
-}
-
-func nilIfEmpty(s string) any {
-	if s == "" {
-		return nil
-	}
-	return s
 }

@@ -7,17 +7,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
 
-// Backoff between dials: a publisher may be minutes away (vLLM opens its
-// socket once its model is loaded), so the subscriber keeps dialing for
-// as long as it runs, first after minBackoff, then twice as long after
-// each failure up to maxBackoff. A connection that delivered a batch
-// starts the backoff over.
+// Backoff between dials (see Connections and restarts in the package
+// doc): minBackoff, doubled after each failure up to maxBackoff. A
+// connection that delivered a batch starts the backoff over.
 const (
 	minBackoff = time.Second
 	maxBackoff = 30 * time.Second
@@ -28,16 +27,11 @@ const (
 // errReconnect ends a connection that Reconnect asked to replace.
 var errReconnect = errors.New("reconnect asked for")
 
-// Subscriber follows one worker's KV-event publisher into an Index.
-//
-// Each connection starts the worker's index over: while no connection
-// was open the publisher may have restarted (its engine holding none of
-// the blocks indexed) or published what no replay still holds, and
-// vLLM counts batches from 0 in each process, so a seq alone cannot tell
-// a new process from the old one. The first batch of a connection then
-// finds its predecessors missing and has them replayed from the
-// publisher's buffer (see Gaps in the package doc), which rebuilds the
-// index from seq 0 while the buffer holds it.
+// Subscriber follows one worker's KV-event publisher into an Index. Each
+// connection starts the worker's index over: while none was open the
+// publisher may have restarted, and its seq alone cannot tell a new
+// process from the old one (see Connections and restarts in the package
+// doc).
 type Subscriber struct {
 	// Worker names the worker in the index.
 	Worker string
@@ -415,7 +409,7 @@ func (p *Publisher) DropNext(n int) {
 
 // Publish sends events as the next batch and returns its seq.
 func (p *Publisher) Publish(ts float64, events []Event) (int64, error) {
-	payload, err := Encode(Batch{TS: ts, Events: events})
+	payload, err := encode(Batch{TS: ts, Events: events})
 	if err != nil {
 		return 0, err
 	}
@@ -452,7 +446,7 @@ func (p *Publisher) serveReplays() {
 		id := msg.Frames[0]
 		start := int64(binary.BigEndian.Uint64(msg.Frames[2]))
 		p.mu.Lock()
-		buf := append([]buffered(nil), p.buffer...)
+		buf := slices.Clone(p.buffer)
 		p.mu.Unlock()
 		for _, b := range buf {
 			if b.seq >= start {

@@ -96,9 +96,9 @@
 // # Concurrency Model
 //
 // A Predictor is safe for concurrent use: one mutex guards every worker's
-// model; Predict holds it for a few hundred nanoseconds. It calls into its
-// Source (the stats.Tracker) under that mutex, and the Tracker never
-// calls back, so there is no lock order to get wrong.
+// model; Predict holds it for arithmetic only (no I/O, no allocation).
+// It calls into its Source (the stats.Tracker) under that mutex, and the
+// Tracker never calls back, so there is no lock order to get wrong.
 package predict
 
 import (
@@ -351,7 +351,7 @@ func drift(e stats.EMA) float64 {
 	return math.Exp(e.Value)
 }
 
-// others returns the streams running beside a request sent with inFlight
+// place returns the streams running beside a request sent with inFlight
 // in flight, and its place in the worker's queue (0: it gets a slot now).
 func place(inFlight, slots, queue int) (others, pos int) {
 	others = inFlight
@@ -717,12 +717,12 @@ func (p *Predictor) Trusted(worker string) (ok bool, reason string) {
 	m := p.modelLocked(worker)
 	if m.ttftErrs.n >= errMin {
 		if med := m.ttftErrs.median(); med > maxTTFTErr {
-			return false, "median TTFT prediction error " + pct(med) + " over the last " + itoa(m.ttftErrs.n) + " > 50%"
+			return false, "median TTFT prediction error " + pct(med) + " over the last " + strconv.Itoa(m.ttftErrs.n) + " > 50%"
 		}
 	}
 	if m.decodeErrs.n >= errMin {
 		if med := m.decodeErrs.median(); med > maxDecErr {
-			return false, "median decode prediction error " + pct(med) + " over the last " + itoa(m.decodeErrs.n) + " > 30%"
+			return false, "median decode prediction error " + pct(med) + " over the last " + strconv.Itoa(m.decodeErrs.n) + " > 30%"
 		}
 	}
 	return true, ""
@@ -782,6 +782,4 @@ func dur(msf float64) time.Duration {
 	return time.Duration(min(msf*float64(time.Millisecond), math.MaxInt64/2))
 }
 
-func pct(x float64) string { return itoa(int(math.Round(x*100))) + "%" }
-
-func itoa(n int) string { return strconv.Itoa(n) }
+func pct(x float64) string { return strconv.Itoa(int(math.Round(x*100))) + "%" }

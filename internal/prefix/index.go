@@ -5,7 +5,6 @@ import (
 	"time"
 )
 
-// DefaultCapacity is the default of Options.Capacity.
 const (
 	// DefaultCapacity is the blocks remembered per worker and model: 256
 	// router blocks are about 32,768 tokens, the KV cache of a

@@ -23,29 +23,28 @@
 //
 // An Index remembers, per model, which worker recently served which block
 // hashes; the scheduler asks it how much of a request's prefix each worker
-// is expected to hold (MatchSources) and tells it where a request went (Record).
-// It is the router's guess of the workers' caches, not their state.
+// is expected to hold (MatchSources) and tells it where a request went
+// (Record). It is the router's guess of the workers' caches, not their
+// state.
 //
 // What workers say of their own caches complements the guess:
 //
 //   - llama.cpp's GET /slots names each slot's prompt (always in builds
 //     before October 2025, under LLAMA_SERVER_SLOTS_DEBUG=1 since
-//     ggml-org/llama.cpp#16482). The fleet
-//     cuts it with Text into these same blocks, and the scheduler takes
+//     ggml-org/llama.cpp#16482). The fleet cuts it with Text into these
+//     same blocks, and the scheduler takes
 //     that report where it holds more than the guess (see
 //     scheduler.CacheReport for the merge and why a report never lowers
 //     the guess).
-//   - vLLM tells which blocks it holds only through KV-cache events, a
-//     ZMQ stream of msgpack batches (BlockStored, BlockRemoved,
-//     AllBlocksCleared; vllm/distributed/kv_events.py) whose block hashes
-//     are of token ids in vLLM's own 16-token blocks: the router, which
-//     does not tokenize, cannot compute them for a request, and reading
-//     them would need ZMQ and msgpack clients the router does not have. So
-//     it is not done. Its prefix_cache_hits/queries counters only say how
-//     often the worker hit, over all requests, which says nothing about
-//     which prompt is where, so they are shown (/api/workers), not scored;
-//     scaling the guess by the measured rate would move requests on
-//     evidence about other requests.
+//   - vLLM tells which blocks it holds only through KV-cache events
+//     (vllm/distributed/kv_events.py), whose block hashes are of token ids
+//     in vLLM's own blocks; package kvevents keeps them as an exact index,
+//     used where a request's token ids are known. Its
+//     prefix_cache_hits/queries counters only say how often the worker
+//     hit, over all requests, which says nothing about which prompt is
+//     where, so they are shown (/api/workers), not scored: scaling the
+//     guess by that rate would move requests on evidence about other
+//     requests.
 //   - Both report their KV cache size (vLLM's num_gpu_blocks × block_size
 //     in vllm:cache_config_info, llama.cpp's n_ctx), which sizes an
 //     Index's memory of the worker (SetCapacity) in place of Capacity.
@@ -114,9 +113,14 @@ func seed(prev uint64) uint64 {
 }
 
 // Write adds text; it never fails.
-func (hs *Hasher) Write(p []byte) (int, error) {
-	for _, b := range p {
-		hs.h ^= uint64(b)
+func (hs *Hasher) Write(p []byte) (int, error) { return write(hs, p) }
+
+// WriteString adds text; it never fails.
+func (hs *Hasher) WriteString(s string) (int, error) { return write(hs, s) }
+
+func write[T string | []byte](hs *Hasher, p T) (int, error) {
+	for i := 0; i < len(p); i++ {
+		hs.h ^= uint64(p[i])
 		hs.h *= fnvPrime
 		hs.fill++
 		if hs.fill == hs.block {
@@ -124,19 +128,6 @@ func (hs *Hasher) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
-}
-
-// WriteString adds text; it never fails.
-func (hs *Hasher) WriteString(s string) (int, error) {
-	for i := 0; i < len(s); i++ {
-		hs.h ^= uint64(s[i])
-		hs.h *= fnvPrime
-		hs.fill++
-		if hs.fill == hs.block {
-			hs.endBlock()
-		}
-	}
-	return len(s), nil
 }
 
 func (hs *Hasher) endBlock() {
@@ -263,41 +254,52 @@ func plainString(raw []byte) (text []byte, ok bool) {
 // hashes: prefix matching is a hint, and the proxy has validated the body
 // already.
 func FromFields(messages, prompt json.RawMessage, blockBytes int) []uint64 {
-	var msgs []Message
-	if len(messages) > 0 && string(messages) != "null" && json.Unmarshal(messages, &msgs) != nil {
+	msgs, ok := decodeMessages(messages)
+	if !ok {
 		return nil
 	}
-	return hashPrompt(msgs, prompt, blockBytes)
+	return FromMessages(msgs, prompt, blockBytes)
+}
+
+// decodeMessages decodes a `messages` field; absent or null is no
+// messages, ok false a field that is not a list of messages.
+func decodeMessages(messages json.RawMessage) (msgs []Message, ok bool) {
+	if len(messages) > 0 && string(messages) != "null" && json.Unmarshal(messages, &msgs) != nil {
+		return nil, false
+	}
+	return msgs, true
 }
 
 // FromMessages is FromFields for a body whose `messages` its caller has
-// decoded already (into msgs) and whose `prompt` it
-// holds as sent: the proxy's one decode of a request yields both.
+// decoded already (into msgs) and whose `prompt` it holds as sent: the
+// proxy's one decode of a request yields both.
 func FromMessages(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
-	return hashPrompt(msgs, prompt, blockBytes)
+	hs := NewHasher(blockBytes)
+	if !writePrompt(hs, msgs, prompt) || len(hs.hashes) == 0 {
+		return nil
+	}
+	return hs.Hashes()
 }
 
-// hashPrompt hashes the rendered messages, else the prompt.
-func hashPrompt(msgs []Message, prompt json.RawMessage, blockBytes int) []uint64 {
-	hs := NewHasher(blockBytes)
+// writePrompt writes the rendered messages, else a string prompt's text,
+// else the prompt's JSON; false when the prompt is a string that does not
+// decode.
+func writePrompt(w TextWriter, msgs []Message, prompt json.RawMessage) bool {
 	switch {
 	case len(msgs) > 0:
-		Render(hs, msgs)
+		Render(w, msgs)
 	case len(prompt) > 0 && prompt[0] == '"':
 		if s, ok := plainString(prompt); ok {
-			hs.Write(s)
+			w.Write(s)
 			break
 		}
 		var s string
 		if json.Unmarshal(prompt, &s) != nil {
-			return nil
+			return false
 		}
-		hs.WriteString(s)
+		w.WriteString(s)
 	case len(prompt) > 0 && string(prompt) != "null":
-		hs.Write(prompt)
+		w.Write(prompt)
 	}
-	if len(hs.hashes) == 0 {
-		return nil
-	}
-	return hs.Hashes()
+	return true
 }

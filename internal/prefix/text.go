@@ -12,22 +12,9 @@ import (
 // slots hold (llama.cpp's /slots "prompt"), so that the fleet's reading
 // of a simulated worker's cache is in the router's blocks.
 func PromptText(messages, prompt json.RawMessage) string {
-	var msgs []Message
-	if len(messages) > 0 && string(messages) != "null" && json.Unmarshal(messages, &msgs) != nil {
-		return ""
-	}
 	var b strings.Builder
-	switch {
-	case len(msgs) > 0:
-		Render(&b, msgs)
-	case len(prompt) > 0 && prompt[0] == '"':
-		var s string
-		if json.Unmarshal(prompt, &s) != nil {
-			return ""
-		}
-		b.WriteString(s)
-	case len(prompt) > 0 && string(prompt) != "null":
-		b.Write(prompt)
+	if msgs, ok := decodeMessages(messages); !ok || !writePrompt(&b, msgs, prompt) {
+		return ""
 	}
 	return b.String()
 }

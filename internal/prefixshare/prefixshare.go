@@ -6,16 +6,16 @@
 // # Design
 //
 // Each replica keeps its own *prefix.Index, and picks read only it:
-// MatchSources never leaves the process. Record updates the local index
-// and hands a copy of the record to a bounded queue without waiting (a full queue
-// drops the record and counts it). A publisher goroutine appends what is
-// queued to one stream, prefix + "prefix:records", with XADD MAXLEN ~ N,
-// several records per round trip. A follower goroutine reads the stream
-// with XREAD BLOCK from the last entry it saw and applies the other
-// replicas' records to the local index with prefix.Index.Apply, timed by
-// the entry's ID. Each entry names its replica and when its Index was
-// made: the follower skips its own Index's entries, not those a replica of
-// the same name recorded before it restarted.
+// MatchSources never leaves the process. Record updates the local index and
+// hands a copy of the record to a bounded queue without waiting (a full
+// queue drops the record and counts it). A publisher goroutine appends what
+// is queued to one stream, prefix + "prefix:records", with XADD MAXLEN ~ N,
+// several records per round trip. A follower goroutine reads the stream with
+// XREAD BLOCK from the last entry it saw and applies the other replicas'
+// records to the local index with prefix.Index.Apply, timed by the entry's
+// ID. Each entry names its replica and when its Index was made: the follower
+// skips its own Index's entries, not those a replica of the same name
+// recorded before it restarted.
 //
 // A stream rather than the alternatives:
 //
@@ -56,11 +56,11 @@
 // removed from one replica is forgotten there; the others forget it when
 // they remove it too, and until then what they learnt of it stays, within
 // the worker's capacity, till newer blocks push it out. Each replica sizes
-// its copy from its own scrapes of the workers' KV caches, which agree when the replicas serve one fleet, and
-// corrects it from the answers it relays. An entry naming a worker this
-// replica does not know is applied all the same, bounded like any other
-// (model, worker) of the index: the replicas of one fleet name the same
-// workers.
+// its copy from its own scrapes of the workers' KV caches, which agree when
+// the replicas serve one fleet, and corrects it from the answers it relays.
+// An entry naming a worker this replica does not know is applied all the
+// same, bounded like any other (model, worker) of the index: the replicas of
+// one fleet name the same workers.
 //
 // # Propagation delay
 //
@@ -76,18 +76,18 @@
 //
 // # Redis down, slow, back
 //
-// Neither MatchSources nor Record calls Redis or waits on anything Redis does. A
-// publish that fails drops its batch (counted) and the publisher backs off
-// (up to MaxBackoff, a second by default) while the queue fills and drops
-// further records; the follower reconnects with the same backoff from the
-// last entry it applied, so records published while it was away are
-// applied late rather than never, as far as the stream still holds them. If Redis came back empty,
-// the stream starts again with IDs from its clock, later than the last
-// seen; should that clock be behind the last entry seen (a failover to a
-// host whose clock lags), the follower starts again from the Window,
-// applying some entries twice, which Apply makes harmless. Records dropped
-// during an outage are lost to the other replicas: the index is a hint,
-// the next turn of the conversation records its prefix again.
+// Neither MatchSources nor Record calls Redis or waits on anything Redis
+// does. A publish that fails drops its batch (counted) and the publisher
+// backs off (up to MaxBackoff, a second by default) while the queue fills
+// and drops further records; the follower reconnects with the same backoff
+// from the last entry it applied, so records published while it was away are
+// applied late rather than never, as far as the stream still holds them. If
+// Redis came back empty, the stream starts again with IDs from its clock,
+// later than the last seen; should that clock be behind the last entry seen
+// (a failover to a host whose clock lags), the follower starts again from
+// the Window, applying some entries twice, which Apply makes harmless.
+// Records dropped during an outage are lost to the other replicas: the index
+// is a hint, the next turn of the conversation records its prefix again.
 //
 // # Concurrency Model
 //
@@ -188,8 +188,8 @@ type Config struct {
 }
 
 // Index is a prefix index shared with the other replicas: a
-// scheduler.PrefixIndex whose MatchSources and Record are the local index's, with
-// Record also published (see the package doc).
+// scheduler.PrefixIndex whose MatchSources and Record are the local index's,
+// with Record also published (see the package doc).
 type Index struct {
 	cfg   Config
 	self  string // this Index's tag in its entries: replica and start

@@ -38,7 +38,7 @@ func (a schedLedger) Reserve(model, waitID string, cands []scheduler.SharedCandi
 func (a schedLedger) Adopt(worker string) string { return a.l.Adopt(worker).Lease }
 
 func (a schedLedger) Release(worker, lease string) {
-	_ = a.l.Release(a.ctx, Reservation{Worker: worker, Lease: lease}) // unreachable: it expires
+	_ = a.l.Release(a.ctx, Reservation{Worker: worker, Lease: lease}) // on failure the lease expires
 }
 
 func (a schedLedger) Wait(model, waitID string)   { _ = a.l.Wait(a.ctx, model, waitID) }

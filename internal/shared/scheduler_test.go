@@ -403,9 +403,9 @@ func TestScheduler_RenewalTouchesOnlyModelsWaitedFor(t *testing.T) {
 		sched.Cancel(tk, scheduler.ErrClientGone)
 	}
 	sched.FlushLedger()
-	l.Renew(ctx)
+	l.renew(ctx)
 	rec.take()
-	l.Renew(ctx)
+	l.renew(ctx)
 	want := []string{"sluice:shared:inflight", "sluice:shared:leases", "sluice:shared:wait:m", "sluice:shared:waitexp:m"}
 	if got := rec.take(); !slices.Equal(got, want) {
 		t.Fatalf("a renewal touched %d keys (%v...), want %v", len(got), got[:min(6, len(got))], want)
@@ -416,9 +416,9 @@ func TestScheduler_RenewalTouchesOnlyModelsWaitedFor(t *testing.T) {
 	}
 	held.Release()
 	sched.FlushLedger()
-	l.Renew(ctx)
+	l.renew(ctx)
 	rec.take()
-	l.Renew(ctx)
+	l.renew(ctx)
 	if got, want := rec.take(), []string{"sluice:shared:inflight", "sluice:shared:leases"}; !slices.Equal(got, want) {
 		t.Fatalf("with nothing waiting a renewal touched %v, want %v", got, want)
 	}

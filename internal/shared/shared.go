@@ -28,10 +28,10 @@
 // for a lease released or expired — so a count always equals its worker's
 // live leases and a pick reads all counts in one command. Every script first
 // reaps the expired leases, so a count never includes a dead replica's
-// slots. A replica renews its leases every RenewEvery (by
-// default 1s) for LeaseTTL (5s); Release removes one. A replica that is
-// killed stops renewing, and its capacity comes back within LeaseTTL of its
-// last renewal, without anyone noticing it died.
+// slots. A replica renews its leases every RenewEvery (by default 1s) for
+// LeaseTTL (5s); Release removes one. A replica that is killed stops
+// renewing, and its capacity comes back within LeaseTTL of its last
+// renewal, without anyone noticing it died.
 //
 // # Freed slots, across replicas
 //
@@ -42,17 +42,17 @@
 // its model (a ZSET scored by enqueue time on the server's clock, with
 // expiry renewed like a lease). The turn is the replica's with the oldest
 // waiter: the pick script refuses ("not your turn") the other replicas'
-// requests while it waits. Which of its requests that replica places is
-// its own queue's choice — priorities and the cost order may let a
-// cheaper one overtake its oldest, as in one router — so two replicas
-// never each wait for the other. Release and leaving the waiting list
-// (Unwait, or a pick that binds a waiter and so passes the turn to
-// another replica) publish on a channel every replica subscribes to, so
-// the one whose turn it is retries at once rather than at its next poll.
-// A replica releases its shared slot before serving its own queue, so
-// its own oldest request takes the slot at once, as in one router. Pub/sub is only the
-// wake-up: a lost message costs latency (the renew tick retries too),
-// never correctness, which lives in the script.
+// requests while it waits. Which of its requests that replica places is its
+// own queue's choice — priorities and the cost order may let a cheaper one
+// overtake its oldest, as in one router — so two replicas never each wait
+// for the other. Release and leaving the waiting list (Unwait, or a pick
+// that binds a waiter and so passes the turn to another replica) publish on
+// a channel every replica subscribes to, so the one whose turn it is retries
+// at once rather than at its next poll. A replica releases its shared slot
+// before serving its own queue, so its own oldest request takes the slot at
+// once, as in one router. Pub/sub is only the wake-up: a lost message costs
+// latency (the renew tick retries too), never correctness, which lives in
+// the script.
 //
 // # Redis failover, restart and outage
 //
@@ -106,10 +106,10 @@
 //
 // # Concurrency Model
 //
-// A Ledger is safe for concurrent use. A mutex guards the set of held
-// leases and waiters and the lease numbers; a read-write lock orders
-// releases, waits and unwaits against renewals, so that a renewal cannot
-// re-create a lease just released nor take for stray a waiter just added. Run owns the
+// A Ledger is safe for concurrent use. A mutex guards the set of held leases
+// and waiters and the lease numbers; a read-write lock orders releases,
+// waits and unwaits against renewals, so that a renewal cannot re-create a
+// lease just released nor take for stray a waiter just added. Run owns the
 // renew loop and the subscription; the calls into Redis happen outside the
 // mutex.
 package shared
@@ -481,16 +481,16 @@ func (l *Ledger) Run(ctx context.Context) {
 		case <-msgs:
 			l.notify()
 		case <-tick.C:
-			l.Renew(ctx)
+			l.renew(ctx)
 			l.notify()
 		}
 	}
 }
 
-// Renew extends every lease and waiter this replica holds, re-creating any
+// renew extends every lease and waiter this replica holds, re-creating any
 // Redis lost; while degraded it is also the probe that ends the degraded
 // state. Run calls it every RenewEvery.
-func (l *Ledger) Renew(ctx context.Context) {
+func (l *Ledger) renew(ctx context.Context) {
 	l.renewMu.Lock()
 	defer l.renewMu.Unlock()
 	l.mu.Lock()
@@ -510,7 +510,6 @@ func (l *Ledger) Renew(ctx context.Context) {
 	// Waiters queued while degraded have no enqueue time on the server's
 	// clock; they take this replica's.
 	unknown := map[string]string{}
-	sent := make(map[string]string, len(l.waiters)) // member -> model
 	for m, wt := range l.waiters {
 		us := wt.us
 		if us == "" {
@@ -519,7 +518,6 @@ func (l *Ledger) Renew(ctx context.Context) {
 		}
 		keys = append(keys, l.key("wait", wt.model), l.key("waitexp", wt.model))
 		args = append(args, m, us)
-		sent[m] = wt.model
 	}
 	l.mu.Unlock()
 	if l.beforeRenew != nil {
@@ -552,11 +550,12 @@ func (l *Ledger) Renew(ctx context.Context) {
 	}
 }
 
-// reconcile makes Redis hold no lease or waiter of this replica but the
-// ones it holds now, and forgets the models it need not look at again. A renewal sends only what it holds; what this replica
-// gave up without Redis hearing of it would otherwise stay until it
-// expired, a lease holding its slot and a waiter, still the oldest, every
-// other replica's turn, for up to LeaseTTL:
+// reconcile makes Redis hold no lease or waiter of this replica but the ones
+// it holds now, and forgets the models it need not look at again. A renewal
+// sends only what it holds; what this replica gave up without Redis hearing
+// of it would otherwise stay until it expired, a lease holding its slot and
+// a waiter, still the oldest, every other replica's turn, for up to
+// LeaseTTL:
 //   - leases released and waiters gone while Redis could not be told;
 //   - a pick whose script ran but whose answer came too late, given up
 //     here, its lease (and, if it bound a waiter, the waiter) left there;

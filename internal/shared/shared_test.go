@@ -408,7 +408,7 @@ func TestRenew_RemovesWhatLeftWhileDegraded(t *testing.T) {
 	if err := r0.Unwait(ctx, "m", "a"); err != nil {
 		t.Fatal(err)
 	}
-	r0.Renew(ctx)
+	r0.renew(ctx)
 	if r0.Degraded() {
 		t.Fatal("still degraded after a renewal that reached Redis")
 	}
@@ -475,7 +475,7 @@ func TestWait_BoundDuringRenewalLeavesNoWaiter(t *testing.T) {
 			t.Errorf("reserve during the renewal: %v", err)
 		}
 	}
-	r0.Renew(ctx)
+	r0.renew(ctx)
 	r0.beforeRenew = nil
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
@@ -668,7 +668,7 @@ func TestLedger_RedisRestartUnderLoad(t *testing.T) {
 	// before the crash and those taken locally while degraded — and
 	// nothing else is, once the replicas have renewed.
 	for _, l := range ls {
-		l.Renew(ctx)
+		l.renew(ctx)
 	}
 	total := func() int {
 		sum := 0
@@ -744,7 +744,7 @@ func TestRenew_ReconcilesWhatThisReplicaNoLongerHolds(t *testing.T) {
 	if got := inFlight(t, r1, "w0", "w1", "w2", "w3"); !slices.Equal(got, []int{1, 1, 1, 1}) {
 		t.Fatalf("before the renewal: in flight %v, want [1 1 1 1]", got)
 	}
-	r0.Renew(ctx)
+	r0.renew(ctx)
 	if got := inFlight(t, r1, "w0", "w1", "w2", "w3"); !slices.Equal(got, []int{0, 1, 1, 1}) {
 		t.Fatalf("after the renewal: in flight %v, want [0 1 1 1] (only the given-up lease gone)", got)
 	}
@@ -841,7 +841,7 @@ func TestRenew_ForgetsModelsNothingWaitsFor(t *testing.T) {
 	if err := r0.Wait(ctx, "kept", "k"); err != nil {
 		t.Fatal(err)
 	}
-	r0.Renew(ctx) // the last to look at the models left: nothing of them is left in Redis
+	r0.renew(ctx) // the last to look at the models left: nothing of them is left in Redis
 	r0.mu.Lock()
 	models := slices.Sorted(maps.Keys(r0.models))
 	r0.mu.Unlock()
@@ -849,7 +849,7 @@ func TestRenew_ForgetsModelsNothingWaitsFor(t *testing.T) {
 		t.Fatalf("models after the renewal: %d of them (%v...), want %v", len(models), models[:min(3, len(models))], want)
 	}
 	rec.take()
-	r0.Renew(ctx)
+	r0.renew(ctx)
 	want := []string{"sluice:shared:inflight", "sluice:shared:leases", "sluice:shared:wait:kept", "sluice:shared:waitexp:kept"}
 	if got := rec.take(); !slices.Equal(got, want) {
 		t.Fatalf("a renewal touched %d keys (%v...), want %v", len(got), got[:min(6, len(got))], want)

@@ -67,26 +67,15 @@ func IDs(cards []ModelCard) []string {
 	return ids
 }
 
-// SlotState is one llama.cpp slot as GET /slots reports it.
+// SlotState is what one llama.cpp slot of GET /slots says of its prompt.
 type SlotState struct {
 	// ID is the slot's index.
 	ID int `json:"id"`
-	// NCtx is the slot's context size in tokens (the server's --ctx-size
-	// divided among --parallel slots, or all of it with a unified KV
-	// cache).
-	NCtx int `json:"n_ctx"`
-	// IsProcessing reports the slot busy with a request.
-	IsProcessing bool `json:"is_processing"`
 	// Prompt is the text of the prompt the slot holds (its current task's,
 	// or its last one's when idle), when the server reports it: see
 	// ParseLlamaCPPSlots. HasPrompt tells an empty prompt from none.
 	Prompt    string `json:"-"`
 	HasPrompt bool   `json:"has_prompt,omitempty"`
-	// Tokens is what the slot holds in the KV cache, from n_prompt_tokens
-	// (current builds): its prompt and the tokens it has generated so far.
-	// HasTokens tells a slot that reports 0 from one that says nothing.
-	Tokens    int  `json:"tokens,omitempty"`
-	HasTokens bool `json:"has_tokens,omitempty"`
 }
 
 // Slots is what llama.cpp's GET /slots says about its slots.
@@ -159,27 +148,26 @@ func ParseLlamaCPPSlots(r io.Reader) (Slots, error) {
 	tokensKnown := true
 	for _, sl := range raw {
 		st := SlotState{ID: sl.ID}
-		if sl.NCtx != nil && *sl.NCtx > 0 {
-			st.NCtx = *sl.NCtx
-			sumCtx += st.NCtx
-			if nctx == 0 || st.NCtx < nctx {
-				nctx = st.NCtx
+		if n := sl.NCtx; n != nil && *n > 0 {
+			sumCtx += *n
+			if nctx == 0 || *n < nctx {
+				nctx = *n
 			}
 		} else {
 			miss.add("slot %d n_ctx", sl.ID)
 		}
-		if sl.IsProcessing != nil {
-			st.IsProcessing = *sl.IsProcessing
-		} else {
+		if sl.IsProcessing == nil {
 			miss.add("slot %d is_processing", sl.ID)
 		}
-		if sl.NTokens != nil && *sl.NTokens >= 0 {
-			st.Tokens, st.HasTokens = *sl.NTokens, true
-		}
-		if st.IsProcessing {
+		// n_prompt_tokens (current builds) is what the slot holds in the
+		// KV cache: its prompt and the tokens generated so far.
+		if sl.IsProcessing != nil && *sl.IsProcessing {
 			s.Busy++
-			busyTokens += st.Tokens
-			tokensKnown = tokensKnown && st.HasTokens
+			if n := sl.NTokens; n != nil && *n >= 0 {
+				busyTokens += *n
+			} else {
+				tokensKnown = false
+			}
 		}
 		if len(sl.Prompt) > 0 && sl.Prompt[0] == '"' && json.Unmarshal(sl.Prompt, &st.Prompt) == nil {
 			st.HasPrompt = true

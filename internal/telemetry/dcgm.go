@@ -5,7 +5,6 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 )
 
@@ -132,18 +131,14 @@ func first(vs []float64) float64 { return max(vs[0], 0) }
 
 // describeGPUs lists the GPUs of some series as gpu=N/UUID.
 func describeGPUs(ss []sample) string {
-	seen := map[string]bool{}
 	var out []string
 	for _, s := range ss {
 		d := fmt.Sprintf("%s=%q", DCGMLabelGPU, s.labels[DCGMLabelGPU])
 		if u := s.labels[DCGMLabelUUID]; u != "" {
 			d += fmt.Sprintf(" %s=%q", DCGMLabelUUID, u)
 		}
-		if !seen[d] {
-			seen[d] = true
-			out = append(out, d)
-		}
+		out = append(out, d)
 	}
-	sort.Strings(out)
-	return strings.Join(out, ", ")
+	slices.Sort(out)
+	return strings.Join(slices.Compact(out), ", ")
 }

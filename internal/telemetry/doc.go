@@ -16,8 +16,8 @@
 // *MissingError naming every absent metric next to the partial result, so
 // a caller can use what is there and say what is not. Metrics that some
 // builds of a server never export are optional, absent without an error:
-// llama.cpp's KV-cache series, which current builds dropped (testdata/README.md
-// says which build exports what). Malformed input is
+// llama.cpp's KV-cache series, which current builds dropped
+// (testdata/README.md says which build exports what). Malformed input is
 // an error naming the problem, with the line number when the Prometheus
 // parser gives one.
 //

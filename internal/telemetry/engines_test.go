@@ -175,12 +175,10 @@ func TestParseTGIInfo_Golden(t *testing.T) {
 		errKind string
 	}{
 		{file: "tgi_info.json", want: TGIInfo{
-			ModelID: "meta-llama/Llama-3.1-8B-Instruct", MaxTotalTokens: 8192, MaxInputTokens: 8191,
-			MaxConcurrentRequests: 128, Version: "3.0.1",
+			ModelID: "meta-llama/Llama-3.1-8B-Instruct", MaxTotalTokens: 8192,
 		}},
 		{file: "tgi_info_v2.json", want: TGIInfo{
-			ModelID: "bigscience/blomm-560m", MaxTotalTokens: 2048, MaxInputTokens: 1024,
-			MaxBatchTotalTokens: 32000, MaxConcurrentRequests: 128, Version: "0.5.0",
+			ModelID: "bigscience/blomm-560m", MaxTotalTokens: 2048, MaxBatchTotalTokens: 32000,
 		}},
 		{file: "openai_models.json", errKind: "missing"},
 		{file: "models_malformed.json", errKind: "malformed"},
@@ -215,10 +213,10 @@ func TestParseOllamaPS_Golden(t *testing.T) {
 		want    []OllamaModel
 		errKind string
 	}{
-		{file: "ollama_ps.json", want: []OllamaModel{{Name: "mistral:latest", SizeVRAM: 5137025024}}},
+		{file: "ollama_ps.json", want: []OllamaModel{{Name: "mistral:latest"}}},
 		{file: "ollama_ps_context.json", want: []OllamaModel{
-			{Name: "gemma3", SizeVRAM: 5333539264, ContextLength: 4096},
-			{Name: "qwen3:8b", SizeVRAM: 7058393088, ContextLength: 8192},
+			{Name: "gemma3", ContextLength: 4096},
+			{Name: "qwen3:8b", ContextLength: 8192},
 		}},
 		{file: "ollama_ps_empty.json", want: []OllamaModel{}},
 		{file: "openai_models.json", errKind: "other"},
@@ -335,7 +333,7 @@ func TestParseLlamaCPPSlots_Golden(t *testing.T) {
 	got, err := ParseLlamaCPPSlots(open(t, "llamacpp_slots.json"))
 	checkErr(t, err, "")
 	want := Slots{
-		Slots: []SlotState{{ID: 0, NCtx: 65536, IsProcessing: true}, {ID: 1, NCtx: 65536}},
+		Slots: []SlotState{{ID: 0}, {ID: 1}},
 		Busy:  1,
 		NCtx:  65536,
 		// This build's busy slot does not say what it holds.
@@ -360,14 +358,9 @@ func TestParseLlamaCPPSlots_CurrentBuildGivesKVUsage(t *testing.T) {
 	got, err := ParseLlamaCPPSlots(open(t, "llamacpp_slots_current.json"))
 	checkErr(t, err, "")
 	want := Slots{
-		Slots: []SlotState{
-			{ID: 0, NCtx: 2048, IsProcessing: true, Tokens: 1000, HasTokens: true},
-			{ID: 1, NCtx: 2048, IsProcessing: true, Tokens: 536, HasTokens: true},
-			{ID: 2, NCtx: 2048, Tokens: 1890, HasTokens: true},
-			{ID: 3, NCtx: 2048},
-		},
-		Busy: 2,
-		NCtx: 2048,
+		Slots: []SlotState{{ID: 0}, {ID: 1}, {ID: 2}, {ID: 3}},
+		Busy:  2,
+		NCtx:  2048,
 		// (1000 + 536) / (4 × 2048): the busy slots only; slot 2's cached
 		// prompt is given up to the next request.
 		KVUsage: present(SlotsKVMetric, 0.1875),
@@ -401,7 +394,7 @@ func TestParseLlamaCPPSlots_KVUsageCases(t *testing.T) {
 func TestParseLlamaCPPProps_CurrentBuild(t *testing.T) {
 	got, err := ParseLlamaCPPProps(open(t, "llamacpp_props_current.json"))
 	checkErr(t, err, "")
-	want := Props{TotalSlots: 4, ModelPath: "/models/Llama-3.2-1B-Instruct-Q4_K_M.gguf", NCtx: 2048, BOSToken: "<|begin_of_text|>"}
+	want := Props{TotalSlots: 4, NCtx: 2048, BOSToken: "<|begin_of_text|>"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("ParseLlamaCPPProps mismatch (-want +got):\n%s", diff)
 	}

@@ -176,7 +176,7 @@ func FuzzParseEngineJSON(f *testing.F) {
 			t.Fatal("nil error with nil models")
 		} else {
 			for _, m := range ms {
-				if m.Name == "" || m.ContextLength < 0 || m.SizeVRAM < 0 {
+				if m.Name == "" || m.ContextLength < 0 {
 					t.Fatalf("bad entry %+v", m)
 				}
 			}

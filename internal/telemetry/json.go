@@ -114,10 +114,6 @@ type Props struct {
 	// TotalSlots is the number of parallel slots (--parallel); 0 when
 	// absent.
 	TotalSlots int `json:"total_slots"`
-	// ModelPath is the model file the server loaded.
-	ModelPath string `json:"model_path,omitempty"`
-	// IsSleeping reports the server sleeping on idle (newer builds).
-	IsSleeping bool `json:"is_sleeping,omitempty"`
 	// NCtx is the context size of one slot, from
 	// default_generation_settings.n_ctx; 0 when absent.
 	NCtx int `json:"n_ctx,omitempty"`
@@ -132,8 +128,6 @@ type Props struct {
 func ParseLlamaCPPProps(r io.Reader) (Props, error) {
 	var p struct {
 		TotalSlots *int   `json:"total_slots"`
-		ModelPath  string `json:"model_path"`
-		IsSleeping bool   `json:"is_sleeping"`
 		BOSToken   string `json:"bos_token"`
 		Defaults   struct {
 			NCtx int `json:"n_ctx"`
@@ -142,7 +136,7 @@ func ParseLlamaCPPProps(r io.Reader) (Props, error) {
 	if err := decodeJSON(r, &p); err != nil {
 		return Props{}, fmt.Errorf("parse llama.cpp props: %w", err)
 	}
-	out := Props{ModelPath: p.ModelPath, IsSleeping: p.IsSleeping, NCtx: max(p.Defaults.NCtx, 0), BOSToken: p.BOSToken}
+	out := Props{NCtx: max(p.Defaults.NCtx, 0), BOSToken: p.BOSToken}
 	if p.TotalSlots == nil || *p.TotalSlots <= 0 {
 		return out, fmt.Errorf("parse llama.cpp props: %w", &MissingError{Metrics: []string{"total_slots"}})
 	}

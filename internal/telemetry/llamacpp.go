@@ -1,6 +1,9 @@
 package telemetry
 
-import "io"
+import (
+	"io"
+	"slices"
+)
 
 // Metric names llama.cpp's server exposes on GET /metrics (started with
 // --metrics). The names are those of tools/server in ggml-org/llama.cpp
@@ -67,13 +70,7 @@ func sum(vs []float64) float64 {
 	return max(s, 0)
 }
 
-func maxFraction(vs []float64) float64 {
-	m := vs[0]
-	for _, v := range vs[1:] {
-		m = max(m, v)
-	}
-	return clamp01(m)
-}
+func maxFraction(vs []float64) float64 { return clamp01(slices.Max(vs)) }
 
 // aggregate reads the family name, keeps the series keep accepts (all when
 // keep is nil), folds their finite values with fn and records an absence

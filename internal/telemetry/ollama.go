@@ -13,9 +13,6 @@ import (
 type OllamaModel struct {
 	// Name is the model's name as clients ask for it, e.g. "mistral:latest".
 	Name string `json:"name"`
-	// SizeVRAM is how many bytes of it sit in GPU memory; less than the
-	// model's size means part of it runs on the CPU.
-	SizeVRAM int64 `json:"size_vram"`
 	// ContextLength is the context the model was loaded with (newer
 	// builds); 0 when absent.
 	ContextLength int `json:"context_length,omitempty"`
@@ -34,7 +31,6 @@ func ParseOllamaPS(r io.Reader) ([]OllamaModel, error) {
 		Models *[]struct {
 			Name          string `json:"name"`
 			Model         string `json:"model"`
-			SizeVRAM      int64  `json:"size_vram"`
 			ContextLength int    `json:"context_length"`
 		} `json:"models"`
 	}
@@ -55,7 +51,7 @@ func ParseOllamaPS(r io.Reader) ([]OllamaModel, error) {
 			continue
 		}
 		seen[name] = true
-		out = append(out, OllamaModel{Name: name, SizeVRAM: max(m.SizeVRAM, 0), ContextLength: max(m.ContextLength, 0)})
+		out = append(out, OllamaModel{Name: name, ContextLength: max(m.ContextLength, 0)})
 	}
 	return out, nil
 }

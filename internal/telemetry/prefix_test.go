@@ -26,9 +26,9 @@ func TestParseLlamaCPPSlots_Prompts(t *testing.T) {
 			name: "debug build", file: "llamacpp_slots_debug.json",
 			want: Slots{
 				Slots: []SlotState{
-					{ID: 0, NCtx: 8192, IsProcessing: true, Prompt: raw, HasPrompt: true, Tokens: 38, HasTokens: true},
-					{ID: 1, NCtx: 8192, Prompt: chat, HasPrompt: true, Tokens: 21, HasTokens: true},
-					{ID: 2, NCtx: 8192},
+					{ID: 0, Prompt: raw, HasPrompt: true},
+					{ID: 1, Prompt: chat, HasPrompt: true},
+					{ID: 2},
 				},
 				Busy: 1, NCtx: 8192, Prompts: 2,
 				KVUsage: present(SlotsKVMetric, 38.0/(3*8192)),
@@ -37,14 +37,14 @@ func TestParseLlamaCPPSlots_Prompts(t *testing.T) {
 		{
 			// The default of current builds: metrics only, no prompt.
 			name: "metrics only", file: "llamacpp_slots.json",
-			want: Slots{Slots: []SlotState{{ID: 0, NCtx: 65536, IsProcessing: true}, {ID: 1, NCtx: 65536}}, Busy: 1, NCtx: 65536, KVUsage: absent(SlotsKVMetric)},
+			want: Slots{Slots: []SlotState{{ID: 0}, {ID: 1}}, Busy: 1, NCtx: 65536, KVUsage: absent(SlotsKVMetric)},
 		},
 		{
 			// Early 2024 builds echoed the request's JSON prompt, which
 			// may be an array of token ids: not text, ignored.
 			name: "token array prompt",
 			body: `[{"id":0,"n_ctx":2048,"is_processing":false,"prompt":[1,15043,3186]},{"id":1,"n_ctx":2048,"is_processing":false,"prompt":""}]`,
-			want: Slots{Slots: []SlotState{{ID: 0, NCtx: 2048}, {ID: 1, NCtx: 2048, HasPrompt: true}}, NCtx: 2048, Prompts: 1, KVUsage: present(SlotsKVMetric, 0)},
+			want: Slots{Slots: []SlotState{{ID: 0}, {ID: 1, HasPrompt: true}}, NCtx: 2048, Prompts: 1, KVUsage: present(SlotsKVMetric, 0)},
 		},
 		{
 			name: "prompt not JSON text", body: `[{"id":0,"n_ctx":2048,"is_processing":true,"prompt":"unterminated}]`,
@@ -52,7 +52,7 @@ func TestParseLlamaCPPSlots_Prompts(t *testing.T) {
 		},
 		{
 			name: "prompt of the wrong type", body: `[{"id":0,"n_ctx":2048,"is_processing":true,"prompt":{"text":"x"}}]`,
-			want: Slots{Slots: []SlotState{{ID: 0, NCtx: 2048, IsProcessing: true}}, Busy: 1, NCtx: 2048, KVUsage: absent(SlotsKVMetric)},
+			want: Slots{Slots: []SlotState{{ID: 0}}, Busy: 1, NCtx: 2048, KVUsage: absent(SlotsKVMetric)},
 		},
 		{
 			name: "an object, not a list", body: `{"slots":[{"id":0,"prompt":"x"}]}`,

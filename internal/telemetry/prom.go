@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
@@ -95,7 +94,7 @@ func (m missing) err() error {
 // could not be parsed at all.
 var ErrMalformed = errors.New("malformed payload")
 
-// malformed wraps a parse failure so that errors.Is(err, ErrMalformed)
+// malformedError is a parse failure for which errors.Is(err, ErrMalformed)
 // holds and the cause (e.g. expfmt.ParseError with its line) stays
 // reachable through errors.As.
 type malformedError struct {
@@ -183,12 +182,12 @@ func clamp01(v float64) float64 { return min(max(v, 0), 1) }
 func labelValues(ss []sample, label string) []string {
 	var vals []string
 	for _, s := range ss {
-		if v, ok := s.labels[label]; ok && !slices.Contains(vals, v) {
+		if v, ok := s.labels[label]; ok {
 			vals = append(vals, v)
 		}
 	}
-	sort.Strings(vals)
-	return vals
+	slices.Sort(vals)
+	return slices.Compact(vals)
 }
 
 // familyMap is what expfmt's parser returns: families by name.

@@ -377,7 +377,7 @@ func TestParseHealthStatus(t *testing.T) {
 func TestParseLlamaCPPProps_Golden(t *testing.T) {
 	got, err := ParseLlamaCPPProps(open(t, "llamacpp_props.json"))
 	checkErr(t, err, "")
-	want := Props{TotalSlots: 4, ModelPath: "../models/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", NCtx: 8192}
+	want := Props{TotalSlots: 4, NCtx: 8192}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("ParseLlamaCPPProps mismatch (-want +got):\n%s", diff)
 	}

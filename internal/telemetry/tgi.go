@@ -52,37 +52,20 @@ type TGIInfo struct {
 	// MaxTotalTokens is the longest prompt plus completion a request may
 	// have: the worker's context size for Sluice.
 	MaxTotalTokens int `json:"max_total_tokens,omitempty"`
-	// MaxInputTokens is the longest prompt (max_input_length before TGI
-	// 2.1); 0 when absent.
-	MaxInputTokens int `json:"max_input_tokens,omitempty"`
 	// MaxBatchTotalTokens is the token budget of a batch; 0 when /info
 	// leaves it out.
 	MaxBatchTotalTokens int `json:"max_batch_total_tokens,omitempty"`
-	// MaxConcurrentRequests is TGI's own admission limit (it answers 429
-	// beyond it); informative, not a slot count.
-	MaxConcurrentRequests int `json:"max_concurrent_requests,omitempty"`
-	// Version is TGI's version.
-	Version string `json:"version,omitempty"`
 }
 
 // ParseTGIInfo reads TGI's GET /info. A missing model_id returns the rest
 // and a *MissingError.
 func ParseTGIInfo(r io.Reader) (TGIInfo, error) {
-	var b struct {
-		TGIInfo
-		MaxInputLength int `json:"max_input_length"`
-	}
-	if err := decodeJSON(r, &b); err != nil {
+	var info TGIInfo
+	if err := decodeJSON(r, &info); err != nil {
 		return TGIInfo{}, fmt.Errorf("parse tgi info: %w", err)
 	}
-	info := b.TGIInfo
-	if info.MaxInputTokens == 0 {
-		info.MaxInputTokens = b.MaxInputLength
-	}
 	info.MaxTotalTokens = max(info.MaxTotalTokens, 0)
-	info.MaxInputTokens = max(info.MaxInputTokens, 0)
 	info.MaxBatchTotalTokens = max(info.MaxBatchTotalTokens, 0)
-	info.MaxConcurrentRequests = max(info.MaxConcurrentRequests, 0)
 	if info.ModelID == "" {
 		return info, fmt.Errorf("parse tgi info: %w", &MissingError{Metrics: []string{"model_id"}})
 	}
