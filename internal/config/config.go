@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/fleet"
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/redisconn"
 	"github.com/sluice-router/sluice/internal/scheduler"
@@ -591,7 +592,7 @@ func DefaultConfig() Config {
 		Limits: Limits{Learning: limit.Config{FloorFraction: 0.5, MinSamples: 3, ProbeAfter: time.Minute,
 			BorrowAfter: 2 * time.Second, DefaultCap: 64}},
 		Tracing: Tracing{ServiceName: "sluice", SampleRatio: 1},
-		LoRA:    LoRA{MaxReplicas: scheduler.DefaultAdapterReplicas, LoadTimeout: scheduler.DefaultAdapterLoadTimeout},
+		LoRA:    LoRA{MaxReplicas: lora.DefaultReplicas, LoadTimeout: lora.DefaultLoadTimeout},
 	}
 }
 

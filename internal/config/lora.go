@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/lora"
 )
 
 // LoRA configures LoRA adapters (lora:): which adapters exist, over which
@@ -39,10 +39,10 @@ type LoRAAdapter struct {
 }
 
 // Scheduler is the scheduler's AdapterConfig (without its Loader).
-func (l LoRA) Scheduler() scheduler.AdapterConfig {
-	ac := scheduler.AdapterConfig{LoadOnDemand: l.LoadOnDemand, MaxReplicas: l.MaxReplicas, LoadTimeout: l.LoadTimeout}
+func (l LoRA) Scheduler() lora.Config {
+	ac := lora.Config{LoadOnDemand: l.LoadOnDemand, MaxReplicas: l.MaxReplicas, LoadTimeout: l.LoadTimeout}
 	for _, a := range l.Adapters {
-		ac.Adapters = append(ac.Adapters, scheduler.AdapterSpec{Name: a.Name, Base: a.Base, Path: a.Path})
+		ac.Adapters = append(ac.Adapters, lora.Spec{Name: a.Name, Base: a.Base, Path: a.Path})
 	}
 	return ac
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -69,7 +70,7 @@ func newFake(n int) *fakeFleet {
 	f := &fakeFleet{queues: map[string]int{"m": 0}, now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	for i := range n {
 		f.workers = append(f.workers, scheduler.WorkerState{
-			Name: fmt.Sprintf("w%03d", i), Models: []string{"m"}, Health: scheduler.HealthOK, Limit: 4, Active: i % 5,
+			Name: fmt.Sprintf("w%03d", i), Models: []string{"m"}, Health: snapshot.HealthOK, Limit: 4, Active: i % 5,
 		})
 	}
 	return f
@@ -308,7 +309,7 @@ func names(ws []map[string]any) []string {
 
 func TestOverview_PagesSortsAndFilters(t *testing.T) {
 	f := newFake(300)
-	f.workers[7].Health = scheduler.HealthDown
+	f.workers[7].Health = snapshot.HealthDown
 	f.workers[9].Draining = true
 	f.workers[250].Models = []string{"other-model"}
 	d := newDash(f, 10)
@@ -360,9 +361,9 @@ func TestOverview_CardCarriesTheWorkersFields(t *testing.T) {
 	f := newFake(1)
 	now := f.now
 	f.workers[0] = scheduler.WorkerState{
-		Name: "gpu-a", Models: []string{"m"}, Health: scheduler.HealthOK, Active: 2, Limit: 4, JobCost: 120,
-		Snapshot: &scheduler.Snapshot{Slots: 4,
-			KVPressure: scheduler.Reading{Value: 0.5, Source: "llamacpp kv", At: now.Add(-2 * time.Second)}},
+		Name: "gpu-a", Models: []string{"m"}, Health: snapshot.HealthOK, Active: 2, Limit: 4, JobCost: 120,
+		Snapshot: &snapshot.Snapshot{Slots: 4,
+			KVPressure: snapshot.Reading{Value: 0.5, Source: "llamacpp kv", At: now.Add(-2 * time.Second)}},
 		LastTerms: &decisions.Candidate{Worker: "gpu-a", Eligible: true, Rank: 2, Total: 201.5, Terms: []decisions.Term{
 			{Name: "active_requests", Raw: 2, Norm: 2, Weight: 100, Weighted: 200, Source: "sluice"},
 			{Name: "throughput", Raw: 40, Norm: 0.5, Weight: -3, Weighted: -1.5},

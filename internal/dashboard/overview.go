@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -152,13 +153,13 @@ func (r *workerRow) load() float64 {
 
 func (r *workerRow) trouble() int {
 	switch {
-	case r.ws.Health == scheduler.HealthDown:
+	case r.ws.Health == snapshot.HealthDown:
 		return 4
-	case r.ws.Health == scheduler.HealthLoading:
+	case r.ws.Health == snapshot.HealthLoading:
 		return 3
 	case r.ws.Draining:
 		return 2
-	case r.ws.Health == scheduler.HealthUnknown:
+	case r.ws.Health == snapshot.HealthUnknown:
 		return 1
 	}
 	return 0
@@ -327,7 +328,7 @@ func (d *Dashboard) card(ws scheduler.WorkerState, queues map[string]int, spark 
 	return m
 }
 
-func reading(r scheduler.Reading, now time.Time) map[string]any {
+func reading(r snapshot.Reading, now time.Time) map[string]any {
 	if !r.Known() {
 		return nil
 	}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/prefix"
-	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/telemetry"
 )
 
@@ -218,11 +218,11 @@ func (w *Worker) setContextLocked(n int) {
 // worker's chat-template text, which is not the router's rendering, so it
 // matches little or nothing (see scheduler.CacheReport: silence never
 // lowers the router's guess).
-func slotsReport(s telemetry.Slots, bos string, bosKnown bool, now time.Time) *scheduler.CacheReport {
+func slotsReport(s telemetry.Slots, bos string, bosKnown bool, now time.Time) *snapshot.CacheReport {
 	if s.Prompts == 0 || !bosKnown {
 		return nil
 	}
-	rep := &scheduler.CacheReport{Source: "llama.cpp /slots", At: now, Blocks: map[uint64]struct{}{}}
+	rep := &snapshot.CacheReport{Source: "llama.cpp /slots", At: now, Blocks: map[uint64]struct{}{}}
 	for _, sl := range s.Slots {
 		if !sl.HasPrompt {
 			continue
@@ -255,7 +255,7 @@ func (w *Worker) updatePrefixCacheLocked(pc telemetry.PrefixCache, src string, n
 	q, h := pc.Queries.V, pc.Hits.V
 	if !st.prefixAt.IsZero() && q > st.prefixQueries && h >= st.prefixHits {
 		rate := min((h-st.prefixHits)/(q-st.prefixQueries), 1)
-		st.PrefixHitRate = scheduler.Reading{Value: rate, Source: src + pc.Hits.Metric + " / " + pc.Queries.Metric, At: now}
+		st.PrefixHitRate = snapshot.Reading{Value: rate, Source: src + pc.Hits.Metric + " / " + pc.Queries.Metric, At: now}
 	}
 	st.prefixQueries, st.prefixHits, st.prefixAt = q, h, now
 }

@@ -6,7 +6,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/sluice-router/sluice/internal/scheduler"
+
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 func TestWorker_LlamaCPPSlots(t *testing.T) {
@@ -44,7 +45,7 @@ func TestWorker_LlamaCPPSlots(t *testing.T) {
 	if !strings.Contains(st.SlotsError, "501") || w.Snapshot().ContextTokens != 65536 {
 		t.Errorf("after --no-slots: slots error %q, context %d", st.SlotsError, w.Snapshot().ContextTokens)
 	}
-	if st.Health != scheduler.HealthOK {
+	if st.Health != snapshot.HealthOK {
 		t.Errorf("health %v: a missing /slots is not a failure", st.Health)
 	}
 }
@@ -59,12 +60,12 @@ func TestWorker_SGLang(t *testing.T) {
 	w := h.add(t, WorkerConfig{Name: "s", URL: srv.URL, Kind: KindSGLang})
 
 	at := h.clock.Now()
-	want := &scheduler.Snapshot{
-		Health:        scheduler.HealthOK,
+	want := &snapshot.Snapshot{
+		Health:        snapshot.HealthOK,
 		Models:        []string{"meta-llama/Llama-3.1-8B-Instruct"},
 		ContextTokens: 131072,
-		QueueLen:      scheduler.Reading{Value: 2826, Source: "sglang /metrics sglang:num_queue_reqs", At: at},
-		KVPressure:    scheduler.Reading{Value: 0.28, Source: "sglang /metrics sglang:token_usage", At: at},
+		QueueLen:      snapshot.Reading{Value: 2826, Source: "sglang /metrics sglang:num_queue_reqs", At: at},
+		KVPressure:    snapshot.Reading{Value: 0.28, Source: "sglang /metrics sglang:token_usage", At: at},
 	}
 	if diff := cmp.Diff(want, w.Snapshot()); diff != "" {
 		t.Errorf("snapshot mismatch (-want +got):\n%s", diff)
@@ -90,12 +91,12 @@ func TestWorker_TGI(t *testing.T) {
 	w := h.add(t, WorkerConfig{Name: "t", URL: srv.URL, Kind: KindTGI})
 
 	at := h.clock.Now()
-	want := &scheduler.Snapshot{
-		Health:        scheduler.HealthOK,
+	want := &snapshot.Snapshot{
+		Health:        snapshot.HealthOK,
 		Models:        []string{"bigscience/blomm-560m"},
 		ContextTokens: 2048,
-		QueueLen:      scheduler.Reading{Value: 6, Source: "tgi /metrics tgi_queue_size", At: at},
-		KVPressure:    scheduler.Reading{Value: 0.32, Source: "tgi /metrics tgi_batch_current_max_tokens", At: at},
+		QueueLen:      snapshot.Reading{Value: 6, Source: "tgi /metrics tgi_queue_size", At: at},
+		KVPressure:    snapshot.Reading{Value: 0.32, Source: "tgi /metrics tgi_batch_current_max_tokens", At: at},
 	}
 	if diff := cmp.Diff(want, w.Snapshot()); diff != "" {
 		t.Errorf("snapshot mismatch (-want +got):\n%s", diff)
@@ -137,11 +138,11 @@ func TestWorker_TRTLLM(t *testing.T) {
 	w := h.add(t, WorkerConfig{Name: "r", URL: srv.URL, Kind: KindTRTLLM})
 
 	at := h.clock.Now()
-	want := &scheduler.Snapshot{
-		Health:     scheduler.HealthOK,
+	want := &snapshot.Snapshot{
+		Health:     snapshot.HealthOK,
 		Models:     []string{"TinyLlama/TinyLlama-1.1B-Chat-v1.0"},
-		QueueLen:   scheduler.Reading{Value: 3, Source: "trtllm /metrics numQueuedRequests", At: at},
-		KVPressure: scheduler.Reading{Value: 25314.0 / 101256.0, Source: "trtllm /metrics kvCacheStats.usedNumBlocks/maxNumBlocks", At: at},
+		QueueLen:   snapshot.Reading{Value: 3, Source: "trtllm /metrics numQueuedRequests", At: at},
+		KVPressure: snapshot.Reading{Value: 25314.0 / 101256.0, Source: "trtllm /metrics kvCacheStats.usedNumBlocks/maxNumBlocks", At: at},
 	}
 	if diff := cmp.Diff(want, w.Snapshot()); diff != "" {
 		t.Errorf("snapshot mismatch (-want +got):\n%s", diff)
@@ -169,7 +170,7 @@ func TestWorker_Ollama(t *testing.T) {
 	if diff := cmp.Diff([]string{"llama3.2", "gemma3", "qwen3:8b"}, snap.Models); diff != "" {
 		t.Errorf("models: configured then loaded (-want +got):\n%s", diff)
 	}
-	if snap.Health != scheduler.HealthOK || snap.ContextTokens != 8192 {
+	if snap.Health != snapshot.HealthOK || snap.ContextTokens != 8192 {
 		t.Errorf("snapshot %+v: want ok with context 8192", snap)
 	}
 
@@ -213,7 +214,7 @@ func TestWorker_LlamaCPPCurrentBuild(t *testing.T) {
 		t.Errorf("%d warnings logged:\n%s", n, h.logs)
 	}
 	at := h.clock.Now()
-	want := scheduler.Reading{Value: 0.1875, Source: "llamacpp /slots n_prompt_tokens/n_ctx", At: at}
+	want := snapshot.Reading{Value: 0.1875, Source: "llamacpp /slots n_prompt_tokens/n_ctx", At: at}
 	if diff := cmp.Diff(want, w.Snapshot().KVPressure); diff != "" {
 		t.Errorf("KVPressure mismatch (-want +got):\n%s", diff)
 	}

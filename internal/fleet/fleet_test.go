@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/sluice-router/sluice/internal/scheduler"
+
+	"github.com/sluice-router/sluice/internal/lora"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
-func wantHealth(t *testing.T, w *Worker, want scheduler.Health) {
+func wantHealth(t *testing.T, w *Worker, want snapshot.Health) {
 	t.Helper()
 	if got := w.Snapshot().Health; got != want {
 		t.Fatalf("%s: health = %v (%s), want %v", w.Name(), got, w.Snapshot().HealthReason, want)
@@ -24,14 +26,14 @@ func TestWorker_LlamaCPPSnapshot(t *testing.T) {
 	w := h.add(t, WorkerConfig{Name: "a", URL: srv.URL, Kind: KindLlamaCPP})
 
 	at := h.clock.Now()
-	want := &scheduler.Snapshot{
-		Health: scheduler.HealthOK,
+	want := &snapshot.Snapshot{
+		Health: snapshot.HealthOK,
 		Models: []string{"llama-3.1-8b-instruct"},
 		Slots:  4,
 		// No /slots here: the context comes from /props.
 		ContextTokens: 8192,
-		QueueLen:      scheduler.Reading{Value: 5, Source: "llamacpp /metrics llamacpp:requests_deferred", At: at},
-		KVPressure:    scheduler.Reading{Value: 0.421875, Source: "llamacpp /metrics llamacpp:kv_cache_usage_ratio", At: at},
+		QueueLen:      snapshot.Reading{Value: 5, Source: "llamacpp /metrics llamacpp:requests_deferred", At: at},
+		KVPressure:    snapshot.Reading{Value: 0.421875, Source: "llamacpp /metrics llamacpp:kv_cache_usage_ratio", At: at},
 	}
 	if diff := cmp.Diff(want, w.Snapshot()); diff != "" {
 		t.Errorf("snapshot mismatch (-want +got):\n%s", diff)
@@ -49,7 +51,7 @@ func TestWorker_InitialSnapshotIsUnknownNotNil(t *testing.T) {
 	opts := (Options{}).withDefaults()
 	w := newWorker(WorkerConfig{Name: "a", URL: "http://127.0.0.1:1", Kind: KindOpenAI}, &opts)
 	s := w.Snapshot()
-	if s == nil || s.Health != scheduler.HealthUnknown || s.Models != nil {
+	if s == nil || s.Health != snapshot.HealthUnknown || s.Models != nil {
 		t.Fatalf("initial snapshot = %+v, want unknown health and nil models", s)
 	}
 }
@@ -59,19 +61,19 @@ func TestWorker_DownEjectedAfterThresholdAndReadmitted(t *testing.T) {
 	fs := llamaServer(t)
 	srv := serve(t, fs)
 	w := h.add(t, WorkerConfig{Name: "a", URL: srv.URL, Kind: KindLlamaCPP})
-	wantHealth(t, w, scheduler.HealthOK)
+	wantHealth(t, w, snapshot.HealthOK)
 	base := h.changes.count("a")
 
 	fs.setMode("down")
 	for i := 1; i <= 2; i++ {
 		h.scrape(t, "a")
-		wantHealth(t, w, scheduler.HealthOK)
+		wantHealth(t, w, snapshot.HealthOK)
 		if got := w.State().ConsecutiveFailures; got != i {
 			t.Fatalf("after %d failures: counter = %d", i, got)
 		}
 	}
 	h.scrape(t, "a")
-	wantHealth(t, w, scheduler.HealthDown)
+	wantHealth(t, w, snapshot.HealthDown)
 	if r := w.Snapshot().HealthReason; !strings.Contains(r, srv.URL+"/health") {
 		t.Errorf("reason %q does not name the probe URL", r)
 	}
@@ -81,9 +83,9 @@ func TestWorker_DownEjectedAfterThresholdAndReadmitted(t *testing.T) {
 
 	fs.setMode("up")
 	h.scrape(t, "a")
-	wantHealth(t, w, scheduler.HealthDown) // one pass is not enough
+	wantHealth(t, w, snapshot.HealthDown) // one pass is not enough
 	h.scrape(t, "a")
-	wantHealth(t, w, scheduler.HealthOK)
+	wantHealth(t, w, snapshot.HealthOK)
 	if got := h.changes.count("a") - base; got != 2 {
 		t.Errorf("OnChange calls after re-admission = %d, want 2", got)
 	}
@@ -100,9 +102,9 @@ func TestWorker_RequestFailuresShareTheCounters(t *testing.T) {
 	h.scrape(t, "a")
 	h.scrape(t, "a")
 	w.ReportRequest(context.Canceled) // the client left: not the worker's fault
-	wantHealth(t, w, scheduler.HealthOK)
+	wantHealth(t, w, snapshot.HealthOK)
 	w.ReportRequest(errors.New("connection reset by peer"))
-	wantHealth(t, w, scheduler.HealthDown)
+	wantHealth(t, w, snapshot.HealthDown)
 	if r := w.Snapshot().HealthReason; !strings.Contains(r, "connection reset") {
 		t.Errorf("reason = %q, want the request error", r)
 	}
@@ -110,12 +112,12 @@ func TestWorker_RequestFailuresShareTheCounters(t *testing.T) {
 	// A success in between resets the count.
 	fs.setMode("up")
 	h.scrape(t, "a")
-	wantHealth(t, w, scheduler.HealthOK)
+	wantHealth(t, w, snapshot.HealthOK)
 	w.ReportRequest(errors.New("HTTP 502"))
 	w.ReportRequest(errors.New("HTTP 502"))
 	w.ReportRequest(nil)
 	w.ReportRequest(errors.New("HTTP 502"))
-	wantHealth(t, w, scheduler.HealthOK)
+	wantHealth(t, w, snapshot.HealthOK)
 	if got := w.State().ConsecutiveFailures; got != 1 {
 		t.Errorf("consecutive failures = %d, want 1", got)
 	}
@@ -128,7 +130,7 @@ func TestWorker_LoadingThenReady(t *testing.T) {
 	srv := serve(t, fs)
 	w := h.add(t, WorkerConfig{Name: "a", URL: srv.URL, Kind: KindLlamaCPP, Models: []string{"cfg-model"}})
 
-	wantHealth(t, w, scheduler.HealthLoading)
+	wantHealth(t, w, snapshot.HealthLoading)
 	if r := w.Snapshot().HealthReason; !strings.Contains(r, "Loading model") {
 		t.Errorf("reason = %q, want the server's words", r)
 	}
@@ -142,11 +144,11 @@ func TestWorker_LoadingThenReady(t *testing.T) {
 	for range 5 {
 		h.scrape(t, "a")
 	}
-	wantHealth(t, w, scheduler.HealthLoading)
+	wantHealth(t, w, snapshot.HealthLoading)
 
 	fs.set("/health", 200, testdata(t, "llamacpp_health_ok.json"))
 	h.scrape(t, "a")
-	wantHealth(t, w, scheduler.HealthOK)
+	wantHealth(t, w, snapshot.HealthOK)
 	if diff := cmp.Diff([]string{"llama-3.1-8b-instruct"}, w.Snapshot().Models); diff != "" {
 		t.Errorf("models not read on becoming ready (-want +got):\n%s", diff)
 	}
@@ -221,7 +223,7 @@ func TestWorker_MalformedMetricsGoStaleHealthStaysOK(t *testing.T) {
 		h.clock.Advance(time.Second)
 		h.scrape(t, "a")
 	}
-	wantHealth(t, w, scheduler.HealthOK)
+	wantHealth(t, w, snapshot.HealthOK)
 	s := w.Snapshot()
 	if !s.KVPressure.At.Equal(goodAt) || s.KVPressure.Value != 0.421875 {
 		t.Errorf("KV = %+v, want the old reading from %v", s.KVPressure, goodAt)
@@ -242,7 +244,7 @@ func TestWorker_MalformedMetricsGoStaleHealthStaysOK(t *testing.T) {
 	h.clock.Advance(time.Second)
 	h.scrape(t, "a")
 	s = w.Snapshot()
-	if got, want := s.KVPressure, (scheduler.Reading{Value: 0.9, Source: "llamacpp /metrics llamacpp:kv_cache_usage_ratio", At: h.clock.Now()}); !cmp.Equal(got, want) {
+	if got, want := s.KVPressure, (snapshot.Reading{Value: 0.9, Source: "llamacpp /metrics llamacpp:kv_cache_usage_ratio", At: h.clock.Now()}); !cmp.Equal(got, want) {
 		t.Errorf("KV = %+v, want %+v", got, want)
 	}
 	if !s.QueueLen.At.Equal(goodAt) {
@@ -272,15 +274,15 @@ func TestWorker_VLLMByModel(t *testing.T) {
 	w := h.add(t, WorkerConfig{Name: "v", URL: srv.URL, Kind: KindVLLM, Models: []string{"Qwen/Qwen2.5-7B-Instruct"}})
 
 	at := h.clock.Now()
-	want := &scheduler.Snapshot{
-		Health: scheduler.HealthOK,
+	want := &snapshot.Snapshot{
+		Health: snapshot.HealthOK,
 		Models: []string{"meta-llama/Llama-3.1-8B-Instruct", "sql-lora"},
 		// /v1/models max_model_len.
 		ContextTokens: 131072,
-		QueueLen:      scheduler.Reading{Value: 0, Source: "vllm /metrics vllm:num_requests_waiting", At: at},
-		KVPressure:    scheduler.Reading{Value: 0.125, Source: "vllm /metrics vllm:kv_cache_usage_perc", At: at},
+		QueueLen:      snapshot.Reading{Value: 0, Source: "vllm /metrics vllm:num_requests_waiting", At: at},
+		KVPressure:    snapshot.Reading{Value: 0.125, Source: "vllm /metrics vllm:kv_cache_usage_perc", At: at},
 		// The adapter card (parent set) is an adapter too.
-		Adapters: []scheduler.AdapterInfo{{Name: "sql-lora", Base: "meta-llama/Llama-3.1-8B-Instruct", Source: "vllm /v1/models"}},
+		Adapters: []lora.Info{{Name: "sql-lora", Base: "meta-llama/Llama-3.1-8B-Instruct", Source: "vllm /v1/models"}},
 	}
 	if diff := cmp.Diff(want, w.Snapshot()); diff != "" {
 		t.Errorf("snapshot mismatch (-want +got):\n%s", diff)
@@ -300,7 +302,7 @@ func TestWorker_OpenAIModelsOnly(t *testing.T) {
 	srv := serve(t, fs)
 	w := h.add(t, WorkerConfig{Name: "o", URL: srv.URL + "/", Kind: KindOpenAI})
 
-	want := &scheduler.Snapshot{Health: scheduler.HealthOK, Models: []string{"gpt-4o-mini", "text-embedding-3-small"}}
+	want := &snapshot.Snapshot{Health: snapshot.HealthOK, Models: []string{"gpt-4o-mini", "text-embedding-3-small"}}
 	if diff := cmp.Diff(want, w.Snapshot()); diff != "" {
 		t.Errorf("snapshot mismatch (-want +got):\n%s", diff)
 	}
@@ -309,7 +311,7 @@ func TestWorker_OpenAIModelsOnly(t *testing.T) {
 	}
 	fs.set("/v1/models", 401, `{"error":{"message":"bad key"}}`)
 	h.scrape(t, "o")
-	wantHealth(t, w, scheduler.HealthDown)
+	wantHealth(t, w, snapshot.HealthDown)
 	if r := w.Snapshot().HealthReason; !strings.Contains(r, "HTTP 401") {
 		t.Errorf("reason = %q", r)
 	}
@@ -329,7 +331,7 @@ func TestWorker_DCGMSelectsGPU(t *testing.T) {
 	wAny := h.add(t, WorkerConfig{Name: "ambiguous", URL: srv.URL, Kind: KindLlamaCPP, GPUMetrics: gsrv.URL + "/metrics"})
 
 	at := h.clock.Now()
-	if diff := cmp.Diff(scheduler.Reading{Value: 0.12, Source: `dcgm /metrics DCGM_FI_DEV_GPU_UTIL{gpu="1"}`, At: at}, w1.Snapshot().GPUUtil); diff != "" {
+	if diff := cmp.Diff(snapshot.Reading{Value: 0.12, Source: `dcgm /metrics DCGM_FI_DEV_GPU_UTIL{gpu="1"}`, At: at}, w1.Snapshot().GPUUtil); diff != "" {
 		t.Errorf("gpu1 (-want +got):\n%s", diff)
 	}
 	if got, want := w0.Snapshot().GPUUtil.Value, 0.93; got != want {
@@ -341,7 +343,7 @@ func TestWorker_DCGMSelectsGPU(t *testing.T) {
 	if e := wAny.State().GPUError; !strings.Contains(e, "matches 2 GPUs") {
 		t.Errorf("GPUError = %q", e)
 	}
-	wantHealth(t, wAny, scheduler.HealthOK)
+	wantHealth(t, wAny, snapshot.HealthOK)
 }
 
 func TestFleet_AddRemoveList(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // A hung worker stalls only its own scraper: while its first probe is
@@ -46,10 +46,10 @@ func TestFleet_HungWorkerDoesNotDelayOthers(t *testing.T) {
 		t.Fatalf("hung worker finished %d rounds, want 0 (it is hung)", got)
 	}
 	// Its snapshot is still there without waiting.
-	if got := wh.Snapshot().Health; got != scheduler.HealthUnknown {
+	if got := wh.Snapshot().Health; got != snapshot.HealthUnknown {
 		t.Errorf("hung worker health = %v, want unknown", got)
 	}
-	if got := f.Get("fine").Snapshot().Health; got != scheduler.HealthOK {
+	if got := f.Get("fine").Snapshot().Health; got != snapshot.HealthOK {
 		t.Errorf("fine worker health = %v, want ok", got)
 	}
 }
@@ -79,7 +79,7 @@ func TestFleet_HungProbeTimesOutAndEjects(t *testing.T) {
 		t.Fatal("no health change within 10s")
 	}
 	s := w.Snapshot()
-	if s.Health != scheduler.HealthDown || !strings.Contains(s.HealthReason, "deadline exceeded") {
+	if s.Health != snapshot.HealthDown || !strings.Contains(s.HealthReason, "deadline exceeded") {
 		t.Fatalf("snapshot = %v %q, want down on a deadline", s.Health, s.HealthReason)
 	}
 	// Remove returns promptly even though the server still hangs.
@@ -148,13 +148,13 @@ func TestFleet_LoopTiming(t *testing.T) {
 			t.Errorf("hung worker probed %d times in 10.5s, want %d", got, want)
 		}
 		st := wh.State()
-		if st.Health != scheduler.HealthDown || st.ConsecutiveFailures != 3 {
+		if st.Health != snapshot.HealthDown || st.ConsecutiveFailures != 3 {
 			t.Errorf("hung worker: health %v after %d failures, want down after 3", st.Health, st.ConsecutiveFailures)
 		}
 		if got, want := st.LastScrape.Sub(start), 9*time.Second; got != want {
 			t.Errorf("hung worker's last round started at +%v, want +%v", got, want)
 		}
-		if got := wf.Snapshot().Health; got != scheduler.HealthOK {
+		if got := wf.Snapshot().Health; got != snapshot.HealthOK {
 			t.Errorf("fine worker health = %v", got)
 		}
 		f.Close()

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/telemetry"
 )
 
@@ -26,18 +26,18 @@ import (
 // build without the endpoint answers 404, which is taken as no adapter.
 
 // adaptersFromCards are the adapter entries of a vLLM model list.
-func adaptersFromCards(cards []telemetry.ModelCard) []scheduler.AdapterInfo {
-	var out []scheduler.AdapterInfo
+func adaptersFromCards(cards []telemetry.ModelCard) []lora.Info {
+	var out []lora.Info
 	for _, c := range cards {
 		if c.Parent != "" {
-			out = append(out, scheduler.AdapterInfo{Name: c.ID, Base: c.Parent, Source: "vllm /v1/models"})
+			out = append(out, lora.Info{Name: c.ID, Base: c.Parent, Source: "vllm /v1/models"})
 		}
 	}
 	return out
 }
 
 // setAdapters publishes the adapters the worker reports, when they changed.
-func (w *Worker) setAdapters(as []scheduler.AdapterInfo) {
+func (w *Worker) setAdapters(as []lora.Info) {
 	w.mu.Lock()
 	changed := w.setAdaptersLocked(as)
 	if changed {
@@ -51,7 +51,7 @@ func (w *Worker) setAdapters(as []scheduler.AdapterInfo) {
 
 // setAdaptersLocked records the adapters the worker reports and says
 // whether they changed; the caller publishes.
-func (w *Worker) setAdaptersLocked(as []scheduler.AdapterInfo) bool {
+func (w *Worker) setAdaptersLocked(as []lora.Info) bool {
 	if slices.Equal(w.st.adapters, as) {
 		return false
 	}
@@ -61,7 +61,7 @@ func (w *Worker) setAdaptersLocked(as []scheduler.AdapterInfo) bool {
 
 // logAdapters logs a change of the worker's adapters and wakes the
 // scheduler.
-func (w *Worker) logAdapters(as []scheduler.AdapterInfo) {
+func (w *Worker) logAdapters(as []lora.Info) {
 	names := make([]string, len(as))
 	for i, a := range as {
 		names[i] = a.Name
@@ -94,13 +94,13 @@ func (w *Worker) scrapeLoRA(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	var out []scheduler.AdapterInfo
+	var out []lora.Info
 	for _, a := range as {
 		name, ok := w.cfg.AdapterPaths[a.Path]
 		if !ok {
 			name = a.Name()
 		}
-		out = append(out, scheduler.AdapterInfo{Name: name, Source: fmt.Sprintf("llamacpp /lora-adapters id %d scale %g", a.ID, a.Scale)})
+		out = append(out, lora.Info{Name: name, Source: fmt.Sprintf("llamacpp /lora-adapters id %d scale %g", a.ID, a.Scale)})
 	}
 	w.setAdapters(out)
 }
@@ -111,7 +111,7 @@ func (w *Worker) scrapeLoRA(ctx context.Context) {
 // adapter is loaded already is a success. On success the worker's
 // snapshot lists the adapter at once, before the next scrape confirms it.
 // already says the worker held it before (the snapshot was behind).
-func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) (already bool, err error) {
+func (w *Worker) LoadAdapter(ctx context.Context, a lora.Spec) (already bool, err error) {
 	if w.cfg.Kind != KindVLLM {
 		return false, fmt.Errorf("worker %s: kind %s cannot load LoRA adapters at run time (vllm can)", w.cfg.Name, w.cfg.Kind)
 	}
@@ -137,12 +137,12 @@ func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) (alre
 		return false, fmt.Errorf("POST %s: HTTP %d: %s", url, resp.StatusCode, snippet(msg))
 	}
 	w.mu.Lock()
-	loaded := scheduler.AdapterInfo{Name: a.Name, Base: a.Base, Source: "loaded by Sluice"}
+	loaded := lora.Info{Name: a.Name, Base: a.Base, Source: "loaded by Sluice"}
 	if w.st.loadedAt == nil {
 		w.st.loadedAt = map[string]loadedAdapter{}
 	}
 	w.st.loadedAt[a.Name] = loadedAdapter{info: loaded, at: time.Now()}
-	if !slices.ContainsFunc(w.st.adapters, func(x scheduler.AdapterInfo) bool { return x.Name == a.Name }) {
+	if !slices.ContainsFunc(w.st.adapters, func(x lora.Info) bool { return x.Name == a.Name }) {
 		w.st.adapters = append(slices.Clip(w.st.adapters), loaded)
 	}
 	if w.st.Models != nil && !slices.Contains(w.st.Models, a.Name) {
@@ -158,7 +158,7 @@ func (w *Worker) LoadAdapter(ctx context.Context, a scheduler.AdapterSpec) (alre
 // loadedAdapter is an adapter Sluice loaded on the worker, and when the
 // load was answered.
 type loadedAdapter struct {
-	info scheduler.AdapterInfo
+	info lora.Info
 	at   time.Time
 }
 
@@ -169,7 +169,7 @@ type loadedAdapter struct {
 // scheduler to load it on another worker beyond max_replicas. A list
 // read after a load is the worker's word: the load is forgotten, and an
 // adapter the list lacks then (the worker restarted) is not held.
-func (w *Worker) withRecentLoads(started time.Time, ids []string, adapters []scheduler.AdapterInfo) ([]string, []scheduler.AdapterInfo) {
+func (w *Worker) withRecentLoads(started time.Time, ids []string, adapters []lora.Info) ([]string, []lora.Info) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for name, l := range w.st.loadedAt {
@@ -180,7 +180,7 @@ func (w *Worker) withRecentLoads(started time.Time, ids []string, adapters []sch
 		if !slices.Contains(ids, name) {
 			ids = append(ids, name)
 		}
-		if !slices.ContainsFunc(adapters, func(x scheduler.AdapterInfo) bool { return x.Name == name }) {
+		if !slices.ContainsFunc(adapters, func(x lora.Info) bool { return x.Name == name }) {
 			adapters = append(adapters, l.info)
 		}
 	}

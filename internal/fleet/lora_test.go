@@ -8,7 +8,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/sluice-router/sluice/internal/scheduler"
+
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/sim"
 )
 
@@ -19,9 +20,9 @@ func TestWorker_LlamaCPPLoRA(t *testing.T) {
 		name   string
 		status int
 		body   string
-		want   []scheduler.AdapterInfo
+		want   []lora.Info
 	}{
-		{name: "golden", status: 200, body: testdata(t, "llamacpp_lora_adapters.json"), want: []scheduler.AdapterInfo{
+		{name: "golden", status: 200, body: testdata(t, "llamacpp_lora_adapters.json"), want: []lora.Info{
 			{Name: "sql", Source: "llamacpp /lora-adapters id 0 scale 1"},
 			{Name: "chat-lora", Source: "llamacpp /lora-adapters id 1 scale 0"},
 		}},
@@ -60,7 +61,7 @@ func TestWorker_LoadAdapter(t *testing.T) {
 	h := newHarness(t, Options{})
 	w := h.add(t, WorkerConfig{Name: "v", URL: hs.URL, Kind: KindVLLM})
 	ctx := context.Background()
-	a := scheduler.AdapterSpec{Name: "sql", Base: srv.Params().Model, Path: "/a/sql"}
+	a := lora.Spec{Name: "sql", Base: srv.Params().Model, Path: "/a/sql"}
 	if already, err := w.LoadAdapter(ctx, a); err != nil || already {
 		t.Fatal(already, err)
 	}
@@ -75,7 +76,7 @@ func TestWorker_LoadAdapter(t *testing.T) {
 	if got := w.Snapshot().Adapters; len(got) != 1 || got[0].Name != "sql" || got[0].Source != "vllm /v1/models" {
 		t.Errorf("adapters after a scrape: %+v, want sql from /v1/models", got)
 	}
-	if _, err := w.LoadAdapter(ctx, scheduler.AdapterSpec{Name: "x"}); err == nil || !strings.Contains(err.Error(), "HTTP 400") {
+	if _, err := w.LoadAdapter(ctx, lora.Spec{Name: "x"}); err == nil || !strings.Contains(err.Error(), "HTTP 400") {
 		t.Errorf("load without a path: %v, want vLLM's 400", err)
 	}
 	l := h.add(t, WorkerConfig{Name: "l", URL: hs.URL, Kind: KindLlamaCPP})

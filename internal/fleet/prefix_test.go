@@ -13,7 +13,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/prefix"
 	"github.com/sluice-router/sluice/internal/prefix/prefixtest"
-	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // slotsBody is a /slots answer in the shape of a current llama-server run
@@ -114,7 +114,7 @@ func TestWorker_LlamaCPPSlotsReport(t *testing.T) {
 	h.clock.Advance(time.Second)
 	h.scrape(t, "a")
 	st := w.State()
-	if st.CacheReport == nil || !st.CacheReport.At.Equal(at) || !strings.Contains(st.SlotsError, "501") || st.Health != scheduler.HealthOK {
+	if st.CacheReport == nil || !st.CacheReport.At.Equal(at) || !strings.Contains(st.SlotsError, "501") || st.Health != snapshot.HealthOK {
 		t.Errorf("after a 501: report %+v (want the one of %v), slots error %q, health %v", st.CacheReport, at, st.SlotsError, st.Health)
 	}
 }
@@ -159,7 +159,7 @@ func TestWorker_VLLMPrefixCache(t *testing.T) {
 	h.clock.Advance(time.Second)
 	h.scrape(t, "v")
 	got := w.Snapshot().PrefixHitRate
-	want := scheduler.Reading{Value: 0.6, Source: "vllm /metrics vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total", At: h.clock.Now()}
+	want := snapshot.Reading{Value: 0.6, Source: "vllm /metrics vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total", At: h.clock.Now()}
 	if got != want {
 		t.Errorf("PrefixHitRate = %+v, want %+v", got, want)
 	}

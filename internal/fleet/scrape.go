@@ -11,7 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/lora"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/telemetry"
 )
 
@@ -80,7 +81,7 @@ func (w *Worker) scrape(ctx context.Context) {
 	now := w.opts.Now()
 	w.mu.Lock()
 	w.st.LastScrape = now
-	wasOK := w.st.Health == scheduler.HealthOK
+	wasOK := w.st.Health == snapshot.HealthOK
 	w.mu.Unlock()
 
 	var err error
@@ -205,9 +206,9 @@ func (w *Worker) scrapeMetrics(ctx context.Context, now time.Time, path string, 
 }
 
 // update replaces r with v when v is present.
-func update(r *scheduler.Reading, v telemetry.Value, src string, now time.Time) {
+func update(r *snapshot.Reading, v telemetry.Value, src string, now time.Time) {
 	if v.Present {
-		*r = scheduler.Reading{Value: v.V, Source: src + v.Metric, At: now}
+		*r = snapshot.Reading{Value: v.V, Source: src + v.Metric, At: now}
 	}
 }
 
@@ -278,7 +279,7 @@ func (w *Worker) setModelsLocked(now time.Time, models []string) bool {
 }
 
 // setModelsAndAdapters is setModels and setAdapters in one snapshot.
-func (w *Worker) setModelsAndAdapters(now time.Time, models []string, as []scheduler.AdapterInfo) {
+func (w *Worker) setModelsAndAdapters(now time.Time, models []string, as []lora.Info) {
 	w.mu.Lock()
 	mc := w.setModelsLocked(now, models)
 	ac := w.setAdaptersLocked(as)
@@ -312,7 +313,7 @@ func (w *Worker) scrapeGPU(ctx context.Context, now time.Time) {
 		if len(sel) > 0 {
 			src += sel.String()
 		}
-		w.st.GPUUtil = scheduler.Reading{Value: g.Util.V, Source: src, At: now}
+		w.st.GPUUtil = snapshot.Reading{Value: g.Util.V, Source: src, At: now}
 	}
 	w.publishLocked()
 	w.mu.Unlock()

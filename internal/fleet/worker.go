@@ -10,7 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/lora"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/telemetry"
 )
 
@@ -34,7 +35,7 @@ type Worker struct {
 	log  *slog.Logger
 	base string
 
-	snap atomic.Pointer[scheduler.Snapshot]
+	snap atomic.Pointer[snapshot.Snapshot]
 
 	// round serialises probe rounds (the scraper's and ScrapeNow's).
 	round sync.Mutex
@@ -71,7 +72,7 @@ type workerState struct {
 	kvCells float64
 
 	// adapters are the LoRA adapters the worker reports (lora.go).
-	adapters []scheduler.AdapterInfo
+	adapters []lora.Info
 	// loadedAt are the adapters Sluice loaded, until a model list read
 	// after the load confirms or denies them (withRecentLoads).
 	loadedAt map[string]loadedAdapter
@@ -93,7 +94,7 @@ func newWorker(cfg WorkerConfig, opts *Options) *Worker {
 
 // Snapshot returns the worker's latest snapshot. It never blocks and
 // never returns nil; the snapshot must not be modified.
-func (w *Worker) Snapshot() *scheduler.Snapshot { return w.snap.Load() }
+func (w *Worker) Snapshot() *snapshot.Snapshot { return w.snap.Load() }
 
 // Config returns the worker's configuration (a copy).
 func (w *Worker) Config() WorkerConfig { return w.cfg.clone() }
@@ -138,19 +139,19 @@ func (w *Worker) observe(o outcome) {
 	switch o.kind {
 	case outcomeLoading:
 		st.ConsecutiveFailures, st.ConsecutivePasses = 0, 0
-		st.Health, st.Reason = scheduler.HealthLoading, o.reason
+		st.Health, st.Reason = snapshot.HealthLoading, o.reason
 	case outcomePass:
 		st.ConsecutiveFailures = 0
 		st.ConsecutivePasses++
-		if st.Health != scheduler.HealthDown || st.ConsecutivePasses >= w.opts.RiseThreshold {
-			st.Health, st.Reason = scheduler.HealthOK, ""
+		if st.Health != snapshot.HealthDown || st.ConsecutivePasses >= w.opts.RiseThreshold {
+			st.Health, st.Reason = snapshot.HealthOK, ""
 		}
 	case outcomeFail:
 		st.ConsecutivePasses = 0
 		st.ConsecutiveFailures++
 		st.Reason = o.reason
 		if st.ConsecutiveFailures >= w.opts.FailThreshold {
-			st.Health = scheduler.HealthDown
+			st.Health = snapshot.HealthDown
 		}
 	}
 	after, fails := st.Health, st.ConsecutiveFailures
@@ -165,7 +166,7 @@ func (w *Worker) observe(o outcome) {
 		return
 	}
 	level := slog.LevelInfo
-	if after == scheduler.HealthDown {
+	if after == snapshot.HealthDown {
 		level = slog.LevelWarn
 	}
 	w.log.Log(context.Background(), level, "worker health changed",
@@ -183,9 +184,9 @@ func (w *Worker) notify() {
 // publishLocked builds and stores a new snapshot; w.mu must be held.
 func (w *Worker) publishLocked() { w.snap.Store(w.buildLocked()) }
 
-func (w *Worker) buildLocked() *scheduler.Snapshot {
+func (w *Worker) buildLocked() *snapshot.Snapshot {
 	st := &w.st
-	return &scheduler.Snapshot{
+	return &snapshot.Snapshot{
 		Health:        st.Health,
 		HealthReason:  st.Reason,
 		Models:        slices.Clone(st.Models),
@@ -239,7 +240,7 @@ type State struct {
 // probed is what the probes and request reports found of a worker: kept
 // under the Worker's mutex (workerState) and reported as it is (State).
 type probed struct {
-	Health scheduler.Health `json:"health"`
+	Health snapshot.Health `json:"health"`
 	// Reason says why the worker is not OK (last failure, loading).
 	Reason string `json:"reason,omitempty"`
 	// ConsecutiveFailures and ConsecutivePasses are the health counters.
@@ -266,20 +267,20 @@ type probed struct {
 	// The readings, with their sources and times. Running is not part of
 	// the scheduler's snapshot (Sluice counts its own in-flight requests)
 	// but shows what the worker itself says.
-	QueueLen   scheduler.Reading `json:"queue_len"`
-	Running    scheduler.Reading `json:"running"`
-	KVPressure scheduler.Reading `json:"kv_pressure"`
-	GPUUtil    scheduler.Reading `json:"gpu_util"`
+	QueueLen   snapshot.Reading `json:"queue_len"`
+	Running    snapshot.Reading `json:"running"`
+	KVPressure snapshot.Reading `json:"kv_pressure"`
+	GPUUtil    snapshot.Reading `json:"gpu_util"`
 	// KVCacheTokens is the KV cache size the worker reports (it sizes the
 	// router's prefix index); 0 when unknown.
 	KVCacheTokens int `json:"kv_cache_tokens,omitempty"`
 	// PrefixHitRate is the share of prompt tokens the worker found in its
 	// own prefix cache between its last two scrapes (vLLM).
-	PrefixHitRate scheduler.Reading `json:"prefix_hit_rate,omitzero"`
+	PrefixHitRate snapshot.Reading `json:"prefix_hit_rate,omitzero"`
 	// CacheReport summarises what the worker says its slots hold
 	// (llama.cpp /slots with prompts, as block hashes); nil when it says
 	// nothing.
-	CacheReport *scheduler.CacheReport `json:"cache_report,omitempty"`
+	CacheReport *snapshot.CacheReport `json:"cache_report,omitempty"`
 }
 
 // State returns the worker's current condition.
@@ -291,7 +292,7 @@ func (w *Worker) State() State {
 	s.Models = slices.Clone(s.Models)
 	for _, r := range []struct {
 		name string
-		r    scheduler.Reading
+		r    snapshot.Reading
 	}{{"queue_len", s.QueueLen}, {"running", s.Running}, {"kv_pressure", s.KVPressure}, {"gpu_util", s.GPUUtil}} {
 		if r.r.Known() && now.Sub(r.r.At) > w.opts.StaleAfter {
 			s.Stale = append(s.Stale, r.name)

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
 )
 
 // FuzzParseMessages checks the Messages body parser on any bytes: it

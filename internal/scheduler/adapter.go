@@ -21,19 +21,14 @@ import (
 // first. A failed load is forgotten, and Admit places the request again
 // elsewhere.
 
-// The LoRA adapter types are package lora's.
+// The LoRA adapter types are package lora's; every other package names
+// them there, the scheduler's files by these shorter names.
 type (
 	AdapterSpec   = lora.Spec   // an adapter the configuration names
 	AdapterInfo   = lora.Info   // an adapter a worker reports holding
 	AdapterLoader = lora.Loader // loads an adapter on a worker
 	AdapterConfig = lora.Config // configures adapters (Config.Adapters)
 	AdapterState  = lora.State  // an adapter a worker holds, in WorkerState
-)
-
-// Defaults of AdapterConfig.
-const (
-	DefaultAdapterReplicas    = lora.DefaultReplicas
-	DefaultAdapterLoadTimeout = lora.DefaultLoadTimeout
 )
 
 // ErrAdapterLoad: the request's adapter could be loaded on no worker.

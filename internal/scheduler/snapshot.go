@@ -2,8 +2,8 @@ package scheduler
 
 import "github.com/sluice-router/sluice/internal/snapshot"
 
-// A worker's health and telemetry are package snapshot's; the scheduler
-// names them too, for the packages that read them through it.
+// A worker's health and telemetry are package snapshot's; every other
+// package names them there, the scheduler's files by these names.
 type (
 	Health      = snapshot.Health
 	Reading     = snapshot.Reading

@@ -20,8 +20,8 @@ import (
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/discovery"
 	"github.com/sluice-router/sluice/internal/discovery/discoverytest"
-	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // removalDrain is proxy.drain_deadline in the removal tests: what the
@@ -359,7 +359,7 @@ func TestContinuation_DrainBeforeTheAnswerPlacesTheRequestAgain(t *testing.T) {
 		t.Errorf("served by %s, the drained worker", read.worker)
 	}
 	for _, w := range r.srv.Scheduler().Workers() {
-		if w.Health != scheduler.HealthOK {
+		if w.Health != snapshot.HealthOK {
 			t.Errorf("%s is %v after the drain, want healthy: a drain is no failure", w.Name, w.Health)
 		}
 	}

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/config"
-	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // simWorker is a simulated worker on loopback that a test can kill (its
@@ -426,7 +426,7 @@ func TestContinuation_DrainDeadlineMovesStreams(t *testing.T) {
 	if !ok || c.Reason != "drain" || c.From != "w0" || c.Outcome != "ok" {
 		t.Fatalf("continuation %+v, want from w0 for drain, ok", c)
 	}
-	if ws := workerState(t, r.srv, "w0"); !ws.Draining || ws.Health == scheduler.HealthDown {
+	if ws := workerState(t, r.srv, "w0"); !ws.Draining || ws.Health == snapshot.HealthDown {
 		t.Fatalf("w0 after its drain: %+v, want draining and not blamed", ws)
 	}
 	idle(t, r)

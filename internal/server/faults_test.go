@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // Each test here starts workers that misbehave in one way and checks the
@@ -171,7 +172,7 @@ func TestFault_MalformedAnswersAreRelayedAsTheyAre(t *testing.T) {
 					t.Fatalf("status %d body %q, want the worker's bytes %q", resp.StatusCode, got, tc.body)
 				}
 			}
-			if ws := workerState(t, r.srv, "w1"); ws.Health != scheduler.HealthOK || ws.Active != 0 {
+			if ws := workerState(t, r.srv, "w1"); ws.Health != snapshot.HealthOK || ws.Active != 0 {
 				t.Fatalf("worker after malformed answers: %+v", ws)
 			}
 		})
@@ -285,7 +286,7 @@ func TestFault_FlappingWorkerIsEjectedAndReadmitted(t *testing.T) {
 		c.Policy = "round-robin"
 		c.Telemetry.FailThreshold = 2
 	}))
-	for i := 0; workerState(t, r.srv, "w1").Health != scheduler.HealthDown; i++ {
+	for i := 0; workerState(t, r.srv, "w1").Health != snapshot.HealthDown; i++ {
 		if i == 20 {
 			t.Fatal("the failing worker was not ejected after 20 requests")
 		}
@@ -307,7 +308,7 @@ func TestFault_FlappingWorkerIsEjectedAndReadmitted(t *testing.T) {
 	for range 2 {
 		r.srv.ScrapeNow(context.Background())
 	}
-	if h := workerState(t, r.srv, "w1").Health; h != scheduler.HealthOK {
+	if h := workerState(t, r.srv, "w1").Health; h != snapshot.HealthOK {
 		t.Fatalf("after two passing probes w1 is %v, want ok", h)
 	}
 	r.srv.Scheduler().SetDraining("w2", true)
@@ -340,7 +341,7 @@ func TestFault_GarbageMetricsLeaveTheWorkerRoutable(t *testing.T) {
 	if fs.MetricsError == "" || fs.QueueLen.Known() {
 		t.Fatalf("garbage metrics were believed: error %q, queue reading %+v", fs.MetricsError, fs.QueueLen)
 	}
-	if fs.Health != scheduler.HealthOK {
+	if fs.Health != snapshot.HealthOK {
 		t.Fatalf("garbage metrics made the worker %v, want ok (telemetry is not health)", fs.Health)
 	}
 	resp := post(t, context.Background(), r.url, chat("m", true))
@@ -413,7 +414,7 @@ func TestFault_ClientClosingAtDoneIsASuccess(t *testing.T) {
 			if want := tc.status == "200"; learned != want {
 				t.Fatalf("learned from the stream: %v, want %v (ttft n=%d, decode n=%d, levels %d)", learned, want, st.TTFTMs.N, st.DecodeTPS.N, st.Levels.Len())
 			}
-			if ws := workerState(t, r.srv, "w1"); ws.Active != 0 || ws.Health == scheduler.HealthDown {
+			if ws := workerState(t, r.srv, "w1"); ws.Active != 0 || ws.Health == snapshot.HealthDown {
 				t.Fatalf("worker after the client left: %+v", ws)
 			}
 		})
@@ -490,7 +491,7 @@ func TestFault_StaleKeepAliveIsResentOnAFreshConnection(t *testing.T) {
 	if f := fams["sluice_retries_total"]; f != nil {
 		t.Errorf("sluice_retries_total present: %v; a resend to the same worker is no retry elsewhere", f.GetMetric())
 	}
-	if fs := r.srv.fleet.Get("w1").State(); fs.ConsecutiveFailures != 0 || fs.Health != scheduler.HealthOK {
+	if fs := r.srv.fleet.Get("w1").State(); fs.ConsecutiveFailures != 0 || fs.Health != snapshot.HealthOK {
 		t.Errorf("worker health after stale connections: %v with %d failures (%s)", fs.Health, fs.ConsecutiveFailures, fs.Reason)
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/kvevents"
 	"github.com/sluice-router/sluice/internal/proxy"
-	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // kvEvents follows the KV-cache events of every worker configured with
@@ -87,15 +87,15 @@ func (ks *kvSub) stop() {
 // a reset), so its subscriber connects again, which starts the index
 // over; when it was the same process, the replay from its buffer rebuilds
 // the index.
-func (k *kvEvents) health(name string, h scheduler.Health) {
+func (k *kvEvents) health(name string, h snapshot.Health) {
 	k.mu.Lock()
 	ks := k.subs[name]
 	again := false
 	if ks != nil {
 		switch h {
-		case scheduler.HealthDown, scheduler.HealthLoading:
+		case snapshot.HealthDown, snapshot.HealthLoading:
 			ks.down = true
-		case scheduler.HealthOK:
+		case snapshot.HealthOK:
 			again, ks.down = ks.down, false
 		}
 	}
@@ -194,7 +194,7 @@ func (s *Server) kvBlocks(ctx context.Context, model string, in proxy.TokenizeIn
 			continue
 		}
 		snap := fw.Snapshot()
-		if snap == nil || snap.Health != scheduler.HealthOK || !slices.Contains(snap.Models, model) {
+		if snap == nil || snap.Health != snapshot.HealthOK || !slices.Contains(snap.Models, model) {
 			continue
 		}
 		if st, ok := k.index.Stats(n); ok && st.BlockSize > 0 {

@@ -19,8 +19,8 @@ import (
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/kvevents"
 	"github.com/sluice-router/sluice/internal/proxy"
-	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // kvWorker is a simulated worker publishing KV-cache events on loopback.
@@ -291,9 +291,9 @@ func TestKVEvents_WorkerBackFromDownConnectsAgain(t *testing.T) {
 	if v := k.view("w"); v.State != "synced" || v.Connects != 1 {
 		t.Fatalf("view %+v, want synced after one connection", v)
 	}
-	k.health("w", scheduler.HealthOK) // ok all along: nothing to do
-	k.health("w", scheduler.HealthDown)
-	k.health("w", scheduler.HealthOK)
+	k.health("w", snapshot.HealthOK) // ok all along: nothing to do
+	k.health("w", snapshot.HealthDown)
+	k.health("w", snapshot.HealthOK)
 	if err := k.index.Wait(ctx, "w", func(s kvevents.Stats) bool { return s.Seq < 0 }); err != nil {
 		t.Fatalf("the index was not started over: %v", err)
 	}

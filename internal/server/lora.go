@@ -9,7 +9,9 @@ import (
 
 	"github.com/sluice-router/sluice/internal/config"
 	"github.com/sluice-router/sluice/internal/fleet"
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // loraLoader is the scheduler's AdapterLoader: it loads an adapter on a
@@ -40,7 +42,7 @@ func (l *loraLoader) collectors() []prometheus.Collector {
 }
 
 // LoadAdapter implements scheduler.AdapterLoader.
-func (l *loraLoader) LoadAdapter(ctx context.Context, worker string, a scheduler.AdapterSpec) error {
+func (l *loraLoader) LoadAdapter(ctx context.Context, worker string, a lora.Spec) error {
 	fw := l.s.fleet.Get(worker)
 	if fw == nil {
 		return fmt.Errorf("worker %s is gone", worker)
@@ -74,7 +76,7 @@ func (l *loraLoader) forget(worker string) {
 }
 
 // adapterConfig is the scheduler's LoRA configuration.
-func (s *Server) adapterConfig(cfg config.Config) scheduler.AdapterConfig {
+func (s *Server) adapterConfig(cfg config.Config) lora.Config {
 	ac := cfg.LoRA.Scheduler()
 	ac.Loader = s.lora
 	return ac
@@ -89,7 +91,7 @@ func (s *Server) fleetConfig(w config.Worker, key string) fleet.WorkerConfig {
 
 // workerSpec is w's scheduler entry: a vLLM worker loads adapters at run
 // time (when vLLM allows it; a refusal sends the request elsewhere).
-func workerSpec(w config.Worker, src scheduler.Source) scheduler.WorkerSpec {
+func workerSpec(w config.Worker, src snapshot.Source) scheduler.WorkerSpec {
 	return scheduler.WorkerSpec{Name: w.Name, Models: w.Models, MaxConcurrency: int(w.MaxConcurrency), Source: src,
 		Kind: w.Kind, Unserved: fleet.Unserved(w.Kind), LoadsAdapters: w.Kind == fleet.KindVLLM}
 }

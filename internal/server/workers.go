@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/fleet"
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -17,21 +19,21 @@ import (
 // names those older than telemetry.stale_after and problems what the last
 // probe could not read. The internals are in the detail view.
 type workerSummary struct {
-	Name          string                   `json:"name"`
-	URL           string                   `json:"url"`
-	Kind          string                   `json:"kind"`
-	Health        scheduler.Health         `json:"health"`
-	HealthReason  string                   `json:"health_reason,omitempty"`
-	Draining      bool                     `json:"draining"`
-	Models        []string                 `json:"models"`
-	Adapters      []scheduler.AdapterState `json:"adapters,omitempty"`
-	Active        int                      `json:"active"`
-	OtherReplicas int                      `json:"active_other_replicas,omitempty"`
-	Limit         int                      `json:"limit"`
-	LimitSource   string                   `json:"limit_source"`
-	LimitReason   string                   `json:"limit_reason"`
-	LimitCap      int                      `json:"limit_cap"`
-	LimitMoved    *scheduler.LimitMove     `json:"limit_moved,omitempty"`
+	Name          string               `json:"name"`
+	URL           string               `json:"url"`
+	Kind          string               `json:"kind"`
+	Health        snapshot.Health      `json:"health"`
+	HealthReason  string               `json:"health_reason,omitempty"`
+	Draining      bool                 `json:"draining"`
+	Models        []string             `json:"models"`
+	Adapters      []lora.State         `json:"adapters,omitempty"`
+	Active        int                  `json:"active"`
+	OtherReplicas int                  `json:"active_other_replicas,omitempty"`
+	Limit         int                  `json:"limit"`
+	LimitSource   string               `json:"limit_source"`
+	LimitReason   string               `json:"limit_reason"`
+	LimitCap      int                  `json:"limit_cap"`
+	LimitMoved    *scheduler.LimitMove `json:"limit_moved,omitempty"`
 	// Queued is the requests for the worker's models waiting in Sluice's
 	// queue; WorkerQueue those waiting inside the worker itself.
 	Queued      int      `json:"queued"`
@@ -162,7 +164,7 @@ func tenth(e stats.EMA) *float64 {
 }
 
 // value is a reading's value, nil when it was never read.
-func value(r scheduler.Reading) *float64 {
+func value(r snapshot.Reading) *float64 {
 	if !r.Known() {
 		return nil
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // HTTPConfig runs a Config's scenario for real: a loopback sim fleet, the
@@ -311,7 +312,7 @@ func waitHealthy(ctx context.Context, s *scheduler.Scheduler, ws []config.Worker
 	}
 	ready := func(w scheduler.WorkerState) bool {
 		n := need[w.Name]
-		return w.Health == scheduler.HealthOK && w.Snapshot != nil && w.Snapshot.Slots > 0 &&
+		return w.Health == snapshot.HealthOK && w.Snapshot != nil && w.Snapshot.Slots > 0 &&
 			(!n.gpu || w.Snapshot.GPUUtil.Known()) && (!n.models || len(w.Snapshot.Models) > 0)
 	}
 	tick := time.NewTicker(2 * time.Millisecond)

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-router/sluice/internal/proxy"
 	"github.com/sluice-router/sluice/internal/scheduler"
 	"github.com/sluice-router/sluice/internal/sim"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -153,10 +154,10 @@ func (idleTimer) Stop() bool          { return true }
 // source publishes a worker's latest snapshot; the loop replaces it at
 // every scrape, the scheduler reads it.
 type source struct {
-	p atomic.Pointer[scheduler.Snapshot]
+	p atomic.Pointer[snapshot.Snapshot]
 }
 
-func (s *source) Snapshot() *scheduler.Snapshot { return s.p.Load() }
+func (s *source) Snapshot() *snapshot.Snapshot { return s.p.Load() }
 
 type vworker struct {
 	name    string
@@ -382,7 +383,7 @@ func newRun(cfg Config, items []bench.Item) (*run, error) {
 	// Telemetry before the first scrape: loading, as a fresh router that
 	// has probed once would see it. The first scrape is at t0.
 	for _, vw := range r.workers {
-		vw.src.p.Store(&scheduler.Snapshot{Health: scheduler.HealthLoading, Models: []string{vw.eng.Params().Model}, Slots: vw.eng.Params().Slots})
+		vw.src.p.Store(&snapshot.Snapshot{Health: snapshot.HealthLoading, Models: []string{vw.eng.Params().Model}, Slots: vw.eng.Params().Slots})
 	}
 	var kvIndex scheduler.KVIndex
 	if cfg.KVEvents {
@@ -813,19 +814,19 @@ const (
 	srcGPU   = "dcgm /metrics DCGM_FI_DEV_GPU_UTIL"
 )
 
-func snapshotOf(vw *vworker, m sim.Metrics, now time.Time) *scheduler.Snapshot {
-	h := scheduler.HealthOK
+func snapshotOf(vw *vworker, m sim.Metrics, now time.Time) *snapshot.Snapshot {
+	h := snapshot.HealthOK
 	if !m.Ready {
-		h = scheduler.HealthLoading
+		h = snapshot.HealthLoading
 	}
 	p := vw.eng.Params()
-	return &scheduler.Snapshot{
+	return &snapshot.Snapshot{
 		Health:     h,
 		Models:     []string{p.Model},
 		Slots:      p.Slots,
-		QueueLen:   scheduler.Reading{Value: float64(m.RequestsDeferred), Source: srcQueue, At: now},
-		KVPressure: scheduler.Reading{Value: m.KVCacheUsageRatio, Source: srcKV, At: now},
-		GPUUtil:    scheduler.Reading{Value: m.GPUUtilization, Source: srcGPU, At: now},
+		QueueLen:   snapshot.Reading{Value: float64(m.RequestsDeferred), Source: srcQueue, At: now},
+		KVPressure: snapshot.Reading{Value: m.KVCacheUsageRatio, Source: srcKV, At: now},
+		GPUUtil:    snapshot.Reading{Value: m.GPUUtilization, Source: srcGPU, At: now},
 		// The engine's one KV cache, shared by its slots: what the HTTP
 		// simulator's /slots n_ctx and /metrics tell the fleet (see
 		// fleet's llama.cpp scrape).
