@@ -48,7 +48,7 @@
 //
 // A worker's mutable state (health counters, models, slots, readings) is
 // owned by a mutex inside the Worker. Probes and request reports change it
-// through the same methods; each change builds a new scheduler.Snapshot
+// through the same methods; each change builds a new snapshot.Snapshot
 // under that mutex and publishes it with an atomic.Pointer store, so
 // Worker.Snapshot is one atomic load, never blocks and always returns a
 // complete, immutable snapshot. Nothing is ever written to a published

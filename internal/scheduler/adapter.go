@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/lora"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // LoRA adapters (docs/routing.md, LoRA adapters). A request whose model
@@ -21,23 +22,13 @@ import (
 // first. A failed load is forgotten, and Admit places the request again
 // elsewhere.
 
-// The LoRA adapter types are package lora's; every other package names
-// them there, the scheduler's files by these shorter names.
-type (
-	AdapterSpec   = lora.Spec   // an adapter the configuration names
-	AdapterInfo   = lora.Info   // an adapter a worker reports holding
-	AdapterLoader = lora.Loader // loads an adapter on a worker
-	AdapterConfig = lora.Config // configures adapters (Config.Adapters)
-	AdapterState  = lora.State  // an adapter a worker holds, in WorkerState
-)
-
 // ErrAdapterLoad: the request's adapter could be loaded on no worker.
 var ErrAdapterLoad = errors.New("the LoRA adapter could not be loaded on any worker")
 
 // adapterPick is what a pick knows of the request's adapter: which it is,
 // and how many workers hold it.
 type adapterPick struct {
-	spec     AdapterSpec
+	spec     lora.Spec
 	holders  int // workers holding it or loading it
 	max      int
 	onDemand bool
@@ -57,13 +48,13 @@ func (s *Scheduler) adapterOf(model string) *adapterPick {
 
 // holdsLocked reports whether w holds adapter a, as its telemetry lists
 // it or Sluice loaded it there, or is loading it (lora.Holdings.Holds).
-func (w *worker) holdsLocked(snap *Snapshot, a string) bool {
+func (w *worker) holdsLocked(snap *snapshot.Snapshot, a string) bool {
 	return w.adapters.Holds(a, snap.Adapters)
 }
 
 // servesAdapterLocked reports whether w could ever run a request for ap,
 // so that waiting is not pointless: it holds it, or may load it.
-func (w *worker) servesAdapterLocked(snap *Snapshot, ap *adapterPick) bool {
+func (w *worker) servesAdapterLocked(snap *snapshot.Snapshot, ap *adapterPick) bool {
 	return w.holdsLocked(snap, ap.spec.Name) || (ap.onDemand && w.spec.LoadsAdapters && w.serves(snap, ap.spec.Base))
 }
 
@@ -81,7 +72,7 @@ func (p *pick) resolveAdapter() {
 		if !v.serving {
 			v.serving = v.holds || v.w.serves(v.snap, ap.spec.Base)
 		}
-		if v.snap.Models == nil && v.snap.Health != HealthDown && !v.w.removed {
+		if v.snap.Models == nil && v.snap.Health != snapshot.HealthDown && !v.w.removed {
 			unknown = true
 		}
 	}

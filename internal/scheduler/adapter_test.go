@@ -4,6 +4,9 @@ import (
 	"context"
 	"testing"
 	"testing/synctest"
+
+	"github.com/sluice-router/sluice/internal/lora"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // A load whose lease is released before Ready (bound in the instant its
@@ -13,7 +16,7 @@ import (
 func TestAdapterLoad_ReleasedBeforeReadyIsForgotten(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ld := &loader{}
-		s := newSched(t, Config{MaxQueue: 4, Adapters: AdapterConfig{Adapters: []AdapterSpec{{Name: "sql", Base: "base"}},
+		s := newSched(t, Config{MaxQueue: 4, Adapters: lora.Config{Adapters: []lora.Spec{{Name: "sql", Base: "base"}},
 			LoadOnDemand: true, MaxReplicas: 1, Loader: ld}}, loraFleet("", true)...)
 		tk := s.Submit(Request{Model: "sql"}, nil)
 		first, err := tk.Result()
@@ -65,10 +68,10 @@ func TestAdapterLoad_ReleasedBeforeReadyIsForgotten(t *testing.T) {
 func TestAdapterLoad_ReleasedBeforeReadyPassesToTheNext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ld := &loader{}
-		s := newSched(t, Config{MaxQueue: 4, Adapters: AdapterConfig{Adapters: []AdapterSpec{{Name: "sql", Base: "base"}},
+		s := newSched(t, Config{MaxQueue: 4, Adapters: lora.Config{Adapters: []lora.Spec{{Name: "sql", Base: "base"}},
 			LoadOnDemand: true, MaxReplicas: 1, Loader: ld}},
 			WorkerSpec{Name: "w0", Models: []string{"base"}, MaxConcurrency: 2, LoadsAdapters: true,
-				Source: newSource(Snapshot{Health: HealthOK, Models: []string{"base"}})})
+				Source: newSource(snapshot.Snapshot{Health: snapshot.HealthOK, Models: []string{"base"}})})
 		var leases [2]*Lease
 		for i := range leases {
 			tk := s.Submit(Request{Model: "sql"}, nil)

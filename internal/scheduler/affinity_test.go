@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // queued submits req and checks that it waits.
@@ -134,8 +135,8 @@ func TestAffinity_CachedPrefixRunsOneOverTheLearnedLimit(t *testing.T) {
 func TestAffinity_OneOverBehindAHeadTooLongForTheHolder(t *testing.T) {
 	clk := clocktest.NewManualClock(time.Unix(10000, 0))
 	learned1 := learnedOne(clk.Now())
-	small := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 1000})
-	large := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 32768})
+	small := newSource(snapshot.Snapshot{Models: []string{"m"}, ContextTokens: 1000})
+	large := newSource(snapshot.Snapshot{Models: []string{"m"}, ContextTokens: 32768})
 	s := newSched(t, Config{MaxQueue: 10, Clock: clk, Stats: fakeStats{"small": learned1, "large": learned1},
 		PrefixIndex: prefix.NewIndex(prefix.Options{}), Limits: limit.Config{MinStreamTokS: 50, MinSamples: 3}},
 		WorkerSpec{Name: "small", MaxConcurrency: 4, Source: small},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -40,7 +41,7 @@ func BenchmarkPick(b *testing.B) {
 				}
 				ws := workers(n, limit, "m")
 				for i := range ws {
-					ws[i].Source = newSource(Snapshot{Health: HealthOK, KVPressure: Reading{Value: float64(i%10) / 10, At: time.Now()}})
+					ws[i].Source = newSource(snapshot.Snapshot{Health: snapshot.HealthOK, KVPressure: snapshot.Reading{Value: float64(i%10) / 10, At: time.Now()}})
 					st.Observe(ws[i].Name, stats.Observation{TTFT: time.Duration(100+i) * time.Millisecond, OutputTokens: 100, DecodeTPS: float64(50 + i%7)}, time.Now())
 				}
 				cfg := Config{MaxQueue: 5, Stats: st, NoRecords: !records, Limits: mode.limits}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // Briefs and Gauges are the cheap views of the workers that probes,
@@ -14,14 +15,14 @@ import (
 type WorkerBrief struct {
 	Name     string
 	Models   []string // shared with the scheduler: do not modify
-	Health   Health
+	Health   snapshot.Health
 	Draining bool
 }
 
 // Eligible reports whether the worker may be given new requests: healthy,
 // or not yet probed, and not draining.
 func (b *WorkerBrief) Eligible() bool {
-	return !b.Draining && (b.Health == HealthOK || b.Health == HealthUnknown)
+	return !b.Draining && (b.Health == snapshot.HealthOK || b.Health == snapshot.HealthUnknown)
 }
 
 // Briefs returns every worker's brief in configuration order. It reads
@@ -36,7 +37,7 @@ func (s *Scheduler) Briefs() []WorkerBrief {
 	return out
 }
 
-func (w *worker) briefLocked(snap *Snapshot) WorkerBrief {
+func (w *worker) briefLocked(snap *snapshot.Snapshot) WorkerBrief {
 	return WorkerBrief{Name: w.spec.Name, Models: w.models(snap), Health: snap.Health, Draining: w.draining}
 }
 
@@ -50,7 +51,7 @@ type WorkerGauges struct {
 	Learned       int
 	Cap           int
 	Floor         float64
-	Snapshot      *Snapshot
+	Snapshot      *snapshot.Snapshot
 }
 
 // Gauges returns every worker's gauges in configuration order, each limit

@@ -7,6 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // Gauges and Briefs say of each worker what Workers says, limits included
@@ -24,7 +25,7 @@ func TestGauges_SayWhatWorkersSays(t *testing.T) {
 		Limits: limit.Config{MinSamples: 3, ProbeAfter: time.Hour, BorrowAfter: time.Second}},
 		WorkerSpec{Name: "w0", Models: []string{"m"}, MaxConcurrency: 8},
 		WorkerSpec{Name: "w1", Models: []string{"m"}, MaxConcurrency: 1},
-		WorkerSpec{Name: "w2", Models: []string{"n"}, MaxConcurrency: 4, Source: newSource(Snapshot{Health: HealthOK, Slots: 3})},
+		WorkerSpec{Name: "w2", Models: []string{"n"}, MaxConcurrency: 4, Source: newSource(snapshot.Snapshot{Health: snapshot.HealthOK, Slots: 3})},
 		WorkerSpec{Name: "w3", Models: []string{"n"}, MaxConcurrency: 2})
 	if err := s.SetDraining("w3", true); err != nil {
 		t.Fatal(err)
@@ -37,15 +38,15 @@ func TestGauges_SayWhatWorkersSays(t *testing.T) {
 	type nums struct {
 		Name                               string
 		Models                             []string
-		Health                             Health
+		Health                             snapshot.Health
 		Eligible, Draining                 bool
 		Active, Other, Limit, Learned, Cap int
 		Floor                              float64
-		Snapshot                           *Snapshot
+		Snapshot                           *snapshot.Snapshot
 	}
 	var fromWorkers, fromGauges, fromBriefs []nums
 	for _, w := range s.Workers() {
-		fromWorkers = append(fromWorkers, nums{w.Name, w.Models, w.Health, !w.Draining && (w.Health == HealthOK || w.Health == HealthUnknown), w.Draining,
+		fromWorkers = append(fromWorkers, nums{w.Name, w.Models, w.Health, !w.Draining && (w.Health == snapshot.HealthOK || w.Health == snapshot.HealthUnknown), w.Draining,
 			w.Active, w.OtherReplicas, w.Limit, w.Learned, w.Cap, w.Floor, w.Snapshot})
 	}
 	for _, g := range s.Gauges() {

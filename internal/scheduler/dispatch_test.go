@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // The placement check answers, for one request, whether it can be placed
@@ -12,7 +14,7 @@ import (
 func TestCanPlace(t *testing.T) {
 	now := time.Unix(1000, 0)
 	ws := workers(1, 2, "m")
-	ws[0].Source = newSource(Snapshot{Health: HealthOK, KVPoolTokens: 8192})
+	ws[0].Source = newSource(snapshot.Snapshot{Health: snapshot.HealthOK, KVPoolTokens: 8192})
 	s := newSched(t, Config{MaxQueue: 10, Clock: fixedClock{now}, KVFit: true}, ws...)
 	held := admitNow(t, s, Request{Model: "m", PromptTokens: 4500, MaxTokens: 100})
 	cases := []struct {

@@ -1,6 +1,10 @@
 package scheduler
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/sluice-router/sluice/internal/snapshot"
+)
 
 // A filter is one eligibility rule of a pick. keep returns the views of
 // in (indexes into p.views) that pass, compacted in place, and marks each
@@ -130,7 +134,7 @@ func (drainingFilter) explain(*pickRecord, *slot) string { return "draining" }
 // requests in a row); a worker not yet probed is eligible.
 type healthFilter struct{}
 
-func (healthFilter) passes(_ *pick, v *view) bool { return v.snap.Health != HealthDown }
+func (healthFilter) passes(_ *pick, v *view) bool { return v.snap.Health != snapshot.HealthDown }
 func (healthFilter) explain(_ *pickRecord, sl *slot) string {
 	return "unhealthy: " + sl.snap.HealthReason
 }

@@ -7,6 +7,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/lora"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // loader is an AdapterLoader that records its loads and fails on the
@@ -18,7 +21,7 @@ type loader struct {
 	gate  chan struct{}
 }
 
-func (l *loader) LoadAdapter(ctx context.Context, worker string, a AdapterSpec) error {
+func (l *loader) LoadAdapter(ctx context.Context, worker string, a lora.Spec) error {
 	if l.gate != nil {
 		select {
 		case <-l.gate:
@@ -53,9 +56,9 @@ func whyOf(l *Lease, worker string) string {
 func loraFleet(holder string, loads bool) []WorkerSpec {
 	var out []WorkerSpec
 	for _, n := range []string{"w0", "w1", "w2"} {
-		snap := Snapshot{Health: HealthOK, Models: []string{"base"}}
+		snap := snapshot.Snapshot{Health: snapshot.HealthOK, Models: []string{"base"}}
 		if n == holder {
-			snap.Adapters = []AdapterInfo{{Name: "sql", Base: "base"}}
+			snap.Adapters = []lora.Info{{Name: "sql", Base: "base"}}
 		}
 		out = append(out, WorkerSpec{Name: n, Models: []string{"base"}, MaxConcurrency: 1, Source: newSource(snap), LoadsAdapters: loads})
 	}
@@ -65,7 +68,7 @@ func loraFleet(holder string, loads bool) []WorkerSpec {
 // Without load on demand a request for an adapter goes only to the
 // worker that holds it, and waits for it when it is full.
 func TestAdapterFilter_OnlyHolders(t *testing.T) {
-	s := newSched(t, Config{MaxQueue: 4, Adapters: AdapterConfig{Adapters: []AdapterSpec{{Name: "sql", Base: "base"}}}}, loraFleet("w1", true)...)
+	s := newSched(t, Config{MaxQueue: 4, Adapters: lora.Config{Adapters: []lora.Spec{{Name: "sql", Base: "base"}}}}, loraFleet("w1", true)...)
 	ctx := context.Background()
 	l, err := s.Admit(ctx, Request{Model: "sql"})
 	if err != nil || l.Worker != "w1" {
@@ -99,7 +102,7 @@ func TestAdapterFilter_OnlyHolders(t *testing.T) {
 // for the one load.
 func TestAdapterFilter_LoadOnDemandBounded(t *testing.T) {
 	ld := &loader{gate: make(chan struct{})}
-	s := newSched(t, Config{MaxQueue: 8, Adapters: AdapterConfig{Adapters: []AdapterSpec{{Name: "sql", Base: "base", Path: "/a/sql"}},
+	s := newSched(t, Config{MaxQueue: 8, Adapters: lora.Config{Adapters: []lora.Spec{{Name: "sql", Base: "base", Path: "/a/sql"}},
 		LoadOnDemand: true, MaxReplicas: 2, Loader: ld}}, loraFleet("w1", true)...)
 	ctx := context.Background()
 	l1, err := s.Admit(ctx, Request{Model: "sql"})
@@ -171,7 +174,7 @@ func TestAdapterFilter_LoadFailureRetriesElsewhere(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ld := &loader{fail: tt.fail}
-			s := newSched(t, Config{MaxQueue: 4, Adapters: AdapterConfig{Adapters: []AdapterSpec{{Name: "sql", Base: "base"}},
+			s := newSched(t, Config{MaxQueue: 4, Adapters: lora.Config{Adapters: []lora.Spec{{Name: "sql", Base: "base"}},
 				LoadOnDemand: true, MaxReplicas: 3, Loader: ld}}, loraFleet("", true)...)
 			l, err := s.Admit(context.Background(), Request{Model: "sql"})
 			if tt.wantErr {
@@ -199,7 +202,7 @@ func TestAdapterFilter_LoadFailureRetriesElsewhere(t *testing.T) {
 // A worker that cannot load adapters is never chosen to load one.
 func TestAdapterFilter_NotLoadable(t *testing.T) {
 	ld := &loader{}
-	s := newSched(t, Config{MaxQueue: 4, Adapters: AdapterConfig{Adapters: []AdapterSpec{{Name: "sql", Base: "base"}},
+	s := newSched(t, Config{MaxQueue: 4, Adapters: lora.Config{Adapters: []lora.Spec{{Name: "sql", Base: "base"}},
 		LoadOnDemand: true, Loader: ld}}, loraFleet("", false)...)
 	_, err := s.Admit(context.Background(), Request{Model: "sql"})
 	if !errors.Is(err, ErrUnknownModel) || ld.count() != 0 {
@@ -214,9 +217,9 @@ func TestAdapterFilter_NoLoadWhileAWorkersAdaptersAreUnknown(t *testing.T) {
 	ld := &loader{gate: make(chan struct{})}
 	close(ld.gate)
 	ws := loraFleet("", true)
-	unread := newSource(Snapshot{Health: HealthOK}) // Models nil: never scraped
+	unread := newSource(snapshot.Snapshot{Health: snapshot.HealthOK}) // Models nil: never scraped
 	ws[2].Source = unread
-	s := newSched(t, Config{MaxQueue: 4, Adapters: AdapterConfig{Adapters: []AdapterSpec{{Name: "sql", Base: "base", Path: "/a/sql"}},
+	s := newSched(t, Config{MaxQueue: 4, Adapters: lora.Config{Adapters: []lora.Spec{{Name: "sql", Base: "base", Path: "/a/sql"}},
 		LoadOnDemand: true, MaxReplicas: 1, Loader: ld}}, ws...)
 	tk := s.Submit(Request{Model: "sql"}, nil)
 	if tk.Done() {
@@ -224,7 +227,7 @@ func TestAdapterFilter_NoLoadWhileAWorkersAdaptersAreUnknown(t *testing.T) {
 		t.Fatalf("bound to %v (%v) with %d loads while w2's adapters are unknown; want it to wait", l, err, ld.count())
 	}
 	// w2's first scrape: it holds sql. The request goes there, no load.
-	unread.Set(Snapshot{Health: HealthOK, Models: []string{"base", "sql"}, Adapters: []AdapterInfo{{Name: "sql", Base: "base"}}})
+	unread.Set(snapshot.Snapshot{Health: snapshot.HealthOK, Models: []string{"base", "sql"}, Adapters: []lora.Info{{Name: "sql", Base: "base"}}})
 	s.Kick()
 	<-tk.Wait()
 	l, err := tk.Result()

@@ -3,6 +3,8 @@ package scheduler
 import (
 	"fmt"
 	"slices"
+
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // loadingFilter keeps a worker out while the requested model is loading
@@ -14,7 +16,7 @@ type loadingFilter struct{}
 func (loadingFilter) passes(p *pick, v *view) bool { return !loading(v.snap, p.req.Model) }
 
 func (loadingFilter) explain(pr *pickRecord, sl *slot) string {
-	if sl.snap.Health == HealthLoading {
+	if sl.snap.Health == snapshot.HealthLoading {
 		return "loading model"
 	}
 	return fmt.Sprintf("loading model %q", pr.req.Model)
@@ -22,6 +24,6 @@ func (loadingFilter) explain(pr *pickRecord, sl *slot) string {
 
 // loading reports whether model is loading on the worker whose snapshot
 // is snap.
-func loading(snap *Snapshot, model string) bool {
-	return snap.Health == HealthLoading || (len(snap.LoadingModels) > 0 && slices.Contains(snap.LoadingModels, model))
+func loading(snap *snapshot.Snapshot, model string) bool {
+	return snap.Health == snapshot.HealthLoading || (len(snap.LoadingModels) > 0 && slices.Contains(snap.LoadingModels, model))
 }

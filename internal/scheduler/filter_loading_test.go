@@ -4,13 +4,15 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // A worker loading one of its models keeps serving the others, and takes
 // the one it loads once the load is done; until then a request for it
 // goes to another worker, or waits for one, and the record says why.
 func TestLoadingFilter_KeepsOutOnlyTheModelLoading(t *testing.T) {
-	src := newSource(Snapshot{Health: HealthOK, Models: []string{"a", "b"}, LoadingModels: []string{"b"}})
+	src := newSource(snapshot.Snapshot{Health: snapshot.HealthOK, Models: []string{"a", "b"}, LoadingModels: []string{"b"}})
 	s := newSched(t, Config{MaxQueue: 4},
 		WorkerSpec{Name: "multi", Models: []string{"a", "b"}, MaxConcurrency: 4, Source: src},
 		WorkerSpec{Name: "other", Models: []string{"b"}, MaxConcurrency: 1})
@@ -40,7 +42,7 @@ func TestLoadingFilter_KeepsOutOnlyTheModelLoading(t *testing.T) {
 	if tk.Done() {
 		t.Fatal("request for b bound while its only free worker still loads it")
 	}
-	src.Set(Snapshot{Health: HealthOK, Models: []string{"a", "b"}})
+	src.Set(snapshot.Snapshot{Health: snapshot.HealthOK, Models: []string{"a", "b"}})
 	s.Kick()
 	<-tk.Wait()
 	if l, err := tk.Result(); err != nil || l.Worker != "multi" {

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // Each filter, on a pick built by hand: which views it keeps, in order,
@@ -14,13 +16,13 @@ import (
 func TestFilters(t *testing.T) {
 	type w struct {
 		name     string
-		snap     Snapshot
+		snap     snapshot.Snapshot
 		draining bool
 		serving  bool
 		active   int
 		limit    int
 	}
-	ok := Snapshot{Health: HealthOK}
+	ok := snapshot.Snapshot{Health: snapshot.HealthOK}
 	tests := []struct {
 		name     string
 		why      uint8
@@ -30,15 +32,15 @@ func TestFilters(t *testing.T) {
 		want     []string
 	}{
 		{"draining", whyDraining, Request{}, false, []w{{name: "a", draining: true}, {name: "b"}}, []string{"b"}},
-		{"down", whyDown, Request{}, false, []w{{name: "a", snap: Snapshot{Health: HealthDown}}, {name: "b", snap: Snapshot{Health: HealthUnknown}}}, []string{"b"}},
-		{"loading the worker", whyLoading, Request{Model: "m"}, false, []w{{name: "a", snap: Snapshot{Health: HealthLoading}}, {name: "b", snap: ok}}, []string{"b"}},
-		{"loading this model", whyLoading, Request{Model: "m"}, false, []w{{name: "a", snap: Snapshot{Health: HealthOK, LoadingModels: []string{"m"}}}, {name: "b", snap: Snapshot{Health: HealthOK, LoadingModels: []string{"other"}}}}, []string{"b"}},
+		{"down", whyDown, Request{}, false, []w{{name: "a", snap: snapshot.Snapshot{Health: snapshot.HealthDown}}, {name: "b", snap: snapshot.Snapshot{Health: snapshot.HealthUnknown}}}, []string{"b"}},
+		{"loading the worker", whyLoading, Request{Model: "m"}, false, []w{{name: "a", snap: snapshot.Snapshot{Health: snapshot.HealthLoading}}, {name: "b", snap: ok}}, []string{"b"}},
+		{"loading this model", whyLoading, Request{Model: "m"}, false, []w{{name: "a", snap: snapshot.Snapshot{Health: snapshot.HealthOK, LoadingModels: []string{"m"}}}, {name: "b", snap: snapshot.Snapshot{Health: snapshot.HealthOK, LoadingModels: []string{"other"}}}}, []string{"b"}},
 		{"model", whyModel, Request{}, false, []w{{name: "a", serving: true}, {name: "b"}, {name: "c", serving: true}}, []string{"a", "c"}},
 		{"excluded", whyExcluded, Request{Exclude: []string{"b"}}, false, []w{{name: "a"}, {name: "b"}}, []string{"a"}},
-		{"context", whyContext, Request{PromptTokens: 3000}, false, []w{{name: "a", snap: Snapshot{ContextTokens: 2048}}, {name: "b", snap: Snapshot{ContextTokens: 4096}}, {name: "c"}}, []string{"b", "c"}},
+		{"context", whyContext, Request{PromptTokens: 3000}, false, []w{{name: "a", snap: snapshot.Snapshot{ContextTokens: 2048}}, {name: "b", snap: snapshot.Snapshot{ContextTokens: 4096}}, {name: "c"}}, []string{"b", "c"}},
 		{"limit", whyFull, Request{}, false, []w{{name: "a", active: 2, limit: 2}, {name: "b", active: 1, limit: 2}}, []string{"b"}},
 		{"no limit for baselines", whyFull, Request{}, true, []w{{name: "a", active: 2, limit: 2}}, []string{"a"}},
-		{"kv fit", whyKVFit, Request{PromptTokens: 1000}, false, []w{{name: "a", snap: Snapshot{KVPoolTokens: 4000}, active: 1}, {name: "b", snap: Snapshot{KVPoolTokens: 8000}, active: 1}}, []string{"b"}},
+		{"kv fit", whyKVFit, Request{PromptTokens: 1000}, false, []w{{name: "a", snap: snapshot.Snapshot{KVPoolTokens: 4000}, active: 1}, {name: "b", snap: snapshot.Snapshot{KVPoolTokens: 8000}, active: 1}}, []string{"b"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -98,7 +100,7 @@ func TestKeepRules(t *testing.T) {
 		p.env.Req = &p.req
 		p.views = make([]view, 1+r.IntN(8))
 		for i := range p.views {
-			snap := &Snapshot{Health: []Health{HealthOK, HealthUnknown, HealthDown, HealthLoading}[r.IntN(4)], ContextTokens: []int{0, 2048, 4096}[r.IntN(3)]}
+			snap := &snapshot.Snapshot{Health: []snapshot.Health{snapshot.HealthOK, snapshot.HealthUnknown, snapshot.HealthDown, snapshot.HealthLoading}[r.IntN(4)], ContextTokens: []int{0, 2048, 4096}[r.IntN(3)]}
 			if flip() {
 				snap.LoadingModels = []string{"m"}
 			}

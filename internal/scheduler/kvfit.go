@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // The KV-fit rule (Config.KVFit, docs/routing.md): pass over an eligible
@@ -31,7 +33,7 @@ type kvRoom struct {
 
 // kvRoomOf estimates the free KV cache of a worker whose snapshot is snap
 // and on which Sluice has active requests in flight of job cost own.
-func kvRoomOf(snap *Snapshot, own float64, active int, now time.Time, staleAfter time.Duration) kvRoom {
+func kvRoomOf(snap *snapshot.Snapshot, own float64, active int, now time.Time, staleAfter time.Duration) kvRoom {
 	r := kvRoom{pool: snap.KVPoolTokens, active: active}
 	if r.pool <= 0 {
 		return kvRoom{}

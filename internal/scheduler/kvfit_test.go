@@ -4,30 +4,32 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 func TestKVRoom_Estimate(t *testing.T) {
 	now := time.Unix(1000, 0)
-	fresh := Reading{Value: 0.5, Source: "vllm /metrics kv", At: now.Add(-2 * time.Second)}
-	stale := Reading{Value: 0.9, Source: "vllm /metrics kv", At: now.Add(-time.Minute)}
+	fresh := snapshot.Reading{Value: 0.5, Source: "vllm /metrics kv", At: now.Add(-2 * time.Second)}
+	stale := snapshot.Reading{Value: 0.9, Source: "vllm /metrics kv", At: now.Add(-time.Minute)}
 	for _, tc := range []struct {
 		name     string
-		snap     Snapshot
+		snap     snapshot.Snapshot
 		own      float64
 		prompt   int
 		free     int
 		reported bool
 		fits     bool
 	}{
-		{name: "unknown capacity always fits", snap: Snapshot{KVPressure: stale}, own: 1e6, prompt: 4000, fits: true},
-		{name: "idle", snap: Snapshot{KVPoolTokens: 8192}, prompt: 8192, free: 8192, fits: true},
-		{name: "own requests", snap: Snapshot{KVPoolTokens: 8192}, own: 4600, prompt: 4000, free: 3592},
-		{name: "own requests, fits", snap: Snapshot{KVPoolTokens: 8192}, own: 4600, prompt: 3592, free: 3592, fits: true},
-		{name: "own rounds up", snap: Snapshot{KVPoolTokens: 100}, own: 10.2, prompt: 90, free: 89},
-		{name: "fresh reading above own", snap: Snapshot{KVPoolTokens: 8192, KVPressure: fresh}, own: 1000, prompt: 4097, free: 4096, reported: true},
-		{name: "own above fresh reading", snap: Snapshot{KVPoolTokens: 8192, KVPressure: fresh}, own: 5000, prompt: 3000, free: 3192, fits: true},
-		{name: "stale reading ignored", snap: Snapshot{KVPoolTokens: 8192, KVPressure: stale}, own: 1000, prompt: 7000, free: 7192, fits: true},
-		{name: "more than the cache", snap: Snapshot{KVPoolTokens: 8192}, own: 20000, prompt: 1, free: 0},
+		{name: "unknown capacity always fits", snap: snapshot.Snapshot{KVPressure: stale}, own: 1e6, prompt: 4000, fits: true},
+		{name: "idle", snap: snapshot.Snapshot{KVPoolTokens: 8192}, prompt: 8192, free: 8192, fits: true},
+		{name: "own requests", snap: snapshot.Snapshot{KVPoolTokens: 8192}, own: 4600, prompt: 4000, free: 3592},
+		{name: "own requests, fits", snap: snapshot.Snapshot{KVPoolTokens: 8192}, own: 4600, prompt: 3592, free: 3592, fits: true},
+		{name: "own rounds up", snap: snapshot.Snapshot{KVPoolTokens: 100}, own: 10.2, prompt: 90, free: 89},
+		{name: "fresh reading above own", snap: snapshot.Snapshot{KVPoolTokens: 8192, KVPressure: fresh}, own: 1000, prompt: 4097, free: 4096, reported: true},
+		{name: "own above fresh reading", snap: snapshot.Snapshot{KVPoolTokens: 8192, KVPressure: fresh}, own: 5000, prompt: 3000, free: 3192, fits: true},
+		{name: "stale reading ignored", snap: snapshot.Snapshot{KVPoolTokens: 8192, KVPressure: stale}, own: 1000, prompt: 7000, free: 7192, fits: true},
+		{name: "more than the cache", snap: snapshot.Snapshot{KVPoolTokens: 8192}, own: 20000, prompt: 1, free: 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := kvRoomOf(&tc.snap, tc.own, 1, now, 5*time.Second)
@@ -43,10 +45,10 @@ func TestKVRoom_Estimate(t *testing.T) {
 
 // kvFleet returns two workers, w0 and w1, of 4 slots with the given KV
 // pools and readings.
-func kvFleet(pools [2]int, kv [2]Reading) []WorkerSpec {
+func kvFleet(pools [2]int, kv [2]snapshot.Reading) []WorkerSpec {
 	ws := workers(2, 4, "m")
 	for i := range ws {
-		ws[i].Source = newSource(Snapshot{Health: HealthOK, KVPoolTokens: pools[i], KVPressure: kv[i]})
+		ws[i].Source = newSource(snapshot.Snapshot{Health: snapshot.HealthOK, KVPoolTokens: pools[i], KVPressure: kv[i]})
 	}
 	return ws
 }
@@ -65,8 +67,8 @@ func holdOn(t *testing.T, s *Scheduler, worker string, prompt int) *Lease {
 
 func TestKVFit_Pick(t *testing.T) {
 	now := time.Unix(1000, 0)
-	read := func(v float64, age time.Duration) Reading {
-		return Reading{Value: v, Source: "vllm /metrics vllm:kv_cache_usage_perc", At: now.Add(-age)}
+	read := func(v float64, age time.Duration) snapshot.Reading {
+		return snapshot.Reading{Value: v, Source: "vllm /metrics vllm:kv_cache_usage_perc", At: now.Add(-age)}
 	}
 	small, big := 8192, 32768
 	for _, tc := range []struct {
@@ -74,7 +76,7 @@ func TestKVFit_Pick(t *testing.T) {
 		off    bool   // Config.KVFit false
 		policy Policy // "" for Sluice
 		pools  [2]int
-		kv     [2]Reading
+		kv     [2]snapshot.Reading
 		on     [2][]int // prompt tokens in flight on w0, w1
 		prompt int
 		want   string // the worker bound; "" when held in the queue
@@ -91,16 +93,16 @@ func TestKVFit_Pick(t *testing.T) {
 		{name: "unknown capacity", pools: [2]int{0, big}, on: [2][]int{{4500}, {100, 100}}, prompt: 4000, want: "w0"},
 		{name: "unknown prompt size", pools: [2]int{small, big}, on: [2][]int{{4500}, {100, 100}}, prompt: 0, want: "w0"},
 		{
-			name: "fresh reading of traffic Sluice does not see", pools: [2]int{small, big}, kv: [2]Reading{read(0.9, 2*time.Second)},
+			name: "fresh reading of traffic Sluice does not see", pools: [2]int{small, big}, kv: [2]snapshot.Reading{read(0.9, 2*time.Second)},
 			on: [2][]int{nil, {100, 100}}, prompt: 4000, want: "w1",
 			why: "prompt of ~4000 tokens does not fit its free KV cache of ~819 tokens (7373 of 8192 in use per vllm /metrics vllm:kv_cache_usage_perc, read 2s ago)",
 		},
-		{name: "stale reading ignored", pools: [2]int{small, big}, kv: [2]Reading{read(0.9, time.Minute)}, on: [2][]int{nil, {100, 100}}, prompt: 4000, want: "w0"},
+		{name: "stale reading ignored", pools: [2]int{small, big}, kv: [2]snapshot.Reading{read(0.9, time.Minute)}, on: [2][]int{nil, {100, 100}}, prompt: 4000, want: "w0"},
 		{name: "none fits: held", pools: [2]int{small, small}, on: [2][]int{{4500}, {4500}}, prompt: 4000, want: ""},
 		{
 			// A reading alone never holds a request: w0 has nothing of
 			// Sluice's in flight to wait for.
-			name: "none fits, one without requests of Sluice's", pools: [2]int{small, small}, kv: [2]Reading{read(0.9, time.Second)},
+			name: "none fits, one without requests of Sluice's", pools: [2]int{small, small}, kv: [2]snapshot.Reading{read(0.9, time.Second)},
 			on: [2][]int{nil, {4500}}, prompt: 4000, want: "w0",
 		},
 		{name: "none fits, baseline", policy: PolicyLeastConnections, pools: [2]int{small, small}, on: [2][]int{{4500}, {4500}}, prompt: 4000, want: "w0"},
@@ -150,7 +152,7 @@ func TestKVFit_Pick(t *testing.T) {
 func TestKVFit_HeldHeadHoldsNobodyBack(t *testing.T) {
 	now := time.Unix(1000, 0)
 	ws := workers(1, 4, "m")
-	ws[0].Source = newSource(Snapshot{Health: HealthOK, KVPoolTokens: 8192})
+	ws[0].Source = newSource(snapshot.Snapshot{Health: snapshot.HealthOK, KVPoolTokens: 8192})
 	s := newSched(t, Config{MaxQueue: 10, Clock: fixedClock{now}, KVFit: true}, ws...)
 	long := admitNow(t, s, Request{Model: "m", PromptTokens: 4500, MaxTokens: 100}) // 4600 held
 	short := admitNow(t, s, Request{Model: "m", PromptTokens: 100, MaxTokens: 100}) // 4800

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -24,7 +25,7 @@ func (s *Scheduler) floorFor(model string) float64 {
 
 // limitOf computes w's limit (package limit) for a request of a model
 // with that floor and queue wait; snap and ws are w's telemetry and stats.
-func (w *worker) limitOf(lc *limit.Config, snap *Snapshot, ws *stats.WorkerStats, floor float64, waited time.Duration, env *Env) limit.State {
+func (w *worker) limitOf(lc *limit.Config, snap *snapshot.Snapshot, ws *stats.WorkerStats, floor float64, waited time.Duration, env *Env) limit.State {
 	capN, src := lc.Cap(w.spec.MaxConcurrency, snap.Slots)
 	in := limit.Input{Cap: capN, Source: src, Active: w.active, Stats: ws, Floor: floor, Waited: waited, Now: env.Now}
 	in.Sat, in.SatVal = saturated(snap, env.Now, env.StaleAfter)
@@ -33,7 +34,7 @@ func (w *worker) limitOf(lc *limit.Config, snap *Snapshot, ws *stats.WorkerStats
 
 // saturated reports a fresh reading that says the worker cannot take more:
 // requests waiting in its own queue, or a KV cache nearly full.
-func saturated(snap *Snapshot, now time.Time, staleAfter time.Duration) (limit.Saturation, float64) {
+func saturated(snap *snapshot.Snapshot, now time.Time, staleAfter time.Duration) (limit.Saturation, float64) {
 	switch {
 	case snap.QueueLen.Value >= 1 && fresh(&snap.QueueLen, now, staleAfter):
 		return limit.SatQueue, snap.QueueLen.Value
@@ -44,6 +45,6 @@ func saturated(snap *Snapshot, now time.Time, staleAfter time.Duration) (limit.S
 }
 
 // fresh reports whether r was read, and no longer than staleAfter ago.
-func fresh(r *Reading, now time.Time, staleAfter time.Duration) bool {
+func fresh(r *snapshot.Reading, now time.Time, staleAfter time.Duration) bool {
 	return r.Known() && (staleAfter <= 0 || now.Sub(r.At) <= staleAfter)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -74,9 +75,9 @@ func TestLimit_FloorFollowsTheFastestCard(t *testing.T) {
 func TestLimit_SaturatedWorkerTakesNoMore(t *testing.T) {
 	now := time.Unix(10000, 0)
 	fs := fakeStats{"w": levels(now, [3]float64{80, 1, 5}, [3]float64{75, 1, 5}, [3]float64{70, 1, 5}, [3]float64{65, 1, 5})}
-	for _, snap := range []Snapshot{
-		{QueueLen: Reading{Value: 2, At: now, Source: "test"}},
-		{KVPressure: Reading{Value: 0.97, At: now, Source: "test"}},
+	for _, snap := range []snapshot.Snapshot{
+		{QueueLen: snapshot.Reading{Value: 2, At: now, Source: "test"}},
+		{KVPressure: snapshot.Reading{Value: 0.97, At: now, Source: "test"}},
 	} {
 		s := newSched(t, Config{MaxQueue: 5, Stats: fs, Clock: fixedClock{now}, StaleAfter: 3 * time.Second,
 			Limits: limit.Config{MinStreamTokS: 50, MinSamples: 3}},
@@ -188,7 +189,7 @@ func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
 		var srcs []*mutableSource
 		ws := workers(3, 3, "m")
 		for i := range ws {
-			srcs = append(srcs, newSource(Snapshot{Health: HealthOK, KVPressure: Reading{Value: 0.1 * float64(i), Source: "kv", At: clk.Now()}}))
+			srcs = append(srcs, newSource(snapshot.Snapshot{Health: snapshot.HealthOK, KVPressure: snapshot.Reading{Value: 0.1 * float64(i), Source: "kv", At: clk.Now()}}))
 			ws[i].Source = srcs[i]
 		}
 		var recs []*decisions.Record
@@ -215,7 +216,7 @@ func TestRecords_ReadLateSayWhatWasTrue(t *testing.T) {
 			// Everything the records read changes after each decision.
 			w := ws[i%len(ws)].Name
 			tr.Observe(w, stats.Observation{TTFT: time.Duration(100+10*i) * time.Millisecond, OutputTokens: 50, DecodeTPS: float64(20 + 5*(i%4)), Concurrency: float64(1 + i%3)}, clk.Now())
-			srcs[i%len(srcs)].Set(Snapshot{Health: HealthOK, QueueLen: Reading{Value: float64(i % 2), Source: "q", At: clk.Now()}, KVPressure: Reading{Value: 0.03 * float64(i), Source: "kv", At: clk.Now()}})
+			srcs[i%len(srcs)].Set(snapshot.Snapshot{Health: snapshot.HealthOK, QueueLen: snapshot.Reading{Value: float64(i % 2), Source: "q", At: clk.Now()}, KVPressure: snapshot.Reading{Value: 0.03 * float64(i), Source: "kv", At: clk.Now()}})
 			clk.Advance(700 * time.Millisecond)
 			if i%3 == 2 {
 				for _, l := range held {

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/promise"
 	"github.com/sluice-router/sluice/internal/sessions"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -83,7 +84,7 @@ func (c *pickConf) affine(req *Request) bool {
 // counters here, never on w.
 type view struct {
 	w    *worker
-	snap *Snapshot
+	snap *snapshot.Snapshot
 	st   *stats.WorkerStats
 	lim  viewLimit
 	// The worker's counters as the pick found them (worker).

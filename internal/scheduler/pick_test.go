@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/sessions"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // guessIndex is a PrefixIndex that guesses a fixed match per worker.
@@ -35,13 +36,13 @@ func TestBeliefs_OnAValue(t *testing.T) {
 	b := beliefSrc{conf: &pickConf{cfg: cfg, sessions: true}, now: now,
 		session: &sessions.Last{Worker: "c", Tokens: 300, First: 1}}
 	req := &Request{Model: "m", Prefix: []uint64{1, 2, 3, 4}, KVBlocks: []uint64{1, 2, 3, 4}, Session: "s", PromptTokens: 400}
-	fresh := &Snapshot{CacheReport: &CacheReport{At: now.Add(-time.Millisecond), Blocks: map[uint64]struct{}{1: {}, 2: {}, 3: {}}}}
-	stale := &Snapshot{CacheReport: &CacheReport{At: now.Add(-time.Minute), Blocks: map[uint64]struct{}{1: {}, 2: {}, 3: {}, 4: {}}}}
+	fresh := &snapshot.Snapshot{CacheReport: &snapshot.CacheReport{At: now.Add(-time.Millisecond), Blocks: map[uint64]struct{}{1: {}, 2: {}, 3: {}}}}
+	stale := &snapshot.Snapshot{CacheReport: &snapshot.CacheReport{At: now.Add(-time.Minute), Blocks: map[uint64]struct{}{1: {}, 2: {}, 3: {}, 4: {}}}}
 	cands := []Candidate{
-		{Name: "a", Snap: fresh},       // the fresh report says more than the guess
-		{Name: "b", Snap: stale},       // a stale report is set aside
-		{Name: "c", Snap: &Snapshot{}}, // the session served its last turn here
-		{Name: "d", Snap: &Snapshot{}}, // the KV events answer, raised by a request in flight
+		{Name: "a", Snap: fresh},                // the fresh report says more than the guess
+		{Name: "b", Snap: stale},                // a stale report is set aside
+		{Name: "c", Snap: &snapshot.Snapshot{}}, // the session served its last turn here
+		{Name: "d", Snap: &snapshot.Snapshot{}}, // the KV events answer, raised by a request in flight
 	}
 	sent := [][]kvSent{nil, nil, nil, {{keys: []uint64{1, 2, 9}}}}
 	b.set(req, cands, func(j int) []kvSent { return sent[j] })
@@ -71,7 +72,7 @@ func TestPickStages_OnAValue(t *testing.T) {
 	for i, name := range []string{"w0", "w1"} {
 		// The worker's own counters say nothing of it: the view's do.
 		w := &worker{spec: WorkerSpec{Name: name}, order: i}
-		p.views = append(p.views, view{w: w, snap: &Snapshot{Health: HealthOK}, serving: true, lim: full, active: 2, cost: 100})
+		p.views = append(p.views, view{w: w, snap: &snapshot.Snapshot{Health: snapshot.HealthOK}, serving: true, lim: full, active: 2, cost: 100})
 	}
 	p.eligible()
 	if len(p.elig) != 1 || p.elig[0] != 1 {

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // termOf returns the named term of a candidate's breakdown.
@@ -134,10 +135,10 @@ func TestPrefix_BaselinesDoNotAsk(t *testing.T) {
 
 // reporting returns workers whose snapshots carry the given cache reports
 // (nil: none) and KV cache sizes.
-func reporting(reps []*CacheReport, kv int) []WorkerSpec {
+func reporting(reps []*snapshot.CacheReport, kv int) []WorkerSpec {
 	ws := workers(len(reps), 4, "m")
 	for i := range ws {
-		ws[i].Source = newSource(Snapshot{Health: HealthOK, CacheReport: reps[i], KVCacheTokens: kv})
+		ws[i].Source = newSource(snapshot.Snapshot{Health: snapshot.HealthOK, CacheReport: reps[i], KVCacheTokens: kv})
 	}
 	return ws
 }
@@ -155,7 +156,7 @@ func TestPrefix_WorkerReport(t *testing.T) {
 	conv := []uint64{11, 12, 13, 14}
 	tests := []struct {
 		name       string
-		reps       []*CacheReport
+		reps       []*snapshot.CacheReport
 		seed       string // worker the index saw conv go to; "" none
 		wantWorker string
 		wantRaw    float64 // the chosen worker's prefix term
@@ -166,7 +167,7 @@ func TestPrefix_WorkerReport(t *testing.T) {
 			// The index knows nothing (say, the router restarted); w1
 			// says it holds three of the four blocks.
 			name:       "report beats an empty index",
-			reps:       []*CacheReport{nil, {Source: "llama.cpp /slots", At: t0.Add(-1500 * time.Millisecond), Blocks: blocks(11, 12, 13, 99)}},
+			reps:       []*snapshot.CacheReport{nil, {Source: "llama.cpp /slots", At: t0.Add(-1500 * time.Millisecond), Blocks: blocks(11, 12, 13, 99)}},
 			wantWorker: "w1", wantRaw: 0.75,
 			wantSource: "worker report (llama.cpp /slots, 1.5s old)", wantAgeMs: 1500,
 		},
@@ -174,7 +175,7 @@ func TestPrefix_WorkerReport(t *testing.T) {
 			// w0 served conv; its report holds other prompts. Silence is
 			// not evidence (a chat template, --cache-ram): the guess stays.
 			name:       "report silent, guess kept",
-			reps:       []*CacheReport{{Source: "llama.cpp /slots", At: t0.Add(-time.Second), Blocks: blocks(7, 8)}, nil},
+			reps:       []*snapshot.CacheReport{{Source: "llama.cpp /slots", At: t0.Add(-time.Second), Blocks: blocks(7, 8)}, nil},
 			seed:       "w0",
 			wantWorker: "w0", wantRaw: 1,
 			wantSource: "router index (guess); llama.cpp /slots report 1s old holds 0.00",
@@ -182,7 +183,7 @@ func TestPrefix_WorkerReport(t *testing.T) {
 		{
 			// w1's report would win, but it is older than stale_after.
 			name:       "stale report set aside",
-			reps:       []*CacheReport{nil, {Source: "llama.cpp /slots", At: t0.Add(-10 * time.Second), Blocks: blocks(11, 12, 13, 14)}},
+			reps:       []*snapshot.CacheReport{nil, {Source: "llama.cpp /slots", At: t0.Add(-10 * time.Second), Blocks: blocks(11, 12, 13, 14)}},
 			wantWorker: "w0", wantRaw: 0,
 			wantSource: "router index (guess)",
 		},
@@ -229,7 +230,7 @@ func TestPrefix_WorkerReport(t *testing.T) {
 
 func TestPrefix_IndexSizedFromReportedKV(t *testing.T) {
 	idx := prefix.NewIndex(prefix.Options{})
-	s := newSched(t, Config{MaxQueue: 10, PrefixIndex: idx}, reporting([]*CacheReport{nil}, 3*prefix.BlockTokens)...)
+	s := newSched(t, Config{MaxQueue: 10, PrefixIndex: idx}, reporting([]*snapshot.CacheReport{nil}, 3*prefix.BlockTokens)...)
 	admitNow(t, s, Request{Model: "m", Prefix: []uint64{1, 2, 3, 4, 5}}).Release()
 	if got := idx.Capacity("w0"); got != 3 {
 		t.Errorf("index capacity of w0 = %d, want 3 blocks from its 3-block KV cache", got)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // bindLog records the order in which tickets are bound.
@@ -184,7 +186,7 @@ func TestScheduler_UnknownModelsLeaveNoState(t *testing.T) {
 		}
 	})
 	t.Run("discovery shares one budget", func(t *testing.T) {
-		src := newSource(Snapshot{}) // models not discovered yet
+		src := newSource(snapshot.Snapshot{}) // models not discovered yet
 		s := newSched(t, Config{MaxQueue: 4}, WorkerSpec{Name: "a", Source: src})
 		var tickets []*Ticket
 		for i := range 7 {
@@ -199,7 +201,7 @@ func TestScheduler_UnknownModelsLeaveNoState(t *testing.T) {
 				t.Fatalf("ticket %d: err %v, want queue full past the shared budget", i, err)
 			}
 		}
-		src.Set(Snapshot{Models: []string{"m"}})
+		src.Set(snapshot.Snapshot{Models: []string{"m"}})
 		s.Kick()
 		for i, tk := range tickets[:4] {
 			if _, err := tk.Result(); !errors.Is(err, ErrUnknownModel) {
@@ -221,7 +223,7 @@ func TestScheduler_QueuedFailFastWhenNoWorkerLeft(t *testing.T) {
 		change func(s *Scheduler, src *mutableSource)
 	}{
 		{"worker down", func(s *Scheduler, src *mutableSource) {
-			src.Set(Snapshot{Health: HealthDown, HealthReason: "probe failed"})
+			src.Set(snapshot.Snapshot{Health: snapshot.HealthDown, HealthReason: "probe failed"})
 			s.Kick()
 		}},
 		{"worker draining", func(s *Scheduler, _ *mutableSource) { s.SetDraining("a", true) }},
@@ -229,7 +231,7 @@ func TestScheduler_QueuedFailFastWhenNoWorkerLeft(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			src := newSource(Snapshot{Health: HealthOK})
+			src := newSource(snapshot.Snapshot{Health: snapshot.HealthOK})
 			s := newSched(t, Config{MaxQueue: 5}, WorkerSpec{Name: "a", Models: []string{"m"}, MaxConcurrency: 1, Source: src},
 				WorkerSpec{Name: "b", Models: []string{"other"}, MaxConcurrency: 1})
 			held, _ := s.Submit(Request{Model: "m"}, nil).Result()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -47,7 +48,7 @@ type pickRecord struct {
 // from and, for an eligible worker, what it was scored on.
 type slot struct {
 	name        string
-	snap        *Snapshot
+	snap        *snapshot.Snapshot
 	st          *stats.WorkerStats
 	jobCost     float64 // Candidate.JobCost as scored, or as the KV-fit rule read it
 	prefixMatch float64 // Candidate.PrefixMatch as scored

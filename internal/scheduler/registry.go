@@ -7,6 +7,7 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/lora"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -22,7 +23,7 @@ type WorkerSpec struct {
 	MaxConcurrency int
 	// Source publishes the worker's telemetry; nil means healthy with no
 	// telemetry.
-	Source Source
+	Source snapshot.Source
 	// Unserved names the client routes the worker's engine does not
 	// serve (e.g. "/v1/messages" on TGI); see filter_route.go.
 	Unserved []string
@@ -74,7 +75,7 @@ type worker struct {
 	kvSent []kvSent
 }
 
-func (w *worker) snapshot() *Snapshot {
+func (w *worker) snapshot() *snapshot.Snapshot {
 	if w.spec.Source == nil {
 		return &emptySnapshot
 	}
@@ -84,16 +85,16 @@ func (w *worker) snapshot() *Snapshot {
 	return &emptySnapshot
 }
 
-var emptySnapshot Snapshot
+var emptySnapshot snapshot.Snapshot
 
-func (w *worker) models(s *Snapshot) []string {
+func (w *worker) models(s *snapshot.Snapshot) []string {
 	if s.Models != nil {
 		return s.Models
 	}
 	return w.spec.Models
 }
 
-func (w *worker) serves(s *Snapshot, model string) bool {
+func (w *worker) serves(s *snapshot.Snapshot, model string) bool {
 	return slices.Contains(w.models(s), model)
 }
 
@@ -217,7 +218,7 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 	ap := s.adapterOf(req.Model)
 	for _, w := range s.workers {
 		snap := w.snapshot()
-		if snap.Models == nil && len(w.spec.Models) == 0 && snap.Health != HealthDown {
+		if snap.Models == nil && len(w.spec.Models) == 0 && snap.Health != snapshot.HealthDown {
 			undiscovered = true // its models are not known yet: it may serve this one
 		}
 		if !w.serves(snap, req.Model) && (ap == nil || !w.servesAdapterLocked(snap, ap)) {
@@ -232,7 +233,7 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 			continue
 		}
 		fits = true
-		if snap.Health != HealthDown && !w.draining && !slices.Contains(req.Exclude, w.spec.Name) && kindAllowed(&req, w) {
+		if snap.Health != snapshot.HealthDown && !w.draining && !slices.Contains(req.Exclude, w.spec.Name) && kindAllowed(&req, w) {
 			return nil, false
 		}
 	}
@@ -251,7 +252,7 @@ func (s *Scheduler) admissibleLocked(req Request) (err error, speculative bool) 
 
 // tooLong reports whether req's prompt (an estimate, so the prompt alone)
 // exceeds the worker's context per slot, when it reports one.
-func tooLong(snap *Snapshot, req *Request) bool {
+func tooLong(snap *snapshot.Snapshot, req *Request) bool {
 	return snap.ContextTokens > 0 && req.PromptTokens > snap.ContextTokens
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // gatedLedger is a Ledger whose Reserve for the models in gate blocks
@@ -189,7 +190,7 @@ func (w *waitLedger) take() []string {
 func TestLedger_WaitsOnlyForModelsTheFleetServes(t *testing.T) {
 	g := &waitLedger{gatedLedger: newGatedLedger()}
 	g.inFlight["b"] = 1 // b is full across replicas
-	undiscovered := newSource(Snapshot{})
+	undiscovered := newSource(snapshot.Snapshot{})
 	s := newSched(t, Config{MaxQueue: 64, Ledger: g},
 		WorkerSpec{Name: "a", Models: []string{"m"}, MaxConcurrency: 1},
 		WorkerSpec{Name: "b", Source: undiscovered, MaxConcurrency: 1})
@@ -206,7 +207,7 @@ func TestLedger_WaitsOnlyForModelsTheFleetServes(t *testing.T) {
 	if diff := cmp.Diff([]string{"wait m"}, g.take()); diff != "" {
 		t.Fatalf("waiting-list calls while b's models are unknown (-want +got):\n%s", diff)
 	}
-	undiscovered.Set(Snapshot{Health: HealthOK, Models: []string{"made-up-0"}})
+	undiscovered.Set(snapshot.Snapshot{Health: snapshot.HealthOK, Models: []string{"made-up-0"}})
 	s.Kick()
 	s.FlushLedger()
 	if diff := cmp.Diff([]string{"wait made-up-0"}, g.take()); diff != "" {

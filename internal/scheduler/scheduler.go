@@ -53,6 +53,7 @@ import (
 	"github.com/sluice-router/sluice/internal/drain"
 	"github.com/sluice-router/sluice/internal/fairq"
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/outlen"
 	"github.com/sluice-router/sluice/internal/predict"
 	"github.com/sluice-router/sluice/internal/sessions"
@@ -153,7 +154,7 @@ type Config struct {
 	// (predict.DefaultSLO).
 	DefaultSLO predict.SLO
 	// Adapters configures LoRA adapters (adapter.go).
-	Adapters AdapterConfig
+	Adapters lora.Config
 	// KVIndex, when set, is the exact index of the blocks workers hold,
 	// from their KV-cache events (*kvevents.Index): for a request with
 	// KVBlocks it replaces the guess for every worker it can answer for.
@@ -203,7 +204,7 @@ type Scheduler struct {
 	// derivedSLO is each model's default SLO as last derived (promise.go).
 	derivedSLO map[string]*derived
 	// adapters are the configured LoRA adapters by name; nil when none.
-	adapters map[string]AdapterSpec
+	adapters map[string]lora.Spec
 	// steps are the borrow steps of the models requests wait for in
 	// Admit (borrowstep.go).
 	steps map[string]*borrowStep
@@ -272,7 +273,7 @@ func New(cfg Config, workers ...WorkerSpec) (*Scheduler, error) {
 	}
 	for _, a := range cfg.Adapters.Adapters {
 		if s.adapters == nil {
-			s.adapters = map[string]AdapterSpec{}
+			s.adapters = map[string]lora.Spec{}
 		}
 		s.adapters[a.Name] = a
 	}

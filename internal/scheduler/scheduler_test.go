@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluice-router/sluice/internal/clock/clocktest"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -28,15 +29,17 @@ func (f fakeStats) Stats(w string) *stats.WorkerStats {
 }
 
 // mutableSource is a Source a test can change.
-type mutableSource struct{ p atomic.Pointer[Snapshot] }
+type mutableSource struct {
+	p atomic.Pointer[snapshot.Snapshot]
+}
 
-func newSource(s Snapshot) *mutableSource {
+func newSource(s snapshot.Snapshot) *mutableSource {
 	m := &mutableSource{}
 	m.p.Store(&s)
 	return m
 }
-func (m *mutableSource) Snapshot() *Snapshot { return m.p.Load() }
-func (m *mutableSource) Set(s Snapshot)      { m.p.Store(&s) }
+func (m *mutableSource) Snapshot() *snapshot.Snapshot { return m.p.Load() }
+func (m *mutableSource) Set(s snapshot.Snapshot)      { m.p.Store(&s) }
 
 func workers(n, limit int, model string) []WorkerSpec {
 	out := make([]WorkerSpec, n)
@@ -275,8 +278,8 @@ func TestScheduler_ClientGoneLeavesQueueAndFreesNothing(t *testing.T) {
 }
 
 func TestScheduler_Refusals(t *testing.T) {
-	down := newSource(Snapshot{Health: HealthDown, HealthReason: "connection refused"})
-	loading := newSource(Snapshot{Health: HealthLoading})
+	down := newSource(snapshot.Snapshot{Health: snapshot.HealthDown, HealthReason: "connection refused"})
+	loading := newSource(snapshot.Snapshot{Health: snapshot.HealthLoading})
 	tests := []struct {
 		name    string
 		workers []WorkerSpec
@@ -306,10 +309,10 @@ func TestScheduler_Refusals(t *testing.T) {
 }
 
 func TestScheduler_LoadedWorkerTakesQueuedRequestOnKick(t *testing.T) {
-	src := newSource(Snapshot{Health: HealthLoading})
+	src := newSource(snapshot.Snapshot{Health: snapshot.HealthLoading})
 	s := newSched(t, Config{MaxQueue: 5}, WorkerSpec{Name: "a", Models: []string{"m"}, Source: src})
 	tk := s.Submit(Request{Model: "m"}, nil)
-	src.Set(Snapshot{Health: HealthOK})
+	src.Set(snapshot.Snapshot{Health: snapshot.HealthOK})
 	s.Kick()
 	if l, err := tk.Result(); err != nil || l.Worker != "a" {
 		t.Fatalf("after load: lease %v err %v", l, err)
@@ -317,14 +320,14 @@ func TestScheduler_LoadedWorkerTakesQueuedRequestOnKick(t *testing.T) {
 }
 
 func TestScheduler_WaitsForModelDiscovery(t *testing.T) {
-	src := newSource(Snapshot{}) // models not discovered yet
+	src := newSource(snapshot.Snapshot{}) // models not discovered yet
 	s := newSched(t, Config{MaxQueue: 5}, WorkerSpec{Name: "a", Source: src})
 	served := s.Submit(Request{Model: "m"}, nil)
 	unserved := s.Submit(Request{Model: "other"}, nil)
 	if served.Done() || unserved.Done() {
 		t.Fatal("refused before the worker's models were known")
 	}
-	src.Set(Snapshot{Models: []string{"m"}})
+	src.Set(snapshot.Snapshot{Models: []string{"m"}})
 	s.Kick()
 	if l, err := served.Result(); err != nil || l.Worker != "a" {
 		t.Fatalf("served model: %v %v", l, err)
@@ -469,8 +472,8 @@ func TestScheduler_DecisionIDsDifferBetweenReplicasStartedTogether(t *testing.T)
 // A prompt longer than a worker's context is not sent there; when no
 // worker can hold it, the request is refused at once as too long.
 func TestScheduler_PromptCheckedAgainstContext(t *testing.T) {
-	small := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 4096})
-	large := newSource(Snapshot{Models: []string{"m"}, ContextTokens: 32768})
+	small := newSource(snapshot.Snapshot{Models: []string{"m"}, ContextTokens: 4096})
+	large := newSource(snapshot.Snapshot{Models: []string{"m"}, ContextTokens: 32768})
 	s := newSched(t, Config{MaxQueue: 5},
 		WorkerSpec{Name: "small", MaxConcurrency: 4, Source: small},
 		WorkerSpec{Name: "large", MaxConcurrency: 4, Source: large})

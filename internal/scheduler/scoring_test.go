@@ -11,19 +11,20 @@ import (
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/limit"
 	"github.com/sluice-router/sluice/internal/prefix"
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
 func TestScheduler_ScoreTerms(t *testing.T) {
 	tests := []struct {
 		name  string
-		snaps map[string]Snapshot
+		snaps map[string]snapshot.Snapshot
 		stats fakeStats
 		want  string
 	}{
-		{"kv pressure", map[string]Snapshot{"w0": {KVPressure: Reading{Value: 0.9, At: time.Now()}}, "w1": {KVPressure: Reading{Value: 0.2, At: time.Now()}}}, nil, "w1"},
-		{"gpu util", map[string]Snapshot{"w0": {GPUUtil: Reading{Value: 0.8, At: time.Now()}}, "w1": {GPUUtil: Reading{Value: 0.1, At: time.Now()}}}, nil, "w1"},
-		{"worker queue", map[string]Snapshot{"w0": {QueueLen: Reading{Value: 2, At: time.Now()}}, "w1": {QueueLen: Reading{Value: 0, At: time.Now()}}}, nil, "w1"},
+		{"kv pressure", map[string]snapshot.Snapshot{"w0": {KVPressure: snapshot.Reading{Value: 0.9, At: time.Now()}}, "w1": {KVPressure: snapshot.Reading{Value: 0.2, At: time.Now()}}}, nil, "w1"},
+		{"gpu util", map[string]snapshot.Snapshot{"w0": {GPUUtil: snapshot.Reading{Value: 0.8, At: time.Now()}}, "w1": {GPUUtil: snapshot.Reading{Value: 0.1, At: time.Now()}}}, nil, "w1"},
+		{"worker queue", map[string]snapshot.Snapshot{"w0": {QueueLen: snapshot.Reading{Value: 2, At: time.Now()}}, "w1": {QueueLen: snapshot.Reading{Value: 0, At: time.Now()}}}, nil, "w1"},
 		{"throughput reward", nil, fakeStats{"w0": {DecodeTPS: stats.EMA{Value: 40, N: 5}}, "w1": {DecodeTPS: stats.EMA{Value: 80, N: 5}}}, "w1"},
 		{"latency", nil, fakeStats{"w0": {TTFTMs: stats.EMA{Value: 900, N: 5}}, "w1": {TTFTMs: stats.EMA{Value: 100, N: 5}}}, "w1"},
 		{"tie goes to first listed", nil, nil, "w0"},
@@ -71,7 +72,7 @@ func TestScheduler_NeutralValueForNoHistory(t *testing.T) {
 
 func TestScheduler_DecisionRecordExplainsEveryWorker(t *testing.T) {
 	var recs []*decisions.Record
-	down := newSource(Snapshot{Health: HealthDown, HealthReason: "probe failed"})
+	down := newSource(snapshot.Snapshot{Health: snapshot.HealthDown, HealthReason: "probe failed"})
 	ws := []WorkerSpec{
 		{Name: "a", Models: []string{"m"}, MaxConcurrency: 1},
 		{Name: "b", Models: []string{"m"}, Source: down},
@@ -115,7 +116,7 @@ func TestScheduler_DecisionRecordExplainsEveryWorker(t *testing.T) {
 
 func TestScheduler_StaleTelemetryIsMarked(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1000, 0)}
-	src := newSource(Snapshot{KVPressure: Reading{Value: 0.5, Source: "test", At: clock.t.Add(-10 * time.Second)}})
+	src := newSource(snapshot.Snapshot{KVPressure: snapshot.Reading{Value: 0.5, Source: "test", At: clock.t.Add(-10 * time.Second)}})
 	s := newSched(t, Config{MaxQueue: 5, Clock: clock, StaleAfter: 3 * time.Second}, WorkerSpec{Name: "a", Models: []string{"m"}, Source: src})
 	l, _ := s.Admit(context.Background(), Request{Model: "m"})
 	for _, term := range l.Decision.Explain().Candidates[0].Terms {
@@ -166,19 +167,19 @@ func TestScheduler_UnknownTelemetryIsNeutral(t *testing.T) {
 	now := time.Now()
 	for _, term := range []string{"kv_pressure", "gpu_util", "queue_length"} {
 		t.Run(term, func(t *testing.T) {
-			read := func(v float64) Snapshot {
-				r := Reading{Value: v, At: now, Source: "test"}
+			read := func(v float64) snapshot.Snapshot {
+				r := snapshot.Reading{Value: v, At: now, Source: "test"}
 				switch term {
 				case "kv_pressure":
-					return Snapshot{KVPressure: r}
+					return snapshot.Snapshot{KVPressure: r}
 				case "gpu_util":
-					return Snapshot{GPUUtil: r}
+					return snapshot.Snapshot{GPUUtil: r}
 				}
 				r.Value *= 4
-				return Snapshot{QueueLen: r}
+				return snapshot.Snapshot{QueueLen: r}
 			}
 			ws := []WorkerSpec{
-				{Name: "silent", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(Snapshot{})},
+				{Name: "silent", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(snapshot.Snapshot{})},
 				{Name: "busy", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(read(0.9))},
 				{Name: "quiet", Models: []string{"m"}, MaxConcurrency: 4, Source: newSource(read(0.1))},
 			}
@@ -212,7 +213,7 @@ func TestScheduler_UnknownTelemetryIsNeutral(t *testing.T) {
 func TestScheduler_StaleTelemetryLosesWeight(t *testing.T) {
 	now := time.Now()
 	kv := func(v float64, age time.Duration) *mutableSource {
-		return newSource(Snapshot{KVPressure: Reading{Value: v, At: now.Add(-age), Source: "test"}})
+		return newSource(snapshot.Snapshot{KVPressure: snapshot.Reading{Value: v, At: now.Add(-age), Source: "test"}})
 	}
 	tests := []struct {
 		age  time.Duration
@@ -252,7 +253,7 @@ func TestScheduler_RecordReadLateSaysWhatItSaidAtOnce(t *testing.T) {
 		srcs := make([]*mutableSource, 6)
 		ws := workers(len(srcs), 2, "m")
 		for i := range srcs {
-			srcs[i] = newSource(Snapshot{Health: HealthOK, KVPressure: Reading{Value: 0.1 * float64(i), Source: "test", At: clock.t}})
+			srcs[i] = newSource(snapshot.Snapshot{Health: snapshot.HealthOK, KVPressure: snapshot.Reading{Value: 0.1 * float64(i), Source: "test", At: clock.t}})
 			ws[i].Source = srcs[i]
 		}
 		ws[4].Models = []string{"other"}
@@ -308,8 +309,8 @@ func TestScheduler_RecordReadLateSaysWhatItSaidAtOnce(t *testing.T) {
 		var held []*Lease
 		for i := range 40 {
 			clock.t = clock.t.Add(300 * time.Millisecond)
-			srcs[i%len(srcs)].Set(Snapshot{Health: []Health{HealthOK, HealthDown}[i%7/6], HealthReason: "probe failed",
-				KVPressure: Reading{Value: float64(i%5) / 5, Source: "test", At: clock.t}})
+			srcs[i%len(srcs)].Set(snapshot.Snapshot{Health: []snapshot.Health{snapshot.HealthOK, snapshot.HealthDown}[i%7/6], HealthReason: "probe failed",
+				KVPressure: snapshot.Reading{Value: float64(i%5) / 5, Source: "test", At: clock.t}})
 			pending = append(pending, s.Submit(Request{Model: "m", PromptTokens: 10 + i, Prefix: []uint64{uint64(i % 3), 7}}, nil))
 			pending = slices.DeleteFunc(pending, func(tk *Ticket) bool {
 				if !tk.Done() {

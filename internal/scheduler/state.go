@@ -6,18 +6,20 @@ import (
 
 	"github.com/sluice-router/sluice/internal/decisions"
 	"github.com/sluice-router/sluice/internal/limit"
+	"github.com/sluice-router/sluice/internal/lora"
 	"github.com/sluice-router/sluice/internal/predict"
+	"github.com/sluice-router/sluice/internal/snapshot"
 )
 
 // WorkerState is what the scheduler holds of a worker, for APIs and
 // dashboards.
 type WorkerState struct {
-	Name     string   `json:"name"`
-	Models   []string `json:"models"`
-	Health   Health   `json:"health"`
-	Reason   string   `json:"health_reason,omitempty"`
-	Draining bool     `json:"draining"`
-	Active   int      `json:"active"`
+	Name     string          `json:"name"`
+	Models   []string        `json:"models"`
+	Health   snapshot.Health `json:"health"`
+	Reason   string          `json:"health_reason,omitempty"`
+	Draining bool            `json:"draining"`
+	Active   int             `json:"active"`
 	// OtherReplicas is the other replicas' requests in flight on the
 	// worker as the shared ledger last reported them (0 without one).
 	OtherReplicas int `json:"active_other_replicas,omitempty"`
@@ -37,7 +39,7 @@ type WorkerState struct {
 	// JobCost is the estimated outstanding tokens in flight.
 	JobCost float64 `json:"job_cost"`
 	// Snapshot is the telemetry the scheduler last saw.
-	Snapshot *Snapshot `json:"telemetry"`
+	Snapshot *snapshot.Snapshot `json:"telemetry"`
 	// LastTerms is the worker's part in the latest decision that scored
 	// it, and LastScoredAt when that was.
 	LastTerms    *decisions.Candidate `json:"last_terms,omitempty"`
@@ -46,7 +48,7 @@ type WorkerState struct {
 	// held up, when there is a predictor.
 	Prediction *PredictionState `json:"prediction,omitempty"`
 	// Adapters are the LoRA adapters the worker holds or is loading.
-	Adapters []AdapterState `json:"adapters,omitempty"`
+	Adapters []lora.State `json:"adapters,omitempty"`
 }
 
 // PredictionState is how a worker's predictions have held up: the median

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluice-router/sluice/internal/snapshot"
 	"github.com/sluice-router/sluice/internal/stats"
 )
 
@@ -37,7 +38,7 @@ type Candidate struct {
 	// request in flight, its prompt plus its expected output.
 	JobCost float64
 	// Snap is the worker's latest telemetry.
-	Snap *Snapshot
+	Snap *snapshot.Snapshot
 	// Stats is what Sluice has measured of the worker.
 	Stats *stats.WorkerStats
 	// Belief is how much of the request's prompt prefix the worker is
@@ -115,7 +116,7 @@ const (
 	readGPU
 )
 
-func readingOf(s *Snapshot, which uint8) *Reading {
+func readingOf(s *snapshot.Snapshot, which uint8) *snapshot.Reading {
 	switch which {
 	case readQueue:
 		return &s.QueueLen
@@ -135,7 +136,7 @@ func scaleReading(which uint8, v float64) float64 {
 // confidence is how much a telemetry reading is trusted: 1 while fresher
 // than StaleAfter, falling linearly to 0 at three times that age, and 0
 // for a reading never made, so a dead scrape stops steering decisions.
-func confidence(env *Env, r *Reading) float64 {
+func confidence(env *Env, r *snapshot.Reading) float64 {
 	if !r.Known() {
 		return 0
 	}
@@ -264,7 +265,7 @@ func ratioToMax(c []Candidate, raw, norm []float64, which uint8) {
 	}
 }
 
-func readingProvenance(env *Env, r Reading) (string, time.Time, bool) {
+func readingProvenance(env *Env, r snapshot.Reading) (string, time.Time, bool) {
 	switch w := confidence(env, &r); {
 	case !r.Known():
 		return "no telemetry (neutral)", r.At, true

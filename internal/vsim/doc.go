@@ -27,7 +27,7 @@
 //   - A queued ticket gets a timeout event QueueTimeout after its arrival,
 //     which calls Scheduler.Cancel(t, ErrQueueTimeout).
 //   - A telemetry scrape every ScrapeInterval publishes each engine's
-//     Metrics as an immutable scheduler.Snapshot (requests_deferred,
+//     Metrics as an immutable snapshot.Snapshot (requests_deferred,
 //     kv_cache_usage_ratio, the DCGM GPU utilisation, slots, health), so
 //     the scheduler sees telemetry exactly as stale as a real scraper's.
 //     Workers that have been idle since their last scrape are not
